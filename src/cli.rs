@@ -1,0 +1,289 @@
+//! The command line: `run`, `check-config`, `store …`. anyhow lives here;
+//! errors are printed by `main` with their context chain.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde_json::{json, Value};
+
+use crate::config::{Config, EventIdSource, HandlerSpec, RawConfig};
+use crate::store::{now_us, Record, State, Store, StoreOptions};
+
+#[derive(Debug, Parser)]
+#[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Consume and execute until SIGINT/SIGTERM, then drain and commit.
+    Run(ConfigArg),
+    /// Validate the config and print the handler for each topic.
+    CheckConfig(ConfigArg),
+    /// Inspect or repair the dedup store (opens it directly; stop `run` first).
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// Config file (TOML).
+    #[arg(long, short, default_value = "outboxd.toml", env = "OUTBOXD_CONFIG")]
+    pub config: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Config file whose [store].path is used.
+    #[arg(long, short, default_value = "outboxd.toml", env = "OUTBOXD_CONFIG")]
+    pub config: PathBuf,
+    /// The store directory (instead of reading it from the config).
+    #[arg(long)]
+    pub path: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Counts per state, duplicates suppressed, size on disk, oldest/newest.
+    Stats(StoreArgs),
+    /// One record.
+    Get {
+        event_id: String,
+        #[command(flatten)]
+        args: StoreArgs,
+    },
+    /// Records in id order.
+    List {
+        #[arg(long)]
+        state: Option<State>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[command(flatten)]
+        args: StoreArgs,
+    },
+    /// Remove a record so the event runs again when it is redelivered.
+    Forget {
+        event_id: String,
+        /// Confirm: the event's side effect may then happen again.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        args: StoreArgs,
+    },
+    /// Remove expired done/dead records now (retention).
+    Gc(StoreArgs),
+}
+
+pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
+    match cmd {
+        StoreCommand::Stats(args) => {
+            let store = open_store(&args)?;
+            let s = store.stats()?;
+            let value = json!({
+                "claimed": s.claimed, "done": s.done, "dead": s.dead,
+                "duplicates_suppressed": s.duplicates_suppressed,
+                "bytes_on_disk": s.bytes_on_disk,
+                "oldest": s.oldest_us.map(rfc3339), "newest": s.newest_us.map(rfc3339),
+            });
+            if args.json {
+                println!("{value}");
+            } else {
+                let mut t = table(&["", ""]);
+                for (k, v) in value.as_object().expect("object") {
+                    t.add_row(vec![k.clone(), plain(v)]);
+                }
+                println!("store {}\n{t}", store.path().display());
+            }
+        }
+        StoreCommand::Get { event_id, args } => {
+            let store = open_store(&args)?;
+            let Some(r) = store.get(&event_id)? else {
+                bail!("no record for event {event_id:?} in {}", store.path().display());
+            };
+            if args.json {
+                println!("{}", record_json(&r));
+            } else {
+                let mut t = table(&["field", "value"]);
+                for (k, v) in record_json(&r).as_object().expect("object") {
+                    t.add_row(vec![k.clone(), plain(v)]);
+                }
+                println!("{t}");
+            }
+        }
+        StoreCommand::List { state, limit, args } => {
+            let store = open_store(&args)?;
+            let records = store.list(state, limit)?;
+            if args.json {
+                println!("{}", Value::Array(records.iter().map(record_json).collect()));
+            } else {
+                let mut t = table(&[
+                    "event_id",
+                    "state",
+                    "attempts",
+                    "topic/partition@offset",
+                    "updated_at",
+                    "outcome / reason",
+                ]);
+                for r in &records {
+                    t.add_row(vec![
+                        r.event_id.clone(),
+                        r.state.to_string(),
+                        r.attempts.to_string(),
+                        format!("{}/{}@{}", r.topic, r.partition, r.offset),
+                        rfc3339(r.updated_at_us),
+                        r.outcome.clone().or_else(|| r.reason.clone()).unwrap_or_default(),
+                    ]);
+                }
+                println!("{t}\n{} record(s)", records.len());
+            }
+        }
+        StoreCommand::Forget { event_id, yes, args } => {
+            if !yes {
+                bail!("forgetting {event_id:?} lets its side effect run again when it is redelivered; re-run with --yes to confirm");
+            }
+            let store = open_store(&args)?;
+            let r = store.forget(&event_id).await?;
+            println!("forgot {event_id} (was {}, {} attempt(s))", r.state, r.attempts);
+        }
+        StoreCommand::Gc(args) => {
+            let store = open_store(&args)?;
+            let removed = store.gc(now_us()).await?;
+            println!("removed {removed} expired record(s)");
+        }
+    }
+    Ok(())
+}
+
+fn open_store(args: &StoreArgs) -> anyhow::Result<Store> {
+    let (path, retention) = match &args.path {
+        Some(p) => (p.clone(), None),
+        None => store_section(&args.config)?,
+    };
+    if !path.exists() {
+        bail!("no store at {} (nothing has run with this config yet?)", path.display());
+    }
+    let opts = StoreOptions {
+        retention: retention.unwrap_or(std::time::Duration::from_secs(7 * 86400)),
+        commit_interval: std::time::Duration::ZERO,
+        fsync: true,
+        role: "store",
+    };
+    Ok(Store::open(&path, &opts)?)
+}
+
+/// Only `[store]` is needed: `${VAR}`s elsewhere need not be set for `store` commands.
+fn store_section(config: &Path) -> anyhow::Result<(PathBuf, Option<std::time::Duration>)> {
+    let text = std::fs::read_to_string(config)
+        .with_context(|| format!("reading {} (or pass --path to the store directory)", config.display()))?;
+    let raw: RawConfig = toml::from_str(&text).with_context(|| format!("invalid config {}", config.display()))?;
+    let retention =
+        raw.store.retention.as_deref().map(humantime::parse_duration).transpose().context("store.retention")?;
+    Ok((raw.store.path, retention))
+}
+
+pub fn check_config(path: &Path) -> anyhow::Result<()> {
+    let config = Config::load(path)?;
+    println!("config {} is valid", path.display());
+    println!(
+        "kafka: brokers={} group_id={} commit_interval={} drain_timeout={}",
+        config.kafka.brokers,
+        config.kafka.group_id,
+        humantime::format_duration(config.kafka.commit_interval),
+        humantime::format_duration(config.kafka.drain_timeout)
+    );
+    println!(
+        "store: path={} retention={} commit_interval={} max_in_flight={} fsync={}",
+        config.store.path.display(),
+        humantime::format_duration(config.store.retention),
+        humantime::format_duration(config.store.commit_interval),
+        config.store.max_in_flight,
+        config.store.fsync
+    );
+    let mut t = table(&["handler", "topics", "kind", "target", "event id", "retry"]);
+    for h in &config.handlers {
+        let (kind, target) = match &h.spec {
+            HandlerSpec::Http(http) => {
+                let names: Vec<&str> = http.headers.iter().map(|(n, _)| n.as_str()).collect();
+                let headers = if names.is_empty() {
+                    String::new()
+                } else {
+                    format!("\nheaders: {} (values hidden)", names.join(", "))
+                };
+                ("http", format!("{} {}{headers}", http.method, http.url.as_str()))
+            }
+            HandlerSpec::Log => ("log", "stdout, one JSON line per event".to_owned()),
+        };
+        let id = match &h.event_id {
+            EventIdSource::Header(n) => format!("header {n}"),
+            EventIdSource::Field(f) => format!("field {f}"),
+        };
+        let retry = format!(
+            "{} attempts, {}..{}",
+            h.retry.max_attempts,
+            humantime::format_duration(h.retry.initial_backoff),
+            humantime::format_duration(h.retry.max_backoff)
+        );
+        t.add_row(vec![format!("handlers[{}]", h.index), h.topics.to_string(), kind.to_owned(), target, id, retry]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED);
+    if header.iter().any(|h| !h.is_empty()) {
+        t.set_header(header.to_vec());
+    }
+    t
+}
+
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+pub fn rfc3339(us: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_micros(us.max(0) as u64);
+    humantime::format_rfc3339_micros(t).to_string()
+}
+
+pub fn record_json(r: &Record) -> Value {
+    json!({
+        "event_id": r.event_id,
+        "state": r.state,
+        "attempts": r.attempts,
+        "topic": r.topic,
+        "partition": r.partition,
+        "offset": r.offset,
+        "key": r.key,
+        "event_type": r.event_type,
+        "first_seen": rfc3339(r.first_seen_us),
+        "claimed_at": r.claimed_at_us.map(rfc3339),
+        "done_at": r.done_at_us.map(rfc3339),
+        "updated_at": rfc3339(r.updated_at_us),
+        "outcome": r.outcome,
+        "reason": r.reason,
+        "duplicates": r.duplicates,
+        "expires_at": r.expires_at_us.map(rfc3339),
+    })
+}

@@ -1,0 +1,604 @@
+//! Configuration: plain serde data, named defaults, then `validate()` which
+//! turns it into the resolved form the engine uses. Every error names the
+//! field it is about (`handlers[1].url: ...`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use regex::Regex;
+use serde::Deserialize;
+
+use crate::template::UrlTemplate;
+
+/// Offsets are committed this often; a crash re-delivers at most this much,
+/// and the dedup store absorbs it.
+const DEFAULT_OFFSET_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// Below the default `session.timeout.ms` (45 s) so a drain never costs the
+/// group its member.
+const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Done/dead records are kept this long; a redelivery older than that runs again.
+const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Group-commit window: a few ms batches hundreds of records per fdatasync.
+const DEFAULT_STORE_COMMIT_INTERVAL: Duration = Duration::from_millis(2);
+/// Events handled at once across keys; also bounds what is read ahead.
+const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// How often expired records are removed.
+const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(600);
+/// An HTTP receiver that has not answered by then is treated as failed (retried).
+const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
+const DEFAULT_EVENT_ID_HEADER: &str = "id";
+const DEFAULT_EVENT_TYPE_HEADER: &str = "eventType";
+/// A few quick retries; permanent failures and exhausted retries end `dead`.
+const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(200);
+const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// Upper bound on `max_in_flight`: each in-flight event holds its payload in memory.
+const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
+
+/// The file as written by the user.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub kafka: RawKafka,
+    pub store: RawStore,
+    #[serde(default)]
+    pub handlers: Vec<RawHandler>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKafka {
+    pub brokers: String,
+    pub group_id: String,
+    /// How often finished offsets are committed (librdkafka auto-commit of stored offsets).
+    pub commit_interval: Option<String>,
+    /// How long SIGINT/SIGTERM waits for in-flight events before giving up on them.
+    pub drain_timeout: Option<String>,
+    /// Passed to librdkafka as-is.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub path: PathBuf,
+    pub retention: Option<String>,
+    pub commit_interval: Option<String>,
+    pub max_in_flight: Option<usize>,
+    pub gc_interval: Option<String>,
+    /// `true` (default): fdatasync before a claim or completion counts.
+    /// `false` survives a process crash but not a power loss.
+    pub fsync: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HandlerKind {
+    Http,
+    Log,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHandler {
+    pub topics: Option<Vec<String>>,
+    pub topic_pattern: Option<String>,
+    pub kind: HandlerKind,
+    pub url: Option<String>,
+    pub method: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Header carrying the event id to the receiver; `""` turns it off.
+    pub idempotency_header: Option<String>,
+    pub timeout: Option<String>,
+    pub event_id: Option<EventIdSource>,
+    /// Kafka header holding the event type (Debezium: `table.fields.additional.placement`).
+    pub event_type_header: Option<String>,
+    pub retry: Option<RawRetry>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    pub max_attempts: Option<u32>,
+    pub initial_backoff: Option<String>,
+    pub max_backoff: Option<String>,
+}
+
+/// Where the event id (the dedup key) is found.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum EventIdSource {
+    /// A Kafka header (Debezium's EventRouter puts the outbox `id` column in header `id`).
+    Header(String),
+    /// A dotted path into the JSON value, e.g. `after.id` for raw change events.
+    Field(String),
+}
+
+impl Default for EventIdSource {
+    fn default() -> Self {
+        EventIdSource::Header(DEFAULT_EVENT_ID_HEADER.to_owned())
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub store: StoreConfig,
+    pub handlers: Vec<HandlerConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    pub group_id: String,
+    pub commit_interval: Duration,
+    pub drain_timeout: Duration,
+    pub options: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    pub retention: Duration,
+    pub commit_interval: Duration,
+    pub max_in_flight: usize,
+    pub gc_interval: Duration,
+    pub fsync: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum TopicMatch {
+    Exact(Vec<String>),
+    Pattern(Regex),
+}
+
+impl TopicMatch {
+    pub fn matches(&self, topic: &str) -> bool {
+        match self {
+            TopicMatch::Exact(topics) => topics.iter().any(|t| t == topic),
+            TopicMatch::Pattern(re) => re.is_match(topic),
+        }
+    }
+
+    /// The librdkafka subscription: exact names, or `^regex`.
+    pub fn subscription(&self) -> Vec<String> {
+        match self {
+            TopicMatch::Exact(topics) => topics.clone(),
+            TopicMatch::Pattern(re) => {
+                let s = re.as_str();
+                vec![if s.starts_with('^') { s.to_owned() } else { format!("^{s}") }]
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for TopicMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TopicMatch::Exact(t) => write!(f, "{}", t.join(", ")),
+            TopicMatch::Pattern(re) => write!(f, "/{}/", re.as_str()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub url: UrlTemplate,
+    pub method: reqwest::Method,
+    /// Values with `${VAR}` already resolved: never log them.
+    pub headers: Vec<(String, String)>,
+    pub idempotency_header: Option<String>,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub enum HandlerSpec {
+    Http(HttpConfig),
+    Log,
+}
+
+#[derive(Debug, Clone)]
+pub struct RetryConfig {
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct HandlerConfig {
+    /// Position in the file, for messages (`handlers[2]`).
+    pub index: usize,
+    pub topics: TopicMatch,
+    pub spec: HandlerSpec,
+    pub event_id: EventIdSource,
+    pub event_type_header: String,
+    pub retry: RetryConfig,
+}
+
+impl Config {
+    /// Reads, parses and validates the file; `${VAR}` comes from `env`.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+        Config::parse(&text, &|name| std::env::var(name).ok())
+            .with_context(|| format!("invalid config {}", path.display()))
+    }
+
+    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+        let raw: RawConfig = toml::from_str(text)?;
+        raw.validate(env)
+    }
+
+    /// The handler for a topic, if any.
+    pub fn handler_for(&self, topic: &str) -> Option<&HandlerConfig> {
+        self.handlers.iter().find(|h| h.topics.matches(topic))
+    }
+
+    /// Every subscription entry of every handler.
+    pub fn subscriptions(&self) -> Vec<String> {
+        let mut subs: Vec<String> = self.handlers.iter().flat_map(|h| h.topics.subscription()).collect();
+        subs.sort();
+        subs.dedup();
+        subs
+    }
+}
+
+fn duration(field: &str, value: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
+    match value {
+        None => Ok(default),
+        Some(v) => humantime::parse_duration(v.trim())
+            .map_err(|e| anyhow::anyhow!("{field}: {e} (expected e.g. \"250ms\", \"10s\", \"5m\", \"7d\")")),
+    }
+}
+
+/// Replaces `${VAR}` with the environment's value; an unset variable is an error.
+pub fn expand_env(field: &str, value: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            bail!("{field}: unterminated \"${{\"");
+        };
+        let name = &after[..end];
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            bail!("{field}: invalid variable name {name:?}");
+        }
+        match env(name) {
+            Some(v) => out.push_str(&v),
+            None => bail!("{field}: environment variable {name} is not set"),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+impl RawConfig {
+    pub fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+        let k = self.kafka;
+        if k.brokers.trim().is_empty() {
+            bail!("kafka.brokers: must not be empty");
+        }
+        if k.group_id.trim().is_empty() {
+            bail!("kafka.group_id: must not be empty");
+        }
+        for reserved in ["enable.auto.offset.store", "group.id", "bootstrap.servers"] {
+            if k.options.contains_key(reserved) {
+                bail!("kafka.options.\"{reserved}\": set by outboxd itself (offsets are stored only after events are durably finished)");
+            }
+        }
+        let mut options = BTreeMap::new();
+        for (key, v) in k.options {
+            let field = format!("kafka.options.\"{key}\"");
+            options.insert(key, expand_env(&field, &v, env)?);
+        }
+        let kafka = KafkaConfig {
+            brokers: k.brokers,
+            group_id: k.group_id,
+            commit_interval: duration(
+                "kafka.commit_interval",
+                k.commit_interval.as_deref(),
+                DEFAULT_OFFSET_COMMIT_INTERVAL,
+            )?,
+            drain_timeout: duration("kafka.drain_timeout", k.drain_timeout.as_deref(), DEFAULT_DRAIN_TIMEOUT)?,
+            options,
+        };
+        if kafka.commit_interval.is_zero() {
+            bail!("kafka.commit_interval: must be greater than 0");
+        }
+
+        let s = self.store;
+        if s.path.as_os_str().is_empty() {
+            bail!("store.path: must not be empty");
+        }
+        let max_in_flight = s.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+        if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT_LIMIT {
+            bail!("store.max_in_flight: must be between 1 and {MAX_IN_FLIGHT_LIMIT}, got {max_in_flight}");
+        }
+        let store = StoreConfig {
+            path: s.path,
+            retention: duration("store.retention", s.retention.as_deref(), DEFAULT_RETENTION)?,
+            commit_interval: duration(
+                "store.commit_interval",
+                s.commit_interval.as_deref(),
+                DEFAULT_STORE_COMMIT_INTERVAL,
+            )?,
+            max_in_flight,
+            gc_interval: duration("store.gc_interval", s.gc_interval.as_deref(), DEFAULT_GC_INTERVAL)?,
+            fsync: s.fsync.unwrap_or(true),
+        };
+        if store.retention.is_zero() {
+            bail!("store.retention: must be greater than 0");
+        }
+        if store.gc_interval.is_zero() {
+            bail!("store.gc_interval: must be greater than 0");
+        }
+
+        if self.handlers.is_empty() {
+            bail!("handlers: at least one [[handlers]] entry is required");
+        }
+        let mut handlers = Vec::with_capacity(self.handlers.len());
+        for (index, h) in self.handlers.into_iter().enumerate() {
+            handlers.push(h.validate(index, env)?);
+        }
+        check_overlaps(&handlers)?;
+        Ok(Config { kafka, store, handlers })
+    }
+}
+
+/// A topic claimed by two handlers is ambiguous: refuse it.
+fn check_overlaps(handlers: &[HandlerConfig]) -> anyhow::Result<()> {
+    for (i, a) in handlers.iter().enumerate() {
+        for b in &handlers[i + 1..] {
+            let clash = match (&a.topics, &b.topics) {
+                (TopicMatch::Exact(ta), _) => ta.iter().find(|t| b.topics.matches(t)),
+                (_, TopicMatch::Exact(tb)) => tb.iter().find(|t| a.topics.matches(t)),
+                (TopicMatch::Pattern(pa), TopicMatch::Pattern(pb)) => {
+                    if pa.as_str() == pb.as_str() {
+                        bail!("handlers[{}].topic_pattern: same pattern as handlers[{}]", b.index, a.index);
+                    }
+                    None
+                }
+            };
+            if let Some(topic) = clash {
+                bail!(
+                    "handlers[{}].topics: topic {topic:?} is also claimed by handlers[{}]; each topic needs exactly one handler",
+                    b.index,
+                    a.index
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+impl RawHandler {
+    fn validate(self, index: usize, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<HandlerConfig> {
+        let at = format!("handlers[{index}]");
+        let topics = match (self.topics, self.topic_pattern) {
+            (Some(_), Some(_)) => bail!("{at}: set either topics or topic_pattern, not both"),
+            (None, None) => bail!("{at}: one of topics or topic_pattern is required"),
+            (Some(t), None) => {
+                if t.is_empty() || t.iter().any(|s| s.trim().is_empty()) {
+                    bail!("{at}.topics: must list at least one non-empty topic name");
+                }
+                if let Some(bad) = t.iter().find(|s| s.starts_with('^')) {
+                    bail!("{at}.topics: {bad:?} looks like a pattern; use topic_pattern for regular expressions");
+                }
+                TopicMatch::Exact(t)
+            }
+            (None, Some(p)) => {
+                let re = Regex::new(&p).map_err(|e| anyhow::anyhow!("{at}.topic_pattern: {e}"))?;
+                TopicMatch::Pattern(re)
+            }
+        };
+        let http_only = |name: &str, set: bool| -> anyhow::Result<()> {
+            if set && self.kind != HandlerKind::Http {
+                bail!("{at}.{name}: only valid for kind = \"http\"");
+            }
+            Ok(())
+        };
+        http_only("url", self.url.is_some())?;
+        http_only("method", self.method.is_some())?;
+        http_only("headers", !self.headers.is_empty())?;
+        http_only("idempotency_header", self.idempotency_header.is_some())?;
+        http_only("timeout", self.timeout.is_some())?;
+
+        let spec = match self.kind {
+            HandlerKind::Log => HandlerSpec::Log,
+            HandlerKind::Http => {
+                let Some(url) = self.url else {
+                    bail!("{at}.url: required for kind = \"http\"");
+                };
+                let url = expand_env(&format!("{at}.url"), &url, env)?;
+                let url = UrlTemplate::parse(&url).map_err(|e| anyhow::anyhow!("{at}.url: {e}"))?;
+                let method_text = self.method.unwrap_or_else(|| "POST".to_owned());
+                let method = reqwest::Method::from_bytes(method_text.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| anyhow::anyhow!("{at}.method: invalid HTTP method {method_text:?}"))?;
+                let mut headers = Vec::new();
+                for (name, value) in self.headers {
+                    let field = format!("{at}.headers.{name}");
+                    reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                        .map_err(|_| anyhow::anyhow!("{field}: invalid header name"))?;
+                    let value = expand_env(&field, &value, env)?;
+                    reqwest::header::HeaderValue::from_str(&value)
+                        .map_err(|_| anyhow::anyhow!("{field}: invalid header value"))?;
+                    headers.push((name, value));
+                }
+                let idempotency_header = match self.idempotency_header {
+                    None => Some(DEFAULT_IDEMPOTENCY_HEADER.to_owned()),
+                    Some(h) if h.is_empty() => None,
+                    Some(h) => {
+                        reqwest::header::HeaderName::from_bytes(h.as_bytes())
+                            .map_err(|_| anyhow::anyhow!("{at}.idempotency_header: invalid header name {h:?}"))?;
+                        Some(h)
+                    }
+                };
+                let timeout = duration(&format!("{at}.timeout"), self.timeout.as_deref(), DEFAULT_HTTP_TIMEOUT)?;
+                if timeout.is_zero() {
+                    bail!("{at}.timeout: must be greater than 0");
+                }
+                HandlerSpec::Http(HttpConfig { url, method, headers, idempotency_header, timeout })
+            }
+        };
+
+        let event_id = self.event_id.unwrap_or_default();
+        match &event_id {
+            EventIdSource::Header(h) | EventIdSource::Field(h) if h.trim().is_empty() => {
+                bail!("{at}.event_id: must name a header or a field")
+            }
+            _ => {}
+        }
+
+        let r = self.retry.unwrap_or(RawRetry { max_attempts: None, initial_backoff: None, max_backoff: None });
+        let retry = RetryConfig {
+            max_attempts: r.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            initial_backoff: duration(
+                &format!("{at}.retry.initial_backoff"),
+                r.initial_backoff.as_deref(),
+                DEFAULT_INITIAL_BACKOFF,
+            )?,
+            max_backoff: duration(&format!("{at}.retry.max_backoff"), r.max_backoff.as_deref(), DEFAULT_MAX_BACKOFF)?,
+        };
+        if retry.max_attempts == 0 {
+            bail!("{at}.retry.max_attempts: must be at least 1");
+        }
+        if retry.max_backoff < retry.initial_backoff {
+            bail!("{at}.retry.max_backoff: must not be less than initial_backoff");
+        }
+
+        Ok(HandlerConfig {
+            index,
+            topics,
+            spec,
+            event_id,
+            event_type_header: self.event_type_header.unwrap_or_else(|| DEFAULT_EVENT_TYPE_HEADER.to_owned()),
+            retry,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        (name == "TOKEN").then(|| "s3cret".to_owned())
+    }
+
+    const BASE: &str = r#"
+[kafka]
+brokers = "127.0.0.1:9092"
+group_id = "outboxd"
+[store]
+path = "./data"
+"#;
+
+    fn parse(handlers: &str) -> anyhow::Result<Config> {
+        Config::parse(&format!("{BASE}{handlers}"), &env)
+    }
+
+    fn err(handlers: &str) -> String {
+        format!("{:#}", parse(handlers).expect_err("config should be rejected"))
+    }
+
+    #[test]
+    fn full_example_parses_with_defaults() {
+        let c = parse(
+            r#"
+[[handlers]]
+topics = ["outbox.event.order"]
+kind = "http"
+url = "http://127.0.0.1:8080/orders/{aggregate_id}/events"
+headers = { Authorization = "Bearer ${TOKEN}" }
+timeout = "10s"
+
+[[handlers]]
+topic_pattern = "^outbox\\.event\\.cust.*"
+kind = "log"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.store.retention, Duration::from_secs(7 * 86400));
+        assert_eq!(c.store.max_in_flight, 256);
+        assert!(c.store.fsync);
+        let HandlerSpec::Http(http) = &c.handlers[0].spec else { panic!("http expected") };
+        assert_eq!(http.headers, vec![("Authorization".to_owned(), "Bearer s3cret".to_owned())]);
+        assert_eq!(http.idempotency_header.as_deref(), Some("Idempotency-Key"));
+        assert_eq!(c.handlers[0].event_id, EventIdSource::Header("id".into()));
+        assert_eq!(c.handler_for("outbox.event.customer").unwrap().index, 1);
+        assert!(c.handler_for("other").is_none());
+    }
+
+    #[test]
+    fn unknown_key_is_rejected() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nurll=\"x\"\n");
+        assert!(e.contains("unknown field `urll`"), "{e}");
+    }
+
+    #[test]
+    fn topic_claimed_twice_names_both_handlers() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n[[handlers]]\ntopic_pattern=\"^a$\"\nkind=\"log\"\n");
+        assert!(e.contains("handlers[1].topics") && e.contains("handlers[0]"), "{e}");
+    }
+
+    #[test]
+    fn unset_env_var_names_the_field() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"http\"\nurl=\"http://h/x\"\nheaders={ X = \"${NOPE}\" }\n");
+        assert!(e.contains("handlers[0].headers.X") && e.contains("NOPE"), "{e}");
+    }
+
+    #[test]
+    fn malformed_url_template_names_the_field() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"http\"\nurl=\"http://h/{nope}\"\n");
+        assert!(e.contains("handlers[0].url") && e.contains("nope"), "{e}");
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"http\"\nurl=\"not a url/{event_id}\"\n");
+        assert!(e.contains("handlers[0].url"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_names_the_field() {
+        let e = Config::parse(
+            &format!("{BASE}retention = \"7 fortnights\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+            &env,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("store.retention"), "{e:#}");
+    }
+
+    #[test]
+    fn durations_accept_all_units() {
+        for (text, d) in [("5ms", 5u64), ("2s", 2000), ("3m", 180_000), ("1h", 3_600_000), ("1d", 86_400_000)] {
+            assert_eq!(duration("x", Some(text), Duration::ZERO).unwrap(), Duration::from_millis(d));
+        }
+    }
+
+    #[test]
+    fn offset_store_option_cannot_be_overridden() {
+        let e = Config::parse(
+            "[kafka]\nbrokers=\"b\"\ngroup_id=\"g\"\n[kafka.options]\n\"enable.auto.offset.store\"=\"true\"\n[store]\npath=\"p\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n",
+            &env,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("enable.auto.offset.store"));
+    }
+
+    #[test]
+    fn http_fields_on_log_handler_are_rejected() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nurl=\"http://h/\"\n");
+        assert!(e.contains("handlers[0].url: only valid for kind = \"http\""), "{e}");
+    }
+
+    #[test]
+    fn event_id_field_source_parses() {
+        let c = parse("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nevent_id = { field = \"after.id\" }\n").unwrap();
+        assert_eq!(c.handlers[0].event_id, EventIdSource::Field("after.id".into()));
+    }
+}

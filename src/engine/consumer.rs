@@ -1,0 +1,135 @@
+//! The Kafka edge: building the consumer, rebalance callbacks, turning
+//! messages into [`RawMessage`]s, storing and committing offsets. rdkafka is
+//! used only here (and in the poll loop that calls `recv`).
+
+use std::sync::{Arc, Mutex};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tracing::{info, warn};
+
+use crate::config::KafkaConfig;
+use crate::event::RawMessage;
+use crate::offsets::{OffsetTracker, PartitionId};
+
+pub type Tracker = Arc<Mutex<OffsetTracker>>;
+pub type KafkaConsumer = StreamConsumer<Ctx>;
+
+/// Keeps the offset tracker in step with assignments.
+pub struct Ctx {
+    tracker: Tracker,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let revoked = partitions(tpl);
+            // Commit what is durably finished before the partitions go; work still
+            // running for them completes but can no longer move their offsets.
+            let mut tracker = self.tracker.lock().expect("offset tracker lock");
+            let finished: Vec<_> = tracker.committable().into_iter().filter(|(p, _)| revoked.contains(p)).collect();
+            if !finished.is_empty() {
+                if let Err(error) = consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
+                    warn!(%error, "commit on revoke failed; the next owner re-reads from the last commit (duplicates are absorbed)");
+                }
+            }
+            for p in &revoked {
+                tracker.revoke(p);
+            }
+            info!(partitions = %describe(&revoked), unfinished = tracker.unfinished(), "partitions revoked");
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let assigned = partitions(tpl);
+                let mut tracker = self.tracker.lock().expect("offset tracker lock");
+                for p in &assigned {
+                    tracker.assign(p.clone());
+                }
+                info!(partitions = %describe(&assigned), "partitions assigned");
+            }
+            Rebalance::Error(error) => warn!(%error, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<PartitionId> {
+    tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
+}
+
+fn describe(parts: &[PartitionId]) -> String {
+    parts.iter().map(|(t, p)| format!("{t}/{p}")).collect::<Vec<_>>().join(",")
+}
+
+pub fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in offsets {
+        // An offset from our own tracker is always valid for the list.
+        let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+    }
+    tpl
+}
+
+/// Builds and subscribes the consumer. Offsets are stored by us only after an
+/// event is durably finished; librdkafka commits what was stored.
+pub fn build(kafka: &KafkaConfig, subscriptions: &[String], tracker: Tracker) -> anyhow::Result<KafkaConsumer> {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &kafka.brokers)
+        .set("group.id", &kafka.group_id)
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false")
+        .set("client.id", "outboxd");
+    for (k, v) in &kafka.options {
+        cc.set(k, v);
+    }
+    // Never overridable: these carry invariant 3.
+    cc.set("enable.auto.offset.store", "false")
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", kafka.commit_interval.as_millis().max(1).to_string());
+    let consumer: KafkaConsumer = cc.create_with_context(Ctx { tracker })?;
+    let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    Ok(consumer)
+}
+
+pub fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
+    RawMessage {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers: m
+            .headers()
+            .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default(),
+        timestamp_ms: m.timestamp().to_millis(),
+    }
+}
+
+/// Hands the next offset to commit to librdkafka (committed on its interval).
+pub fn store_offset(consumer: &KafkaConsumer, partition: &PartitionId, next: i64) {
+    if let Err(error) = consumer.store_offsets(&to_tpl(&[(partition.clone(), next)])) {
+        // Happens when the partition was revoked meanwhile; its next owner re-reads.
+        warn!(%error, topic = %partition.0, partition = partition.1, next, "could not store offset");
+    }
+}
+
+/// Commits every finished offset now (shutdown).
+pub fn commit_now(consumer: &KafkaConsumer, tracker: &Tracker) {
+    let finished = tracker.lock().expect("offset tracker lock").committable();
+    if finished.is_empty() {
+        return;
+    }
+    match consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
+        Ok(()) => info!(partitions = finished.len(), "final offsets committed"),
+        Err(error) => warn!(%error, "final commit failed; finished events will be redelivered and suppressed"),
+    }
+}

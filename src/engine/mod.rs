@@ -1,0 +1,114 @@
+//! The poll loop: bounded read-ahead, dispatch to per-key chains, periodic
+//! retention, and a drain on shutdown that commits only finished offsets.
+
+mod consumer;
+mod worker;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use tokio::sync::Semaphore;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::handler::Handler;
+use crate::offsets::OffsetTracker;
+use crate::store::{now_us, Store, StoreOptions};
+use worker::{Counters, Shared};
+
+/// Runs outboxd until `shutdown` resolves (or the store fails), then drains.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let store = Store::open(
+        &config.store.path,
+        &StoreOptions {
+            retention: config.store.retention,
+            commit_interval: config.store.commit_interval,
+            fsync: config.store.fsync,
+            role: "run",
+        },
+    )
+    .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
+    let store = Arc::new(store);
+    let handlers = config.handlers.iter().map(Handler::build).collect::<anyhow::Result<Vec<_>>>()?;
+    let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
+    let subscriptions = config.subscriptions();
+    let consumer = Arc::new(
+        consumer::build(&config.kafka, &subscriptions, tracker.clone()).context("creating the Kafka consumer")?,
+    );
+    let (fatal, mut fatal_rx) = tokio::sync::watch::channel(None);
+    let max_in_flight = config.store.max_in_flight;
+    let drain_timeout = config.kafka.drain_timeout;
+    let gc_interval = config.store.gc_interval;
+    let shared = Arc::new(Shared {
+        config,
+        store: store.clone(),
+        handlers,
+        tracker: tracker.clone(),
+        consumer: consumer.clone(),
+        chains: Mutex::new(HashMap::new()),
+        live: Mutex::new(HashMap::new()),
+        counters: Counters::default(),
+        fatal,
+    });
+    info!(topics = %subscriptions.join(","), store = %store.path().display(), max_in_flight, "outboxd running");
+
+    let permits = Arc::new(Semaphore::new(max_in_flight));
+    let mut gc_tick = tokio::time::interval(gc_interval);
+    tokio::pin!(shutdown);
+    let failure: Option<String> = loop {
+        let permit = tokio::select! {
+            () = &mut shutdown => break None,
+            _ = fatal_rx.changed() => break fatal_rx.borrow().clone(),
+            _ = gc_tick.tick() => {
+                spawn_gc(&store);
+                continue;
+            }
+            p = permits.clone().acquire_owned() => p.expect("the permit semaphore is never closed"),
+        };
+        let msg = tokio::select! {
+            () = &mut shutdown => break None,
+            _ = fatal_rx.changed() => break fatal_rx.borrow().clone(),
+            m = consumer.recv() => m.map(|m| consumer::to_raw(&m)),
+        };
+        match msg {
+            Ok(raw) => worker::dispatch(&shared, raw, permit),
+            Err(error) => warn!(%error, "kafka consumer error"),
+        }
+    };
+
+    info!("draining: no new events; waiting for in-flight ones");
+    let all = u32::try_from(max_in_flight).unwrap_or(u32::MAX);
+    if tokio::time::timeout(drain_timeout, permits.acquire_many(all)).await.is_err() {
+        let unfinished = tracker.lock().expect("offset tracker lock").unfinished();
+        warn!(unfinished, ?drain_timeout,
+            "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
+    }
+    consumer::commit_now(&consumer, &tracker);
+    store.close().await.context("flushing the store")?;
+    let c = &shared.counters;
+    info!(
+        handled = c.handled.load(Ordering::Relaxed),
+        duplicates_suppressed = c.duplicates.load(Ordering::Relaxed),
+        dead = c.dead.load(Ordering::Relaxed),
+        reexecuted = c.reexecuted.load(Ordering::Relaxed),
+        "outboxd stopped"
+    );
+    match failure {
+        None => Ok(()),
+        Some(reason) => anyhow::bail!("stopped because the store failed: {reason}"),
+    }
+}
+
+fn spawn_gc(store: &Arc<Store>) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        match store.gc(now_us()).await {
+            Ok(0) => {}
+            Ok(removed) => info!(removed, "retention: expired records removed"),
+            Err(error) => warn!(%error, "retention pass failed"),
+        }
+    });
+}

@@ -1,0 +1,84 @@
+//! The decoded outbox event and where it came from.
+
+use serde_json::Value;
+
+/// Where a message sits in Kafka.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Position {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}@{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// A Kafka message as it arrived, free of any client library's types.
+#[derive(Debug, Clone, Default)]
+pub struct RawMessage {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Kafka timestamp (ms since the epoch), when the broker gave one.
+    pub timestamp_ms: Option<i64>,
+}
+
+impl RawMessage {
+    pub fn position(&self) -> Position {
+        Position { topic: self.topic.clone(), partition: self.partition, offset: self.offset }
+    }
+}
+
+/// The outbox `payload` column, in whichever form the converters left it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    /// JSON (objects, arrays, scalars), after unwrapping converter envelopes.
+    Json(Value),
+    /// Text that is not JSON.
+    Text(String),
+    /// Bytes that are not UTF-8.
+    Bytes(Vec<u8>),
+    /// A null value (tombstone, or an empty payload column).
+    Null,
+}
+
+impl Payload {
+    /// The body to send and its content type.
+    pub fn to_body(&self) -> (Vec<u8>, Option<&'static str>) {
+        match self {
+            Payload::Json(v) => (serde_json::to_vec(v).unwrap_or_default(), Some("application/json")),
+            Payload::Text(s) => (s.clone().into_bytes(), Some("text/plain; charset=utf-8")),
+            Payload::Bytes(b) => (b.clone(), Some("application/octet-stream")),
+            Payload::Null => (Vec::new(), None),
+        }
+    }
+
+    /// A JSON rendering for logs and the `log` handler.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Payload::Json(v) => v.clone(),
+            Payload::Text(s) => Value::String(s.clone()),
+            Payload::Bytes(b) => Value::String(format!("<{} bytes>", b.len())),
+            Payload::Null => Value::Null,
+        }
+    }
+}
+
+/// One outbox event, ready for a handler.
+#[derive(Debug, Clone)]
+pub struct OutboxEvent {
+    /// The dedup key (outbox `id`).
+    pub id: String,
+    /// The aggregate id (Kafka key), unwrapped from JSON quoting or envelopes.
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+    pub payload: Payload,
+    pub position: Position,
+    pub timestamp_ms: Option<i64>,
+}

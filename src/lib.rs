@@ -1,0 +1,39 @@
+//! # outboxd
+//!
+//! Runs the side effects of transactional-outbox events exactly once.
+//! Services write an event row into an `outbox` table in the same transaction
+//! as their state change; Debezium (EventRouter) streams the rows into Kafka;
+//! outboxd consumes them and, per event:
+//!
+//! ```text
+//! consumer ─► decode ─► claim id (durable) ─► handler ─► record done (durable) ─► store offset
+//!   engine     codec        store                handler      store                 offsets
+//! ```
+//!
+//! **Guarantee.** A handler runs only after its event id is durably claimed; an
+//! event recorded `done` is never run again while its record is retained, at
+//! whatever offset it comes back; an offset is stored for commit only when the
+//! event there and every earlier one of its partition is durably `done` or
+//! `dead`. Events of one key run one at a time in offset order. A crash
+//! *during* a handler leaves the record `claimed`: the next delivery re-executes
+//! it with the same idempotency key and says so in the log.
+//!
+//! ## Where things live
+//! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
+//! - [`template`]: URL templates; event data only in path and query, percent-encoded.
+//! - [`event`] / [`codec`]: Kafka message → [`event::OutboxEvent`] (all Debezium JSON/text shapes).
+//! - [`store`]: the sled dedup store, group commit (flush + fdatasync), expiry index. Only place that uses sled.
+//! - [`offsets`]: per-partition tracker of the next committable offset.
+//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain. Only place that uses rdkafka.
+//! - [`handler`]: `http` (reqwest, only here) and `log`.
+//! - [`cli`]: `run`, `check-config`, `store …`.
+
+pub mod cli;
+pub mod codec;
+pub mod config;
+pub mod engine;
+pub mod event;
+pub mod handler;
+pub mod offsets;
+pub mod store;
+pub mod template;

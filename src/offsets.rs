@@ -1,0 +1,158 @@
+//! Per-partition offset tracking: the next offset to commit is the lowest
+//! offset still being worked on, or one past the highest finished offset when
+//! nothing is pending. Offsets never move past an unfinished event
+//! (invariant 3), whatever order events finish in.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// A partition's identity.
+pub type PartitionId = (String, i32);
+
+#[derive(Debug, Default)]
+struct PartitionState {
+    /// Bumped on every (re)assignment; work from an older generation is ignored.
+    generation: u64,
+    /// Offsets consumed and not yet finished, and finished ones still behind
+    /// an unfinished one: offset → finished?
+    pending: BTreeMap<i64, bool>,
+    /// Next offset to commit (one past the highest contiguous finished offset).
+    committable: Option<i64>,
+}
+
+/// Offsets of all assigned partitions.
+#[derive(Debug, Default)]
+pub struct OffsetTracker {
+    partitions: HashMap<PartitionId, PartitionState>,
+    next_generation: u64,
+}
+
+impl OffsetTracker {
+    /// Starts tracking a freshly assigned partition; returns its generation.
+    pub fn assign(&mut self, partition: PartitionId) -> u64 {
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        self.partitions.insert(partition, PartitionState { generation, ..Default::default() });
+        generation
+    }
+
+    /// Forgets a revoked partition; late completions for it are ignored.
+    pub fn revoke(&mut self, partition: &PartitionId) {
+        self.partitions.remove(partition);
+    }
+
+    pub fn generation(&self, partition: &PartitionId) -> Option<u64> {
+        self.partitions.get(partition).map(|p| p.generation)
+    }
+
+    /// A message was consumed and is now being worked on.
+    pub fn start(&mut self, partition: &PartitionId, generation: u64, offset: i64) {
+        if let Some(p) = self.partitions.get_mut(partition).filter(|p| p.generation == generation) {
+            p.pending.insert(offset, false);
+        }
+    }
+
+    /// The event at `offset` is durably finished. Returns the new next offset
+    /// to commit when it moved forward.
+    pub fn finish(&mut self, partition: &PartitionId, generation: u64, offset: i64) -> Option<i64> {
+        let p = self.partitions.get_mut(partition).filter(|p| p.generation == generation)?;
+        match p.pending.get_mut(&offset) {
+            Some(done) => *done = true,
+            None => return None,
+        }
+        let mut advanced = None;
+        while let Some(entry) = p.pending.first_entry() {
+            if !*entry.get() {
+                break;
+            }
+            let (finished, _) = entry.remove_entry();
+            advanced = Some(finished + 1);
+        }
+        if let Some(next) = advanced {
+            p.committable = Some(next);
+        }
+        advanced
+    }
+
+    /// The next offset to commit for each partition that has one.
+    pub fn committable(&self) -> Vec<(PartitionId, i64)> {
+        self.partitions.iter().filter_map(|(k, p)| p.committable.map(|o| (k.clone(), o))).collect()
+    }
+
+    /// Events consumed and not yet finished, over all partitions.
+    pub fn unfinished(&self) -> usize {
+        self.partitions.values().map(|p| p.pending.values().filter(|done| !**done).count()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp() -> PartitionId {
+        ("t".to_owned(), 0)
+    }
+
+    #[test]
+    fn in_order_completion_advances_one_by_one() {
+        let mut t = OffsetTracker::default();
+        let g = t.assign(tp());
+        for o in 0..3 {
+            t.start(&tp(), g, o);
+        }
+        assert_eq!(t.finish(&tp(), g, 0), Some(1));
+        assert_eq!(t.finish(&tp(), g, 1), Some(2));
+        assert_eq!(t.finish(&tp(), g, 2), Some(3));
+        assert_eq!(t.committable(), vec![(tp(), 3)]);
+    }
+
+    #[test]
+    fn offset_never_passes_an_unfinished_event() {
+        let mut t = OffsetTracker::default();
+        let g = t.assign(tp());
+        for o in 10..15 {
+            t.start(&tp(), g, o);
+        }
+        assert_eq!(t.finish(&tp(), g, 11), None);
+        assert_eq!(t.finish(&tp(), g, 14), None);
+        assert_eq!(t.finish(&tp(), g, 12), None);
+        assert!(t.committable().is_empty());
+        assert_eq!(t.finish(&tp(), g, 10), Some(13), "10..=12 done, 13 still pending");
+        assert_eq!(t.unfinished(), 1);
+        assert_eq!(t.finish(&tp(), g, 13), Some(15));
+        assert_eq!(t.unfinished(), 0);
+    }
+
+    #[test]
+    fn gaps_between_offsets_do_not_block() {
+        // Compacted topics and transaction markers leave holes in offsets.
+        let mut t = OffsetTracker::default();
+        let g = t.assign(tp());
+        t.start(&tp(), g, 3);
+        t.start(&tp(), g, 7);
+        assert_eq!(t.finish(&tp(), g, 7), None);
+        assert_eq!(t.finish(&tp(), g, 3), Some(8));
+    }
+
+    #[test]
+    fn completions_from_a_previous_assignment_are_ignored() {
+        let mut t = OffsetTracker::default();
+        let old = t.assign(tp());
+        t.start(&tp(), old, 5);
+        t.revoke(&tp());
+        assert_eq!(t.finish(&tp(), old, 5), None);
+        let new = t.assign(tp());
+        t.start(&tp(), new, 5);
+        assert_eq!(t.finish(&tp(), old, 5), None, "stale generation");
+        assert!(t.committable().is_empty());
+        assert_eq!(t.finish(&tp(), new, 5), Some(6));
+    }
+
+    #[test]
+    fn duplicate_finish_is_harmless() {
+        let mut t = OffsetTracker::default();
+        let g = t.assign(tp());
+        t.start(&tp(), g, 0);
+        assert_eq!(t.finish(&tp(), g, 0), Some(1));
+        assert_eq!(t.finish(&tp(), g, 0), None);
+    }
+}

@@ -1,0 +1,364 @@
+//! The dedup store: one record per event id in sled, made durable by group
+//! commit (`sync`), expired through an expiry index (`expires_at ++ id`), never
+//! by scanning every record. sled is used only in this module.
+
+mod owner;
+mod record;
+mod sync;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use owner::Owner;
+pub use record::{now_us, Record, State};
+pub use sync::SyncStats;
+
+use crate::event::OutboxEvent;
+
+const EVENTS_TREE: &str = "events";
+const EXPIRY_TREE: &str = "expiry";
+const META_TREE: &str = "meta";
+const DUPLICATES_KEY: &[u8] = b"duplicates_suppressed";
+/// Expired records removed per sled batch during a retention pass.
+const GC_BATCH: usize = 1_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the store at {path} is in use by {owner}; stop that process first (store queries through a running service come later)")]
+    Locked { path: PathBuf, owner: String },
+    #[error("store I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("store: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("store: durable write failed: {0}")]
+    Sync(Arc<std::io::Error>),
+    #[error("store: corrupt record for {id:?}: {error}")]
+    Corrupt { id: String, error: String },
+    #[error("no record for event {0:?}")]
+    NotFound(String),
+}
+
+/// How the store is opened.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub retention: Duration,
+    /// Group-commit window.
+    pub commit_interval: Duration,
+    /// fdatasync after flush (power-loss safe) or not (process-crash safe only).
+    pub fsync: bool,
+    /// Who opens it, recorded for `store` commands that find it locked.
+    pub role: &'static str,
+}
+
+/// Counts for `outboxd store stats`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Stats {
+    pub claimed: u64,
+    pub done: u64,
+    pub dead: u64,
+    pub duplicates_suppressed: u64,
+    pub bytes_on_disk: u64,
+    /// First seen of the oldest / newest record (µs since the epoch).
+    pub oldest_us: Option<i64>,
+    pub newest_us: Option<i64>,
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// Claimed now (durably); `reexecution` when an earlier attempt's outcome is unknown.
+    Claimed { attempt: u32, reexecution: bool },
+    /// Already done or dead: do not run; the duplicate was counted.
+    Finished(State),
+}
+
+pub struct Store {
+    path: PathBuf,
+    db: sled::Db,
+    events: sled::Tree,
+    expiry: sled::Tree,
+    meta: sled::Tree,
+    retention: Duration,
+    sync: sync::Syncer,
+    _owner: Option<owner::OwnerFile>,
+}
+
+impl Store {
+    pub fn open(path: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(path)?;
+        let db = match sled::Config::new().path(path).open() {
+            Ok(db) => db,
+            Err(sled::Error::Io(e)) if is_lock_error(&e) => {
+                let owner = Owner::read(path).map(|o| o.to_string()).unwrap_or_else(|| "another process".to_owned());
+                return Err(StoreError::Locked { path: path.to_owned(), owner });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        sync::sync_dir(path)?;
+        let data_file = if opts.fsync { Some(sync::open_data_file(path)?) } else { None };
+        let owner = owner::OwnerFile::write(path, opts.role).ok();
+        Ok(Store {
+            path: path.to_owned(),
+            events: db.open_tree(EVENTS_TREE)?,
+            expiry: db.open_tree(EXPIRY_TREE)?,
+            meta: db.open_tree(META_TREE)?,
+            retention: opts.retention,
+            sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval),
+            db,
+            _owner: owner,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits until every write made so far is on disk.
+    pub async fn durable(&self) -> Result<(), StoreError> {
+        self.sync.durable().await.map_err(StoreError::Sync)
+    }
+
+    pub fn sync_stats(&self) -> SyncStats {
+        self.sync.stats()
+    }
+
+    pub fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        self.events.get(id.as_bytes())?.map(|bytes| decode(id, &bytes)).transpose()
+    }
+
+    fn put(&self, record: &Record) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(record).expect("records serialise");
+        self.events.insert(record.event_id.as_bytes(), bytes)?;
+        Ok(())
+    }
+
+    /// Claims the event for execution, durably, unless it is already final
+    /// (then the duplicate is counted and nothing runs).
+    pub async fn claim(&self, event: &OutboxEvent) -> Result<Claim, StoreError> {
+        let now = now_us();
+        let existing = self.get(&event.id)?;
+        let record = match existing {
+            Some(r) if r.state.is_final() => {
+                let state = r.state;
+                self.count_duplicate(r)?;
+                return Ok(Claim::Finished(state));
+            }
+            Some(r) => Record {
+                attempts: r.attempts + 1,
+                topic: event.position.topic.clone(),
+                partition: event.position.partition,
+                offset: event.position.offset,
+                claimed_at_us: Some(now),
+                updated_at_us: now,
+                ..r
+            },
+            None => Record {
+                event_id: event.id.clone(),
+                state: State::Claimed,
+                attempts: 1,
+                topic: event.position.topic.clone(),
+                partition: event.position.partition,
+                offset: event.position.offset,
+                key: event.aggregate_id.clone(),
+                event_type: event.event_type.clone(),
+                first_seen_us: now,
+                claimed_at_us: Some(now),
+                done_at_us: None,
+                updated_at_us: now,
+                outcome: None,
+                reason: None,
+                duplicates: 0,
+                expires_at_us: None,
+            },
+        };
+        let reexecution = record.attempts > 1;
+        let attempt = record.attempts;
+        self.put(&record)?;
+        self.durable().await?;
+        Ok(Claim::Claimed { attempt, reexecution })
+    }
+
+    /// A further attempt within the same claim (a retry after a handler error).
+    pub async fn record_attempt(&self, id: &str) -> Result<u32, StoreError> {
+        let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        r.attempts += 1;
+        r.updated_at_us = now_us();
+        self.put(&r)?;
+        self.durable().await?;
+        Ok(r.attempts)
+    }
+
+    fn count_duplicate(&self, mut r: Record) -> Result<(), StoreError> {
+        r.duplicates += 1;
+        self.put(&r)?;
+        self.meta.fetch_and_update(DUPLICATES_KEY, |old| {
+            let n = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes).unwrap_or(0);
+            Some((n + 1).to_be_bytes().to_vec())
+        })?;
+        Ok(())
+    }
+
+    /// Records the final state durably; only then may the offset move on.
+    pub async fn finish(&self, event_id: &str, state: State, text: String) -> Result<(), StoreError> {
+        debug_assert!(state.is_final());
+        let mut r = self.get(event_id)?.ok_or_else(|| StoreError::NotFound(event_id.to_owned()))?;
+        self.finish_record(&mut r, state, text)?;
+        self.durable().await
+    }
+
+    fn finish_record(&self, r: &mut Record, state: State, text: String) -> Result<(), StoreError> {
+        let now = now_us();
+        let expires = now.saturating_add(self.retention.as_micros() as i64);
+        r.state = state;
+        r.done_at_us = Some(now);
+        r.updated_at_us = now;
+        match state {
+            State::Done => r.outcome = Some(text),
+            _ => r.reason = Some(text),
+        }
+        self.reindex(r, Some(expires))?;
+        self.put(r)
+    }
+
+    /// Records a message that never became an event (it could not be decoded) as dead.
+    pub async fn record_undecodable(
+        &self,
+        id: &str,
+        event: &crate::event::Position,
+        reason: String,
+    ) -> Result<(), StoreError> {
+        let now = now_us();
+        let mut r = self.get(id)?.unwrap_or(Record {
+            event_id: id.to_owned(),
+            state: State::Dead,
+            attempts: 0,
+            topic: event.topic.clone(),
+            partition: event.partition,
+            offset: event.offset,
+            key: None,
+            event_type: None,
+            first_seen_us: now,
+            claimed_at_us: None,
+            done_at_us: None,
+            updated_at_us: now,
+            outcome: None,
+            reason: None,
+            duplicates: 0,
+            expires_at_us: None,
+        });
+        self.finish_record(&mut r, State::Dead, reason)?;
+        self.durable().await
+    }
+
+    /// Index first, record second: a crash in between leaves an orphan index
+    /// entry (ignored by gc), never a record that cannot expire.
+    fn reindex(&self, r: &mut Record, expires_at: Option<i64>) -> Result<(), StoreError> {
+        if let Some(old) = r.expires_at_us {
+            self.expiry.remove(expiry_key(old, &r.event_id))?;
+        }
+        if let Some(at) = expires_at {
+            self.expiry.insert(expiry_key(at, &r.event_id), &[])?;
+        }
+        r.expires_at_us = expires_at;
+        Ok(())
+    }
+
+    /// Removes a record so the event may run again. Returns what was removed.
+    pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
+        let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        self.events.remove(id.as_bytes())?;
+        self.reindex(&mut r, None)?;
+        self.durable().await?;
+        Ok(r)
+    }
+
+    /// Removes final records whose retention ended before `now_us`, walking the
+    /// expiry index in order. Returns how many were removed.
+    pub async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
+        let mut removed = 0u64;
+        loop {
+            let end = expiry_key(now_us, "");
+            let due: Vec<sled::IVec> = self.expiry.range(..end).keys().take(GC_BATCH).collect::<Result<_, _>>()?;
+            if due.is_empty() {
+                break;
+            }
+            for key in &due {
+                let id = std::str::from_utf8(&key[8..]).unwrap_or_default();
+                let at = i64::from_be_bytes(key[..8].try_into().expect("8-byte prefix"));
+                if let Some(r) = self.get(id)? {
+                    if r.state.is_final() && r.expires_at_us == Some(at) {
+                        self.events.remove(id.as_bytes())?;
+                        removed += 1;
+                    }
+                }
+                self.expiry.remove(key)?;
+            }
+            tokio::task::yield_now().await;
+        }
+        self.durable().await?;
+        Ok(removed)
+    }
+
+    /// Records in id order, optionally of one state.
+    pub fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.events.iter() {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item?;
+            let r = decode(&String::from_utf8_lossy(&k), &v)?;
+            if state.is_none_or(|s| s == r.state) {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn stats(&self) -> Result<Stats, StoreError> {
+        let mut s = Stats::default();
+        for item in self.events.iter() {
+            let (k, v) = item?;
+            let r = decode(&String::from_utf8_lossy(&k), &v)?;
+            match r.state {
+                State::Claimed => s.claimed += 1,
+                State::Done => s.done += 1,
+                State::Dead => s.dead += 1,
+            }
+            s.oldest_us = Some(s.oldest_us.map_or(r.first_seen_us, |o| o.min(r.first_seen_us)));
+            s.newest_us = Some(s.newest_us.map_or(r.first_seen_us, |o| o.max(r.first_seen_us)));
+        }
+        s.duplicates_suppressed = self
+            .meta
+            .get(DUPLICATES_KEY)?
+            .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
+            .map(u64::from_be_bytes)
+            .unwrap_or(0);
+        s.bytes_on_disk = self.db.size_on_disk()?;
+        Ok(s)
+    }
+
+    /// Flushes everything (durably) before the process ends.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        self.durable().await
+    }
+}
+
+fn expiry_key(at_us: i64, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + id.len());
+    k.extend_from_slice(&(at_us.max(0) as u64).to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+fn decode(id: &str, bytes: &[u8]) -> Result<Record, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt { id: id.to_owned(), error: e.to_string() })
+}
+
+fn is_lock_error(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,78 @@
+//! What the store keeps per event id.
+
+use serde::{Deserialize, Serialize};
+
+/// `absent → claimed → done | dead`. A `claimed` record found later means an
+/// earlier attempt's outcome is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Claimed,
+    Done,
+    Dead,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Claimed => "claimed",
+            State::Done => "done",
+            State::Dead => "dead",
+        }
+    }
+
+    /// Finished states let the offset move on and are never executed again.
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Dead)
+    }
+}
+
+impl std::str::FromStr for State {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<State, String> {
+        match s {
+            "claimed" => Ok(State::Claimed),
+            "done" => Ok(State::Done),
+            "dead" => Ok(State::Dead),
+            other => Err(format!("unknown state {other:?}; one of: claimed, done, dead")),
+        }
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One event's record. Times are microseconds since the Unix epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub event_id: String,
+    pub state: State,
+    /// Handler executions started (a re-execution after a crash counts).
+    pub attempts: u32,
+    /// Where the event was last claimed from.
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<String>,
+    pub event_type: Option<String>,
+    pub first_seen_us: i64,
+    pub claimed_at_us: Option<i64>,
+    pub done_at_us: Option<i64>,
+    pub updated_at_us: i64,
+    /// The handler's outcome, e.g. `http 200`.
+    pub outcome: Option<String>,
+    /// Why the event is dead.
+    pub reason: Option<String>,
+    /// Deliveries suppressed because the record was already final.
+    pub duplicates: u64,
+    /// When a final record may be removed (retention).
+    pub expires_at_us: Option<i64>,
+}
+
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
+}

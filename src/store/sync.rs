@@ -1,0 +1,147 @@
+//! Group commit: writers apply their change to sled, then wait here until it
+//! is on disk. One thread makes everything written so far durable with one
+//! `flush()` + `fdatasync` and wakes every waiter of that batch.
+//!
+//! sled's `flush()` alone ends in `sync_file_range`, which does not survive a
+//! power loss; the `fdatasync` of the log file does.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+/// Waiters queued for the next batch; beyond that writers wait for room
+/// (it is far above `max_in_flight` × 2 writes per event).
+const QUEUE_CAPACITY: usize = 65_536;
+
+pub type SyncResult = Result<(), Arc<std::io::Error>>;
+
+/// Statistics of the batches, for benchmarks and logs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SyncStats {
+    pub batches: u64,
+    pub records: u64,
+    pub total_sync: Duration,
+    pub max_sync: Duration,
+}
+
+pub struct Syncer {
+    tx: Option<SyncSender<oneshot::Sender<SyncResult>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stats: Arc<Mutex<SyncStats>>,
+}
+
+impl Syncer {
+    /// `window`: how long a batch may wait for more writers once the previous
+    /// batch showed there is load. `data_file`: sled's log, fdatasync'ed after
+    /// each flush when `Some`.
+    pub fn start(db: sled::Db, data_file: Option<File>, window: Duration) -> Syncer {
+        let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
+        let stats = Arc::new(Mutex::new(SyncStats::default()));
+        let thread_stats = stats.clone();
+        let thread = std::thread::Builder::new()
+            .name("outboxd-sync".into())
+            .spawn(move || run(db, data_file, window, rx, thread_stats))
+            .expect("spawning the store sync thread");
+        Syncer { tx: Some(tx), thread: Some(thread), stats }
+    }
+
+    /// Resolves once everything written before this call is durable.
+    pub async fn durable(&self) -> SyncResult {
+        let (done_tx, done_rx) = oneshot::channel();
+        let Some(tx) = &self.tx else {
+            return Err(Arc::new(std::io::Error::other("store is closed")));
+        };
+        // The queue is far larger than the writers in flight; a full queue only delays.
+        let mut pending = done_tx;
+        loop {
+            match tx.try_send(pending) {
+                Ok(()) => break,
+                Err(mpsc::TrySendError::Full(back)) => {
+                    pending = back;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(mpsc::TrySendError::Disconnected(_)) => {
+                    return Err(Arc::new(std::io::Error::other("store sync thread stopped")));
+                }
+            }
+        }
+        done_rx.await.unwrap_or_else(|_| Err(Arc::new(std::io::Error::other("store sync thread stopped"))))
+    }
+
+    pub fn stats(&self) -> SyncStats {
+        *self.stats.lock().expect("sync stats lock")
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(
+    db: sled::Db,
+    data_file: Option<File>,
+    window: Duration,
+    rx: Receiver<oneshot::Sender<SyncResult>>,
+    stats: Arc<Mutex<SyncStats>>,
+) {
+    let mut last_batch = 0usize;
+    while let Ok(first) = rx.recv() {
+        let mut waiters = vec![first];
+        waiters.extend(rx.try_iter());
+        // Under load, wait a little so the next fdatasync covers more writers.
+        if last_batch > 1 && !window.is_zero() {
+            let deadline = Instant::now() + window;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(w) => waiters.push(w),
+                    Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+        }
+        last_batch = waiters.len();
+        let started = Instant::now();
+        let result = make_durable(&db, data_file.as_ref());
+        let took = started.elapsed();
+        if let Ok(mut s) = stats.lock() {
+            s.batches += 1;
+            s.records += waiters.len() as u64;
+            s.total_sync += took;
+            s.max_sync = s.max_sync.max(took);
+        }
+        for w in waiters {
+            let _ = w.send(result.clone());
+        }
+    }
+}
+
+fn make_durable(db: &sled::Db, data_file: Option<&File>) -> SyncResult {
+    db.flush().map_err(|e| Arc::new(std::io::Error::other(e)))?;
+    if let Some(f) = data_file {
+        f.sync_data().map_err(Arc::new)?;
+    }
+    Ok(())
+}
+
+/// sled's log file inside its directory.
+pub fn open_data_file(dir: &Path) -> std::io::Result<File> {
+    File::open(dir.join("db"))
+}
+
+/// Makes the directory entries of a fresh database durable (files created by sled).
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+use super::*;
+use crate::event::{OutboxEvent, Payload, Position};
+
+fn opts(retention: Duration) -> StoreOptions {
+    StoreOptions { retention, commit_interval: Duration::from_millis(1), fsync: true, role: "test" }
+}
+
+fn event(id: &str, offset: i64) -> OutboxEvent {
+    OutboxEvent {
+        id: id.to_owned(),
+        aggregate_id: Some("order-1".into()),
+        event_type: Some("OrderCreated".into()),
+        payload: Payload::Null,
+        position: Position { topic: "t".into(), partition: 0, offset },
+        timestamp_ms: None,
+    }
+}
+
+#[tokio::test]
+async fn done_event_is_finished_on_redelivery_at_a_new_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    assert_eq!(store.claim(&event("e1", 1)).await.unwrap(), Claim::Claimed { attempt: 1, reexecution: false });
+    store.finish("e1", State::Done, "http 200".into()).await.unwrap();
+    assert_eq!(store.claim(&event("e1", 99)).await.unwrap(), Claim::Finished(State::Done));
+    let r = store.get("e1").unwrap().unwrap();
+    assert_eq!((r.state, r.attempts, r.duplicates, r.offset), (State::Done, 1, 1, 1));
+    assert_eq!(r.outcome.as_deref(), Some("http 200"));
+    assert_eq!(store.stats().unwrap().duplicates_suppressed, 1);
+}
+
+#[tokio::test]
+async fn claimed_record_survives_reopen_and_is_a_reexecution() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+        store.claim(&event("e1", 1)).await.unwrap();
+    }
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    assert_eq!(store.get("e1").unwrap().unwrap().state, State::Claimed);
+    assert_eq!(store.claim(&event("e1", 5)).await.unwrap(), Claim::Claimed { attempt: 2, reexecution: true });
+}
+
+#[tokio::test]
+async fn gc_removes_only_expired_final_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        store.claim(&event(id, i as i64)).await.unwrap();
+    }
+    store.finish("a", State::Done, "ok".into()).await.unwrap();
+    store.finish("b", State::Dead, "boom".into()).await.unwrap();
+    assert_eq!(store.gc(now_us()).await.unwrap(), 0, "nothing has expired yet");
+    let later = now_us() + 61_000_000;
+    assert_eq!(store.gc(later).await.unwrap(), 2);
+    assert!(store.get("a").unwrap().is_none());
+    assert!(store.get("b").unwrap().is_none());
+    assert_eq!(store.get("c").unwrap().unwrap().state, State::Claimed, "claimed records never expire");
+    assert_eq!(store.expiry.len(), 0);
+}
+
+#[tokio::test]
+async fn forgotten_event_can_be_claimed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    store.claim(&event("a", 0)).await.unwrap();
+    store.finish("a", State::Done, "ok".into()).await.unwrap();
+    let removed = store.forget("a").await.unwrap();
+    assert_eq!(removed.state, State::Done);
+    assert_eq!(store.expiry.len(), 0);
+    assert_eq!(store.claim(&event("a", 3)).await.unwrap(), Claim::Claimed { attempt: 1, reexecution: false });
+    assert!(matches!(store.forget("nope").await, Err(StoreError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn second_open_reports_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    let e = Store::open(dir.path(), &opts(Duration::from_secs(60))).err().expect("second open must fail");
+    let text = e.to_string();
+    assert!(matches!(e, StoreError::Locked { .. }), "{text}");
+    assert!(text.contains(&format!("pid {}", std::process::id())) && text.contains("outboxd test"), "{text}");
+}
+
+#[tokio::test]
+async fn list_filters_by_state_and_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    for i in 0..5 {
+        store.claim(&event(&format!("e{i}"), i)).await.unwrap();
+    }
+    store.finish("e1", State::Done, "ok".into()).await.unwrap();
+    store.finish("e3", State::Done, "ok".into()).await.unwrap();
+    assert_eq!(store.list(Some(State::Done), 10).unwrap().len(), 2);
+    assert_eq!(store.list(Some(State::Claimed), 2).unwrap().len(), 2);
+    assert_eq!(store.list(None, 100).unwrap().len(), 5);
+    let s = store.stats().unwrap();
+    assert_eq!((s.claimed, s.done, s.dead), (3, 2, 0));
+}

@@ -1,0 +1,208 @@
+//! URL templates for the http handler: `{event_id}`, `{aggregate_id}`,
+//! `{event_type}`, `{topic}`. Event data only ever lands in the path or the
+//! query, percent-encoded, so no event can change scheme, host or port.
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use url::Url;
+
+/// Everything but RFC 3986 unreserved characters is encoded: `/`, `?`, `#`,
+/// `@`, `%` and CR/LF in event data cannot change the URL's structure.
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Var {
+    EventId,
+    AggregateId,
+    EventType,
+    Topic,
+}
+
+impl Var {
+    fn from_name(name: &str) -> Option<Var> {
+        Some(match name {
+            "event_id" => Var::EventId,
+            "aggregate_id" => Var::AggregateId,
+            "event_type" => Var::EventType,
+            "topic" => Var::Topic,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    Var(Var),
+}
+
+#[derive(Debug, Clone)]
+pub struct UrlTemplate {
+    text: String,
+    parts: Vec<Part>,
+}
+
+/// Values for one event.
+pub struct Vars<'a> {
+    pub event_id: &'a str,
+    pub aggregate_id: Option<&'a str>,
+    pub event_type: Option<&'a str>,
+    pub topic: &'a str,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RenderError {
+    #[error("URL template uses {{{0}}} but the event has none")]
+    Missing(&'static str),
+    #[error("{0} {1:?} cannot stand in a URL path segment")]
+    DotSegment(&'static str, String),
+    #[error("rendered URL is invalid: {0}")]
+    Invalid(String),
+}
+
+impl UrlTemplate {
+    pub fn parse(text: &str) -> Result<UrlTemplate, String> {
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Literal(rest[..open].to_owned()));
+            }
+            let after = &rest[open + 1..];
+            let close = after.find('}').ok_or_else(|| format!("unclosed '{{' in {text:?}"))?;
+            let name = &after[..close];
+            let var = Var::from_name(name).ok_or_else(|| {
+                format!("unknown placeholder {{{name}}}; known: {{event_id}} {{aggregate_id}} {{event_type}} {{topic}}")
+            })?;
+            parts.push(Part::Var(var));
+            rest = &after[close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(format!("unmatched '}}' in {text:?}"));
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Literal(rest.to_owned()));
+        }
+        let template = UrlTemplate { text: text.to_owned(), parts };
+        template.check_structure()?;
+        Ok(template)
+    }
+
+    /// Placeholders only after the authority; the sample rendering must be an http(s) URL.
+    fn check_structure(&self) -> Result<(), String> {
+        let prefix: String = self
+            .parts
+            .iter()
+            .map_while(|p| match p {
+                Part::Literal(s) => Some(s.as_str()),
+                Part::Var(_) => None,
+            })
+            .collect();
+        let has_var = self.parts.iter().any(|p| matches!(p, Part::Var(_)));
+        if has_var {
+            let after_scheme = prefix.find("://").map(|i| i + 3);
+            let path_started = after_scheme.is_some_and(|i| prefix[i..].contains(['/', '?']));
+            if !path_started {
+                return Err("placeholders may only appear in the path or query, after the host".to_owned());
+            }
+        }
+        let sample = Vars { event_id: "e", aggregate_id: Some("a"), event_type: Some("t"), topic: "topic" };
+        let url = self.render(&sample).map_err(|e| e.to_string())?;
+        if url.scheme() != "http" && url.scheme() != "https" {
+            return Err(format!("scheme must be http or https, got {:?}", url.scheme()));
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err("URL has no host".to_owned());
+        }
+        Ok(())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    pub fn render(&self, vars: &Vars<'_>) -> Result<Url, RenderError> {
+        let mut out = String::with_capacity(self.text.len() + 64);
+        for part in &self.parts {
+            match part {
+                Part::Literal(s) => out.push_str(s),
+                Part::Var(var) => {
+                    let (name, value) = match var {
+                        Var::EventId => ("event_id", Some(vars.event_id)),
+                        Var::AggregateId => ("aggregate_id", vars.aggregate_id),
+                        Var::EventType => ("event_type", vars.event_type),
+                        Var::Topic => ("topic", Some(vars.topic)),
+                    };
+                    let value = value.ok_or(RenderError::Missing(name))?;
+                    // "." and ".." would be resolved as path navigation even when encoded.
+                    if value == "." || value == ".." {
+                        return Err(RenderError::DotSegment(name, value.to_owned()));
+                    }
+                    out.extend(utf8_percent_encode(value, COMPONENT));
+                }
+            }
+        }
+        Url::parse(&out).map_err(|e| RenderError::Invalid(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(agg: &'a str) -> Vars<'a> {
+        Vars {
+            event_id: "6f1c-1",
+            aggregate_id: Some(agg),
+            event_type: Some("OrderCreated"),
+            topic: "outbox.event.order",
+        }
+    }
+
+    #[test]
+    fn substitutes_all_placeholders() {
+        let t = UrlTemplate::parse("http://127.0.0.1:8080/{topic}/{aggregate_id}/{event_type}?id={event_id}").unwrap();
+        assert_eq!(
+            t.render(&vars("o-1")).unwrap().as_str(),
+            "http://127.0.0.1:8080/outbox.event.order/o-1/OrderCreated?id=6f1c-1"
+        );
+    }
+
+    #[test]
+    fn hostile_values_stay_inside_their_segment() {
+        let t = UrlTemplate::parse("http://127.0.0.1:8080/orders/{aggregate_id}/events").unwrap();
+        for (agg, expect) in [
+            ("../../admin", "/orders/..%2F..%2Fadmin/events"),
+            ("@evil.com", "/orders/%40evil.com/events"),
+            ("%2F", "/orders/%252F/events"),
+            ("a\r\nHost: x", "/orders/a%0D%0AHost%3A%20x/events"),
+            ("q?x=1#f", "/orders/q%3Fx%3D1%23f/events"),
+        ] {
+            let url = t.render(&vars(agg)).unwrap();
+            assert_eq!(url.host_str(), Some("127.0.0.1"));
+            assert_eq!(url.port(), Some(8080));
+            assert_eq!(url.path(), expect, "for {agg:?}");
+            assert_eq!(url.query(), None);
+        }
+        assert!(matches!(t.render(&vars("..")), Err(RenderError::DotSegment(..))));
+    }
+
+    #[test]
+    fn placeholder_in_host_is_rejected() {
+        assert!(UrlTemplate::parse("http://{aggregate_id}.example/x").is_err());
+        assert!(UrlTemplate::parse("http://h:{event_id}/x").is_err());
+    }
+
+    #[test]
+    fn unknown_or_unclosed_placeholder_is_rejected() {
+        assert!(UrlTemplate::parse("http://h/{nope}").unwrap_err().contains("{nope}"));
+        assert!(UrlTemplate::parse("http://h/{event_id").is_err());
+        assert!(UrlTemplate::parse("ftp://h/{event_id}").is_err());
+    }
+
+    #[test]
+    fn missing_event_type_is_a_render_error() {
+        let t = UrlTemplate::parse("http://h/{event_type}").unwrap();
+        let v = Vars { event_id: "e", aggregate_id: None, event_type: None, topic: "t" };
+        assert_eq!(t.render(&v).unwrap_err(), RenderError::Missing("event_type"));
+    }
+}
