@@ -25,7 +25,7 @@ const GC_BATCH: usize = 1_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("the store at {path} is in use by {owner}; stop that process first (store queries through a running service come later)")]
+    #[error("the store at {path} is in use by {owner}; `outboxd store` opens the database directly, so stop that process first (SIGTERM drains it cleanly)")]
     Locked { path: PathBuf, owner: String },
     #[error("store I/O: {0}")]
     Io(#[from] std::io::Error),
