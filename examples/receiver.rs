@@ -3,7 +3,7 @@
 //! and does nothing) and prints one line per request, so you can watch side
 //! effects arrive once.
 //!
-//! `cargo run --example receiver -- [ADDR]` (default 127.0.0.1:8080).
+//! `cargo run --example receiver -- [ADDR]` (default 127.0.0.1:18080).
 //! `GET /stats` returns `{"requests":N,"effects":N,"replays":N}`.
 
 use std::collections::HashMap;
@@ -32,7 +32,7 @@ type Shared = Arc<Mutex<Receiver>>;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:8080".to_owned());
+    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:18080".to_owned());
     let state: Shared = Arc::default();
     let app =
         Router::new().route("/orders/{aggregate_id}/events", post(event)).route("/stats", get(stats)).with_state(state);

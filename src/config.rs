@@ -395,6 +395,10 @@ impl RawHandler {
                 TopicMatch::Exact(t)
             }
             (None, Some(p)) => {
+                // librdkafka matches subscriptions with its own small regex engine.
+                if p.contains("(?") {
+                    bail!("{at}.topic_pattern: (?...) groups and flags are not supported by librdkafka's regex engine; use plain (a|b) groups");
+                }
                 let re = Regex::new(&p).map_err(|e| anyhow::anyhow!("{at}.topic_pattern: {e}"))?;
                 TopicMatch::Pattern(re)
             }
@@ -547,6 +551,12 @@ kind = "log"
     fn topic_claimed_twice_names_both_handlers() {
         let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n[[handlers]]\ntopic_pattern=\"^a$\"\nkind=\"log\"\n");
         assert!(e.contains("handlers[1].topics") && e.contains("handlers[0]"), "{e}");
+    }
+
+    #[test]
+    fn pattern_that_librdkafka_cannot_compile_is_rejected() {
+        let e = err("[[handlers]]\ntopic_pattern=\"^outbox\\\\.(?:a|b)$\"\nkind=\"log\"\n");
+        assert!(e.contains("handlers[0].topic_pattern") && e.contains("librdkafka"), "{e}");
     }
 
     #[test]
