@@ -27,23 +27,27 @@ fn main() -> ExitCode {
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
+            // Installed before anything else, so a signal during start-up also drains.
+            let shutdown = shutdown_signal()?;
             let config = Config::load(&args.config)?;
-            outboxd::engine::run(config, shutdown_signal()).await
+            outboxd::engine::run(config, shutdown).await
         }
         Command::CheckConfig(args) => cli::check_config(&args.config),
         Command::Store(cmd) => cli::store_command(cmd).await,
     }
 }
 
-/// SIGINT or SIGTERM: both drain.
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM: both drain. The handlers are installed when this is called.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    })
 }
 
 fn init_logging(format: LogFormat) {

@@ -19,6 +19,9 @@ use crate::offsets::OffsetTracker;
 use crate::store::{now_us, Store, StoreOptions};
 use worker::{Counters, Shared};
 
+/// Pause after a consumer error before polling again.
+const CONSUMER_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Runs outboxd until `shutdown` resolves (or the store fails), then drains.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let store = Store::open(
@@ -75,7 +78,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         };
         match msg {
             Ok(raw) => worker::dispatch(&shared, raw, permit),
-            Err(error) => warn!(%error, "kafka consumer error"),
+            Err(error) => {
+                warn!(%error, "kafka consumer error");
+                drop(permit);
+                // librdkafka retries by itself; this only keeps a persistent error from flooding the log.
+                tokio::time::sleep(CONSUMER_ERROR_PAUSE).await;
+            }
         }
     };
 

@@ -103,6 +103,11 @@ async fn run_chain(shared: Arc<Shared>, key: KeyId, first: Job) {
 
 async fn process(shared: &Shared, job: &Job) {
     let msg = &job.msg;
+    // After a store failure nothing more runs: a later event of this key must not
+    // overtake the one whose record could not be written.
+    if shared.fatal.borrow().is_some() {
+        return;
+    }
     let result = match shared.config.handler_for(&msg.topic) {
         None => undecodable(shared, msg, "no handler is configured for this topic".to_owned()).await,
         Some(hc) => match codec::decode(msg, &hc.event_id, &hc.event_type_header) {

@@ -1,0 +1,289 @@
+//! The Kafka side of the harness: broker address, topics, producing outbox-shaped
+//! messages, reading a group's committed offsets and a topic's end offsets.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
+
+use super::{unique_name, wait_until};
+
+/// Where the tests expect the broker unless `OUTBOXD_TEST_BROKERS` says otherwise.
+pub const DEFAULT_BROKERS: &str = "127.0.0.1:19092";
+
+/// How long one request to the broker may take before the test calls it a failure.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The broker address the tests (and the outboxd they start) use.
+pub fn brokers() -> String {
+    std::env::var("OUTBOXD_TEST_BROKERS")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_BROKERS.to_string())
+}
+
+fn client_config(brokers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        // Keep librdkafka quiet in test output unless something is really wrong.
+        .set("log_level", "3");
+    c
+}
+
+/// A reachable broker. [`Kafka::connect`] fails the test when there is none: these
+/// tests never pass without having talked to Kafka.
+#[derive(Clone, Debug)]
+pub struct Kafka {
+    brokers: String,
+}
+
+impl Kafka {
+    /// Checks that the broker answers; fails the test with instructions if it does not.
+    pub fn connect() -> Kafka {
+        let brokers = brokers();
+        let consumer: BaseConsumer = client_config(&brokers).create().expect("create a Kafka client");
+        match consumer.fetch_metadata(None, BROKER_TIMEOUT) {
+            Ok(md) if !md.brokers().is_empty() => Kafka { brokers },
+            Ok(_) => panic!(
+                "the Kafka broker at {brokers} answered without any broker in its metadata; \
+                 start the test stack with `scripts/stack up kafka` (or point OUTBOXD_TEST_BROKERS at a broker)"
+            ),
+            Err(e) => panic!(
+                "no Kafka broker reachable at {brokers} ({e}); \
+                 start the test stack with `scripts/stack up kafka` (or point OUTBOXD_TEST_BROKERS at a broker)"
+            ),
+        }
+    }
+
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    /// Creates a topic with a unique name starting with `prefix` and waits until every
+    /// partition has a leader.
+    pub async fn create_topic(&self, prefix: &str, partitions: i32) -> String {
+        let name = unique_name(prefix);
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(&self.brokers).create().expect("create a Kafka admin client");
+        let results = admin
+            .create_topics(
+                &[NewTopic::new(&name, partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create topic {name}: {e}"));
+        for r in results {
+            if let Err((topic, code)) = r {
+                panic!("create topic {topic}: {code:?}");
+            }
+        }
+        let consumer: BaseConsumer = client_config(&self.brokers).create().expect("client");
+        wait_until(
+            format!("topic {name} to have {partitions} partitions with leaders"),
+            Duration::from_secs(30),
+            || match consumer.fetch_metadata(Some(&name), BROKER_TIMEOUT) {
+                Ok(md) => md.topics().iter().any(|t| {
+                    t.name() == name
+                        && t.error().is_none()
+                        && t.partitions().len() == partitions as usize
+                        && t.partitions().iter().all(|p| p.leader() >= 0)
+                }),
+                Err(_) => false,
+            },
+        )
+        .await;
+        name
+    }
+
+    /// A producer of outbox-shaped messages.
+    pub fn producer(&self) -> Producer {
+        let inner: FutureProducer = client_config(&self.brokers)
+            // Idempotence keeps the order of in-flight messages of a partition.
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "30000")
+            .create()
+            .expect("create a Kafka producer");
+        Producer { inner }
+    }
+
+    /// Reads what group `group` has committed for `topic` (without joining the group).
+    pub fn offsets(&self, group: &str, topic: &str) -> OffsetReader {
+        let consumer: BaseConsumer = client_config(&self.brokers)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("create a Kafka consumer to read committed offsets");
+        let md =
+            consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT).unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+        let partitions = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map(|t| t.partitions().len() as i32)
+            .unwrap_or_else(|| panic!("topic {topic} not in the metadata"));
+        OffsetReader { consumer, topic: topic.to_string(), partitions }
+    }
+}
+
+/// Where a produced message landed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Produced {
+    pub event_id: String,
+    pub key: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// Sends messages in the shape of Debezium's outbox EventRouter: key = aggregate id,
+/// header `id` = event id, optional header `eventType`, value = JSON payload.
+pub struct Producer {
+    inner: FutureProducer,
+}
+
+impl Producer {
+    /// Sends one outbox event and waits until the broker has it.
+    pub async fn send_event(
+        &self,
+        topic: &str,
+        key: &str,
+        event_id: &str,
+        event_type: Option<&str>,
+        payload: &Value,
+    ) -> Produced {
+        let mut headers = OwnedHeaders::new().insert(Header { key: "id", value: Some(event_id.as_bytes()) });
+        if let Some(t) = event_type {
+            headers = headers.insert(Header { key: "eventType", value: Some(t.as_bytes()) });
+        }
+        let value = serde_json::to_vec(payload).expect("serialize payload");
+        let record = FutureRecord::to(topic).key(key.as_bytes()).payload(&value).headers(headers);
+        let delivery = self
+            .inner
+            .send(record, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|(e, _)| panic!("produce event {event_id} to {topic}: {e}"));
+        Produced {
+            event_id: event_id.to_string(),
+            key: key.to_string(),
+            partition: delivery.partition,
+            offset: delivery.offset,
+        }
+    }
+
+    /// Sends any message (e.g. one without an `id` header, or with a garbage value);
+    /// returns (partition, offset).
+    pub async fn send_raw(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        headers: &[(&str, &[u8])],
+        value: Option<&[u8]>,
+    ) -> (i32, i64) {
+        let mut owned = OwnedHeaders::new();
+        for (k, v) in headers {
+            owned = owned.insert(Header { key: k, value: Some(*v) });
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(owned);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        let delivery = self
+            .inner
+            .send(record, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|(e, _)| panic!("produce a raw message to {topic}: {e}"));
+        (delivery.partition, delivery.offset)
+    }
+}
+
+/// Reads a group's committed offsets and the end offsets of one topic.
+pub struct OffsetReader {
+    consumer: BaseConsumer,
+    pub topic: String,
+    pub partitions: i32,
+}
+
+impl OffsetReader {
+    fn tpl(&self) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..self.partitions {
+            tpl.add_partition(&self.topic, p);
+        }
+        tpl
+    }
+
+    /// Committed offset per partition (the next offset the group would read), `None`
+    /// where the group has committed nothing.
+    pub fn try_committed(&self) -> KafkaResult<BTreeMap<i32, Option<i64>>> {
+        let tpl = self.consumer.committed_offsets(self.tpl(), BROKER_TIMEOUT)?;
+        let mut out = BTreeMap::new();
+        for e in tpl.elements_for_topic(&self.topic) {
+            let committed = match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            };
+            out.insert(e.partition(), committed);
+        }
+        Ok(out)
+    }
+
+    pub fn committed(&self) -> BTreeMap<i32, Option<i64>> {
+        self.try_committed().unwrap_or_else(|e| panic!("committed offsets of {}: {e}", self.topic))
+    }
+
+    /// The end (high watermark) of every partition: the offset the next message gets.
+    pub fn try_end(&self) -> KafkaResult<BTreeMap<i32, i64>> {
+        let mut out = BTreeMap::new();
+        for p in 0..self.partitions {
+            let (_, high) = self.consumer.fetch_watermarks(&self.topic, p, BROKER_TIMEOUT)?;
+            out.insert(p, high);
+        }
+        Ok(out)
+    }
+
+    pub fn end(&self) -> BTreeMap<i32, i64> {
+        self.try_end().unwrap_or_else(|e| panic!("end offsets of {}: {e}", self.topic))
+    }
+
+    /// Whether every partition's committed offset has reached the partition's end
+    /// (partitions without messages count as reached).
+    pub fn reached_end(&self) -> bool {
+        let (Ok(committed), Ok(end)) = (self.try_committed(), self.try_end()) else {
+            return false;
+        };
+        end.iter().all(|(p, &high)| high == 0 || committed.get(p).copied().flatten().is_some_and(|c| c >= high))
+    }
+
+    /// "partition: committed/end" for messages.
+    pub fn describe(&self) -> String {
+        let committed = self.try_committed();
+        let end = self.try_end();
+        match (committed, end) {
+            (Ok(c), Ok(e)) => e
+                .iter()
+                .map(|(p, high)| {
+                    let c = c.get(p).copied().flatten();
+                    format!("p{p}: committed {} / end {high}", c.map_or("none".to_string(), |c| c.to_string()))
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            (c, e) => format!("(could not read offsets: {c:?} {e:?})"),
+        }
+    }
+}
