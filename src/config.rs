@@ -35,6 +35,13 @@ const DEFAULT_EVENT_TYPE_HEADER: &str = "eventType";
 const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(10);
+const DEFAULT_BACKOFF_MULTIPLIER: f32 = 2.0;
+/// Stop retrying well inside the shortest common idempotency-key window
+/// (30 minutes at several APIs; Stripe keeps keys 24 h): a retry after the
+/// receiver forgot the key could repeat the side effect.
+const DEFAULT_MAX_ELAPSED: Duration = Duration::from_secs(20 * 60);
+/// librdkafka's default `session.timeout.ms`.
+const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 /// Upper bound on `max_in_flight`: each in-flight event holds its payload in memory.
 const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
 
@@ -99,6 +106,80 @@ pub struct RawHandler {
     /// Kafka header holding the event type (Debezium: `table.fields.additional.placement`).
     pub event_type_header: Option<String>,
     pub retry: Option<RawRetry>,
+    /// HTTP statuses that count as success / permanent failure / retry, overriding the defaults.
+    #[serde(default)]
+    pub success_on: Vec<StatusMatch>,
+    #[serde(default)]
+    pub fail_on: Vec<StatusMatch>,
+    #[serde(default)]
+    pub retry_on: Vec<StatusMatch>,
+    pub dead_letter: Option<RawDeadLetter>,
+    /// What to do with an event found `claimed` (an earlier attempt's outcome is unknown).
+    pub on_uncertain: Option<OnUncertain>,
+    pub verify: Option<RawVerify>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDeadLetter {
+    pub topic: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVerify {
+    pub url: String,
+    pub method: Option<String>,
+}
+
+/// The policy for an event whose earlier attempt may or may not have happened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUncertain {
+    /// Run again with the same idempotency key.
+    #[default]
+    Retry,
+    /// Ask the receiver first (`verify.url`): 2xx = it happened, 404 = run it.
+    Verify,
+    /// Never re-run automatically: record `parked`, dead-letter it, let a person decide.
+    Park,
+}
+
+/// An HTTP status (`409`) or a class (`"5xx"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "toml::Value")]
+pub enum StatusMatch {
+    Code(u16),
+    Class(u16),
+}
+
+impl StatusMatch {
+    pub fn matches(self, status: u16) -> bool {
+        match self {
+            StatusMatch::Code(c) => c == status,
+            StatusMatch::Class(c) => status / 100 == c,
+        }
+    }
+}
+
+impl TryFrom<toml::Value> for StatusMatch {
+    type Error = String;
+
+    fn try_from(v: toml::Value) -> Result<StatusMatch, String> {
+        let bad = || format!("expected a status such as 409 or a class such as \"5xx\", got {v}");
+        match &v {
+            toml::Value::Integer(i) if (100..=599).contains(i) => Ok(StatusMatch::Code(*i as u16)),
+            toml::Value::String(s) => {
+                let b = s.as_bytes();
+                if b.len() == 3 && (b'1'..=b'5').contains(&b[0]) && s[1..].eq_ignore_ascii_case("xx") {
+                    Ok(StatusMatch::Class(u16::from(b[0] - b'0')))
+                } else {
+                    s.parse::<u16>().ok().filter(|c| (100..=599).contains(c)).map(StatusMatch::Code).ok_or_else(bad)
+                }
+            }
+            _ => Err(bad()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -107,6 +188,9 @@ pub struct RawRetry {
     pub max_attempts: Option<u32>,
     pub initial_backoff: Option<String>,
     pub max_backoff: Option<String>,
+    pub multiplier: Option<f32>,
+    /// Give up once this much time has passed since the first attempt of a delivery.
+    pub max_elapsed: Option<String>,
 }
 
 /// Where the event id (the dedup key) is found.
@@ -195,11 +279,28 @@ pub struct HttpConfig {
     pub headers: Vec<(String, String)>,
     pub idempotency_header: Option<String>,
     pub timeout: Duration,
+    pub classify: StatusRules,
+    /// The lookup for `on_uncertain = "verify"`.
+    pub verify: Option<VerifyConfig>,
+}
+
+/// Overrides of the default status classification, checked in this order.
+#[derive(Debug, Clone, Default)]
+pub struct StatusRules {
+    pub success_on: Vec<StatusMatch>,
+    pub fail_on: Vec<StatusMatch>,
+    pub retry_on: Vec<StatusMatch>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VerifyConfig {
+    pub url: UrlTemplate,
+    pub method: reqwest::Method,
 }
 
 #[derive(Debug, Clone)]
 pub enum HandlerSpec {
-    Http(HttpConfig),
+    Http(Box<HttpConfig>),
     Log,
 }
 
@@ -208,6 +309,8 @@ pub struct RetryConfig {
     pub max_attempts: u32,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    pub multiplier: f32,
+    pub max_elapsed: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -219,6 +322,9 @@ pub struct HandlerConfig {
     pub event_id: EventIdSource,
     pub event_type_header: String,
     pub retry: RetryConfig,
+    /// Where dead events go; without one, `dead` records keep the message for export.
+    pub dead_letter_topic: Option<String>,
+    pub on_uncertain: OnUncertain,
 }
 
 impl Config {
@@ -312,6 +418,19 @@ impl RawConfig {
         };
         if kafka.commit_interval.is_zero() {
             bail!("kafka.commit_interval: must be greater than 0");
+        }
+        let session_timeout = match kafka.options.get("session.timeout.ms") {
+            None => DEFAULT_SESSION_TIMEOUT,
+            Some(ms) => Duration::from_millis(ms.trim().parse().map_err(|_| {
+                anyhow::anyhow!("kafka.options.\"session.timeout.ms\": not a number of milliseconds: {ms:?}")
+            })?),
+        };
+        if kafka.drain_timeout >= session_timeout {
+            bail!(
+                "kafka.drain_timeout: {} must be shorter than session.timeout.ms ({}), or the group evicts outboxd while it drains",
+                humantime::format_duration(kafka.drain_timeout),
+                humantime::format_duration(session_timeout)
+            );
         }
 
         let s = self.store;
@@ -414,6 +533,22 @@ impl RawHandler {
         http_only("headers", !self.headers.is_empty())?;
         http_only("idempotency_header", self.idempotency_header.is_some())?;
         http_only("timeout", self.timeout.is_some())?;
+        http_only("success_on", !self.success_on.is_empty())?;
+        http_only("fail_on", !self.fail_on.is_empty())?;
+        http_only("retry_on", !self.retry_on.is_empty())?;
+        http_only("verify", self.verify.is_some())?;
+        let on_uncertain = self.on_uncertain.unwrap_or_default();
+        if on_uncertain == OnUncertain::Verify && self.verify.is_none() {
+            bail!("{at}.verify: on_uncertain = \"verify\" needs [{at}.verify] url = \"...\"");
+        }
+        if self.verify.is_some() && on_uncertain != OnUncertain::Verify {
+            bail!("{at}.verify: only used with on_uncertain = \"verify\"");
+        }
+        let dead_letter_topic = match &self.dead_letter {
+            Some(d) if d.topic.trim().is_empty() => bail!("{at}.dead_letter.topic: must not be empty"),
+            Some(d) => Some(d.topic.clone()),
+            None => None,
+        };
 
         let spec = match self.kind {
             HandlerKind::Log => HandlerSpec::Log,
@@ -449,7 +584,31 @@ impl RawHandler {
                 if timeout.is_zero() {
                     bail!("{at}.timeout: must be greater than 0");
                 }
-                HandlerSpec::Http(HttpConfig { url, method, headers, idempotency_header, timeout })
+                let classify = StatusRules {
+                    success_on: self.success_on.clone(),
+                    fail_on: self.fail_on.clone(),
+                    retry_on: self.retry_on.clone(),
+                };
+                let verify = match &self.verify {
+                    None => None,
+                    Some(v) => {
+                        let url = expand_env(&format!("{at}.verify.url"), &v.url, env)?;
+                        let url = UrlTemplate::parse(&url).map_err(|e| anyhow::anyhow!("{at}.verify.url: {e}"))?;
+                        let m = v.method.clone().unwrap_or_else(|| "GET".to_owned());
+                        let method = reqwest::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                            .map_err(|_| anyhow::anyhow!("{at}.verify.method: invalid HTTP method {m:?}"))?;
+                        Some(VerifyConfig { url, method })
+                    }
+                };
+                HandlerSpec::Http(Box::new(HttpConfig {
+                    url,
+                    method,
+                    headers,
+                    idempotency_header,
+                    timeout,
+                    classify,
+                    verify,
+                }))
             }
         };
 
@@ -461,8 +620,16 @@ impl RawHandler {
             _ => {}
         }
 
-        let r = self.retry.unwrap_or(RawRetry { max_attempts: None, initial_backoff: None, max_backoff: None });
+        let r = self.retry.unwrap_or(RawRetry {
+            max_attempts: None,
+            initial_backoff: None,
+            max_backoff: None,
+            multiplier: None,
+            max_elapsed: None,
+        });
         let retry = RetryConfig {
+            multiplier: r.multiplier.unwrap_or(DEFAULT_BACKOFF_MULTIPLIER),
+            max_elapsed: duration(&format!("{at}.retry.max_elapsed"), r.max_elapsed.as_deref(), DEFAULT_MAX_ELAPSED)?,
             max_attempts: r.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
             initial_backoff: duration(
                 &format!("{at}.retry.initial_backoff"),
@@ -477,6 +644,12 @@ impl RawHandler {
         if retry.max_backoff < retry.initial_backoff {
             bail!("{at}.retry.max_backoff: must not be less than initial_backoff");
         }
+        if !(1.0..=100.0).contains(&retry.multiplier) {
+            bail!("{at}.retry.multiplier: must be between 1.0 and 100.0");
+        }
+        if retry.max_elapsed.is_zero() {
+            bail!("{at}.retry.max_elapsed: must be greater than 0");
+        }
 
         Ok(HandlerConfig {
             index,
@@ -485,6 +658,8 @@ impl RawHandler {
             event_id,
             event_type_header: self.event_type_header.unwrap_or_else(|| DEFAULT_EVENT_TYPE_HEADER.to_owned()),
             retry,
+            dead_letter_topic,
+            on_uncertain,
         })
     }
 }
@@ -604,6 +779,54 @@ kind = "log"
     fn http_fields_on_log_handler_are_rejected() {
         let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nurl=\"http://h/\"\n");
         assert!(e.contains("handlers[0].url: only valid for kind = \"http\""), "{e}");
+    }
+
+    #[test]
+    fn failure_handling_options_parse() {
+        let c = parse(
+            r#"
+[[handlers]]
+topics = ["a"]
+kind = "http"
+url = "http://h/{event_id}"
+success_on = [409]
+fail_on = ["5xx"]
+retry_on = ["404"]
+on_uncertain = "verify"
+[handlers.verify]
+url = "http://h/lookup/{event_id}"
+[handlers.dead_letter]
+topic = "dlq.a"
+[handlers.retry]
+multiplier = 3.0
+max_elapsed = "5m"
+"#,
+        )
+        .unwrap();
+        let h = &c.handlers[0];
+        assert_eq!(h.dead_letter_topic.as_deref(), Some("dlq.a"));
+        assert_eq!(h.on_uncertain, OnUncertain::Verify);
+        assert_eq!(h.retry.max_elapsed, Duration::from_secs(300));
+        let HandlerSpec::Http(http) = &h.spec else { panic!("http") };
+        assert_eq!(http.classify.success_on, vec![StatusMatch::Code(409)]);
+        assert_eq!(http.classify.fail_on, vec![StatusMatch::Class(5)]);
+        assert_eq!(http.classify.retry_on, vec![StatusMatch::Code(404)]);
+        assert_eq!(http.verify.as_ref().unwrap().method, reqwest::Method::GET);
+    }
+
+    #[test]
+    fn verify_policy_needs_a_lookup_and_statuses_must_be_valid() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"http\"\nurl=\"http://h/\"\non_uncertain=\"verify\"\n");
+        assert!(e.contains("handlers[0].verify"), "{e}");
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"http\"\nurl=\"http://h/\"\nretry_on=[\"6xx\"]\n");
+        assert!(e.contains("6xx"), "{e}");
+    }
+
+    #[test]
+    fn drain_timeout_must_be_shorter_than_the_session_timeout() {
+        let text = "[kafka]\nbrokers=\"b\"\ngroup_id=\"g\"\ndrain_timeout=\"10s\"\n[kafka.options]\n\"session.timeout.ms\"=\"6000\"\n[store]\npath=\"p\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n";
+        let e = format!("{:#}", Config::parse(text, &env).unwrap_err());
+        assert!(e.contains("kafka.drain_timeout") && e.contains("session.timeout.ms"), "{e}");
     }
 
     #[test]

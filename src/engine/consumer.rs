@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
@@ -77,6 +78,72 @@ pub fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
     tpl
 }
 
+/// Why an event went to the dead-letter topic, added to the message as `outboxd.*` headers.
+pub struct DeadLetterInfo<'a> {
+    pub error: &'a str,
+    pub attempts: u32,
+}
+
+/// Produces dead letters: the original key, value and headers plus the reason.
+pub struct DeadLetters {
+    producer: FutureProducer,
+}
+
+impl DeadLetters {
+    pub fn build(kafka: &KafkaConfig) -> anyhow::Result<DeadLetters> {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &kafka.brokers).set("client.id", "outboxd-dlq");
+        for (k, v) in &kafka.options {
+            // Security and connection settings apply to the producer too; consumer-only
+            // settings would only produce warnings.
+            if k.starts_with("security.")
+                || k.starts_with("ssl.")
+                || k.starts_with("sasl.")
+                || k.starts_with("socket.")
+                || k.starts_with("broker.")
+                || k == "client.dns.lookup"
+            {
+                cc.set(k, v);
+            }
+        }
+        cc.set("enable.idempotence", "true").set("acks", "all");
+        Ok(DeadLetters { producer: cc.create()? })
+    }
+
+    /// Sends and waits for the broker's acknowledgement; returns `topic/partition@offset`.
+    pub async fn send(&self, topic: &str, msg: &RawMessage, info: &DeadLetterInfo<'_>) -> Result<String, String> {
+        let mut headers = OwnedHeaders::new_with_capacity(msg.headers.len() + 6);
+        for (k, v) in &msg.headers {
+            headers = headers.insert(Header { key: k, value: v.as_deref() });
+        }
+        let failed_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+        let attempts = info.attempts.to_string();
+        let partition = msg.partition.to_string();
+        let offset = msg.offset.to_string();
+        for (k, v) in [
+            ("outboxd.error", info.error),
+            ("outboxd.attempts", attempts.as_str()),
+            ("outboxd.source.topic", msg.topic.as_str()),
+            ("outboxd.source.partition", partition.as_str()),
+            ("outboxd.source.offset", offset.as_str()),
+            ("outboxd.failed_at", failed_at.as_str()),
+        ] {
+            headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
+        if let Some(key) = &msg.key {
+            record = record.key(key.as_slice());
+        }
+        if let Some(value) = &msg.value {
+            record = record.payload(value.as_slice());
+        }
+        match self.producer.send(record, rdkafka::util::Timeout::Never).await {
+            Ok(delivery) => Ok(format!("{topic}/{}@{}", delivery.partition, delivery.offset)),
+            Err((error, _)) => Err(error.to_string()),
+        }
+    }
+}
+
 /// Builds and subscribes the consumer. Offsets are stored by us only after an
 /// event is durably finished; librdkafka commits what was stored.
 pub fn build(kafka: &KafkaConfig, subscriptions: &[String], tracker: Tracker) -> anyhow::Result<KafkaConsumer> {
@@ -85,7 +152,9 @@ pub fn build(kafka: &KafkaConfig, subscriptions: &[String], tracker: Tracker) ->
         .set("group.id", &kafka.group_id)
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
-        .set("client.id", "outboxd");
+        .set("client.id", "outboxd")
+        // Only the partitions that move are revoked; the others keep working.
+        .set("partition.assignment.strategy", "cooperative-sticky");
     for (k, v) in &kafka.options {
         cc.set(k, v);
     }

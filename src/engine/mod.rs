@@ -41,6 +41,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let consumer = Arc::new(
         consumer::build(&config.kafka, &subscriptions, tracker.clone()).context("creating the Kafka consumer")?,
     );
+    let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
+        Some(consumer::DeadLetters::build(&config.kafka).context("creating the dead-letter producer")?)
+    } else {
+        None
+    };
     let (fatal, mut fatal_rx) = tokio::sync::watch::channel(None);
     let max_in_flight = config.store.max_in_flight;
     let drain_timeout = config.kafka.drain_timeout;
@@ -51,6 +56,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         handlers,
         tracker: tracker.clone(),
         consumer: consumer.clone(),
+        dead_letters,
         chains: Mutex::new(HashMap::new()),
         live: Mutex::new(HashMap::new()),
         counters: Counters::default(),

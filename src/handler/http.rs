@@ -5,8 +5,8 @@
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::StatusCode;
 
-use super::{HandlerError, Outcome};
-use crate::config::HttpConfig;
+use super::{HandlerError, Outcome, Verified};
+use crate::config::{HttpConfig, StatusRules};
 use crate::event::OutboxEvent;
 use crate::template::Vars;
 
@@ -32,13 +32,7 @@ impl HttpHandler {
     }
 
     pub async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
-        let vars = Vars {
-            event_id: &event.id,
-            aggregate_id: event.aggregate_id.as_deref(),
-            event_type: event.event_type.as_deref(),
-            topic: &event.position.topic,
-        };
-        let url = self.config.url.render(&vars).map_err(|e| HandlerError::Permanent(e.to_string()))?;
+        let url = self.config.url.render(&vars(event)).map_err(|e| HandlerError::Permanent(e.to_string()))?;
         let (body, content_type) = event.payload.to_body();
         let mut headers = self.headers.clone();
         if let Some(ct) = content_type {
@@ -60,9 +54,59 @@ impl HttpHandler {
             .body(body)
             .send()
             .await
-            .map_err(|e| HandlerError::Retryable(describe(&e)))?;
-        classify(response.status())
+            .map_err(|e| HandlerError::retryable(describe(&e)))?;
+        let retry_after = retry_after(response.headers());
+        match classify(&self.config.classify, response.status()) {
+            Err(HandlerError::Retryable { reason, .. }) => Err(HandlerError::Retryable { reason, retry_after }),
+            other => other,
+        }
     }
+
+    /// The `verify` lookup: 2xx = it happened, 404 = it did not, anything else = ask again later.
+    pub async fn verify(&self, event: &OutboxEvent) -> Result<Verified, HandlerError> {
+        let Some(verify) = &self.config.verify else {
+            return Ok(Verified::Missing);
+        };
+        let url = verify.url.render(&vars(event)).map_err(|e| HandlerError::Permanent(e.to_string()))?;
+        let mut headers = self.headers.clone();
+        if let Some(name) = &self.config.idempotency_header {
+            insert_text(&mut headers, name, &event.id);
+        }
+        let response = self
+            .client
+            .request(verify.method.clone(), url)
+            .headers(headers)
+            .send()
+            .await
+            .map_err(|e| HandlerError::retryable(format!("verify: {}", describe(&e))))?;
+        match response.status().as_u16() {
+            200..=299 => Ok(Verified::Happened(format!("verified: http {}", response.status().as_u16()))),
+            404 => Ok(Verified::Missing),
+            s => Err(HandlerError::Retryable {
+                reason: format!("verify: http {s}"),
+                retry_after: retry_after(response.headers()),
+            }),
+        }
+    }
+}
+
+fn vars(event: &OutboxEvent) -> Vars<'_> {
+    Vars {
+        event_id: &event.id,
+        aggregate_id: event.aggregate_id.as_deref(),
+        event_type: event.event_type.as_deref(),
+        topic: &event.position.topic,
+    }
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<std::time::Duration> {
+    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(std::time::Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())
 }
 
 /// Event data that is not a valid header value (e.g. contains CR/LF) is left out.
@@ -90,12 +134,25 @@ fn describe(e: &reqwest::Error) -> String {
     text
 }
 
-/// 2xx succeeds; 408, 409 (same key in flight), 429 and 5xx may heal; other statuses are permanent.
-pub fn classify(status: StatusCode) -> Result<Outcome, HandlerError> {
-    let text = format!("http {}", status.as_u16());
-    match status.as_u16() {
+/// The handler's `success_on`, `fail_on`, `retry_on` first; then the defaults:
+/// 2xx succeeds; 408, 409 (a request with the same key in flight), 425, 429 and
+/// 5xx may heal; everything else (other 4xx, redirects) is permanent.
+pub fn classify(rules: &StatusRules, status: StatusCode) -> Result<Outcome, HandlerError> {
+    let code = status.as_u16();
+    let text = format!("http {code}");
+    let listed = |list: &[crate::config::StatusMatch]| list.iter().any(|m| m.matches(code));
+    if listed(&rules.success_on) {
+        return Ok(Outcome(text));
+    }
+    if listed(&rules.fail_on) {
+        return Err(HandlerError::Permanent(text));
+    }
+    if listed(&rules.retry_on) {
+        return Err(HandlerError::retryable(text));
+    }
+    match code {
         200..=299 => Ok(Outcome(text)),
-        408 | 409 | 425 | 429 | 500..=599 => Err(HandlerError::Retryable(text)),
+        408 | 409 | 425 | 429 | 500..=599 => Err(HandlerError::retryable(text)),
         _ => Err(HandlerError::Permanent(text)),
     }
 }
@@ -104,16 +161,48 @@ pub fn classify(status: StatusCode) -> Result<Outcome, HandlerError> {
 mod tests {
     use super::*;
 
+    use crate::config::StatusMatch;
+
+    fn status(s: u16) -> StatusCode {
+        StatusCode::from_u16(s).unwrap()
+    }
+
     #[test]
-    fn statuses_are_classified() {
-        assert_eq!(classify(StatusCode::OK), Ok(Outcome("http 200".into())));
-        assert_eq!(classify(StatusCode::CREATED), Ok(Outcome("http 201".into())));
+    fn statuses_are_classified_by_default() {
+        let rules = StatusRules::default();
+        assert_eq!(classify(&rules, StatusCode::OK), Ok(Outcome("http 200".into())));
+        assert_eq!(classify(&rules, StatusCode::CREATED), Ok(Outcome("http 201".into())));
         for s in [408, 409, 429, 500, 503] {
-            assert!(matches!(classify(StatusCode::from_u16(s).unwrap()), Err(HandlerError::Retryable(_))), "{s}");
+            assert!(matches!(classify(&rules, status(s)), Err(HandlerError::Retryable { .. })), "{s}");
         }
-        for s in [400, 401, 404, 422] {
-            assert!(matches!(classify(StatusCode::from_u16(s).unwrap()), Err(HandlerError::Permanent(_))), "{s}");
+        for s in [400, 401, 404, 422, 302] {
+            assert!(matches!(classify(&rules, status(s)), Err(HandlerError::Permanent(_))), "{s}");
         }
-        assert!(matches!(classify(StatusCode::from_u16(302).unwrap()), Err(HandlerError::Permanent(_))));
+    }
+
+    #[test]
+    fn configured_lists_override_the_defaults() {
+        let rules = StatusRules {
+            success_on: vec![StatusMatch::Code(409)],
+            fail_on: vec![StatusMatch::Code(503)],
+            retry_on: vec![StatusMatch::Class(4)],
+        };
+        assert!(classify(&rules, status(409)).is_ok(), "409 = already done, for this receiver");
+        assert!(matches!(classify(&rules, status(503)), Err(HandlerError::Permanent(_))));
+        assert!(matches!(classify(&rules, status(404)), Err(HandlerError::Retryable { .. })));
+        assert!(matches!(classify(&rules, status(500)), Err(HandlerError::Retryable { .. })));
+    }
+
+    #[test]
+    fn retry_after_seconds_and_dates_are_read() {
+        let mut h = HeaderMap::new();
+        h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("7"));
+        assert_eq!(retry_after(&h), Some(std::time::Duration::from_secs(7)));
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(120);
+        h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_str(&httpdate::fmt_http_date(later)).unwrap());
+        let d = retry_after(&h).unwrap();
+        assert!(d > std::time::Duration::from_secs(100) && d <= std::time::Duration::from_secs(120), "{d:?}");
+        h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h), None);
     }
 }

@@ -21,7 +21,7 @@ impl LogHandler {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{line}")
             .and_then(|()| out.flush())
-            .map_err(|e| HandlerError::Retryable(format!("writing to stdout: {e}")))?;
+            .map_err(|e| HandlerError::retryable(format!("writing to stdout: {e}")))?;
         Ok(Outcome("logged".to_owned()))
     }
 }

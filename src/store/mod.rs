@@ -14,11 +14,13 @@ pub use owner::Owner;
 pub use record::{now_us, Record, State};
 pub use sync::SyncStats;
 
-use crate::event::OutboxEvent;
+use crate::event::{OutboxEvent, RawMessage};
 
 const EVENTS_TREE: &str = "events";
 const EXPIRY_TREE: &str = "expiry";
 const META_TREE: &str = "meta";
+/// Copies of the messages of dead and parked events, for `store export` and `store retry`.
+const MESSAGES_TREE: &str = "messages";
 const DUPLICATES_KEY: &[u8] = b"duplicates_suppressed";
 /// Expired records removed per sled batch during a retention pass.
 const GC_BATCH: usize = 1_000;
@@ -57,6 +59,7 @@ pub struct Stats {
     pub claimed: u64,
     pub done: u64,
     pub dead: u64,
+    pub parked: u64,
     pub duplicates_suppressed: u64,
     pub bytes_on_disk: u64,
     /// First seen of the oldest / newest record (µs since the epoch).
@@ -79,6 +82,7 @@ pub struct Store {
     events: sled::Tree,
     expiry: sled::Tree,
     meta: sled::Tree,
+    messages: sled::Tree,
     retention: Duration,
     sync: sync::Syncer,
     _owner: Option<owner::OwnerFile>,
@@ -103,6 +107,7 @@ impl Store {
             events: db.open_tree(EVENTS_TREE)?,
             expiry: db.open_tree(EXPIRY_TREE)?,
             meta: db.open_tree(META_TREE)?,
+            messages: db.open_tree(MESSAGES_TREE)?,
             retention: opts.retention,
             sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval),
             db,
@@ -168,6 +173,7 @@ impl Store {
                 updated_at_us: now,
                 outcome: None,
                 reason: None,
+                dead_letter: None,
                 duplicates: 0,
                 expires_at_us: None,
             },
@@ -207,6 +213,35 @@ impl Store {
         self.durable().await
     }
 
+    /// Records a dead or parked event with its message copy and, when one was
+    /// produced and acknowledged, its dead-letter position.
+    pub async fn finish_failed(
+        &self,
+        event_id: &str,
+        state: State,
+        reason: String,
+        message: &RawMessage,
+        dead_letter: Option<String>,
+    ) -> Result<(), StoreError> {
+        let mut r = self.get(event_id)?.ok_or_else(|| StoreError::NotFound(event_id.to_owned()))?;
+        self.messages.insert(event_id.as_bytes(), encode_message(message))?;
+        r.dead_letter = dead_letter;
+        self.finish_record(&mut r, state, reason)?;
+        self.durable().await
+    }
+
+    /// The stored copy of a dead or parked event's message.
+    pub fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
+        self.messages
+            .get(event_id.as_bytes())?
+            .map(|b| {
+                postcard::from_bytes::<StoredMessage>(&b)
+                    .map(RawMessage::from)
+                    .map_err(|e| StoreError::Corrupt { id: event_id.to_owned(), error: e.to_string() })
+            })
+            .transpose()
+    }
+
     fn finish_record(&self, r: &mut Record, state: State, text: String) -> Result<(), StoreError> {
         let now = now_us();
         let expires = now.saturating_add(self.retention.as_micros() as i64);
@@ -225,17 +260,18 @@ impl Store {
     pub async fn record_undecodable(
         &self,
         id: &str,
-        event: &crate::event::Position,
+        message: &RawMessage,
         reason: String,
+        dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
         let now = now_us();
         let mut r = self.get(id)?.unwrap_or(Record {
             event_id: id.to_owned(),
             state: State::Dead,
             attempts: 0,
-            topic: event.topic.clone(),
-            partition: event.partition,
-            offset: event.offset,
+            topic: message.topic.clone(),
+            partition: message.partition,
+            offset: message.offset,
             key: None,
             event_type: None,
             first_seen_us: now,
@@ -244,9 +280,12 @@ impl Store {
             updated_at_us: now,
             outcome: None,
             reason: None,
+            dead_letter: None,
             duplicates: 0,
             expires_at_us: None,
         });
+        self.messages.insert(id.as_bytes(), encode_message(message))?;
+        r.dead_letter = dead_letter;
         self.finish_record(&mut r, State::Dead, reason)?;
         self.durable().await
     }
@@ -268,6 +307,7 @@ impl Store {
     pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
         let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
         self.events.remove(id.as_bytes())?;
+        self.messages.remove(id.as_bytes())?;
         self.reindex(&mut r, None)?;
         self.durable().await?;
         Ok(r)
@@ -289,6 +329,7 @@ impl Store {
                 if let Some(r) = self.get(id)? {
                     if r.state.is_final() && r.expires_at_us == Some(at) {
                         self.events.remove(id.as_bytes())?;
+                        self.messages.remove(id.as_bytes())?;
                         removed += 1;
                     }
                 }
@@ -325,6 +366,7 @@ impl Store {
                 State::Claimed => s.claimed += 1,
                 State::Done => s.done += 1,
                 State::Dead => s.dead += 1,
+                State::Parked => s.parked += 1,
             }
             s.oldest_us = Some(s.oldest_us.map_or(r.first_seen_us, |o| o.min(r.first_seen_us)));
             s.newest_us = Some(s.newest_us.map_or(r.first_seen_us, |o| o.max(r.first_seen_us)));
@@ -343,6 +385,45 @@ impl Store {
     pub async fn close(&self) -> Result<(), StoreError> {
         self.durable().await
     }
+}
+
+/// A message as kept in the store (postcard: compact binary, values may be large).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredMessage {
+    topic: String,
+    partition: i32,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    timestamp_ms: Option<i64>,
+}
+
+impl From<StoredMessage> for RawMessage {
+    fn from(m: StoredMessage) -> RawMessage {
+        RawMessage {
+            topic: m.topic,
+            partition: m.partition,
+            offset: m.offset,
+            key: m.key,
+            value: m.value,
+            headers: m.headers,
+            timestamp_ms: m.timestamp_ms,
+        }
+    }
+}
+
+fn encode_message(m: &RawMessage) -> Vec<u8> {
+    let stored = StoredMessage {
+        topic: m.topic.clone(),
+        partition: m.partition,
+        offset: m.offset,
+        key: m.key.clone(),
+        value: m.value.clone(),
+        headers: m.headers.clone(),
+        timestamp_ms: m.timestamp_ms,
+    };
+    postcard::to_allocvec(&stored).expect("messages serialise")
 }
 
 fn expiry_key(at_us: i64, id: &str) -> Vec<u8> {

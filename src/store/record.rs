@@ -10,6 +10,8 @@ pub enum State {
     Claimed,
     Done,
     Dead,
+    /// An uncertain event under `on_uncertain = "park"`: a person decides.
+    Parked,
 }
 
 impl State {
@@ -18,12 +20,13 @@ impl State {
             State::Claimed => "claimed",
             State::Done => "done",
             State::Dead => "dead",
+            State::Parked => "parked",
         }
     }
 
-    /// Finished states let the offset move on and are never executed again.
+    /// Finished states let the offset move on and are never executed again automatically.
     pub fn is_final(self) -> bool {
-        matches!(self, State::Done | State::Dead)
+        matches!(self, State::Done | State::Dead | State::Parked)
     }
 }
 
@@ -35,7 +38,8 @@ impl std::str::FromStr for State {
             "claimed" => Ok(State::Claimed),
             "done" => Ok(State::Done),
             "dead" => Ok(State::Dead),
-            other => Err(format!("unknown state {other:?}; one of: claimed, done, dead")),
+            "parked" => Ok(State::Parked),
+            other => Err(format!("unknown state {other:?}; one of: claimed, done, dead, parked")),
         }
     }
 }
@@ -65,8 +69,11 @@ pub struct Record {
     pub updated_at_us: i64,
     /// The handler's outcome, e.g. `http 200`.
     pub outcome: Option<String>,
-    /// Why the event is dead.
+    /// Why the event is dead or parked.
     pub reason: Option<String>,
+    /// Where the dead-letter copy went (`topic/partition@offset`), once the broker acknowledged it.
+    #[serde(default)]
+    pub dead_letter: Option<String>,
     /// Deliveries suppressed because the record was already final.
     pub duplicates: u64,
     /// When a final record may be removed (retention).
