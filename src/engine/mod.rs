@@ -2,7 +2,10 @@
 //! retention, and a drain on shutdown that commits only finished offsets.
 
 mod consumer;
+mod executor;
 mod worker;
+
+pub use executor::Executor;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,10 +17,9 @@ use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::handler::Handler;
 use crate::offsets::OffsetTracker;
 use crate::store::{now_us, Store, StoreOptions};
-use worker::{Counters, Shared};
+use worker::Shared;
 
 /// Pause after a consumer error before polling again.
 const CONSUMER_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
@@ -35,32 +37,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     )
     .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
     let store = Arc::new(store);
-    let handlers = config.handlers.iter().map(Handler::build).collect::<anyhow::Result<Vec<_>>>()?;
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
     let subscriptions = config.subscriptions();
     let consumer = Arc::new(
         consumer::build(&config.kafka, &subscriptions, tracker.clone()).context("creating the Kafka consumer")?,
     );
-    let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
-        Some(consumer::DeadLetters::build(&config.kafka).context("creating the dead-letter producer")?)
-    } else {
-        None
-    };
-    let (fatal, mut fatal_rx) = tokio::sync::watch::channel(None);
     let max_in_flight = config.store.max_in_flight;
     let drain_timeout = config.kafka.drain_timeout;
     let gc_interval = config.store.gc_interval;
+    let exec = Executor::new(config, store.clone()).context("setting up handlers")?;
+    let mut fatal_rx = exec.failure();
     let shared = Arc::new(Shared {
-        config,
-        store: store.clone(),
-        handlers,
+        exec,
         tracker: tracker.clone(),
         consumer: consumer.clone(),
-        dead_letters,
         chains: Mutex::new(HashMap::new()),
-        live: Mutex::new(HashMap::new()),
-        counters: Counters::default(),
-        fatal,
     });
     info!(topics = %subscriptions.join(","), store = %store.path().display(), max_in_flight, "outboxd running");
 
@@ -102,7 +93,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     }
     consumer::commit_now(&consumer, &tracker);
     store.close().await.context("flushing the store")?;
-    let c = &shared.counters;
+    let c = &shared.exec.counters;
     info!(
         handled = c.handled.load(Ordering::Relaxed),
         duplicates_suppressed = c.duplicates.load(Ordering::Relaxed),

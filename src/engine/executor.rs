@@ -1,0 +1,300 @@
+//! One event's life: decode → claim durably → handler (with retries, or the
+//! unknown-outcome policy) → record done/dead/parked durably. Used by the
+//! engine for consumed messages and by `outboxd store retry` for stored copies.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backon::BackoffBuilder;
+use tokio::sync::Semaphore;
+use tracing::{error, info, warn};
+
+use super::consumer::{DeadLetterInfo, DeadLetters};
+use crate::codec;
+use crate::config::{Config, HandlerConfig, OnUncertain, RetryConfig};
+use crate::event::{OutboxEvent, RawMessage};
+use crate::handler::{Handler, HandlerError, Verified};
+use crate::store::{Claim, State, Store, StoreError};
+
+/// First pause, and the longest, between attempts to produce a dead letter.
+const DLQ_RETRY_INITIAL: Duration = Duration::from_millis(200);
+const DLQ_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Counters for the shutdown summary.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub handled: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub dead: AtomicU64,
+    pub reexecuted: AtomicU64,
+}
+
+pub struct Executor {
+    pub config: Config,
+    pub store: Arc<Store>,
+    /// Parallel to `config.handlers`.
+    handlers: Vec<Handler>,
+    /// Present when some handler has a dead-letter topic.
+    dead_letters: Option<DeadLetters>,
+    /// Event ids being worked on in this process: a second delivery of the
+    /// same id (at another offset or key) waits instead of running twice.
+    live: Mutex<HashMap<String, Arc<Semaphore>>>,
+    pub counters: Counters,
+    /// Set when the store fails: nothing more runs and no offset moves.
+    fatal: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Executor {
+    pub fn new(config: Config, store: Arc<Store>) -> anyhow::Result<Executor> {
+        let handlers = config.handlers.iter().map(Handler::build).collect::<anyhow::Result<Vec<_>>>()?;
+        let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
+            Some(DeadLetters::build(&config.kafka)?)
+        } else {
+            None
+        };
+        let (fatal, _) = tokio::sync::watch::channel(None);
+        Ok(Executor {
+            config,
+            store,
+            handlers,
+            dead_letters,
+            live: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+            fatal,
+        })
+    }
+
+    /// Stops all further work (a store failure).
+    pub fn fail(&self, reason: String) {
+        self.fatal.send_replace(Some(reason));
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.fatal.borrow().is_some()
+    }
+
+    /// Resolves with the reason once [`Executor::fail`] was called.
+    pub fn failure(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.fatal.subscribe()
+    }
+
+    /// Runs one message until its event is durably final (or the store fails).
+    pub async fn execute(&self, msg: &RawMessage) -> Result<(), StoreError> {
+        match self.config.handler_for(&msg.topic) {
+            None => self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await,
+            Some(hc) => match codec::decode(msg, &hc.event_id, &hc.event_type_header) {
+                Err(e) => self.undecodable(Some(hc), msg, e.to_string()).await,
+                Ok(event) => self.handle(hc, &self.handlers[hc.index], event, msg).await,
+            },
+        }
+    }
+
+    async fn undecodable(
+        &self,
+        hc: Option<&HandlerConfig>,
+        msg: &RawMessage,
+        reason: String,
+    ) -> Result<(), StoreError> {
+        let id = format!("undecodable/{}/{}/{}", msg.topic, msg.partition, msg.offset);
+        warn!(event_id = %id, topic = %msg.topic, partition = msg.partition, offset = msg.offset, %reason,
+            "message cannot be decoded; dead-lettered");
+        self.counters.dead.fetch_add(1, Ordering::Relaxed);
+        let dlq = self.dead_letter(hc, msg, &reason, 0).await;
+        self.store.record_undecodable(&id, msg, reason, dlq).await
+    }
+
+    /// Produces the dead letter when the handler has a topic, retrying until the
+    /// broker acknowledges it: the source offset must not move before that.
+    async fn dead_letter(
+        &self,
+        hc: Option<&HandlerConfig>,
+        msg: &RawMessage,
+        reason: &str,
+        attempts: u32,
+    ) -> Option<String> {
+        let topic = hc?.dead_letter_topic.as_deref()?;
+        let producer = self.dead_letters.as_ref()?;
+        let info = DeadLetterInfo { error: reason, attempts };
+        let mut pause = DLQ_RETRY_INITIAL;
+        loop {
+            match producer.send(topic, msg, &info).await {
+                Ok(position) => return Some(position),
+                Err(error) => {
+                    warn!(%error, dead_letter_topic = topic, topic = %msg.topic, partition = msg.partition,
+                        offset = msg.offset, "dead-letter produce failed; retrying (the offset waits)");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(DLQ_RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// Claim, run with retries, record. Returns once the event is durably final.
+    async fn handle(
+        &self,
+        hc: &HandlerConfig,
+        handler: &Handler,
+        event: OutboxEvent,
+        msg: &RawMessage,
+    ) -> Result<(), StoreError> {
+        let _live = live_guard(self, &event.id).await;
+        let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
+        let mut attempt = match self.store.claim(&event).await? {
+            Claim::Finished(state) => {
+                self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                info!(event_id = %event.id, %topic, partition, offset, %state, "duplicate suppressed");
+                return Ok(());
+            }
+            Claim::Claimed { attempt, reexecution: false } => attempt,
+            Claim::Claimed { attempt, reexecution: true } => {
+                self.counters.reexecuted.fetch_add(1, Ordering::Relaxed);
+                match hc.on_uncertain {
+                    OnUncertain::Retry => {
+                        warn!(event_id = %event.id, %topic, partition, offset, attempt,
+                            "re-executing: an earlier attempt's outcome is unknown (same idempotency key)");
+                    }
+                    OnUncertain::Park => {
+                        let reason = "parked: an earlier attempt's outcome is unknown (on_uncertain = park); resolve with `outboxd store resolve`";
+                        return self.failed(hc, &event, msg, attempt, State::Parked, reason.to_owned()).await;
+                    }
+                    OnUncertain::Verify => match self.verify(hc, handler, &event).await {
+                        Ok(Verified::Happened(outcome)) => {
+                            info!(event_id = %event.id, %topic, partition, offset, %outcome,
+                                "uncertain event verified as done; not re-executed");
+                            self.counters.handled.fetch_add(1, Ordering::Relaxed);
+                            return self.store.finish(&event.id, State::Done, outcome).await;
+                        }
+                        Ok(Verified::Missing) => {
+                            warn!(event_id = %event.id, %topic, partition, offset, attempt,
+                                "re-executing: verify found no trace of the earlier attempt");
+                        }
+                        Err(reason) => return self.failed(hc, &event, msg, attempt, State::Dead, reason).await,
+                    },
+                }
+                attempt
+            }
+        };
+        let started = Instant::now();
+        let mut delays = backoff(&hc.retry);
+        loop {
+            match handler.handle(&event).await {
+                Ok(outcome) => {
+                    self.store.finish(&event.id, State::Done, outcome.0.clone()).await?;
+                    self.counters.handled.fetch_add(1, Ordering::Relaxed);
+                    info!(event_id = %event.id, %topic, partition, offset, attempt, outcome = %outcome.0, "event handled");
+                    return Ok(());
+                }
+                Err(HandlerError::Permanent(reason)) => {
+                    return self.failed(hc, &event, msg, attempt, State::Dead, reason).await;
+                }
+                Err(HandlerError::Retryable { reason, retry_after }) => {
+                    let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
+                        let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
+                        return self.failed(hc, &event, msg, attempt, State::Dead, reason).await;
+                    };
+                    warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    attempt = self.store.record_attempt(&event.id).await?;
+                }
+            }
+        }
+    }
+
+    /// Asks the receiver about an uncertain event, retrying the lookup like the handler.
+    async fn verify(&self, hc: &HandlerConfig, handler: &Handler, event: &OutboxEvent) -> Result<Verified, String> {
+        let started = Instant::now();
+        let mut delays = backoff(&hc.retry);
+        loop {
+            match handler.verify(event).await {
+                Ok(v) => return Ok(v),
+                Err(HandlerError::Permanent(reason)) => return Err(reason),
+                Err(HandlerError::Retryable { reason, retry_after }) => {
+                    let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
+                        return Err(format!("verify gave up: {reason}"));
+                    };
+                    warn!(event_id = %event.id, %reason, ?delay, "verify lookup failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+            if self.stopped() {
+                return Err("stopping".to_owned());
+            }
+        }
+    }
+
+    /// Dead or parked: dead-letter it (when configured), then record it with the message copy.
+    async fn failed(
+        &self,
+        hc: &HandlerConfig,
+        event: &OutboxEvent,
+        msg: &RawMessage,
+        attempt: u32,
+        state: State,
+        reason: String,
+    ) -> Result<(), StoreError> {
+        let p = &event.position;
+        error!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, attempt, %state, %reason,
+            "event failed");
+        self.counters.dead.fetch_add(1, Ordering::Relaxed);
+        let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
+        self.store.finish_failed(&event.id, state, reason, msg, dlq).await
+    }
+}
+
+/// The exponential schedule (backon), without its own jitter: full jitter is applied per delay.
+fn backoff(retry: &RetryConfig) -> impl Iterator<Item = Duration> {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(retry.initial_backoff)
+        .with_max_delay(retry.max_backoff)
+        .with_factor(retry.multiplier)
+        .with_max_times(retry.max_attempts.saturating_sub(1) as usize)
+        .build()
+}
+
+/// Full jitter (uniform in `0..=delay`), at least the receiver's `Retry-After`;
+/// `None` when attempts are used up or waiting would pass `max_elapsed`.
+fn next_delay(
+    delays: &mut impl Iterator<Item = Duration>,
+    retry_after: Option<Duration>,
+    started: Instant,
+    retry: &RetryConfig,
+) -> Option<Duration> {
+    let ceiling = delays.next()?;
+    let jittered = ceiling.mul_f64(rand::random::<f64>());
+    let delay = retry_after.map_or(jittered, |ra| ra.max(jittered));
+    (started.elapsed() + delay <= retry.max_elapsed).then_some(delay)
+}
+
+/// Releases the id when dropped; waiters then look at the store again.
+struct LiveGuard<'a> {
+    exec: &'a Executor,
+    id: String,
+    gate: Arc<Semaphore>,
+}
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        self.exec.live.lock().expect("live ids lock").remove(&self.id);
+        self.gate.close();
+    }
+}
+
+async fn live_guard<'a>(exec: &'a Executor, id: &str) -> LiveGuard<'a> {
+    loop {
+        let busy = {
+            let mut live = exec.live.lock().expect("live ids lock");
+            match live.get(id) {
+                Some(gate) => gate.clone(),
+                None => {
+                    let gate = Arc::new(Semaphore::new(0));
+                    live.insert(id.to_owned(), gate.clone());
+                    return LiveGuard { exec, id: id.to_owned(), gate };
+                }
+            }
+        };
+        // Closed (never granted) when the holder finishes.
+        let _ = busy.acquire().await;
+    }
+}
