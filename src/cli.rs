@@ -88,6 +88,38 @@ pub enum StoreCommand {
     },
     /// Remove expired done/dead records now (retention).
     Gc(StoreArgs),
+    /// Run dead (or parked) events again from their stored copy, through the same
+    /// handler and dedup rules. Needs the full config (handlers).
+    Retry {
+        /// One event id; or use --all-dead.
+        event_id: Option<String>,
+        /// Every dead event (optionally of one --topic).
+        #[arg(long, conflicts_with = "event_id")]
+        all_dead: bool,
+        #[arg(long, requires = "all_dead")]
+        topic: Option<String>,
+        #[command(flatten)]
+        args: StoreArgs,
+    },
+    /// Decide a parked (or dead) event: it happened (--done) or run it again (--retry).
+    Resolve {
+        event_id: String,
+        #[arg(long, conflicts_with = "retry", required_unless_present = "retry")]
+        done: bool,
+        #[arg(long)]
+        retry: bool,
+        #[command(flatten)]
+        args: StoreArgs,
+    },
+    /// Records as JSON Lines (with the message copy of dead and parked events).
+    Export {
+        #[arg(long)]
+        state: Option<State>,
+        #[arg(long)]
+        topic: Option<String>,
+        #[command(flatten)]
+        args: StoreArgs,
+    },
 }
 
 pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
@@ -96,7 +128,7 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
             let store = open_store(&args)?;
             let s = store.stats()?;
             let value = json!({
-                "claimed": s.claimed, "done": s.done, "dead": s.dead,
+                "claimed": s.claimed, "done": s.done, "dead": s.dead, "parked": s.parked,
                 "duplicates_suppressed": s.duplicates_suppressed,
                 "bytes_on_disk": s.bytes_on_disk,
                 "oldest": s.oldest_us.map(rfc3339), "newest": s.newest_us.map(rfc3339),
@@ -166,8 +198,103 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
             let removed = store.gc(now_us()).await?;
             println!("removed {removed} expired record(s)");
         }
+        StoreCommand::Retry { event_id, all_dead, topic, args } => {
+            let ids = match event_id {
+                Some(id) => vec![id],
+                None if all_dead => {
+                    let store = open_store(&args)?;
+                    let dead = store.list(Some(State::Dead), usize::MAX)?;
+                    dead.into_iter().filter(|r| topic.as_ref().is_none_or(|t| *t == r.topic)).map(|r| r.event_id).collect()
+                }
+                None => bail!("name an event id, or use --all-dead"),
+            };
+            run_again(&args, &ids).await?;
+        }
+        StoreCommand::Resolve { event_id, done, retry: _, args } => {
+            if done {
+                let store = open_store(&args)?;
+                store.resolve_done(&event_id, "resolved by hand: done".to_owned()).await?;
+                println!("{event_id}: recorded done (it will not run again)");
+            } else {
+                run_again(&args, &[event_id]).await?;
+            }
+        }
+        StoreCommand::Export { state, topic, args } => {
+            use std::io::Write;
+            let store = open_store(&args)?;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut n = 0u64;
+            for r in store.list(state, usize::MAX)? {
+                if topic.as_ref().is_some_and(|t| *t != r.topic) {
+                    continue;
+                }
+                let mut line = record_json(&r);
+                if let Some(m) = store.message(&r.event_id)? {
+                    line["message"] = message_json(&m);
+                }
+                writeln!(out, "{line}")?;
+                n += 1;
+            }
+            out.flush()?;
+            eprintln!("exported {n} record(s)");
+        }
     }
     Ok(())
+}
+
+/// Runs stored copies again through the executor (the handler, retries, dead letters).
+async fn run_again(args: &StoreArgs, ids: &[String]) -> anyhow::Result<()> {
+    let config = Config::load(&args.config)?;
+    let opts = StoreOptions {
+        retention: config.store.retention,
+        commit_interval: config.store.commit_interval,
+        fsync: config.store.fsync,
+        role: "store retry",
+    };
+    let path = args.path.clone().unwrap_or_else(|| config.store.path.clone());
+    let store = std::sync::Arc::new(Store::open(&path, &opts)?);
+    let exec = crate::engine::Executor::new(config, store.clone())?;
+    let (mut done, mut failed) = (0, 0);
+    for id in ids {
+        let message = store.reopen(id).await.with_context(|| format!("retrying {id}"))?;
+        exec.execute(&message).await?;
+        match store.get(id)? {
+            Some(r) if r.state == State::Done => {
+                store.drop_message(id).await?;
+                done += 1;
+                println!("{id}: done ({})", r.outcome.unwrap_or_default());
+            }
+            Some(r) => {
+                failed += 1;
+                println!("{id}: {} again ({})", r.state, r.reason.unwrap_or_default());
+            }
+            None => {
+                // An undecodable message that now decodes is recorded under its real event id.
+                done += 1;
+                println!("{id}: re-run (recorded under its decoded event id)");
+            }
+        }
+    }
+    println!("{done} done, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} event(s) failed again");
+    }
+    Ok(())
+}
+
+fn message_json(m: &crate::event::RawMessage) -> Value {
+    let bytes = |b: &Option<Vec<u8>>| match b {
+        None => Value::Null,
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) => json!(s),
+            Err(_) => json!({ "bytes": b }),
+        },
+    };
+    json!({
+        "topic": m.topic, "partition": m.partition, "offset": m.offset,
+        "key": bytes(&m.key), "value": bytes(&m.value),
+        "headers": m.headers.iter().map(|(k, v)| json!([k, bytes(v)])).collect::<Vec<_>>(),
+    })
 }
 
 fn open_store(args: &StoreArgs) -> anyhow::Result<Store> {
@@ -284,6 +411,7 @@ pub fn record_json(r: &Record) -> Value {
         "outcome": r.outcome,
         "reason": r.reason,
         "duplicates": r.duplicates,
+        "dead_letter": r.dead_letter,
         "expires_at": r.expires_at_us.map(rfc3339),
     })
 }

@@ -39,6 +39,10 @@ pub enum StoreError {
     Corrupt { id: String, error: String },
     #[error("no record for event {0:?}")]
     NotFound(String),
+    #[error("event {id:?} is {state}, not {expected}")]
+    WrongState { id: String, state: State, expected: &'static str },
+    #[error("no stored copy of the message of event {0:?}")]
+    NoMessage(String),
 }
 
 /// How the store is opened.
@@ -311,6 +315,37 @@ impl Store {
         self.reindex(&mut r, None)?;
         self.durable().await?;
         Ok(r)
+    }
+
+    /// Takes a dead or parked event back to `absent`, keeping its message copy,
+    /// so it runs again through the normal path. Returns the copy.
+    pub async fn reopen(&self, id: &str) -> Result<RawMessage, StoreError> {
+        let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        if !matches!(r.state, State::Dead | State::Parked) {
+            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
+        }
+        let message = self.message(id)?.ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
+        self.events.remove(id.as_bytes())?;
+        self.reindex(&mut r, None)?;
+        self.durable().await?;
+        Ok(message)
+    }
+
+    /// A person resolved a parked (or dead) event as done.
+    pub async fn resolve_done(&self, id: &str, note: String) -> Result<(), StoreError> {
+        let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        if !matches!(r.state, State::Dead | State::Parked) {
+            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
+        }
+        self.messages.remove(id.as_bytes())?;
+        self.finish_record(&mut r, State::Done, note)?;
+        self.durable().await
+    }
+
+    /// Drops the message copy of an event that is done after all.
+    pub async fn drop_message(&self, id: &str) -> Result<(), StoreError> {
+        self.messages.remove(id.as_bytes())?;
+        self.durable().await
     }
 
     /// Removes final records whose retention ended before `now_us`, walking the
