@@ -204,7 +204,10 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
                 None if all_dead => {
                     let store = open_store(&args)?;
                     let dead = store.list(Some(State::Dead), usize::MAX)?;
-                    dead.into_iter().filter(|r| topic.as_ref().is_none_or(|t| *t == r.topic)).map(|r| r.event_id).collect()
+                    dead.into_iter()
+                        .filter(|r| topic.as_ref().is_none_or(|t| *t == r.topic))
+                        .map(|r| r.event_id)
+                        .collect()
                 }
                 None => bail!("name an event id, or use --all-dead"),
             };

@@ -17,6 +17,10 @@ struct PartitionState {
     pending: BTreeMap<i64, bool>,
     /// Next offset to commit (one past the highest contiguous finished offset).
     committable: Option<i64>,
+    /// Offsets whose execution has begun and not finished.
+    running: usize,
+    /// Being revoked: no new execution begins.
+    revoking: bool,
 }
 
 /// Offsets of all assigned partitions.
@@ -51,10 +55,40 @@ impl OffsetTracker {
         }
     }
 
+    /// Execution of the event at `offset` may begin: false when the partition is
+    /// being revoked or was reassigned since (the next owner handles it).
+    pub fn begin(&mut self, partition: &PartitionId, generation: u64) -> bool {
+        match self.partitions.get_mut(partition).filter(|p| p.generation == generation && !p.revoking) {
+            Some(p) => {
+                p.running += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops new executions for the partitions; returns how many are still running.
+    pub fn start_revoke(&mut self, partitions: &[PartitionId]) -> usize {
+        let mut running = 0;
+        for id in partitions {
+            if let Some(p) = self.partitions.get_mut(id) {
+                p.revoking = true;
+                running += p.running;
+            }
+        }
+        running
+    }
+
+    /// Executions still running in these partitions.
+    pub fn running(&self, partitions: &[PartitionId]) -> usize {
+        partitions.iter().filter_map(|id| self.partitions.get(id)).map(|p| p.running).sum()
+    }
+
     /// The event at `offset` is durably finished. Returns the new next offset
     /// to commit when it moved forward.
     pub fn finish(&mut self, partition: &PartitionId, generation: u64, offset: i64) -> Option<i64> {
         let p = self.partitions.get_mut(partition).filter(|p| p.generation == generation)?;
+        p.running = p.running.saturating_sub(1);
         match p.pending.get_mut(&offset) {
             Some(done) => *done = true,
             None => return None,
@@ -145,6 +179,20 @@ mod tests {
         assert_eq!(t.finish(&tp(), old, 5), None, "stale generation");
         assert!(t.committable().is_empty());
         assert_eq!(t.finish(&tp(), new, 5), Some(6));
+    }
+
+    #[test]
+    fn revoking_partition_starts_nothing_new_and_counts_running_work() {
+        let mut t = OffsetTracker::default();
+        let g = t.assign(tp());
+        t.start(&tp(), g, 0);
+        t.start(&tp(), g, 1);
+        assert!(t.begin(&tp(), g));
+        assert_eq!(t.start_revoke(&[tp()]), 1);
+        assert!(!t.begin(&tp(), g), "no new work on a revoking partition");
+        assert_eq!(t.finish(&tp(), g, 0), Some(1));
+        assert_eq!(t.running(&[tp()]), 0);
+        assert_eq!(t.committable(), vec![(tp(), 1)], "offset 1 never began: not committed");
     }
 
     #[test]

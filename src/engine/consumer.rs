@@ -3,6 +3,7 @@
 //! used only here (and in the poll loop that calls `recv`).
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
@@ -21,7 +22,12 @@ pub type KafkaConsumer = StreamConsumer<Ctx>;
 /// Keeps the offset tracker in step with assignments.
 pub struct Ctx {
     tracker: Tracker,
+    /// How long a revoke waits for running events of the revoked partitions.
+    drain_timeout: Duration,
 }
+
+/// How often a revoke looks whether running events have finished.
+const REVOKE_POLL: Duration = Duration::from_millis(10);
 
 impl ClientContext for Ctx {}
 
@@ -29,11 +35,21 @@ impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             let revoked = partitions(tpl);
-            // Commit what is durably finished before the partitions go; work still
-            // running for them completes but can no longer move their offsets.
+            let lost = consumer.assignment_lost();
+            // No new event starts in these partitions; running ones may finish
+            // (bounded by the drain timeout) so their offsets can be committed.
+            let mut running = self.tracker.lock().expect("offset tracker lock").start_revoke(&revoked);
+            let deadline = Instant::now() + self.drain_timeout;
+            while running > 0 && !lost && Instant::now() < deadline {
+                std::thread::sleep(REVOKE_POLL);
+                running = self.tracker.lock().expect("offset tracker lock").running(&revoked);
+            }
             let mut tracker = self.tracker.lock().expect("offset tracker lock");
             let finished: Vec<_> = tracker.committable().into_iter().filter(|(p, _)| revoked.contains(p)).collect();
-            if !finished.is_empty() {
+            if lost {
+                // Another member may own them already: committing could move its offsets.
+                warn!(partitions = %describe(&revoked), "partitions lost; not committing for them");
+            } else if !finished.is_empty() {
                 if let Err(error) = consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
                     warn!(%error, "commit on revoke failed; the next owner re-reads from the last commit (duplicates are absorbed)");
                 }
@@ -41,7 +57,7 @@ impl ConsumerContext for Ctx {
             for p in &revoked {
                 tracker.revoke(p);
             }
-            info!(partitions = %describe(&revoked), unfinished = tracker.unfinished(), "partitions revoked");
+            info!(partitions = %describe(&revoked), still_running = running, "partitions revoked");
         }
     }
 
@@ -162,7 +178,7 @@ pub fn build(kafka: &KafkaConfig, subscriptions: &[String], tracker: Tracker) ->
     cc.set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", kafka.commit_interval.as_millis().max(1).to_string());
-    let consumer: KafkaConsumer = cc.create_with_context(Ctx { tracker })?;
+    let consumer: KafkaConsumer = cc.create_with_context(Ctx { tracker, drain_timeout: kafka.drain_timeout })?;
     let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     Ok(consumer)

@@ -85,9 +85,14 @@ async fn process(shared: &Shared, job: &Job) {
     if shared.exec.stopped() {
         return;
     }
+    let partition = (msg.topic.clone(), msg.partition);
+    // A partition being revoked (or already reassigned) starts nothing new: its next
+    // owner reads from the last committed offset.
+    if !shared.tracker.lock().expect("offset tracker lock").begin(&partition, job.generation) {
+        return;
+    }
     match shared.exec.execute(msg).await {
         Ok(()) => {
-            let partition = (msg.topic.clone(), msg.partition);
             // Under the lock so that stored offsets never go backwards.
             let mut tracker = shared.tracker.lock().expect("offset tracker lock");
             if let Some(next) = tracker.finish(&partition, job.generation, msg.offset) {
