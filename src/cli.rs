@@ -8,8 +8,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::{json, Value};
 
+use crate::admin::AdminClient;
 use crate::config::{Config, EventIdSource, HandlerSpec, RawConfig};
-use crate::store::{now_us, Record, State, Store, StoreOptions};
+use crate::store::{now_us, Record, State, Store, StoreError, StoreOptions};
 
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
@@ -122,17 +123,31 @@ pub enum StoreCommand {
     },
 }
 
+/// The store itself, or the running service that holds it.
+enum Access {
+    Direct(Box<Store>),
+    Remote(AdminClient),
+}
+
+/// Opens the store; when a running outboxd holds it and recorded its admin
+/// address, goes through that service instead.
+fn access(args: &StoreArgs) -> anyhow::Result<Access> {
+    match open_store(args) {
+        Ok(store) => Ok(Access::Direct(Box::new(store))),
+        Err(e) => match e.downcast_ref::<StoreError>() {
+            Some(StoreError::Locked { admin: Some(addr), .. }) => Ok(Access::Remote(AdminClient::new(addr)?)),
+            _ => Err(e),
+        },
+    }
+}
+
 pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
     match cmd {
         StoreCommand::Stats(args) => {
-            let store = open_store(&args)?;
-            let s = store.stats()?;
-            let value = json!({
-                "claimed": s.claimed, "done": s.done, "dead": s.dead, "parked": s.parked,
-                "duplicates_suppressed": s.duplicates_suppressed,
-                "bytes_on_disk": s.bytes_on_disk,
-                "oldest": s.oldest_us.map(rfc3339), "newest": s.newest_us.map(rfc3339),
-            });
+            let (value, source) = match access(&args)? {
+                Access::Direct(store) => (stats_json(&store.stats()?), format!("store {}", store.path().display())),
+                Access::Remote(c) => (c.stats().await?, format!("store of the running service at {}", c.address())),
+            };
             if args.json {
                 println!("{value}");
             } else {
@@ -140,97 +155,103 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
                 for (k, v) in value.as_object().expect("object") {
                     t.add_row(vec![k.clone(), plain(v)]);
                 }
-                println!("store {}\n{t}", store.path().display());
+                println!("{source}\n{t}");
             }
         }
         StoreCommand::Get { event_id, args } => {
-            let store = open_store(&args)?;
-            let Some(r) = store.get(&event_id)? else {
-                bail!("no record for event {event_id:?} in {}", store.path().display());
+            let value = match access(&args)? {
+                Access::Direct(store) => store.get(&event_id)?.map(|r| record_json(&r)),
+                Access::Remote(c) => c.get(&event_id).await?,
+            };
+            let Some(value) = value else {
+                bail!("no record for event {event_id:?}");
             };
             if args.json {
-                println!("{}", record_json(&r));
+                println!("{value}");
             } else {
                 let mut t = table(&["field", "value"]);
-                for (k, v) in record_json(&r).as_object().expect("object") {
+                for (k, v) in value.as_object().expect("object") {
                     t.add_row(vec![k.clone(), plain(v)]);
                 }
                 println!("{t}");
             }
         }
         StoreCommand::List { state, limit, args } => {
-            let store = open_store(&args)?;
-            let records = store.list(state, limit)?;
+            let values: Vec<Value> = match access(&args)? {
+                Access::Direct(store) => store.list(state, limit)?.iter().map(record_json).collect(),
+                Access::Remote(c) => match c.list(state.map(State::as_str), None, limit).await? {
+                    Value::Array(v) => v,
+                    other => bail!("unexpected answer: {other}"),
+                },
+            };
             if args.json {
-                println!("{}", Value::Array(records.iter().map(record_json).collect()));
+                println!("{}", Value::Array(values));
             } else {
-                let mut t = table(&[
-                    "event_id",
-                    "state",
-                    "attempts",
-                    "topic/partition@offset",
-                    "updated_at",
-                    "outcome / reason",
-                ]);
-                for r in &records {
-                    t.add_row(vec![
-                        r.event_id.clone(),
-                        r.state.to_string(),
-                        r.attempts.to_string(),
-                        format!("{}/{}@{}", r.topic, r.partition, r.offset),
-                        rfc3339(r.updated_at_us),
-                        r.outcome.clone().or_else(|| r.reason.clone()).unwrap_or_default(),
-                    ]);
-                }
-                println!("{t}\n{} record(s)", records.len());
+                print_records(&values);
             }
         }
         StoreCommand::Forget { event_id, yes, args } => {
             if !yes {
                 bail!("forgetting {event_id:?} lets its side effect run again when it is redelivered; re-run with --yes to confirm");
             }
-            let store = open_store(&args)?;
-            let r = store.forget(&event_id).await?;
-            println!("forgot {event_id} (was {}, {} attempt(s))", r.state, r.attempts);
+            let r = match access(&args)? {
+                Access::Direct(store) => record_json(&store.forget(&event_id).await?),
+                Access::Remote(c) => c.repair("forget", &event_id).await?,
+            };
+            println!("forgot {event_id} (was {}, {} attempt(s))", plain(&r["state"]), plain(&r["attempts"]));
         }
-        StoreCommand::Gc(args) => {
-            let store = open_store(&args)?;
-            let removed = store.gc(now_us()).await?;
-            println!("removed {removed} expired record(s)");
-        }
+        StoreCommand::Gc(args) => match access(&args)? {
+            Access::Direct(store) => {
+                let removed = store.gc(now_us()).await?;
+                println!("removed {removed} expired record(s)");
+            }
+            Access::Remote(_) => bail!("the running service removes expired records itself (store.gc_interval)"),
+        },
         StoreCommand::Retry { event_id, all_dead, topic, args } => {
+            if let Access::Remote(c) = access(&args)? {
+                let ids = match event_id {
+                    Some(id) => vec![id],
+                    None => match c.list(Some("dead"), topic.as_deref(), usize::MAX >> 1).await? {
+                        Value::Array(v) => v.iter().filter_map(|r| r["event_id"].as_str().map(str::to_owned)).collect(),
+                        other => bail!("unexpected answer: {other}"),
+                    },
+                };
+                return retry_remote(&c, &ids).await;
+            }
             let ids = match event_id {
                 Some(id) => vec![id],
                 None if all_dead => {
                     let store = open_store(&args)?;
-                    let dead = store.list(Some(State::Dead), usize::MAX)?;
-                    dead.into_iter()
-                        .filter(|r| topic.as_ref().is_none_or(|t| *t == r.topic))
-                        .map(|r| r.event_id)
-                        .collect()
+                    let dead = store.list_filtered(Some(State::Dead), topic.as_deref(), usize::MAX)?;
+                    dead.into_iter().map(|r| r.event_id).collect()
                 }
                 None => bail!("name an event id, or use --all-dead"),
             };
             run_again(&args, &ids).await?;
         }
-        StoreCommand::Resolve { event_id, done, retry: _, args } => {
-            if done {
-                let store = open_store(&args)?;
+        StoreCommand::Resolve { event_id, done, retry: _, args } => match (access(&args)?, done) {
+            (Access::Direct(store), true) => {
                 store.resolve_done(&event_id, "resolved by hand: done".to_owned()).await?;
                 println!("{event_id}: recorded done (it will not run again)");
-            } else {
+            }
+            (Access::Direct(store), false) => {
+                drop(store);
                 run_again(&args, &[event_id]).await?;
             }
-        }
+            (Access::Remote(c), true) => {
+                c.repair("resolve", &event_id).await?;
+                println!("{event_id}: recorded done (it will not run again)");
+            }
+            (Access::Remote(c), false) => retry_remote(&c, &[event_id]).await?,
+        },
         StoreCommand::Export { state, topic, args } => {
             use std::io::Write;
-            let store = open_store(&args)?;
+            let Access::Direct(store) = access(&args)? else {
+                bail!("export reads the store itself, with message copies: stop the service first (or use store list --json)");
+            };
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let mut n = 0u64;
-            for r in store.list(state, usize::MAX)? {
-                if topic.as_ref().is_some_and(|t| *t != r.topic) {
-                    continue;
-                }
+            for r in store.list_filtered(state, topic.as_deref(), usize::MAX)? {
                 let mut line = record_json(&r);
                 if let Some(m) = store.message(&r.event_id)? {
                     line["message"] = message_json(&m);
@@ -241,6 +262,41 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
             out.flush()?;
             eprintln!("exported {n} record(s)");
         }
+    }
+    Ok(())
+}
+
+fn print_records(values: &[Value]) {
+    let mut t = table(&["event_id", "state", "attempts", "topic/partition@offset", "updated_at", "outcome / reason"]);
+    for r in values {
+        let outcome = if r["outcome"].is_null() { plain(&r["reason"]) } else { plain(&r["outcome"]) };
+        t.add_row(vec![
+            plain(&r["event_id"]),
+            plain(&r["state"]),
+            plain(&r["attempts"]),
+            format!("{}/{}@{}", plain(&r["topic"]), plain(&r["partition"]), plain(&r["offset"])),
+            plain(&r["updated_at"]),
+            outcome,
+        ]);
+    }
+    println!("{t}\n{} record(s)", values.len());
+}
+
+async fn retry_remote(c: &AdminClient, ids: &[String]) -> anyhow::Result<()> {
+    let (mut done, mut failed) = (0, 0);
+    for id in ids {
+        let r = c.repair("retry", id).await?;
+        if r["state"] == "done" {
+            done += 1;
+            println!("{id}: done ({})", plain(&r["outcome"]));
+        } else {
+            failed += 1;
+            println!("{id}: {} ({})", plain(&r["state"]), plain(&r["reason"]));
+        }
+    }
+    println!("{done} done, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} event(s) failed again");
     }
     Ok(())
 }
@@ -390,6 +446,15 @@ fn plain(v: &Value) -> String {
         Value::Null => "-".to_owned(),
         other => other.to_string(),
     }
+}
+
+pub fn stats_json(s: &crate::store::Stats) -> Value {
+    json!({
+        "claimed": s.claimed, "done": s.done, "dead": s.dead, "parked": s.parked,
+        "duplicates_suppressed": s.duplicates_suppressed,
+        "bytes_on_disk": s.bytes_on_disk,
+        "oldest": s.oldest_us.map(rfc3339), "newest": s.newest_us.map(rfc3339),
+    })
 }
 
 pub fn rfc3339(us: i64) -> String {

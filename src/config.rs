@@ -28,6 +28,8 @@ const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(600);
 /// An HTTP receiver that has not answered by then is treated as failed (retried).
 const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Prometheus' registered default port for exporters of this kind; loopback only.
+const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 const DEFAULT_IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 const DEFAULT_EVENT_ID_HEADER: &str = "id";
 const DEFAULT_EVENT_TYPE_HEADER: &str = "eventType";
@@ -51,6 +53,7 @@ const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
 pub struct RawConfig {
     pub kafka: RawKafka,
     pub store: RawStore,
+    pub admin: Option<RawAdmin>,
     #[serde(default)]
     pub handlers: Vec<RawHandler>,
 }
@@ -67,6 +70,15 @@ pub struct RawKafka {
     /// Passed to librdkafka as-is.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// `host:port` of the admin HTTP server (health, metrics, store API), or `"off"`.
+    pub listen: Option<String>,
+    /// Bearer token for repair operations; required when `listen` is not loopback.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -214,7 +226,16 @@ impl Default for EventIdSource {
 pub struct Config {
     pub kafka: KafkaConfig,
     pub store: StoreConfig,
+    pub admin: AdminConfig,
     pub handlers: Vec<HandlerConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    /// `None` when turned off.
+    pub listen: Option<std::net::SocketAddr>,
+    /// Resolved from `${VAR}`: never logged or printed.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -460,6 +481,8 @@ impl RawConfig {
             bail!("store.gc_interval: must be greater than 0");
         }
 
+        let admin = validate_admin(self.admin, env)?;
+
         if self.handlers.is_empty() {
             bail!("handlers: at least one [[handlers]] entry is required");
         }
@@ -468,8 +491,30 @@ impl RawConfig {
             handlers.push(h.validate(index, env)?);
         }
         check_overlaps(&handlers)?;
-        Ok(Config { kafka, store, handlers })
+        Ok(Config { kafka, store, admin, handlers })
     }
+}
+
+fn validate_admin(raw: Option<RawAdmin>, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<AdminConfig> {
+    let raw = raw.unwrap_or(RawAdmin { listen: None, token: None });
+    let token = raw.token.map(|t| expand_env("admin.token", &t, env)).transpose()?;
+    if token.as_deref().is_some_and(str::is_empty) {
+        bail!("admin.token: must not be empty");
+    }
+    let listen = match raw.listen.as_deref().map(str::trim) {
+        Some("off") => None,
+        other => {
+            let text = other.unwrap_or(DEFAULT_ADMIN_LISTEN);
+            let addr: std::net::SocketAddr = text
+                .parse()
+                .map_err(|e| anyhow::anyhow!("admin.listen: {text:?} is not host:port ({e}), or \"off\""))?;
+            if !addr.ip().is_loopback() && token.is_none() {
+                bail!("admin.token: required when admin.listen ({addr}) is not a loopback address (repair operations need it)");
+            }
+            Some(addr)
+        }
+    };
+    Ok(AdminConfig { listen, token })
 }
 
 /// A topic claimed by two handlers is ambiguous: refuse it.
@@ -827,6 +872,30 @@ max_elapsed = "5m"
         let text = "[kafka]\nbrokers=\"b\"\ngroup_id=\"g\"\ndrain_timeout=\"10s\"\n[kafka.options]\n\"session.timeout.ms\"=\"6000\"\n[store]\npath=\"p\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n";
         let e = format!("{:#}", Config::parse(text, &env).unwrap_err());
         assert!(e.contains("kafka.drain_timeout") && e.contains("session.timeout.ms"), "{e}");
+    }
+
+    #[test]
+    fn admin_defaults_to_loopback_and_needs_a_token_elsewhere() {
+        let c = parse("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n").unwrap();
+        assert_eq!(c.admin.listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let e = Config::parse(
+            &format!("{BASE}[admin]\nlisten=\"0.0.0.0:9464\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+            &env,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("admin.token"), "{e:#}");
+        let c = Config::parse(
+            &format!("{BASE}[admin]\nlisten=\"0.0.0.0:9464\"\ntoken=\"${{TOKEN}}\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+            &env,
+        )
+        .unwrap();
+        assert_eq!(c.admin.token.as_deref(), Some("s3cret"));
+        let c = Config::parse(
+            &format!("{BASE}[admin]\nlisten=\"off\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+            &env,
+        )
+        .unwrap();
+        assert_eq!(c.admin.listen, None);
     }
 
     #[test]

@@ -26,8 +26,10 @@
 //! - [`offsets`]: per-partition tracker of the next committable offset.
 //! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain. Only place that uses rdkafka.
 //! - [`handler`]: `http` (reqwest, only here) and `log`.
-//! - [`cli`]: `run`, `check-config`, `store …`.
+//! - [`admin`]: health, readiness, Prometheus metrics, the store API (axum); the client `store …` uses.
+//! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).
 
+pub mod admin;
 pub mod cli;
 pub mod codec;
 pub mod config;

@@ -112,6 +112,11 @@ impl OffsetTracker {
         self.partitions.iter().filter_map(|(k, p)| p.committable.map(|o| (k.clone(), o))).collect()
     }
 
+    /// Partitions currently assigned.
+    pub fn assigned(&self) -> usize {
+        self.partitions.len()
+    }
+
     /// Events consumed and not yet finished, over all partitions.
     pub fn unfinished(&self) -> usize {
         self.partitions.values().map(|p| p.pending.values().filter(|done| !**done).count()).sum()

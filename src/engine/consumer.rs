@@ -2,6 +2,7 @@
 //! messages into [`RawMessage`]s, storing and committing offsets. rdkafka is
 //! used only here (and in the poll loop that calls `recv`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
+use crate::admin::names;
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
 use crate::offsets::{OffsetTracker, PartitionId};
@@ -22,6 +24,8 @@ pub type KafkaConsumer = StreamConsumer<Ctx>;
 /// Keeps the offset tracker in step with assignments.
 pub struct Ctx {
     tracker: Tracker,
+    /// Whether librdkafka's last statistics showed a broker connection up (readiness).
+    pub broker_up: Arc<AtomicBool>,
     /// How long a revoke waits for running events of the revoked partitions.
     drain_timeout: Duration,
 }
@@ -29,7 +33,28 @@ pub struct Ctx {
 /// How often a revoke looks whether running events have finished.
 const REVOKE_POLL: Duration = Duration::from_millis(10);
 
-impl ClientContext for Ctx {}
+impl ClientContext for Ctx {
+    /// librdkafka's statistics (every `statistics.interval.ms`): lag and committed
+    /// offsets per assigned partition, and broker connectivity.
+    fn stats(&self, stats: rdkafka::Statistics) {
+        let up = stats.brokers.values().any(|b| b.nodeid >= 0 && b.state == "UP");
+        self.broker_up.store(up, Ordering::Relaxed);
+        for (topic, t) in &stats.topics {
+            for (id, p) in &t.partitions {
+                if *id < 0 || !p.desired {
+                    continue;
+                }
+                let labels = [("topic", topic.clone()), ("partition", id.to_string())];
+                if p.consumer_lag >= 0 {
+                    metrics::gauge!(names::LAG, &labels).set(p.consumer_lag as f64);
+                }
+                if p.committed_offset >= 0 {
+                    metrics::gauge!(names::COMMITTED, &labels).set(p.committed_offset as f64);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -69,6 +94,8 @@ impl ConsumerContext for Ctx {
                 for p in &assigned {
                     tracker.assign(p.clone());
                 }
+                // An assignment came through the group coordinator: the broker is reachable.
+                self.broker_up.store(true, Ordering::Relaxed);
                 info!(partitions = %describe(&assigned), "partitions assigned");
             }
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
@@ -162,13 +189,20 @@ impl DeadLetters {
 
 /// Builds and subscribes the consumer. Offsets are stored by us only after an
 /// event is durably finished; librdkafka commits what was stored.
-pub fn build(kafka: &KafkaConfig, subscriptions: &[String], tracker: Tracker) -> anyhow::Result<KafkaConsumer> {
+pub fn build(
+    kafka: &KafkaConfig,
+    subscriptions: &[String],
+    tracker: Tracker,
+    broker_up: Arc<AtomicBool>,
+) -> anyhow::Result<KafkaConsumer> {
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", &kafka.brokers)
         .set("group.id", &kafka.group_id)
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
         .set("client.id", "outboxd")
+        // Lag, committed offsets and broker state for /metrics and /readyz.
+        .set("statistics.interval.ms", "2000")
         // Only the partitions that move are revoked; the others keep working.
         .set("partition.assignment.strategy", "cooperative-sticky");
     for (k, v) in &kafka.options {
@@ -178,7 +212,8 @@ pub fn build(kafka: &KafkaConfig, subscriptions: &[String], tracker: Tracker) ->
     cc.set("enable.auto.offset.store", "false")
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", kafka.commit_interval.as_millis().max(1).to_string());
-    let consumer: KafkaConsumer = cc.create_with_context(Ctx { tracker, drain_timeout: kafka.drain_timeout })?;
+    let consumer: KafkaConsumer =
+        cc.create_with_context(Ctx { tracker, broker_up, drain_timeout: kafka.drain_timeout })?;
     let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     Ok(consumer)

@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
 use super::consumer::{DeadLetterInfo, DeadLetters};
+use crate::admin::names;
 use crate::codec;
 use crate::config::{Config, HandlerConfig, OnUncertain, RetryConfig};
 use crate::event::{OutboxEvent, RawMessage};
@@ -101,6 +102,7 @@ impl Executor {
         warn!(event_id = %id, topic = %msg.topic, partition = msg.partition, offset = msg.offset, %reason,
             "message cannot be decoded; dead-lettered");
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
         let dlq = self.dead_letter(hc, msg, &reason, 0).await;
         self.store.record_undecodable(&id, msg, reason, dlq).await
     }
@@ -142,14 +144,17 @@ impl Executor {
         let _live = live_guard(self, &event.id).await;
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
         let mut attempt = match self.store.claim(&event).await? {
-            Claim::Finished(state) => {
+            Claim::Finished { state, same_offset } => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                info!(event_id = %event.id, %topic, partition, offset, %state, "duplicate suppressed");
+                let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
+                metrics::counter!(names::DUPLICATES, "topic" => topic.clone(), "cause" => cause).increment(1);
+                info!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
                 return Ok(());
             }
             Claim::Claimed { attempt, reexecution: false } => attempt,
             Claim::Claimed { attempt, reexecution: true } => {
                 self.counters.reexecuted.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(names::REEXECUTED, "topic" => topic.clone()).increment(1);
                 match hc.on_uncertain {
                     OnUncertain::Retry => {
                         warn!(event_id = %event.id, %topic, partition, offset, attempt,
@@ -179,10 +184,18 @@ impl Executor {
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);
         loop {
-            match handler.handle(&event).await {
+            let call = Instant::now();
+            let result = handler.handle(&event).await;
+            metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(call.elapsed().as_secs_f64());
+            match result {
                 Ok(outcome) => {
                     self.store.finish(&event.id, State::Done, outcome.0.clone()).await?;
                     self.counters.handled.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(names::HANDLED, "topic" => topic.clone()).increment(1);
+                    if let Some(ts) = event.timestamp_ms {
+                        let age = (crate::store::now_us() / 1000 - ts).max(0) as f64 / 1000.0;
+                        metrics::histogram!(names::AGE_SECONDS, "topic" => topic.clone()).record(age);
+                    }
                     info!(event_id = %event.id, %topic, partition, offset, attempt, outcome = %outcome.0, "event handled");
                     return Ok(());
                 }
@@ -195,6 +208,7 @@ impl Executor {
                         return self.failed(hc, &event, msg, attempt, State::Dead, reason).await;
                     };
                     warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
+                    metrics::counter!(names::RETRIED, "topic" => topic.clone()).increment(1);
                     tokio::time::sleep(delay).await;
                     attempt = self.store.record_attempt(&event.id).await?;
                 }
@@ -238,6 +252,8 @@ impl Executor {
         error!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, attempt, %state, %reason,
             "event failed");
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
+        let metric = if state == State::Parked { names::PARKED } else { names::DEAD };
+        metrics::counter!(metric, "topic" => p.topic.clone()).increment(1);
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
         self.store.finish_failed(&event.id, state, reason, msg, dlq).await
     }

@@ -9,13 +9,14 @@ pub use executor::Executor;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
+use crate::admin;
 use crate::config::Config;
 use crate::offsets::OffsetTracker;
 use crate::store::{now_us, Store, StoreOptions};
@@ -39,14 +40,41 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let store = Arc::new(store);
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
     let subscriptions = config.subscriptions();
+    let prometheus = admin::install_metrics().context("setting up metrics")?;
+    let broker_up = Arc::new(AtomicBool::new(false));
     let consumer = Arc::new(
-        consumer::build(&config.kafka, &subscriptions, tracker.clone()).context("creating the Kafka consumer")?,
+        consumer::build(&config.kafka, &subscriptions, tracker.clone(), broker_up.clone())
+            .context("creating the Kafka consumer")?,
     );
     let max_in_flight = config.store.max_in_flight;
     let drain_timeout = config.kafka.drain_timeout;
     let gc_interval = config.store.gc_interval;
-    let exec = Executor::new(config, store.clone()).context("setting up handlers")?;
+    let admin_config = config.admin.clone();
+    let exec = Arc::new(Executor::new(config, store.clone()).context("setting up handlers")?);
     let mut fatal_rx = exec.failure();
+    let permits = Arc::new(Semaphore::new(max_in_flight));
+    let draining = Arc::new(AtomicBool::new(false));
+    let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(addr) = admin_config.listen {
+        let listener = admin::bind(addr).await?;
+        let local = listener.local_addr()?;
+        store.advertise_admin(&local.to_string()).context("recording the admin address next to the store")?;
+        let state = admin::AdminState {
+            exec: exec.clone(),
+            tracker: tracker.clone(),
+            draining: draining.clone(),
+            broker_up,
+            prometheus,
+            token: admin_config.token,
+        };
+        tokio::spawn(async move {
+            if let Err(error) = admin::serve(listener, state, async { drop(admin_stopped.await) }).await {
+                warn!(%error, "admin server stopped");
+            }
+        });
+        info!(admin = %local, "admin API listening (/healthz /readyz /metrics /v1/…)");
+    }
+    spawn_store_gauges(&store);
     let shared = Arc::new(Shared {
         exec,
         tracker: tracker.clone(),
@@ -55,7 +83,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     });
     info!(topics = %subscriptions.join(","), store = %store.path().display(), max_in_flight, "outboxd running");
 
-    let permits = Arc::new(Semaphore::new(max_in_flight));
     let mut gc_tick = tokio::time::interval(gc_interval);
     tokio::pin!(shutdown);
     let failure: Option<String> = loop {
@@ -74,7 +101,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             m = consumer.recv() => m.map(|m| consumer::to_raw(&m)),
         };
         match msg {
-            Ok(raw) => worker::dispatch(&shared, raw, permit),
+            Ok(raw) => {
+                metrics::counter!(admin::names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
+                worker::dispatch(&shared, raw, permit);
+            }
             Err(error) => {
                 warn!(%error, "kafka consumer error");
                 drop(permit);
@@ -84,6 +114,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         }
     };
 
+    draining.store(true, Ordering::Relaxed);
     info!("draining: no new events; waiting for in-flight ones");
     let all = u32::try_from(max_in_flight).unwrap_or(u32::MAX);
     if tokio::time::timeout(drain_timeout, permits.acquire_many(all)).await.is_err() {
@@ -93,6 +124,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     }
     consumer::commit_now(&consumer, &tracker);
     store.close().await.context("flushing the store")?;
+    let _ = admin_stop.send(());
     let c = &shared.exec.counters;
     info!(
         handled = c.handled.load(Ordering::Relaxed),
@@ -105,6 +137,27 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         None => Ok(()),
         Some(reason) => anyhow::bail!("stopped because the store failed: {reason}"),
     }
+}
+
+/// How often the store's per-state counts are refreshed for /metrics (a full scan).
+const STORE_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn spawn_store_gauges(store: &Arc<Store>) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(STORE_GAUGES_INTERVAL);
+        loop {
+            tick.tick().await;
+            let s = store.clone();
+            let Ok(Ok(stats)) = tokio::task::spawn_blocking(move || s.stats()).await else { continue };
+            for (state, n) in
+                [("claimed", stats.claimed), ("done", stats.done), ("dead", stats.dead), ("parked", stats.parked)]
+            {
+                metrics::gauge!(admin::names::RECORDS, "state" => state).set(n as f64);
+            }
+            metrics::gauge!(admin::names::STORE_BYTES).set(stats.bytes_on_disk as f64);
+        }
+    });
 }
 
 fn spawn_gc(store: &Arc<Store>) {

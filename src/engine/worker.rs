@@ -30,7 +30,7 @@ pub struct Job {
 /// Everything the workers share.
 pub struct Shared {
     /// Runs one message to a durable final state.
-    pub exec: Executor,
+    pub exec: Arc<Executor>,
     pub tracker: Tracker,
     pub consumer: Arc<KafkaConsumer>,
     /// Active chains: a key present here has a task working through its queue.

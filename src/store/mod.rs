@@ -7,7 +7,7 @@ mod record;
 mod sync;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use owner::Owner;
@@ -28,7 +28,7 @@ const GC_BATCH: usize = 1_000;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("the store at {path} is in use by {owner}; `outboxd store` opens the database directly, so stop that process first (SIGTERM drains it cleanly)")]
-    Locked { path: PathBuf, owner: String },
+    Locked { path: PathBuf, owner: String, admin: Option<String> },
     #[error("store I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error("store: {0}")]
@@ -76,8 +76,9 @@ pub struct Stats {
 pub enum Claim {
     /// Claimed now (durably); `reexecution` when an earlier attempt's outcome is unknown.
     Claimed { attempt: u32, reexecution: bool },
-    /// Already done or dead: do not run; the duplicate was counted.
-    Finished(State),
+    /// Already final: do not run; the duplicate was counted. `same_offset`: the
+    /// very message came again (a redelivered offset), not the id at a new offset.
+    Finished { state: State, same_offset: bool },
 }
 
 pub struct Store {
@@ -89,7 +90,7 @@ pub struct Store {
     messages: sled::Tree,
     retention: Duration,
     sync: sync::Syncer,
-    _owner: Option<owner::OwnerFile>,
+    owner: Mutex<Option<owner::OwnerFile>>,
 }
 
 impl Store {
@@ -98,8 +99,10 @@ impl Store {
         let db = match sled::Config::new().path(path).open() {
             Ok(db) => db,
             Err(sled::Error::Io(e)) if is_lock_error(&e) => {
-                let owner = Owner::read(path).map(|o| o.to_string()).unwrap_or_else(|| "another process".to_owned());
-                return Err(StoreError::Locked { path: path.to_owned(), owner });
+                let holder = Owner::read(path);
+                let admin = holder.as_ref().and_then(|o| o.admin.clone());
+                let owner = holder.map(|o| o.to_string()).unwrap_or_else(|| "another process".to_owned());
+                return Err(StoreError::Locked { path: path.to_owned(), owner, admin });
             }
             Err(e) => return Err(e.into()),
         };
@@ -115,12 +118,20 @@ impl Store {
             retention: opts.retention,
             sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval),
             db,
-            _owner: owner,
+            owner: Mutex::new(owner),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Tells `outboxd store` where the running service answers.
+    pub fn advertise_admin(&self, addr: &str) -> std::io::Result<()> {
+        match self.owner.lock().expect("owner lock").as_mut() {
+            Some(o) => o.set_admin(addr),
+            None => Ok(()),
+        }
     }
 
     /// Waits until every write made so far is on disk.
@@ -150,8 +161,10 @@ impl Store {
         let record = match existing {
             Some(r) if r.state.is_final() => {
                 let state = r.state;
+                let p = &event.position;
+                let same_offset = r.topic == p.topic && r.partition == p.partition && r.offset == p.offset;
                 self.count_duplicate(r)?;
-                return Ok(Claim::Finished(state));
+                return Ok(Claim::Finished { state, same_offset });
             }
             Some(r) => Record {
                 attempts: r.attempts + 1,
@@ -378,6 +391,16 @@ impl Store {
 
     /// Records in id order, optionally of one state.
     pub fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.list_filtered(state, None, limit)
+    }
+
+    /// Records in id order, optionally of one state and one topic.
+    pub fn list_filtered(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
         let mut out = Vec::new();
         for item in self.events.iter() {
             if out.len() >= limit {
@@ -385,7 +408,7 @@ impl Store {
             }
             let (k, v) = item?;
             let r = decode(&String::from_utf8_lossy(&k), &v)?;
-            if state.is_none_or(|s| s == r.state) {
+            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
                 out.push(r);
             }
         }

@@ -12,6 +12,9 @@ pub struct Owner {
     pub pid: u32,
     pub role: String,
     pub started_at: String,
+    /// The running service's admin address, where `outboxd store` can ask instead.
+    #[serde(default)]
+    pub admin: Option<String>,
 }
 
 impl Owner {
@@ -38,6 +41,7 @@ impl std::fmt::Display for Owner {
 /// The owner file of this process; removed again when the store closes.
 pub struct OwnerFile {
     path: PathBuf,
+    owner: Owner,
 }
 
 impl OwnerFile {
@@ -46,10 +50,21 @@ impl OwnerFile {
             pid: std::process::id(),
             role: role.to_owned(),
             started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            admin: None,
         };
-        let path = dir.join(OWNER_FILE);
-        std::fs::write(&path, serde_json::to_vec(&owner).expect("owner serialises"))?;
-        Ok(OwnerFile { path })
+        let file = OwnerFile { path: dir.join(OWNER_FILE), owner };
+        file.save()?;
+        Ok(file)
+    }
+
+    /// Records the admin address of the running service.
+    pub fn set_admin(&mut self, addr: &str) -> std::io::Result<()> {
+        self.owner.admin = Some(addr.to_owned());
+        self.save()
+    }
+
+    fn save(&self) -> std::io::Result<()> {
+        std::fs::write(&self.path, serde_json::to_vec(&self.owner).expect("owner serialises"))
     }
 }
 

@@ -112,6 +112,8 @@ fn run(
         let started = Instant::now();
         let result = make_durable(&db, data_file.as_ref());
         let took = started.elapsed();
+        metrics::histogram!(crate::admin::names::BATCH).record(waiters.len() as f64);
+        metrics::histogram!(crate::admin::names::SYNC_SECONDS).record(took.as_secs_f64());
         if let Ok(mut s) = stats.lock() {
             s.batches += 1;
             s.records += waiters.len() as u64;

@@ -22,7 +22,10 @@ async fn done_event_is_finished_on_redelivery_at_a_new_offset() {
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
     assert_eq!(store.claim(&event("e1", 1)).await.unwrap(), Claim::Claimed { attempt: 1, reexecution: false });
     store.finish("e1", State::Done, "http 200".into()).await.unwrap();
-    assert_eq!(store.claim(&event("e1", 99)).await.unwrap(), Claim::Finished(State::Done));
+    assert_eq!(
+        store.claim(&event("e1", 99)).await.unwrap(),
+        Claim::Finished { state: State::Done, same_offset: false }
+    );
     let r = store.get("e1").unwrap().unwrap();
     assert_eq!((r.state, r.attempts, r.duplicates, r.offset), (State::Done, 1, 1, 1));
     assert_eq!(r.outcome.as_deref(), Some("http 200"));

@@ -47,6 +47,14 @@ pub struct OutboxdConfig {
     pub max_attempts: u32,
     pub initial_backoff: String,
     pub max_backoff: String,
+    /// More TOML for the handler, written after its `timeout` line: keys first
+    /// (`success_on = [409]`), then sub-tables (`[handlers.dead_letter]`).
+    pub handler_extra: String,
+    /// More `[handlers.retry]` keys, e.g. `max_elapsed = "5s"`.
+    pub retry_extra: String,
+    /// `[admin] listen`: `"off"` by default, so that tests running side by side do not
+    /// fight over the default port.
+    pub admin_listen: String,
 }
 
 /// A TOML basic string (JSON's escaping is valid TOML for what we write).
@@ -71,6 +79,10 @@ impl OutboxdConfig {
         let _ = writeln!(t, "retention = {}", q(&self.retention));
         let _ = writeln!(t, "commit_interval = {}", q(&self.store_commit_interval));
         let _ = writeln!(t, "max_in_flight = {}", self.max_in_flight);
+        let _ = writeln!(t, "\n[admin]");
+        let _ = writeln!(t, "listen = {}", q(&self.admin_listen));
+        // Tests run many outboxd processes at once: each admin server on a free port.
+        let _ = writeln!(t, "\n[admin]\nlisten = \"127.0.0.1:0\"");
         let _ = writeln!(t, "\n[[handlers]]");
         let topics: Vec<String> = self.topics.iter().map(|s| q(s)).collect();
         let _ = writeln!(t, "topics = [{}]", topics.join(", "));
@@ -79,10 +91,15 @@ impl OutboxdConfig {
         let _ = writeln!(t, "method = {}", q(&self.method));
         let _ = writeln!(t, "idempotency_header = \"Idempotency-Key\"");
         let _ = writeln!(t, "timeout = {}", q(&self.handler_timeout));
+        t.push_str(&self.handler_extra);
+        if !self.handler_extra.is_empty() && !self.handler_extra.ends_with('\n') {
+            t.push('\n');
+        }
         let _ = writeln!(t, "\n[handlers.retry]");
         let _ = writeln!(t, "max_attempts = {}", self.max_attempts);
         let _ = writeln!(t, "initial_backoff = {}", q(&self.initial_backoff));
         let _ = writeln!(t, "max_backoff = {}", q(&self.max_backoff));
+        t.push_str(&self.retry_extra);
         t
     }
 }
@@ -164,6 +181,9 @@ impl Outboxd {
             max_attempts: 3,
             initial_backoff: "100ms".into(),
             max_backoff: "2s".into(),
+            handler_extra: String::new(),
+            retry_extra: String::new(),
+            admin_listen: "off".into(),
         };
         Outboxd { config, dir, config_path, child: None, logs: Vec::new() }
     }

@@ -1,0 +1,73 @@
+//! `outboxd store …` talking to a running service through its admin API
+//! (found in the store's owner file), so answers match a direct read.
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+pub struct AdminClient {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl AdminClient {
+    /// `addr` as recorded by the service (`host:port`); the token, if the
+    /// service requires one, comes from `OUTBOXD_ADMIN_TOKEN`.
+    pub fn new(addr: &str) -> anyhow::Result<AdminClient> {
+        let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(60)).build()?;
+        Ok(AdminClient { base: format!("http://{addr}"), token: std::env::var("OUTBOXD_ADMIN_TOKEN").ok(), http })
+    }
+
+    pub fn address(&self) -> &str {
+        &self.base
+    }
+
+    async fn call(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Option<Value>> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        let resp = req.send().await.with_context(|| format!("asking the running service at {}", self.base))?;
+        let status = resp.status();
+        let body: Value = resp.json().await.with_context(|| format!("reading the answer of {}", self.base))?;
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            bail!("{}: {}", status, body.get("error").and_then(Value::as_str).unwrap_or("request failed"));
+        }
+        Ok(Some(body))
+    }
+
+    pub async fn stats(&self) -> anyhow::Result<Value> {
+        self.call(self.http.get(format!("{}/v1/stats", self.base))).await?.context("no stats")
+    }
+
+    pub async fn get(&self, id: &str) -> anyhow::Result<Option<Value>> {
+        let mut url = url::Url::parse(&format!("{}/v1/events/", self.base))?;
+        url.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("bad admin address"))?
+            .pop_if_empty()
+            .extend(id.split('/'));
+        self.call(self.http.get(url)).await
+    }
+
+    pub async fn list(&self, state: Option<&str>, topic: Option<&str>, limit: usize) -> anyhow::Result<Value> {
+        let mut q = vec![("limit", limit.to_string())];
+        if let Some(s) = state {
+            q.push(("state", s.to_owned()));
+        }
+        if let Some(t) = topic {
+            q.push(("topic", t.to_owned()));
+        }
+        self.call(self.http.get(format!("{}/v1/events", self.base)).query(&q)).await?.context("no list")
+    }
+
+    /// `forget`, `resolve` or `retry` of one event.
+    pub async fn repair(&self, op: &str, id: &str) -> anyhow::Result<Value> {
+        match self.call(self.http.post(format!("{}/v1/{op}", self.base)).query(&[("id", id)])).await? {
+            Some(v) => Ok(v),
+            None => bail!("no record for event {id:?}"),
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! Metric names and the Prometheus recorder. Code elsewhere records through
+//! the `metrics` facade (`metrics::counter!(names::HANDLED, ...)`); only this
+//! module knows the exporter.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Names, so call sites and the dashboard agree.
+pub mod names {
+    pub const CONSUMED: &str = "outboxd_events_consumed_total";
+    pub const HANDLED: &str = "outboxd_events_handled_total";
+    /// Label `cause`: `redelivered_offset` (same offset again) or `new_offset` (same id elsewhere).
+    pub const DUPLICATES: &str = "outboxd_duplicates_suppressed_total";
+    pub const RETRIED: &str = "outboxd_events_retried_total";
+    pub const DEAD: &str = "outboxd_events_dead_total";
+    pub const PARKED: &str = "outboxd_events_parked_total";
+    pub const REEXECUTED: &str = "outboxd_events_reexecuted_total";
+    pub const HANDLER_SECONDS: &str = "outboxd_handler_duration_seconds";
+    /// Kafka timestamp → durable done.
+    pub const AGE_SECONDS: &str = "outboxd_event_age_seconds";
+    pub const IN_FLIGHT: &str = "outboxd_in_flight";
+    pub const LAG: &str = "outboxd_consumer_lag";
+    pub const COMMITTED: &str = "outboxd_committed_offset";
+    pub const RECORDS: &str = "outboxd_store_records";
+    pub const STORE_BYTES: &str = "outboxd_store_bytes_on_disk";
+    pub const BATCH: &str = "outboxd_store_commit_batch_records";
+    pub const SYNC_SECONDS: &str = "outboxd_store_sync_seconds";
+}
+
+const SECONDS_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0];
+
+/// Installs the global recorder once; later calls return the same handle.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(names::BATCH.into()), BATCH_BUCKETS)?
+        .install_recorder()?;
+    describe();
+    Ok(HANDLE.get_or_init(|| handle).clone())
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(names::CONSUMED, "Messages consumed from Kafka.");
+    describe_counter!(names::HANDLED, "Events whose handler succeeded and whose done record is durable.");
+    describe_counter!(names::DUPLICATES, "Deliveries not executed because the event was already final.");
+    describe_counter!(names::RETRIED, "Handler attempts that failed and were retried.");
+    describe_counter!(names::DEAD, "Events recorded dead (and dead-lettered when configured).");
+    describe_counter!(names::PARKED, "Uncertain events parked for a person.");
+    describe_counter!(names::REEXECUTED, "Events found claimed (outcome unknown) and handled again.");
+    describe_histogram!(names::HANDLER_SECONDS, Unit::Seconds, "Duration of one handler attempt.");
+    describe_histogram!(names::AGE_SECONDS, Unit::Seconds, "From the Kafka timestamp to the durable done record.");
+    describe_gauge!(names::IN_FLIGHT, "Events consumed and not yet finished.");
+    describe_gauge!(names::LAG, "High watermark minus committed offset, per partition.");
+    describe_gauge!(names::COMMITTED, "Committed offset per partition.");
+    describe_gauge!(names::RECORDS, "Records in the store per state.");
+    describe_gauge!(names::STORE_BYTES, Unit::Bytes, "Size of the store on disk.");
+    describe_histogram!(names::BATCH, "Records made durable by one group commit.");
+    describe_histogram!(names::SYNC_SECONDS, Unit::Seconds, "Duration of one flush + fdatasync.");
+}
