@@ -50,7 +50,34 @@ pub fn decode(
     check_id(&id)?;
     let aggregate_id = msg.key.as_deref().map(decode_text);
     let event_type = last_header(msg, event_type_header).map(decode_text);
-    Ok(OutboxEvent { id, aggregate_id, event_type, payload, position: msg.position(), timestamp_ms: msg.timestamp_ms })
+    let traceparent = traceparent(msg);
+    Ok(OutboxEvent {
+        id,
+        aggregate_id,
+        event_type,
+        payload,
+        position: msg.position(),
+        timestamp_ms: msg.timestamp_ms,
+        traceparent,
+    })
+}
+
+/// A `traceparent` header, or the one inside Debezium's `tracingspancontext`
+/// (the outbox column of that name, placed as a header: Java properties text).
+fn traceparent(msg: &RawMessage) -> Option<String> {
+    let direct = last_header(msg, "traceparent").map(decode_text);
+    let from_context = || {
+        let text = decode_text(last_header(msg, "tracingspancontext")?);
+        text.lines().find_map(|l| l.trim().strip_prefix("traceparent=").map(str::to_owned))
+    };
+    direct.or_else(from_context).filter(|t| is_traceparent(t))
+}
+
+/// `00-<32 hex>-<16 hex>-<2 hex>`: anything else is not forwarded.
+fn is_traceparent(t: &str) -> bool {
+    let parts: Vec<&str> = t.split('-').collect();
+    parts.len() == 4
+        && [2, 32, 16, 2].iter().zip(&parts).all(|(n, p)| p.len() == *n && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn check_id(id: &str) -> Result<(), DecodeError> {
@@ -268,6 +295,23 @@ mod tests {
         assert_eq!(e, DecodeError::MissingIdField("after.id".into()));
         let e = decode(&msg(Some(b"not json"), &[]), &src, "eventType").unwrap_err();
         assert_eq!(e, DecodeError::ValueNotJson);
+    }
+
+    #[test]
+    fn trace_context_is_taken_from_traceparent_or_debezium_span_context() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let ev = decode(&msg(Some(b"{}"), &[("id", b"e"), ("traceparent", tp.as_bytes())]), &header_id(), "eventType");
+        assert_eq!(ev.unwrap().traceparent.as_deref(), Some(tp));
+        let props = format!("#Thu Nov 29\ntraceparent={tp}\ntracestate=x=1\n");
+        let ev = decode(
+            &msg(Some(b"{}"), &[("id", b"e"), ("tracingspancontext", props.as_bytes())]),
+            &header_id(),
+            "eventType",
+        );
+        assert_eq!(ev.unwrap().traceparent.as_deref(), Some(tp));
+        let ev =
+            decode(&msg(Some(b"{}"), &[("id", b"e"), ("traceparent", b"00-zz\r\nX: y")]), &header_id(), "eventType");
+        assert_eq!(ev.unwrap().traceparent, None, "malformed contexts are not forwarded");
     }
 
     #[test]

@@ -81,4 +81,6 @@ pub struct OutboxEvent {
     pub payload: Payload,
     pub position: Position,
     pub timestamp_ms: Option<i64>,
+    /// W3C trace context of the transaction that wrote the event, when the pipeline carries it.
+    pub traceparent: Option<String>,
 }

@@ -47,6 +47,9 @@ impl HttpHandler {
         if let Some(a) = &event.aggregate_id {
             insert_text(&mut headers, "Outbox-Aggregate-Id", a);
         }
+        if let Some(tp) = &event.traceparent {
+            insert_text(&mut headers, "traceparent", tp);
+        }
         let response = self
             .client
             .request(self.config.method.clone(), url)

@@ -13,6 +13,7 @@ fn event(id: &str, offset: i64) -> OutboxEvent {
         payload: Payload::Null,
         position: Position { topic: "t".into(), partition: 0, offset },
         timestamp_ms: None,
+        traceparent: None,
     }
 }
 
