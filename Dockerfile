@@ -4,7 +4,7 @@
 FROM rust:1-bookworm AS build
 # librdkafka is built from source by the rdkafka crate.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake pkg-config zlib1g-dev \
+ && apt-get install -y --no-install-recommends cmake pkg-config zlib1g-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
@@ -14,7 +14,7 @@ RUN cargo build --release --locked --bin outboxd --example receiver
 
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl \
+ && apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /var/lib/outboxd --create-home outboxd
 COPY --from=build /src/target/release/outboxd /usr/local/bin/outboxd

@@ -385,6 +385,7 @@ fn store_section(config: &Path) -> anyhow::Result<(PathBuf, Option<std::time::Du
 
 pub fn check_config(path: &Path) -> anyhow::Result<()> {
     let config = Config::load(path)?;
+    crate::engine::validate_kafka_options(&config.kafka)?;
     println!("config {} is valid", path.display());
     println!(
         "kafka: brokers={} group_id={} commit_interval={} drain_timeout={}",

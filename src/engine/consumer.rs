@@ -187,6 +187,18 @@ impl DeadLetters {
     }
 }
 
+/// Lets librdkafka check `kafka.options` (names, values, files such as CA
+/// certificates) by creating a client that is never used; nothing is sent.
+pub fn validate_options(kafka: &KafkaConfig) -> anyhow::Result<()> {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &kafka.brokers).set("group.id", &kafka.group_id);
+    for (k, v) in &kafka.options {
+        cc.set(k, v);
+    }
+    let _: BaseConsumer = cc.create().map_err(|e| anyhow::anyhow!("kafka.options: librdkafka rejects them: {e}"))?;
+    Ok(())
+}
+
 /// Builds and subscribes the consumer. Offsets are stored by us only after an
 /// event is durably finished; librdkafka commits what was stored.
 pub fn build(

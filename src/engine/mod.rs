@@ -5,6 +5,7 @@ mod consumer;
 mod executor;
 mod worker;
 
+pub use consumer::validate_options as validate_kafka_options;
 pub use executor::Executor;
 
 use std::collections::HashMap;
