@@ -43,12 +43,23 @@ pub fn decode(
     event_type_header: &str,
 ) -> Result<OutboxEvent, DecodeError> {
     let payload = decode_value(msg.value.as_deref())?;
+    let aggregate_id = msg.key.as_deref().map(decode_text);
+    decode_with(msg, payload, aggregate_id, id_source, event_type_header)
+}
+
+/// The same, with the value and key already decoded (e.g. from Avro).
+pub fn decode_with(
+    msg: &RawMessage,
+    payload: Payload,
+    aggregate_id: Option<String>,
+    id_source: &EventIdSource,
+    event_type_header: &str,
+) -> Result<OutboxEvent, DecodeError> {
     let id = match id_source {
         EventIdSource::Header(name) => id_from_header(msg, name)?,
         EventIdSource::Field(path) => id_from_field(&payload, path)?,
     };
     check_id(&id)?;
-    let aggregate_id = msg.key.as_deref().map(decode_text);
     let event_type = last_header(msg, event_type_header).map(decode_text);
     let traceparent = traceparent(msg);
     Ok(OutboxEvent {

@@ -54,6 +54,7 @@ pub struct RawConfig {
     pub kafka: RawKafka,
     pub store: RawStore,
     pub admin: Option<RawAdmin>,
+    pub schema_registry: Option<RawSchemaRegistry>,
     #[serde(default)]
     pub handlers: Vec<RawHandler>,
 }
@@ -70,6 +71,46 @@ pub struct RawKafka {
     /// Passed to librdkafka as-is.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSchemaRegistry {
+    /// A Confluent-compatible registry (`GET /schemas/ids/{id}`).
+    pub url: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// PEM CA for a registry behind TLS with a private CA (system roots otherwise).
+    pub ca_file: Option<PathBuf>,
+    pub timeout: Option<String>,
+    /// Fetched schemas kept across restarts (default: `schemas/` in the store directory).
+    pub cache_dir: Option<PathBuf>,
+    /// `<id>.avsc` files, instead of or before the registry.
+    pub schemas_dir: Option<PathBuf>,
+}
+
+/// How a handler reads message values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// Avro when the value has the Confluent framing, else JSON or text.
+    #[default]
+    Auto,
+    Json,
+    Avro,
+    /// The bytes as they are.
+    Raw,
+}
+
+/// What the handler sends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Body {
+    /// The decoded value as JSON (JSON when it is JSON).
+    #[default]
+    Json,
+    /// The original value bytes.
+    Raw,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -129,6 +170,8 @@ pub struct RawHandler {
     /// What to do with an event found `claimed` (an earlier attempt's outcome is unknown).
     pub on_uncertain: Option<OnUncertain>,
     pub verify: Option<RawVerify>,
+    pub format: Option<Format>,
+    pub body: Option<Body>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -227,6 +270,7 @@ pub struct Config {
     pub kafka: KafkaConfig,
     pub store: StoreConfig,
     pub admin: AdminConfig,
+    pub schema_registry: Option<crate::avro::RegistryOptions>,
     pub handlers: Vec<HandlerConfig>,
 }
 
@@ -346,6 +390,8 @@ pub struct HandlerConfig {
     /// Where dead events go; without one, `dead` records keep the message for export.
     pub dead_letter_topic: Option<String>,
     pub on_uncertain: OnUncertain,
+    pub format: Format,
+    pub body: Body,
 }
 
 impl Config {
@@ -482,6 +528,7 @@ impl RawConfig {
         }
 
         let admin = validate_admin(self.admin, env)?;
+        let schema_registry = self.schema_registry.map(|r| validate_registry(r, &store.path, env)).transpose()?;
 
         if self.handlers.is_empty() {
             bail!("handlers: at least one [[handlers]] entry is required");
@@ -491,8 +538,47 @@ impl RawConfig {
             handlers.push(h.validate(index, env)?);
         }
         check_overlaps(&handlers)?;
-        Ok(Config { kafka, store, admin, handlers })
+        if let Some(h) = handlers.iter().find(|h| h.format == Format::Avro) {
+            if schema_registry.is_none() {
+                bail!("handlers[{}].format: \"avro\" needs a [schema_registry] section (url or schemas_dir)", h.index);
+            }
+        }
+        Ok(Config { kafka, store, admin, schema_registry, handlers })
     }
+}
+
+/// Default time a registry request may take before it counts as unavailable.
+const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn validate_registry(
+    raw: RawSchemaRegistry,
+    store_path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<crate::avro::RegistryOptions> {
+    let url = raw.url.map(|u| expand_env("schema_registry.url", &u, env)).transpose()?;
+    if let Some(u) = &url {
+        let parsed = url::Url::parse(u).map_err(|e| anyhow::anyhow!("schema_registry.url: {e}"))?;
+        if parsed.scheme() != "http" && parsed.scheme() != "https" {
+            bail!("schema_registry.url: scheme must be http or https");
+        }
+    }
+    if url.is_none() && raw.schemas_dir.is_none() {
+        bail!("schema_registry: set url, schemas_dir, or both");
+    }
+    let password = raw.password.map(|p| expand_env("schema_registry.password", &p, env)).transpose()?;
+    let username = raw.username.map(|u| expand_env("schema_registry.username", &u, env)).transpose()?;
+    if password.is_some() && username.is_none() {
+        bail!("schema_registry.username: required with a password");
+    }
+    Ok(crate::avro::RegistryOptions {
+        url: url.map(|u| u.trim_end_matches('/').to_owned()),
+        username,
+        password,
+        ca_file: raw.ca_file,
+        timeout: duration("schema_registry.timeout", raw.timeout.as_deref(), DEFAULT_REGISTRY_TIMEOUT)?,
+        cache_dir: Some(raw.cache_dir.unwrap_or_else(|| store_path.join("schemas"))),
+        schemas_dir: raw.schemas_dir,
+    })
 }
 
 fn validate_admin(raw: Option<RawAdmin>, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<AdminConfig> {
@@ -705,6 +791,8 @@ impl RawHandler {
             retry,
             dead_letter_topic,
             on_uncertain,
+            format: self.format.unwrap_or_default(),
+            body: self.body.unwrap_or_default(),
         })
     }
 }
@@ -896,6 +984,21 @@ max_elapsed = "5m"
         )
         .unwrap();
         assert_eq!(c.admin.listen, None);
+    }
+
+    #[test]
+    fn avro_format_needs_a_registry() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nformat=\"avro\"\n");
+        assert!(e.contains("handlers[0].format") && e.contains("schema_registry"), "{e}");
+        let c = Config::parse(
+            &format!("{BASE}[schema_registry]\nurl=\"http://127.0.0.1:18081/\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nformat=\"avro\"\nbody=\"raw\"\n"),
+            &env,
+        )
+        .unwrap();
+        let r = c.schema_registry.unwrap();
+        assert_eq!(r.url.as_deref(), Some("http://127.0.0.1:18081"));
+        assert_eq!(r.cache_dir, Some(PathBuf::from("./data/schemas")));
+        assert_eq!((c.handlers[0].format, c.handlers[0].body), (Format::Avro, Body::Raw));
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).
 
 pub mod admin;
+pub mod avro;
 pub mod cli;
 pub mod codec;
 pub mod config;

@@ -13,11 +13,16 @@ use tracing::{error, info, warn};
 
 use super::consumer::{DeadLetterInfo, DeadLetters};
 use crate::admin::names;
+use crate::avro;
 use crate::codec;
-use crate::config::{Config, HandlerConfig, OnUncertain, RetryConfig};
-use crate::event::{OutboxEvent, RawMessage};
+use crate::config::{Body, Config, Format, HandlerConfig, OnUncertain, RetryConfig};
+use crate::event::{OutboxEvent, Payload, RawMessage};
 use crate::handler::{Handler, HandlerError, Verified};
 use crate::store::{Claim, State, Store, StoreError};
+
+/// First pause, and the longest, while the schema registry cannot be reached.
+const REGISTRY_RETRY_INITIAL: Duration = Duration::from_millis(500);
+const REGISTRY_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// First pause, and the longest, between attempts to produce a dead letter.
 const DLQ_RETRY_INITIAL: Duration = Duration::from_millis(200);
@@ -39,6 +44,8 @@ pub struct Executor {
     handlers: Vec<Handler>,
     /// Present when some handler has a dead-letter topic.
     dead_letters: Option<DeadLetters>,
+    /// Writer schemas for Avro values, when `[schema_registry]` is configured.
+    registry: Option<avro::Registry>,
     /// Event ids being worked on in this process: a second delivery of the
     /// same id (at another offset or key) waits instead of running twice.
     live: Mutex<HashMap<String, Arc<Semaphore>>>,
@@ -56,11 +63,13 @@ impl Executor {
             None
         };
         let (fatal, _) = tokio::sync::watch::channel(None);
+        let registry = config.schema_registry.clone().map(avro::Registry::new).transpose()?;
         Ok(Executor {
             config,
             store,
             handlers,
             dead_letters,
+            registry,
             live: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             fatal,
@@ -83,12 +92,72 @@ impl Executor {
 
     /// Runs one message until its event is durably final (or the store fails).
     pub async fn execute(&self, msg: &RawMessage) -> Result<(), StoreError> {
-        match self.config.handler_for(&msg.topic) {
-            None => self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await,
-            Some(hc) => match codec::decode(msg, &hc.event_id, &hc.event_type_header) {
-                Err(e) => self.undecodable(Some(hc), msg, e.to_string()).await,
-                Ok(event) => self.handle(hc, &self.handlers[hc.index], event, msg).await,
-            },
+        let Some(hc) = self.config.handler_for(&msg.topic) else {
+            return self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await;
+        };
+        let decoded = match self.read_value(hc, msg).await {
+            Ok((payload, key)) => {
+                codec::decode_with(msg, payload, key, &hc.event_id, &hc.event_type_header).map_err(|e| e.to_string())
+            }
+            Err(reason) => Err(reason),
+        };
+        match decoded {
+            Err(reason) => self.undecodable(Some(hc), msg, reason).await,
+            Ok(mut event) => {
+                if hc.body == Body::Raw {
+                    event.payload = msg.value.clone().map_or(Payload::Null, Payload::Bytes);
+                }
+                self.handle(hc, &self.handlers[hc.index], event, msg).await
+            }
+        }
+    }
+
+    /// The value and key as the handler's `format` says. A registry that cannot
+    /// be reached makes the event wait (its offset does not move); an Avro value
+    /// that cannot be decoded is an error for the dead-letter path.
+    async fn read_value(&self, hc: &HandlerConfig, msg: &RawMessage) -> Result<(Payload, Option<String>), String> {
+        let value = msg.value.as_deref();
+        let framed = value.and_then(avro::framing).is_some();
+        let payload = match hc.format {
+            Format::Raw => value.map_or(Payload::Null, |v| Payload::Bytes(v.to_vec())),
+            Format::Avro if !framed => {
+                return Err("format = \"avro\" but the value is not in the Confluent wire format".to_owned())
+            }
+            Format::Avro | Format::Auto if framed => {
+                Payload::Json(self.avro_json(value.unwrap_or_default()).await.map_err(|e| e.to_string())?)
+            }
+            _ => codec::decode_value(value).map_err(|e| e.to_string())?,
+        };
+        let key = match msg.key.as_deref() {
+            Some(k) if avro::framing(k).is_some() && matches!(hc.format, Format::Auto | Format::Avro) => {
+                match self.avro_json(k).await.map_err(|e| format!("key: {e}"))? {
+                    serde_json::Value::String(s) => Some(s),
+                    other => Some(other.to_string()),
+                }
+            }
+            Some(k) => Some(codec::decode_text(k)),
+            None => None,
+        };
+        Ok((payload, key))
+    }
+
+    /// Decodes an Avro-framed value, waiting (with backoff) while the registry is unreachable.
+    async fn avro_json(&self, framed: &[u8]) -> Result<serde_json::Value, avro::AvroError> {
+        let id = avro::framing(framed).ok_or(avro::AvroError::NotFramed)?;
+        let Some(registry) = &self.registry else {
+            return Err(avro::AvroError::NoRegistry(id));
+        };
+        let mut pause = REGISTRY_RETRY_INITIAL;
+        loop {
+            match registry.schema(id).await {
+                Ok(schema) => return schema.decode(framed),
+                Err(e) if e.is_transient() && !self.stopped() => {
+                    warn!(error = %e, schema_id = id, ?pause, "waiting for the schema registry (the event and its offset wait)");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(REGISTRY_RETRY_MAX);
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 

@@ -1,0 +1,181 @@
+//! Writer schemas by id: memory first (ids are immutable), then the disk cache
+//! (so a restart with the registry down still decodes known ids), then local
+//! `<id>.avsc` files or the registry's `GET /schemas/ids/{id}` (with
+//! references resolved through `GET /subjects/{s}/versions/{v}`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{AvroError, ParsedSchema};
+
+/// Schemas held in memory; far above what a pipeline uses (one per table version).
+const MAX_CACHED: usize = 10_000;
+/// Nesting of schema references followed before giving up (cycles, misconfiguration).
+const MAX_REFERENCE_DEPTH: usize = 16;
+
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    pub url: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub timeout: Duration,
+    /// Where fetched schemas are kept across restarts.
+    pub cache_dir: Option<PathBuf>,
+    /// `<id>.avsc` files, for installations without a registry.
+    pub schemas_dir: Option<PathBuf>,
+}
+
+/// What the disk cache keeps: the schema text and its references' texts.
+#[derive(Serialize, Deserialize)]
+struct CachedSchema {
+    schema: String,
+    references: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct SchemaResponse {
+    schema: String,
+    #[serde(rename = "schemaType")]
+    schema_type: Option<String>,
+    #[serde(default)]
+    references: Vec<Reference>,
+}
+
+#[derive(Deserialize)]
+struct Reference {
+    subject: String,
+    version: i64,
+}
+
+pub struct Registry {
+    opts: RegistryOptions,
+    http: Option<reqwest::Client>,
+    cache: Mutex<HashMap<u32, Arc<ParsedSchema>>>,
+}
+
+impl Registry {
+    pub fn new(opts: RegistryOptions) -> anyhow::Result<Registry> {
+        let http = match &opts.url {
+            None => None,
+            Some(_) => {
+                let mut b = reqwest::Client::builder().timeout(opts.timeout);
+                if let Some(ca) = &opts.ca_file {
+                    let pem = std::fs::read(ca)
+                        .map_err(|e| anyhow::anyhow!("schema_registry.ca_file {}: {e}", ca.display()))?;
+                    b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+                }
+                Some(b.build()?)
+            }
+        };
+        if let Some(dir) = &opts.cache_dir {
+            std::fs::create_dir_all(dir)?;
+        }
+        Ok(Registry { opts, http, cache: Mutex::new(HashMap::new()) })
+    }
+
+    /// The writer schema for `id`.
+    pub async fn schema(&self, id: u32) -> Result<Arc<ParsedSchema>, AvroError> {
+        if let Some(s) = self.cache.lock().expect("schema cache").get(&id) {
+            return Ok(s.clone());
+        }
+        let cached = match self.read_disk(id) {
+            Some(c) => c,
+            None => {
+                let fetched = self.fetch(id).await?;
+                self.write_disk(id, &fetched);
+                fetched
+            }
+        };
+        let parsed = Arc::new(ParsedSchema::parse(id, &cached.schema, &cached.references)?);
+        let mut cache = self.cache.lock().expect("schema cache");
+        if cache.len() >= MAX_CACHED {
+            cache.clear();
+        }
+        cache.insert(id, parsed.clone());
+        Ok(parsed)
+    }
+
+    fn read_disk(&self, id: u32) -> Option<CachedSchema> {
+        if let Some(dir) = &self.opts.schemas_dir {
+            if let Ok(schema) = std::fs::read_to_string(dir.join(format!("{id}.avsc"))) {
+                return Some(CachedSchema { schema, references: Vec::new() });
+            }
+        }
+        let dir = self.opts.cache_dir.as_ref()?;
+        let bytes = std::fs::read(dir.join(format!("{id}.json"))).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn write_disk(&self, id: u32, schema: &CachedSchema) {
+        let Some(dir) = &self.opts.cache_dir else { return };
+        let tmp = dir.join(format!("{id}.json.tmp"));
+        let done = std::fs::write(&tmp, serde_json::to_vec(schema).expect("schema serialises"))
+            .and_then(|()| std::fs::rename(&tmp, dir.join(format!("{id}.json"))));
+        if let Err(error) = done {
+            tracing::warn!(%error, schema_id = id, "could not cache the schema on disk");
+        }
+    }
+
+    async fn fetch(&self, id: u32) -> Result<CachedSchema, AvroError> {
+        let (Some(http), Some(url)) = (&self.http, &self.opts.url) else {
+            return Err(AvroError::UnknownSchema(id));
+        };
+        let resp: SchemaResponse = match self.get(http, &format!("{url}/schemas/ids/{id}")).await? {
+            Some(r) => r,
+            None => return Err(AvroError::UnknownSchema(id)),
+        };
+        if let Some(kind) = resp.schema_type.as_deref().filter(|k| !k.eq_ignore_ascii_case("AVRO")) {
+            return Err(AvroError::NotAvro { id, kind: kind.to_owned() });
+        }
+        let mut references = Vec::new();
+        let mut pending: Vec<(Reference, usize)> = resp.references.into_iter().map(|r| (r, 1)).collect();
+        while let Some((r, depth)) = pending.pop() {
+            if depth > MAX_REFERENCE_DEPTH {
+                return Err(AvroError::BadSchema { id, error: "schema references nest too deep".into() });
+            }
+            let path = format!("{url}/subjects/{}/versions/{}", urlencode(&r.subject), r.version);
+            let Some(dep) = self.get::<SchemaResponse>(http, &path).await? else {
+                return Err(AvroError::BadSchema {
+                    id,
+                    error: format!("reference {} v{} not found", r.subject, r.version),
+                });
+            };
+            pending.extend(dep.references.into_iter().map(|r| (r, depth + 1)));
+            references.push(dep.schema);
+        }
+        Ok(CachedSchema { schema: resp.schema, references })
+    }
+
+    /// GET and parse; `None` on 404; transport errors and 5xx are `Unavailable`.
+    async fn get<T: for<'de> Deserialize<'de>>(
+        &self,
+        http: &reqwest::Client,
+        url: &str,
+    ) -> Result<Option<T>, AvroError> {
+        let mut req = http.get(url).header("Accept", "application/vnd.schemaregistry.v1+json, application/json");
+        if let Some(user) = &self.opts.username {
+            req = req.basic_auth(user, self.opts.password.as_deref());
+        }
+        let resp = req.send().await.map_err(|e| AvroError::Unavailable(e.to_string()))?;
+        let status = resp.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return Err(AvroError::Unavailable(format!("{url}: http {status}")));
+        }
+        if !status.is_success() {
+            return Err(AvroError::Unavailable(format!("{url}: http {status} (check schema_registry credentials)")));
+        }
+        resp.json::<T>().await.map(Some).map_err(|e| AvroError::Unavailable(format!("{url}: {e}")))
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}

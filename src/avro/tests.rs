@@ -1,0 +1,126 @@
+use super::*;
+use apache_avro::types::Record;
+
+fn framed(id: u32, datum: Vec<u8>) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend(datum);
+    out
+}
+
+#[test]
+fn framing_is_recognised() {
+    assert_eq!(framing(&[0, 0, 0, 1, 7, 2]), Some(263));
+    assert_eq!(framing(b"{\"a\":1}"), None);
+    assert_eq!(framing(&[0, 0, 0]), None);
+}
+
+#[test]
+fn debezium_json_payload_string_becomes_the_document() {
+    let text = r#"{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}"#;
+    let schema = Schema::parse_str(text).unwrap();
+    let datum = apache_avro::to_avro_datum(&schema, Avro::String(r#"{"total": 10, "items": [1]}"#.into())).unwrap();
+    let parsed = ParsedSchema::parse(7, text, &[]).unwrap();
+    assert_eq!(parsed.decode(&framed(7, datum)).unwrap(), json!({"total": 10, "items": [1]}));
+
+    let nullable = r#"["null",{"type":"string","connect.name":"io.debezium.data.Json"}]"#;
+    let schema = Schema::parse_str(nullable).unwrap();
+    let datum = apache_avro::to_avro_datum(&schema, Avro::Union(1, Box::new(Avro::String("[1,2]".into())))).unwrap();
+    assert_eq!(ParsedSchema::parse(8, nullable, &[]).unwrap().decode(&framed(8, datum)).unwrap(), json!([1, 2]));
+}
+
+#[test]
+fn every_supported_type_maps_to_documented_json() {
+    let text = r#"{
+      "type": "record", "name": "Order", "namespace": "shop",
+      "fields": [
+        {"name": "i", "type": "int"}, {"name": "l", "type": "long"},
+        {"name": "f", "type": "float"}, {"name": "d", "type": "double"},
+        {"name": "b", "type": "boolean"}, {"name": "s", "type": "string"},
+        {"name": "raw", "type": "bytes"},
+        {"name": "color", "type": {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN"]}},
+        {"name": "note", "type": ["null", "string"], "default": null},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "attrs", "type": {"type": "map", "values": "long"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "at_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "time", "type": {"type": "long", "logicalType": "time-micros"}},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "meta", "type": {"type": "string", "connect.name": "io.debezium.data.Json"}},
+        {"name": "next", "type": ["null", "Color"], "default": null}
+      ]}"#;
+    let schema = Schema::parse_str(text).unwrap();
+    let mut r = Record::new(&schema).unwrap();
+    r.put("i", 1i32);
+    r.put("l", 2i64);
+    r.put("f", 1.5f32);
+    r.put("d", 2.25f64);
+    r.put("b", true);
+    r.put("s", "text");
+    r.put("raw", Avro::Bytes(vec![1, 2, 3]));
+    r.put("color", Avro::Enum(1, "GREEN".into()));
+    r.put("note", Avro::Union(1, Box::new(Avro::String("hi".into()))));
+    r.put("tags", Avro::Array(vec![Avro::String("a".into())]));
+    r.put("attrs", Avro::Map([("k".to_owned(), Avro::Long(5))].into_iter().collect()));
+    r.put("day", Avro::Date(19_000));
+    r.put("at_ms", Avro::TimestampMillis(1_700_000_000_123));
+    r.put("at_us", Avro::TimestampMicros(1_700_000_000_123_456));
+    r.put("time", Avro::TimeMicros(3_723_000_001));
+    r.put("price", Avro::Decimal(apache_avro::Decimal::from(vec![0xfbu8, 0x2e]))); // -1234 → -12.34
+    r.put("id", Avro::Uuid("6f1c0c1e-2b1a-4c47-9d1f-6a4f8f2a0b01".parse().unwrap()));
+    r.put("meta", r#"{"x": true}"#);
+    r.put("next", Avro::Union(0, Box::new(Avro::Null)));
+    let datum = apache_avro::to_avro_datum(&schema, r).unwrap();
+    let got = ParsedSchema::parse(3, text, &[]).unwrap().decode(&framed(3, datum)).unwrap();
+    assert_eq!(
+        got,
+        json!({
+            "i": 1, "l": 2, "f": 1.5, "d": 2.25, "b": true, "s": "text", "raw": "AQID",
+            "color": "GREEN", "note": "hi", "tags": ["a"], "attrs": {"k": 5},
+            "day": "2022-01-08", "at_ms": "2023-11-14T22:13:20.123000Z", "at_us": "2023-11-14T22:13:20.123456Z",
+            "time": "01:02:03.000001", "price": "-12.34", "id": "6f1c0c1e-2b1a-4c47-9d1f-6a4f8f2a0b01",
+            "meta": {"x": true}, "next": null
+        })
+    );
+}
+
+#[test]
+fn schema_references_resolve() {
+    let address = r#"{"type":"record","name":"Address","namespace":"shop","fields":[{"name":"city","type":"string"}]}"#;
+    let customer =
+        r#"{"type":"record","name":"Customer","namespace":"shop","fields":[{"name":"home","type":"shop.Address"}]}"#;
+    let (schema, schemata) = Schema::parse_str_with_list(customer, [address]).unwrap();
+    let mut home = Record::new(&schemata[0]).unwrap();
+    home.put("city", "Lyon");
+    let mut c = Record::new(&schema).unwrap();
+    c.put("home", home);
+    let datum = apache_avro::to_avro_datum_schemata(&schema, schemata.iter().collect(), c).unwrap();
+    let parsed = ParsedSchema::parse(4, customer, &[address.to_owned()]).unwrap();
+    assert_eq!(parsed.decode(&framed(4, datum)).unwrap(), json!({"home": {"city": "Lyon"}}));
+}
+
+#[test]
+fn datum_that_does_not_match_is_an_error_not_a_crash() {
+    let text = r#"{"type":"record","name":"R","fields":[{"name":"s","type":"string"}]}"#;
+    let parsed = ParsedSchema::parse(5, text, &[]).unwrap();
+    let e = parsed.decode(&framed(5, vec![0x7f])).unwrap_err();
+    assert!(matches!(e, AvroError::Datum { id: 5, .. }), "{e:?}");
+    let long = ParsedSchema::parse(6, r#""long""#, &[]).unwrap();
+    let e = long.decode(&framed(6, vec![2, 9, 9])).unwrap_err();
+    assert!(e.to_string().contains("left after the datum"), "{e}");
+    assert!(ParsedSchema::parse(9, "{not a schema", &[]).is_err());
+    assert!(!AvroError::UnknownSchema(1).is_transient());
+    assert!(AvroError::Unavailable("down".into()).is_transient());
+}
+
+#[test]
+fn decimals_and_dates_format_exactly() {
+    assert_eq!(decimal(&[0x04, 0xd2], 2).unwrap(), json!("12.34"));
+    assert_eq!(decimal(&[0x05], 3).unwrap(), json!("0.005"));
+    assert_eq!(decimal(&[0xff], 0).unwrap(), json!("-1"));
+    assert_eq!(date(0), json!("1970-01-01"));
+    assert_eq!(date(-1), json!("1969-12-31"));
+    assert_eq!(date(11_016), json!("2000-02-29"));
+}

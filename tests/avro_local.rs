@@ -1,0 +1,76 @@
+//! Avro values in the Confluent wire format, decoded with schemas from local
+//! `<id>.avsc` files (installations without a registry), on the real broker.
+//! The registry path runs end to end with Debezium in tests/avro.rs.
+
+mod common;
+
+use std::time::Duration;
+
+use apache_avro::types::Value as Avro;
+use apache_avro::Schema;
+use common::{new_event_id, Kafka, Outboxd, Receiver};
+use serde_json::json;
+
+const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What Debezium's AvroConverter writes for the outbox `payload` (jsonb) column.
+const PAYLOAD_SCHEMA: &str = r#"{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}"#;
+
+fn framed(id: u32, schema: &Schema, value: Avro) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend(apache_avro::to_avro_datum(schema, value).expect("encode"));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_values_from_local_schemas_reach_the_receiver_as_json() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("avro-local", 1).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let schemas = tempfile::tempdir().unwrap();
+    std::fs::write(schemas.path().join("42.avsc"), PAYLOAD_SCHEMA).unwrap();
+    od.config.handler_extra = format!(
+        "format = \"auto\"\n\n[schema_registry]\nschemas_dir = {}\n",
+        serde_json::to_string(schemas.path().to_str().unwrap()).unwrap()
+    );
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let producer = kafka.producer();
+    od.start();
+    od.wait_for_assignment().await;
+
+    let schema = Schema::parse_str(PAYLOAD_SCHEMA).unwrap();
+    let good = new_event_id();
+    let doc = json!({"orderId": "o-1", "total": 42.5, "lines": [{"sku": "a", "qty": 2}]});
+    let value = framed(42, &schema, Avro::String(doc.to_string()));
+    producer
+        .send_raw(
+            &topic,
+            None,
+            Some(b"o-1".as_slice()),
+            &[("id", good.as_bytes()), ("eventType", b"OrderPlaced")],
+            Some(&value),
+        )
+        .await;
+    // An unknown schema id cannot heal: dead-lettered with the reason, the partition moves on.
+    let unknown = new_event_id();
+    let value = framed(99, &schema, Avro::String("{}".into()));
+    producer.send_raw(&topic, None, Some(b"o-2".as_slice()), &[("id", unknown.as_bytes())], Some(&value)).await;
+    // A plain JSON event after them still flows (format = "auto").
+    let plain = new_event_id();
+    producer.send_event(&topic, "o-3", &plain, Some("OrderPlaced"), &json!({"plain": true})).await;
+
+    od.wait_until("committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    od.stop();
+
+    let calls = receiver.calls_for(&good);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].body, doc, "the receiver gets the document, not the Avro string");
+    assert_eq!(calls[0].header("content-type"), Some("application/json"));
+    assert_eq!(receiver.calls_for(&plain).len(), 1);
+    assert!(receiver.calls_for(&unknown).is_empty());
+    let dead = od.store_list(Some("dead"), 10);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0].reason.as_deref().unwrap_or_default().contains("schema id 99"), "{dead:?}");
+}
