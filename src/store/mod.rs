@@ -176,23 +176,10 @@ impl Store {
                 ..r
             },
             None => Record {
-                event_id: event.id.clone(),
-                state: State::Claimed,
-                attempts: 1,
-                topic: event.position.topic.clone(),
-                partition: event.position.partition,
-                offset: event.position.offset,
                 key: event.aggregate_id.clone(),
                 event_type: event.event_type.clone(),
-                first_seen_us: now,
                 claimed_at_us: Some(now),
-                done_at_us: None,
-                updated_at_us: now,
-                outcome: None,
-                reason: None,
-                dead_letter: None,
-                duplicates: 0,
-                expires_at_us: None,
+                ..Record::first_seen(&event.id, State::Claimed, 1, &event.position, now)
             },
         };
         let reexecution = record.attempts > 1;
@@ -282,25 +269,7 @@ impl Store {
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
         let now = now_us();
-        let mut r = self.get(id)?.unwrap_or(Record {
-            event_id: id.to_owned(),
-            state: State::Dead,
-            attempts: 0,
-            topic: message.topic.clone(),
-            partition: message.partition,
-            offset: message.offset,
-            key: None,
-            event_type: None,
-            first_seen_us: now,
-            claimed_at_us: None,
-            done_at_us: None,
-            updated_at_us: now,
-            outcome: None,
-            reason: None,
-            dead_letter: None,
-            duplicates: 0,
-            expires_at_us: None,
-        });
+        let mut r = self.get(id)?.unwrap_or_else(|| Record::first_seen(id, State::Dead, 0, &message.position(), now));
         self.messages.insert(id.as_bytes(), encode_message(message))?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, State::Dead, reason)?;

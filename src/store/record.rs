@@ -80,6 +80,31 @@ pub struct Record {
     pub expires_at_us: Option<i64>,
 }
 
+impl Record {
+    /// A record for an id seen for the first time, at `position`.
+    pub fn first_seen(id: &str, state: State, attempts: u32, position: &crate::event::Position, now: i64) -> Record {
+        Record {
+            event_id: id.to_owned(),
+            state,
+            attempts,
+            topic: position.topic.clone(),
+            partition: position.partition,
+            offset: position.offset,
+            key: None,
+            event_type: None,
+            first_seen_us: now,
+            claimed_at_us: None,
+            done_at_us: None,
+            updated_at_us: now,
+            outcome: None,
+            reason: None,
+            dead_letter: None,
+            duplicates: 0,
+            expires_at_us: None,
+        }
+    }
+}
+
 pub fn now_us() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
 }
