@@ -139,9 +139,14 @@ pub fn decode_text(bytes: &[u8]) -> String {
 }
 
 /// `{"schema":{…},"payload":X}` → (X, schema name); anything else unchanged.
+/// Only the JsonConverter's shape counts: `schema` is a Connect schema object
+/// (with a `type`) or null. A payload that merely has these two members stays whole.
 fn unwrap_envelope(v: Value) -> (Value, Option<String>) {
+    let is_connect_schema = |s: &Value| s.is_null() || s.get("type").is_some_and(Value::is_string);
     match v {
-        Value::Object(mut map) if map.len() == 2 && map.contains_key("schema") && map.contains_key("payload") => {
+        Value::Object(mut map)
+            if map.len() == 2 && map.contains_key("payload") && map.get("schema").is_some_and(is_connect_schema) =>
+        {
             let name = map.get("schema").and_then(|s| s.get("name")).and_then(Value::as_str).map(str::to_owned);
             (map.remove("payload").unwrap_or(Value::Null), name)
         }
@@ -162,7 +167,8 @@ pub fn decode_value(bytes: Option<&[u8]>) -> Result<Payload, DecodeError> {
     };
     let (inner, schema_name) = unwrap_envelope(json);
     match inner {
-        Value::Null => Ok(Payload::Null),
+        // JSON null (a jsonb 'null', or an enveloped null) is sent as JSON, unlike a
+        // message without a value (a tombstone).
         // jsonb through the JsonConverter: JSON text inside a JSON string.
         Value::String(s) => match serde_json::from_str::<Value>(&s) {
             Ok(v) if v.is_object() || v.is_array() || schema_name.as_deref() == Some(DEBEZIUM_JSON_SCHEMA) => {
@@ -248,12 +254,19 @@ mod tests {
         assert_eq!(bytes.payload, Payload::Bytes(vec![0xff, 0x00, 0xfe]));
         let null = decode(&msg(None, &[("id", b"e")]), &header_id(), "eventType").unwrap();
         assert_eq!(null.payload, Payload::Null);
-        assert_eq!(payload_of(r#"{"schema":{"type":"string"},"payload":null}"#), Payload::Null);
+        assert_eq!(payload_of(r#"{"schema":{"type":"string"},"payload":null}"#), Payload::Json(Value::Null));
+        assert_eq!(payload_of("null"), Payload::Json(Value::Null));
+    }
+
+    #[test]
+    fn payload_shaped_like_an_envelope_stays_whole() {
+        let v = r#"{"schema":"order.v2","payload":{"id":1}}"#;
+        assert_eq!(payload_of(v), Payload::Json(json!({"schema": "order.v2", "payload": {"id": 1}})));
     }
 
     #[test]
     fn broken_debezium_json_is_an_error() {
-        let v = r#"{"schema":{"name":"io.debezium.data.Json"},"payload":"{not json"}"#;
+        let v = r#"{"schema":{"type":"string","name":"io.debezium.data.Json"},"payload":"{not json"}"#;
         let e = decode(&msg(Some(v.as_bytes()), &[("id", b"e")]), &header_id(), "eventType").unwrap_err();
         assert!(matches!(e, DecodeError::InvalidEmbeddedJson(_)));
     }

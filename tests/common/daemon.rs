@@ -52,9 +52,6 @@ pub struct OutboxdConfig {
     pub handler_extra: String,
     /// More `[handlers.retry]` keys, e.g. `max_elapsed = "5s"`.
     pub retry_extra: String,
-    /// `[admin] listen`: `"off"` by default, so that tests running side by side do not
-    /// fight over the default port.
-    pub admin_listen: String,
 }
 
 /// A TOML basic string (JSON's escaping is valid TOML for what we write).
@@ -79,8 +76,6 @@ impl OutboxdConfig {
         let _ = writeln!(t, "retention = {}", q(&self.retention));
         let _ = writeln!(t, "commit_interval = {}", q(&self.store_commit_interval));
         let _ = writeln!(t, "max_in_flight = {}", self.max_in_flight);
-        let _ = writeln!(t, "\n[admin]");
-        let _ = writeln!(t, "listen = {}", q(&self.admin_listen));
         // Tests run many outboxd processes at once: each admin server on a free port.
         let _ = writeln!(t, "\n[admin]\nlisten = \"127.0.0.1:0\"");
         let _ = writeln!(t, "\n[[handlers]]");
@@ -183,7 +178,6 @@ impl Outboxd {
             max_backoff: "2s".into(),
             handler_extra: String::new(),
             retry_extra: String::new(),
-            admin_listen: "off".into(),
         };
         Outboxd { config, dir, config_path, child: None, logs: Vec::new() }
     }

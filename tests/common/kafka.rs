@@ -9,7 +9,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Header, Headers, Message as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
@@ -48,7 +48,13 @@ pub struct Kafka {
 impl Kafka {
     /// Checks that the broker answers; fails the test with instructions if it does not.
     pub fn connect() -> Kafka {
-        let brokers = brokers();
+        Kafka::connect_to(&brokers())
+    }
+
+    /// Like [`Kafka::connect`], for a broker at `brokers` (e.g. a private one a test
+    /// kills and restarts).
+    pub fn connect_to(brokers: &str) -> Kafka {
+        let brokers = brokers.to_string();
         let consumer: BaseConsumer = client_config(&brokers).create().expect("create a Kafka client");
         match consumer.fetch_metadata(None, BROKER_TIMEOUT) {
             Ok(md) if !md.brokers().is_empty() => Kafka { brokers },
@@ -71,13 +77,29 @@ impl Kafka {
     /// partition has a leader.
     pub async fn create_topic(&self, prefix: &str, partitions: i32) -> String {
         let name = unique_name(prefix);
+        self.create_topic_named(&name, partitions).await;
+        name
+    }
+
+    /// Creates the topic `name` (which must not exist yet) and waits until every
+    /// partition has a leader. For topics whose name is dictated by someone else, e.g.
+    /// Debezium's `outbox.event.<aggregatetype>`.
+    pub async fn create_topic_named(&self, name: &str, partitions: i32) {
+        self.create_topic_configured(name, partitions, &[]).await;
+    }
+
+    /// Like [`Kafka::create_topic_named`], with topic configs such as
+    /// `("message.timestamp.type", "LogAppendTime")`.
+    pub async fn create_topic_configured(&self, name: &str, partitions: i32, configs: &[(&str, &str)]) {
+        let name = name.to_string();
         let admin: AdminClient<DefaultClientContext> =
             client_config(&self.brokers).create().expect("create a Kafka admin client");
+        let mut new_topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
+        for (k, v) in configs {
+            new_topic = new_topic.set(k, v);
+        }
         let results = admin
-            .create_topics(
-                &[NewTopic::new(&name, partitions, TopicReplication::Fixed(1))],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-            )
+            .create_topics(&[new_topic], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))))
             .await
             .unwrap_or_else(|e| panic!("create topic {name}: {e}"));
         for r in results {
@@ -100,7 +122,67 @@ impl Kafka {
             },
         )
         .await;
-        name
+    }
+
+    /// Every message of `topic` from the beginning up to the end offsets as they are at
+    /// the time of the call, in partition and offset order. Fails the test when they
+    /// cannot be read within `timeout`.
+    pub fn read_topic(&self, topic: &str, timeout: Duration) -> Vec<Message> {
+        let consumer: BaseConsumer = client_config(&self.brokers)
+            .set("group.id", unique_name("reader"))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .create()
+            .expect("create a Kafka consumer to read a topic");
+        let md =
+            consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT).unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+        let partitions = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map(|t| t.partitions().len() as i32)
+            .unwrap_or_else(|| panic!("topic {topic} not in the metadata"));
+        let mut ends = BTreeMap::new();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p, BROKER_TIMEOUT)
+                .unwrap_or_else(|e| panic!("watermarks of {topic}/{p}: {e}"));
+            if high > low {
+                ends.insert(p, high);
+                tpl.add_partition_offset(topic, p, Offset::Offset(low)).expect("partition offset");
+            }
+        }
+        let mut out = Vec::new();
+        if ends.is_empty() {
+            return out;
+        }
+        consumer.assign(&tpl).unwrap_or_else(|e| panic!("assign {topic}: {e}"));
+        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+        let deadline = std::time::Instant::now() + timeout;
+        while ends.iter().any(|(p, end)| next.get(p).copied().unwrap_or(0) < *end) {
+            if std::time::Instant::now() >= deadline {
+                panic!("could not read {topic} up to its end offsets {ends:?} within {timeout:?}; read up to {next:?}");
+            }
+            let Some(m) = consumer.poll(Duration::from_millis(200)) else { continue };
+            let m = m.unwrap_or_else(|e| panic!("read {topic}: {e}"));
+            next.insert(m.partition(), m.offset() + 1);
+            if ends.get(&m.partition()).is_some_and(|end| m.offset() < *end) {
+                out.push(Message {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    headers: m
+                        .headers()
+                        .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+                        .unwrap_or_default(),
+                    timestamp_ms: m.timestamp().to_millis(),
+                });
+            }
+        }
+        out.sort_by_key(|m| (m.partition, m.offset));
+        out
     }
 
     /// A producer of outbox-shaped messages.
@@ -132,6 +214,38 @@ impl Kafka {
             .map(|t| t.partitions().len() as i32)
             .unwrap_or_else(|| panic!("topic {topic} not in the metadata"));
         OffsetReader { consumer, topic: topic.to_string(), partitions }
+    }
+}
+
+/// A message as it lies in a topic (see [`Kafka::read_topic`]).
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The record timestamp (ms since the epoch).
+    pub timestamp_ms: Option<i64>,
+}
+
+impl Message {
+    /// The last header called `name`, as (lossy) text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_deref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    pub fn key_text(&self) -> Option<String> {
+        self.key.as_deref().map(|k| String::from_utf8_lossy(k).into_owned())
+    }
+
+    pub fn value_text(&self) -> Option<String> {
+        self.value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned())
     }
 }
 

@@ -12,9 +12,16 @@
 //! - [`daemon`]: outboxd as a child process with a generated config in a temporary
 //!   directory, its stderr in a file (printed when a test fails), kill/stop helpers and
 //!   the store CLI.
+//! - [`debezium`]: the rest of the real pipeline: PostgreSQL (through `psql`), Kafka
+//!   Connect's REST API, Debezium connector configs derived from
+//!   `debezium/connector.json`, `scripts/stack` (kill/start Connect), and clean-up of
+//!   the tables, publications, slots and connectors a test creates.
+//! - [`avro`]: the schema registry (Confluent API), Confluent's AvroConverter on
+//!   Connect, the Confluent wire format, and stopping/starting the registry.
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod debezium;
 pub mod kafka;
 pub mod receiver;
 
@@ -25,7 +32,7 @@ use std::time::{Duration, Instant};
 #[allow(unused_imports)]
 pub use daemon::{Outboxd, OutboxdConfig, Record};
 #[allow(unused_imports)]
-pub use kafka::{Kafka, OffsetReader, Produced, Producer};
+pub use kafka::{Kafka, Message, OffsetReader, Produced, Producer};
 #[allow(unused_imports)]
 pub use receiver::{Behaviour, Call, Receiver};
 
