@@ -20,6 +20,7 @@
 //!   Connect, the Confluent wire format, and stopping/starting the registry.
 #![allow(dead_code)]
 
+pub mod avro;
 pub mod daemon;
 pub mod debezium;
 pub mod kafka;
