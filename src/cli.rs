@@ -309,6 +309,7 @@ async fn run_again(args: &StoreArgs, ids: &[String]) -> anyhow::Result<()> {
         commit_interval: config.store.commit_interval,
         fsync: config.store.fsync,
         role: "store retry",
+        cache_bytes: crate::store::SMALL_CACHE_BYTES,
     };
     let path = args.path.clone().unwrap_or_else(|| config.store.path.clone());
     let store = std::sync::Arc::new(Store::open(&path, &opts)?);
@@ -369,6 +370,7 @@ fn open_store(args: &StoreArgs) -> anyhow::Result<Store> {
         commit_interval: std::time::Duration::ZERO,
         fsync: true,
         role: "store",
+        cache_bytes: crate::store::SMALL_CACHE_BYTES,
     };
     Ok(Store::open(&path, &opts)?)
 }

@@ -22,6 +22,8 @@ const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Group-commit window: a few ms batches hundreds of records per fdatasync.
 const DEFAULT_STORE_COMMIT_INTERVAL: Duration = Duration::from_millis(2);
+/// sled's page cache: its own default (1 GiB) made outboxd's RSS grow with the store.
+const DEFAULT_STORE_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// Events handled at once across keys; also bounds what is read ahead.
 const DEFAULT_MAX_IN_FLIGHT: usize = 256;
 /// How often expired records are removed.
@@ -133,6 +135,8 @@ pub struct RawStore {
     /// `true` (default): fdatasync before a claim or completion counts.
     /// `false` survives a process crash but not a power loss.
     pub fsync: Option<bool>,
+    /// Size of the store's page cache, e.g. "64MiB".
+    pub cache_size: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -294,6 +298,7 @@ pub struct KafkaConfig {
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     pub path: PathBuf,
+    pub cache_bytes: u64,
     pub retention: Duration,
     pub commit_interval: Duration,
     pub max_in_flight: usize,
@@ -508,7 +513,14 @@ impl RawConfig {
         if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT_LIMIT {
             bail!("store.max_in_flight: must be between 1 and {MAX_IN_FLIGHT_LIMIT}, got {max_in_flight}");
         }
+        let cache_bytes = match s.cache_size.as_deref() {
+            None => DEFAULT_STORE_CACHE_BYTES,
+            Some(text) => parse_size(text).ok_or_else(|| {
+                anyhow::anyhow!("store.cache_size: {text:?} is not a size such as \"64MiB\" or \"1GiB\"")
+            })?,
+        };
         let store = StoreConfig {
+            cache_bytes,
             path: s.path,
             retention: duration("store.retention", s.retention.as_deref(), DEFAULT_RETENTION)?,
             commit_interval: duration(
@@ -545,6 +557,25 @@ impl RawConfig {
         }
         Ok(Config { kafka, store, admin, schema_registry, handlers })
     }
+}
+
+/// `"64MiB"`, `"1GiB"`, `"512KiB"`, `"100MB"`, or plain bytes.
+fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(mult)
 }
 
 /// Default time a registry request may take before it counts as unavailable.
@@ -999,6 +1030,21 @@ max_elapsed = "5m"
         assert_eq!(r.url.as_deref(), Some("http://127.0.0.1:18081"));
         assert_eq!(r.cache_dir, Some(PathBuf::from("./data/schemas")));
         assert_eq!((c.handlers[0].format, c.handlers[0].body), (Format::Avro, Body::Raw));
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("64MiB"), Some(64 << 20));
+        assert_eq!(parse_size("1 GiB"), Some(1 << 30));
+        assert_eq!(parse_size("100MB"), Some(100_000_000));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("lots"), None);
+        let e = Config::parse(
+            &format!("{BASE}cache_size = \"1 parsec\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+            &env,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("store.cache_size"));
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             commit_interval: config.store.commit_interval,
             fsync: config.store.fsync,
             role: "run",
+            cache_bytes: config.store.cache_bytes,
         },
     )
     .with_context(|| format!("opening the store at {}", config.store.path.display()))?;

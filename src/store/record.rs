@@ -72,7 +72,6 @@ pub struct Record {
     /// Why the event is dead or parked.
     pub reason: Option<String>,
     /// Where the dead-letter copy went (`topic/partition@offset`), once the broker acknowledged it.
-    #[serde(default)]
     pub dead_letter: Option<String>,
     /// Deliveries suppressed because the record was already final.
     pub duplicates: u64,

@@ -2,7 +2,13 @@ use super::*;
 use crate::event::{OutboxEvent, Payload, Position};
 
 fn opts(retention: Duration) -> StoreOptions {
-    StoreOptions { retention, commit_interval: Duration::from_millis(1), fsync: true, role: "test" }
+    StoreOptions {
+        retention,
+        commit_interval: Duration::from_millis(1),
+        fsync: true,
+        role: "test",
+        cache_bytes: SMALL_CACHE_BYTES,
+    }
 }
 
 fn event(id: &str, offset: i64) -> OutboxEvent {
