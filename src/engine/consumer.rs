@@ -149,12 +149,14 @@ impl DeadLetters {
                 cc.set(k, v);
             }
         }
-        cc.set("enable.idempotence", "true").set("acks", "all");
+        // The broker (topic max.message.bytes) decides how large a dead letter may be,
+        // not librdkafka's 1 MB default: a large poison message must still get out.
+        cc.set("enable.idempotence", "true").set("acks", "all").set("message.max.bytes", "104857600");
         Ok(DeadLetters { producer: cc.create()? })
     }
 
     /// Sends and waits for the broker's acknowledgement; returns `topic/partition@offset`.
-    pub async fn send(&self, topic: &str, msg: &RawMessage, info: &DeadLetterInfo<'_>) -> Result<String, String> {
+    pub async fn send(&self, topic: &str, msg: &RawMessage, info: &DeadLetterInfo<'_>) -> Result<String, DlqError> {
         let mut headers = OwnedHeaders::new_with_capacity(msg.headers.len() + 6);
         for (k, v) in &msg.headers {
             headers = headers.insert(Header { key: k, value: v.as_deref() });
@@ -182,9 +184,29 @@ impl DeadLetters {
         }
         match self.producer.send(record, rdkafka::util::Timeout::Never).await {
             Ok(delivery) => Ok(format!("{topic}/{}@{}", delivery.partition, delivery.offset)),
-            Err((error, _)) => Err(error.to_string()),
+            Err((error, _)) => {
+                use rdkafka::types::RDKafkaErrorCode as C;
+                let rejected = matches!(
+                    error.rdkafka_error_code(),
+                    Some(C::MessageSizeTooLarge | C::InvalidRecord | C::InvalidMessage | C::InvalidMessageSize)
+                );
+                Err(if rejected {
+                    DlqError::Rejected(error.to_string())
+                } else {
+                    DlqError::Transient(error.to_string())
+                })
+            }
         }
     }
+}
+
+/// Why a dead letter was not produced.
+#[derive(Debug)]
+pub enum DlqError {
+    /// Worth retrying (broker down, leader moving, ...): the offset waits.
+    Transient(String),
+    /// The broker will never take this message (e.g. larger than the topic allows).
+    Rejected(String),
 }
 
 /// Lets librdkafka check `kafka.options` (names, values, files such as CA

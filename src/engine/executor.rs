@@ -11,7 +11,7 @@ use backon::BackoffBuilder;
 use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
-use super::consumer::{DeadLetterInfo, DeadLetters};
+use super::consumer::{DeadLetterInfo, DeadLetters, DlqError};
 use crate::admin::names;
 use crate::avro;
 use crate::codec;
@@ -192,7 +192,13 @@ impl Executor {
         loop {
             match producer.send(topic, msg, &info).await {
                 Ok(position) => return Some(position),
-                Err(error) => {
+                Err(DlqError::Rejected(error)) => {
+                    // Waiting cannot help; the message copy stays in the store (store export/retry).
+                    error!(%error, dead_letter_topic = topic, topic = %msg.topic, partition = msg.partition,
+                        offset = msg.offset, "the broker rejects this dead letter; recorded dead with the message kept in the store");
+                    return None;
+                }
+                Err(DlqError::Transient(error)) => {
                     warn!(%error, dead_letter_topic = topic, topic = %msg.topic, partition = msg.partition,
                         offset = msg.offset, "dead-letter produce failed; retrying (the offset waits)");
                     tokio::time::sleep(pause).await;

@@ -1,0 +1,52 @@
+//! Fuzzes the decoder: any key, value and headers must decode to an event or a
+//! `DecodeError`, never panic, and a decoded event keeps the codec's promises.
+//!
+//! Run from the repository root: `cargo +nightly fuzz run -s none decode`.
+//! `-s none`: outboxd links librdkafka, whose build cannot link zstd compiled with
+//! AddressSanitizer; the decoder is safe Rust (unsafe code is forbidden), so panics
+//! are what this looks for. Inputs that found a problem belong in
+//! tests/decode_regressions.rs.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use outboxd::codec::{decode, decode_text, MAX_EVENT_ID_LEN};
+use outboxd::config::EventIdSource;
+use outboxd::event::RawMessage;
+
+#[derive(Arbitrary, Debug)]
+struct Input<'a> {
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    headers: Vec<(&'a str, Option<&'a [u8]>)>,
+    /// Use the `id` header (false) or a field of the value (true).
+    id_from_field: bool,
+    field: &'a str,
+}
+
+fuzz_target!(|input: Input<'_>| {
+    let msg = RawMessage {
+        topic: "outbox.event.fuzz".into(),
+        partition: 0,
+        offset: 0,
+        key: input.key.map(<[u8]>::to_vec),
+        value: input.value.map(<[u8]>::to_vec),
+        headers: input.headers.iter().map(|(k, v)| (k.to_string(), v.map(<[u8]>::to_vec))).collect(),
+        timestamp_ms: None,
+    };
+    let source = if input.id_from_field && !input.field.is_empty() {
+        EventIdSource::Field(input.field.to_owned())
+    } else {
+        EventIdSource::Header("id".to_owned())
+    };
+    if let Ok(event) = decode(&msg, &source, "eventType") {
+        assert!(!event.id.is_empty(), "decoded an empty event id");
+        assert!(event.id.len() <= MAX_EVENT_ID_LEN, "decoded an event id over the limit");
+        // What the handler does with it must not panic either.
+        let _ = event.payload.to_body();
+        let _ = event.payload.to_json();
+    }
+    if let Some(k) = input.key {
+        let _ = decode_text(k);
+    }
+});
