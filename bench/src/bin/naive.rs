@@ -1,0 +1,12 @@
+//! `naive --config F`: outboxd's decoder and handler, no dedup, offsets
+//! auto-committed as consumed. The upper bound of the benchmark.
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let config = match args.as_slice() {
+        [_, flag, path] if flag == "--config" => path.clone(),
+        _ => anyhow::bail!("usage: naive --config FILE"),
+    };
+    outboxd_bench::contender::run(config.as_ref(), outboxd_bench::contender::Dedup::None).await
+}

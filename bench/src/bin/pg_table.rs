@@ -1,0 +1,26 @@
+//! `pg-table --config F --pg URL --table NAME [--pool N]`: outboxd's decoder and
+//! handler, deduplicating with a PostgreSQL `processed_events`-style table
+//! (created fresh), synchronous_commit on.
+
+use clap::Parser;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    config: std::path::PathBuf,
+    #[arg(long)]
+    pg: String,
+    #[arg(long, default_value = "processed_events")]
+    table: String,
+    /// PostgreSQL connections (the in-flight events share them).
+    #[arg(long, default_value_t = 32)]
+    pool: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    anyhow::ensure!(a.table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "--table: letters, digits, _");
+    let dedup = outboxd_bench::contender::Dedup::Pg { url: a.pg, table: a.table, pool: a.pool };
+    outboxd_bench::contender::run(&a.config, dedup).await
+}

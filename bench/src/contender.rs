@@ -1,0 +1,226 @@
+//! The consumer loop shared by the `naive` and `pg-table` contenders.
+//!
+//! Both read outboxd's own config file (brokers, group, topics, handler,
+//! `store.max_in_flight`, `kafka.commit_interval`, `kafka.options`) and run each
+//! message through outboxd's decoder and handler (`outboxd::codec::decode`,
+//! `outboxd::handler::Handler`), so the only difference to outboxd is what
+//! happens around the handler:
+//!
+//! - `naive`: nothing. Offsets are stored as consumed and auto-committed
+//!   (at-most-once for a crash, no dedup): the upper bound.
+//! - `pg-table`: `INSERT … ON CONFLICT DO NOTHING` into a PostgreSQL
+//!   `processed_events` table before the handler (0 rows = duplicate, skip),
+//!   `UPDATE … SET state = 'done'` after it, each its own transaction with
+//!   `synchronous_commit = on`; the offset is stored only once the event and every
+//!   earlier one of its partition is done (outboxd's own offset tracker).
+//!
+//! Both run up to `store.max_in_flight` events at once without per-key ordering
+//! (outboxd orders per key; these do not, which only makes them faster).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use outboxd::config::Config;
+use outboxd::event::RawMessage;
+use outboxd::handler::Handler;
+use outboxd::offsets::OffsetTracker;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::Semaphore;
+
+/// How a contender deduplicates.
+#[derive(Debug, Clone)]
+pub enum Dedup {
+    None,
+    Pg { url: String, table: String, pool: usize },
+}
+
+type Tracker = Arc<Mutex<OffsetTracker>>;
+
+struct Ctx {
+    tracker: Tracker,
+}
+
+impl ClientContext for Ctx {}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, _c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let mut t = self.tracker.lock().unwrap();
+            for e in tpl.elements() {
+                t.revoke(&(e.topic().to_owned(), e.partition()));
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _c: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let mut t = self.tracker.lock().unwrap();
+            for e in tpl.elements() {
+                t.assign((e.topic().to_owned(), e.partition()));
+            }
+            // The bench driver starts its clock on this line (outboxd logs the same words).
+            eprintln!("partitions assigned: {}", tpl.count());
+        }
+    }
+}
+
+type Kc = StreamConsumer<Ctx>;
+
+fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
+    RawMessage {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers: m
+            .headers()
+            .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default(),
+        timestamp_ms: m.timestamp().to_millis(),
+    }
+}
+
+struct Shared {
+    config: Config,
+    handler: Handler,
+    consumer: Arc<Kc>,
+    tracker: Tracker,
+    pg: Option<(deadpool_postgres::Pool, String, String)>,
+}
+
+pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
+    let config = Config::load(config_path)?;
+    anyhow::ensure!(config.handlers.len() == 1, "the contenders take a config with exactly one handler");
+    let handler = Handler::build(&config.handlers[0])?;
+    let track_offsets = matches!(dedup, Dedup::Pg { .. });
+
+    let pg = match &dedup {
+        Dedup::None => None,
+        Dedup::Pg { url, table, pool } => {
+            let pg_config: tokio_postgres::Config = url.parse().context("--pg")?;
+            let mgr = deadpool_postgres::Manager::from_config(
+                pg_config,
+                tokio_postgres::NoTls,
+                deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast },
+            );
+            let pool = deadpool_postgres::Pool::builder(mgr).max_size(*pool).build()?;
+            let c = pool.get().await.context("connecting to PostgreSQL")?;
+            c.batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table};
+                 CREATE TABLE {table} (event_id text PRIMARY KEY, state text NOT NULL,
+                   claimed_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz);
+                 SET synchronous_commit = on;"
+            ))
+            .await?;
+            drop(c);
+            let insert = format!("INSERT INTO {table} (event_id, state) VALUES ($1, 'claimed') ON CONFLICT DO NOTHING");
+            let update = format!("UPDATE {table} SET state = 'done', done_at = now() WHERE event_id = $1");
+            Some((pool, insert, update))
+        }
+    };
+
+    let tracker: Tracker = Arc::default();
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &config.kafka.brokers)
+        .set("group.id", &config.kafka.group_id)
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false")
+        .set("client.id", "bench-contender");
+    for (k, v) in &config.kafka.options {
+        cc.set(k, v);
+    }
+    cc.set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", config.kafka.commit_interval.as_millis().max(1).to_string())
+        .set("enable.auto.offset.store", if track_offsets { "false" } else { "true" });
+    let consumer: Kc = cc.create_with_context(Ctx { tracker: tracker.clone() })?;
+    let topics = config.subscriptions();
+    consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let consumer = Arc::new(consumer);
+
+    let max_in_flight = config.store.max_in_flight;
+    let shared = Arc::new(Shared { config, handler, consumer: consumer.clone(), tracker, pg });
+    let permits = Arc::new(Semaphore::new(max_in_flight));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        let permit = tokio::select! {
+            _ = term.recv() => break,
+            p = permits.clone().acquire_owned() => p?,
+        };
+        let msg = tokio::select! {
+            _ = term.recv() => break,
+            m = consumer.recv() => m.map(|m| to_raw(&m)),
+        };
+        match msg {
+            Ok(raw) => {
+                let generation = if track_offsets {
+                    let p = (raw.topic.clone(), raw.partition);
+                    let mut t = shared.tracker.lock().unwrap();
+                    let g = t.generation(&p).unwrap_or_else(|| t.assign(p.clone()));
+                    t.start(&p, g, raw.offset);
+                    g
+                } else {
+                    0
+                };
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = process(&shared, &raw, generation).await {
+                        eprintln!("error at {}/{}@{}: {e:#}", raw.topic, raw.partition, raw.offset);
+                    }
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                eprintln!("kafka error: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let all = u32::try_from(max_in_flight).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(Duration::from_secs(10), permits.acquire_many(all)).await;
+    let _ = consumer.commit_consumer_state(CommitMode::Sync);
+    Ok(())
+}
+
+async fn process(shared: &Shared, raw: &RawMessage, generation: u64) -> anyhow::Result<()> {
+    let hc = shared.config.handler_for(&raw.topic).context("no handler for topic")?;
+    match outboxd::codec::decode(raw, &hc.event_id, &hc.event_type_header) {
+        Err(e) => eprintln!("undecodable {}/{}@{}: {e}", raw.topic, raw.partition, raw.offset),
+        Ok(event) => match &shared.pg {
+            None => {
+                if let Err(e) = shared.handler.handle(&event).await {
+                    eprintln!("handler failed for {}: {e}", event.id);
+                }
+            }
+            Some((pool, insert, update)) => {
+                let c = pool.get().await?;
+                let claimed = c.execute(&c.prepare_cached(insert).await?, &[&event.id]).await?;
+                drop(c);
+                if claimed == 1 {
+                    if let Err(e) = shared.handler.handle(&event).await {
+                        eprintln!("handler failed for {}: {e}", event.id);
+                    }
+                    let c = pool.get().await?;
+                    c.execute(&c.prepare_cached(update).await?, &[&event.id]).await?;
+                }
+            }
+        },
+    }
+    if shared.pg.is_some() {
+        let p = (raw.topic.clone(), raw.partition);
+        let mut t = shared.tracker.lock().unwrap();
+        if let Some(next) = t.finish(&p, generation, raw.offset) {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&p.0, p.1, Offset::Offset(next))?;
+            if let Err(e) = shared.consumer.store_offsets(&tpl) {
+                eprintln!("store offset: {e}");
+            }
+        }
+    }
+    Ok(())
+}
