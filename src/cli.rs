@@ -200,13 +200,13 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
             };
             println!("forgot {event_id} (was {}, {} attempt(s))", plain(&r["state"]), plain(&r["attempts"]));
         }
-        StoreCommand::Gc(args) => match access(&args)? {
-            Access::Direct(store) => {
-                let removed = store.gc(now_us()).await?;
-                println!("removed {removed} expired record(s)");
-            }
-            Access::Remote(_) => bail!("the running service removes expired records itself (store.gc_interval)"),
-        },
+        StoreCommand::Gc(args) => {
+            let removed = match access(&args)? {
+                Access::Direct(store) => store.gc(now_us()).await?,
+                Access::Remote(c) => c.repair("gc", "").await?["removed"].as_u64().unwrap_or(0),
+            };
+            println!("removed {removed} expired record(s)");
+        }
         StoreCommand::Retry { event_id, all_dead, topic, args } => {
             if let Access::Remote(c) = access(&args)? {
                 let ids = match event_id {
@@ -246,24 +246,42 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
         },
         StoreCommand::Export { state, topic, args } => {
             use std::io::Write;
-            let Access::Direct(store) = access(&args)? else {
-                bail!("export reads the store itself, with message copies: stop the service first (or use store list --json)");
-            };
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let mut n = 0u64;
-            for r in store.list_filtered(state, topic.as_deref(), usize::MAX)? {
-                let mut line = record_json(&r);
-                if let Some(m) = store.message(&r.event_id)? {
-                    line["message"] = message_json(&m);
+            // Drawn on stderr when it is a terminal; hidden when piped or redirected.
+            let progress = indicatif::ProgressBar::new_spinner()
+                .with_style(indicatif::ProgressStyle::with_template("{spinner} {pos} records exported ({per_sec})")?);
+            match access(&args)? {
+                Access::Direct(store) => {
+                    progress.set_length(store.len() as u64);
+                    progress.set_style(indicatif::ProgressStyle::with_template(
+                        "{bar:40} {pos}/{len} records scanned, {per_sec}, eta {eta}",
+                    )?);
+                    store.scan(state, topic.as_deref(), |r| -> anyhow::Result<()> {
+                        writeln!(out, "{}", export_line(&store, &r)?)?;
+                        progress.inc(1);
+                        Ok(())
+                    })?;
                 }
-                writeln!(out, "{line}")?;
-                n += 1;
+                Access::Remote(c) => {
+                    let lines = c.export(state.map(State::as_str), topic.as_deref(), &mut out, &progress).await?;
+                    progress.set_position(lines);
+                }
             }
             out.flush()?;
-            eprintln!("exported {n} record(s)");
+            progress.finish_and_clear();
+            eprintln!("exported {} record(s)", progress.position());
         }
     }
     Ok(())
+}
+
+/// One JSON Lines row of `store export`: the record, plus the message copy of dead and parked events.
+pub fn export_line(store: &Store, r: &Record) -> Result<Value, StoreError> {
+    let mut line = record_json(r);
+    if let Some(m) = store.message(&r.event_id)? {
+        line["message"] = message_json(&m);
+    }
+    Ok(line)
 }
 
 fn print_records(values: &[Value]) {

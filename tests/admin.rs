@@ -92,6 +92,16 @@ async fn metrics_count_what_happened() {
     od.stop();
 }
 
+/// Event ids in `outboxd store export` (JSON Lines), in order.
+fn export_ids(od: &Outboxd) -> Vec<String> {
+    let out = od.command(&["store", "export"]);
+    assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON line")["event_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 /// Runs a one-shot `outboxd` command that must succeed and print JSON.
 fn run(od: &Outboxd, args: &[&str]) -> Value {
     let out = od.command(args);
@@ -118,6 +128,9 @@ async fn store_commands_answer_the_same_through_the_running_service() {
     let live_get = run(&od, &["store", "get", &ids[2], "--json"]);
     let live_list = run(&od, &["store", "list", "--json"]);
     let mut live_stats = run(&od, &["store", "stats", "--json"]);
+    let live_export = export_ids(&od);
+    let gc = od.command(&["store", "gc"]);
+    assert!(gc.status.success(), "gc through the service: {}", String::from_utf8_lossy(&gc.stderr));
     let forgotten = od.command(&["store", "forget", &ids[4], "--yes"]);
     assert!(forgotten.status.success(), "{}", String::from_utf8_lossy(&forgotten.stderr));
     let after_forget = od.command(&["store", "get", &ids[4], "--json"]);
@@ -127,6 +140,9 @@ async fn store_commands_answer_the_same_through_the_running_service() {
     let stopped_get = run(&od, &["store", "get", &ids[2], "--json"]);
     let stopped_list = run(&od, &["store", "list", "--json"]);
     let mut stopped_stats = run(&od, &["store", "stats", "--json"]);
+    let stopped_export = export_ids(&od);
+    assert_eq!(live_export.len(), 5, "export through the running service");
+    assert_eq!(stopped_export, live_export.iter().filter(|id| **id != ids[4]).cloned().collect::<Vec<_>>());
     assert_eq!(live_get, stopped_get);
     let live_ids: Vec<&Value> = live_list.as_array().unwrap().iter().map(|r| &r["event_id"]).collect();
     assert_eq!(live_ids.len(), 5);

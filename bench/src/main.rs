@@ -72,6 +72,10 @@ struct Args {
     /// Comma-separated subset of the contenders (naive,pg-table,outboxd,outboxd-relaxed) for drain and latency.
     #[arg(long, default_value = "naive,pg-table,outboxd,outboxd-relaxed")]
     contenders: String,
+    /// Extra contenders in the latency scenario only: outboxd with the group-commit
+    /// window off (`store.commit_interval = "0ms"`), to show what the window costs.
+    #[arg(long, default_value = "outboxd-window0,outboxd-relaxed-window0")]
+    latency_extra: String,
     /// Comma-separated subset of: drain,latency,slow,store.
     #[arg(long, default_value = "drain,latency,slow,store")]
     scenarios: String,
@@ -572,7 +576,9 @@ async fn sync_metrics(port: u16) -> Option<(f64, f64, f64)> {
     let mut text = String::new();
     tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut text)).await.ok()?.ok()?;
     let val = |name: &str| -> Option<f64> {
-        text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{'])).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
     };
     let commits = val("outboxd_store_sync_seconds_count")?;
     let sync_sum = val("outboxd_store_sync_seconds_sum")?;
@@ -1026,7 +1032,9 @@ async fn latency_run(b: &Bench, who: Contender, rep: usize) -> anyhow::Result<La
         r.p99 / 1000.0,
         r.p999 / 1000.0,
         r.samples,
-        r.sync.map(|(c, bsz, ms)| format!(" [{c:.0} group commits/s, {bsz:.1} records each, {ms:.2} ms each]")).unwrap_or_default(),
+        r.sync
+            .map(|(c, bsz, ms)| format!(" [{c:.0} group commits/s, {bsz:.1} records each, {ms:.2} ms each]"))
+            .unwrap_or_default(),
     );
     Ok(r)
 }
@@ -1384,7 +1392,9 @@ async fn main() -> anyhow::Result<()> {
     let args = match Cli::parse() {
         Cli::Suite(args) => args,
         Cli::StoreProbe { records, variant, cache_mb, batch, dir } => {
-            let v = tokio::task::spawn_blocking(move || outboxd_bench::probe::run(&dir, records, variant, cache_mb, batch)).await??;
+            let v =
+                tokio::task::spawn_blocking(move || outboxd_bench::probe::run(&dir, records, variant, cache_mb, batch))
+                    .await??;
             println!("{v}");
             return Ok(());
         }
@@ -1443,14 +1453,16 @@ async fn main() -> anyhow::Result<()> {
 
 async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> anyhow::Result<()> {
     let s = &b.sizes;
-    let mut rep = Report { md: String::new() };
     let others = others_running();
-    let mut targets: Vec<(String, String, Option<bool>)> = Vec::new();
     let mut noise: Vec<(&str, f64)> = Vec::new();
-
-    // ---- drain
+    let mut store: Option<StoreResult> = None;
     let mut drain: HashMap<(Contender, Hk), Vec<DrainResult>> = HashMap::new();
     let mut drain_info = String::new();
+    let mut lat: HashMap<Contender, Vec<LatResult>> = HashMap::new();
+    let (mut floor_pairs, mut floor_singles) = (Vec::new(), Vec::new());
+    let mut slow: Vec<(String, usize, &str, Vec<f64>)> = Vec::new();
+
+    // ---- drain
     if scenarios.contains("drain") {
         let n0 = Noise::now();
         let topic = b.topic("drain");
@@ -1476,13 +1488,26 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         noise.push(("drain", n0.other_share()));
     }
 
+    write_report(
+        b,
+        started,
+        &others,
+        &noise,
+        &drain,
+        &drain_info,
+        &lat,
+        &floor_pairs,
+        &floor_singles,
+        &slow,
+        &store,
+        false,
+    )?;
     // ---- latency
-    let mut lat: HashMap<Contender, Vec<LatResult>> = HashMap::new();
-    let (mut floor_pairs, mut floor_singles) = (Vec::new(), Vec::new());
     if scenarios.contains("latency") {
         let n0 = Noise::now();
         for r in 0..s.runs {
-            for who in order(r, &b.args.contenders) {
+            let names = format!("{},{}", b.args.contenders, b.args.latency_extra);
+            for who in order(r, &names) {
                 let res = latency_run(b, who, r).await?;
                 lat.entry(who).or_default().push(res);
             }
@@ -1503,8 +1528,21 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         );
     }
 
+    write_report(
+        b,
+        started,
+        &others,
+        &noise,
+        &drain,
+        &drain_info,
+        &lat,
+        &floor_pairs,
+        &floor_singles,
+        &slow,
+        &store,
+        false,
+    )?;
     // ---- slow receiver
-    let mut slow: Vec<(String, usize, &str, Vec<f64>)> = Vec::new();
     if scenarios.contains("slow") {
         let n0 = Noise::now();
         let many = b.topic("slow.many");
@@ -1545,17 +1583,71 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         }
     }
 
+    write_report(
+        b,
+        started,
+        &others,
+        &noise,
+        &drain,
+        &drain_info,
+        &lat,
+        &floor_pairs,
+        &floor_singles,
+        &slow,
+        &store,
+        false,
+    )?;
     // ---- store
     let n0 = Noise::now();
-    let store = if scenarios.contains("store") { Some(store_scenario(b).await?) } else { None };
+    store = if scenarios.contains("store") { Some(store_scenario(b).await?) } else { None };
     if store.is_some() {
         noise.push(("store", n0.other_share()));
     }
 
-    // ---- report
+    write_report(
+        b,
+        started,
+        &others,
+        &noise,
+        &drain,
+        &drain_info,
+        &lat,
+        &floor_pairs,
+        &floor_singles,
+        &slow,
+        &store,
+        true,
+    )?;
+    Ok(())
+}
+
+/// Writes the report with whatever has been measured so far (called after every
+/// scenario, so a run that is stopped half-way still leaves its numbers).
+#[allow(clippy::too_many_arguments)]
+fn write_report(
+    b: &Bench,
+    started: Instant,
+    others: &[String],
+    noise: &[(&str, f64)],
+    drain: &HashMap<(Contender, Hk), Vec<DrainResult>>,
+    drain_info: &str,
+    lat: &HashMap<Contender, Vec<LatResult>>,
+    floor_pairs: &[i64],
+    floor_singles: &[i64],
+    slow: &[(String, usize, &str, Vec<f64>)],
+    store: &Option<StoreResult>,
+    done: bool,
+) -> anyhow::Result<()> {
+    let s = &b.sizes;
+    let mut rep = Report { md: String::new() };
+    let mut targets: Vec<(String, String, Option<bool>)> = Vec::new();
     let elapsed = started.elapsed();
     rep.line("# outboxd benchmark results");
     rep.line("");
+    if !done {
+        rep.line("**Partial: written after each scenario; this run had not finished when the file was last written.**");
+        rep.line("");
+    }
     rep.line(format!("- command: `{}`", b.args.command));
     rep.line(format!("- machine: {}", machine()));
     rep.line(format!("- outboxd: {}, release build; stack: Apache Kafka 4.4.0 (KRaft, one node) and PostgreSQL 15 on 127.0.0.1, same machine", if b.args.built_from.is_empty() { format!("git {}", git_rev()) } else { b.args.built_from.clone() }));
@@ -1668,7 +1760,7 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         rep.line("## Added latency");
         rep.line("");
         rep.line(format!(
-            "{} events/s for {} s per contender and run, 8 partitions, {KEYS} keys, each its own fresh topic; latency = receiver call time − the event's produce time (stamped by the producer at send, µs; the first second is warm-up and not counted). Added = contender − naive (medians over runs).",
+            "{} events/s for {} s per contender and run, 8 partitions, {KEYS} keys, each its own fresh topic; latency = receiver call time − the event's produce time (stamped by the producer at send, µs; the first second is warm-up and not counted). Added = contender − naive (medians over runs). The `-window0` rows are the same outboxd binary with `store.commit_interval = \"0ms\"` (not the shipped default, 2 ms): they isolate what the group-commit window costs.",
             b.args.rate, s.latency_secs
         ));
         rep.line("");
@@ -1694,7 +1786,8 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
                     format!("{:+.2}", median(v) - base)
                 }
             };
-            let syncs: Vec<(f64, f64, f64)> = lat.get(&who).map(|v| v.iter().filter_map(|r| r.sync).collect()).unwrap_or_default();
+            let syncs: Vec<(f64, f64, f64)> =
+                lat.get(&who).map(|v| v.iter().filter_map(|r| r.sync).collect()).unwrap_or_default();
             let sync = if syncs.is_empty() {
                 "–".to_owned()
             } else {
@@ -1712,18 +1805,18 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
                 add(&p999, n999)
             ));
         }
-        let (f50, f99) = (pct(&floor_pairs, 0.5) / 1000.0, pct(&floor_pairs, 0.99) / 1000.0);
+        let (f50, f99) = (pct(floor_pairs, 0.5) / 1000.0, pct(floor_pairs, 0.99) / 1000.0);
         rep.line(format!(
             "| *floor: two fdatasyncs (append 256 B + fdatasync, twice), {} samples* | | | | *{f50:.2}* | *{f99:.2}* | *{:.2}* | |",
             floor_pairs.len(),
-            pct(&floor_pairs, 0.999) / 1000.0
+            pct(floor_pairs, 0.999) / 1000.0
         ));
         rep.line(format!(
             "| *one fdatasync, {} samples* | | | | *{:.2}* | *{:.2}* | *{:.2}* | |",
             floor_singles.len(),
-            pct(&floor_singles, 0.5) / 1000.0,
-            pct(&floor_singles, 0.99) / 1000.0,
-            pct(&floor_singles, 0.999) / 1000.0
+            pct(floor_singles, 0.5) / 1000.0,
+            pct(floor_singles, 0.99) / 1000.0,
+            pct(floor_singles, 0.999) / 1000.0
         ));
         rep.line("");
         let relaxed99 = median(&m(Contender::Relaxed, |r| r.p99)) - n99;
@@ -1745,7 +1838,13 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         let (m2, v2) = if full99 >= 0.0 {
             (format!("{full99:+.2} ms vs floor {f99:.2} ms: {:+.2} ms over (p50 {full50:+.2} ms vs floor p50 {f50:.2} ms)", full99 - f99), Some(full99 - f99 <= 0.5))
         } else if full50 - f50 > 0.5 {
-            (format!("{noisy}; the p50 alone adds {full50:+.2} ms, {:+.2} ms over the floor's p50 ({f50:.2} ms)", full50 - f50), Some(false))
+            (
+                format!(
+                    "{noisy}; the p50 alone adds {full50:+.2} ms, {:+.2} ms over the floor's p50 ({f50:.2} ms)",
+                    full50 - f50
+                ),
+                Some(false),
+            )
         } else {
             (format!("{noisy} (p50 {full50:+.2} ms vs floor p50 {f50:.2} ms)"), None)
         };
@@ -1759,7 +1858,7 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         rep.line("");
         rep.line("| contender | max_in_flight | keys | events/s | ideal (in flight / 20 ms) |");
         rep.line("|---|---:|---|---:|---:|");
-        for (name, mif, label, v) in &slow {
+        for (name, mif, label, v) in slow.iter() {
             let ideal = if *label == "one key" { 50.0 } else { *mif as f64 * 1000.0 / SLOW_RECEIVER_MS as f64 };
             rep.line(format!("| {name} | {mif} | {label} | {} | {ideal:.0} |", mmm(v, 0)));
         }
@@ -1857,7 +1956,9 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
     }
 
     std::fs::write(&b.args.out, &rep.md)?;
-    println!("{}", rep.md);
+    if done {
+        println!("{}", rep.md);
+    }
     eprintln!("bench: wrote {} ({:.1} min)", b.args.out.display(), elapsed.as_secs_f64() / 60.0);
     Ok(())
 }

@@ -48,7 +48,13 @@ fn id_text(i: u64) -> String {
     format!("{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}", i, i & 0xffff, i & 0xfff, i & 0xfff, i)
 }
 
-pub fn run(dir: &Path, records: u64, variant: Variant, cache_mb: Option<u64>, batch: u64) -> anyhow::Result<serde_json::Value> {
+pub fn run(
+    dir: &Path,
+    records: u64,
+    variant: Variant,
+    cache_mb: Option<u64>,
+    batch: u64,
+) -> anyhow::Result<serde_json::Value> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
@@ -75,7 +81,7 @@ pub fn run(dir: &Path, records: u64, variant: Variant, cache_mb: Option<u64>, ba
                 Variant::OneWrite => {}
                 Variant::Compact => {
                     let key = (i as u128).to_be_bytes();
-                    events.insert(&key, &[1u8, 0, 0, 0, 0, 0, 0, 0, 0][..])?;
+                    events.insert(key, &[1u8, 0, 0, 0, 0, 0, 0, 0, 0][..])?;
                 }
             }
         }
@@ -101,7 +107,7 @@ pub fn run(dir: &Path, records: u64, variant: Variant, cache_mb: Option<u64>, ba
                     v.extend_from_slice(&(now + 900).to_be_bytes());
                     v.extend_from_slice(&exp.to_be_bytes());
                     v.extend_from_slice(&200u16.to_be_bytes());
-                    events.insert(&key, v)?;
+                    events.insert(key, v)?;
                 }
             }
         }

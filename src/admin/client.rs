@@ -63,7 +63,40 @@ impl AdminClient {
         self.call(self.http.get(format!("{}/v1/events", self.base)).query(&q)).await?.context("no list")
     }
 
-    /// `forget`, `resolve` or `retry` of one event.
+    /// Streams `GET /v1/export` (JSON Lines) into `out`; returns the number of lines.
+    pub async fn export(
+        &self,
+        state: Option<&str>,
+        topic: Option<&str>,
+        out: &mut impl std::io::Write,
+        progress: &indicatif::ProgressBar,
+    ) -> anyhow::Result<u64> {
+        let mut q = Vec::new();
+        if let Some(s) = state {
+            q.push(("state", s));
+        }
+        if let Some(t) = topic {
+            q.push(("topic", t));
+        }
+        let mut req =
+            self.http.get(format!("{}/v1/export", self.base)).query(&q).timeout(std::time::Duration::from_secs(3600));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let mut resp = req.send().await.with_context(|| format!("asking the running service at {}", self.base))?;
+        if !resp.status().is_success() {
+            bail!("{}: export failed", resp.status());
+        }
+        let mut lines = 0u64;
+        while let Some(chunk) = resp.chunk().await? {
+            lines += chunk.iter().filter(|b| **b == b'\n').count() as u64;
+            out.write_all(&chunk)?;
+            progress.set_position(lines);
+        }
+        Ok(lines)
+    }
+
+    /// `forget`, `resolve`, `retry` of one event, or `gc`.
     pub async fn repair(&self, op: &str, id: &str) -> anyhow::Result<Value> {
         match self.call(self.http.post(format!("{}/v1/{op}", self.base)).query(&[("id", id)])).await? {
             Some(v) => Ok(v),

@@ -64,6 +64,8 @@ pub async fn serve(
         .route("/v1/forget", post(forget))
         .route("/v1/resolve", post(resolve))
         .route("/v1/retry", post(retry))
+        .route("/v1/gc", post(gc))
+        .route("/v1/export", get(export))
         .with_state(Arc::new(state));
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
@@ -175,6 +177,39 @@ async fn resolve(
     authorize(&s, &headers)?;
     s.exec.store.resolve_done(&q.id, "resolved by hand: done".to_owned()).await?;
     get_event(State(s), Path(q.id)).await
+}
+
+/// Records still buffered for an export response before the scan waits for the client.
+const EXPORT_BUFFER: usize = 1024;
+
+async fn gc(State(s): State<Shared>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    authorize(&s, &headers)?;
+    let removed = s.exec.store.gc(crate::store::now_us()).await?;
+    Ok(Json(json!({"removed": removed})))
+}
+
+/// JSON Lines of records (with message copies), streamed while the store is scanned.
+async fn export(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
+    let state = q
+        .state
+        .as_deref()
+        .map(str::parse::<RecordState>)
+        .transpose()
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(EXPORT_BUFFER);
+    let store = s.exec.store.clone();
+    tokio::task::spawn_blocking(move || {
+        let sent = store.scan(state, q.topic.as_deref(), |r| -> Result<(), StoreError> {
+            let line = crate::cli::export_line(&store, &r)?;
+            // A client that went away ends the scan.
+            tx.blocking_send(Ok(format!("{line}\n"))).map_err(|_| StoreError::NotFound("export client".into()))
+        });
+        if let Err(e) = sent {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    Ok(([("content-type", "application/x-ndjson")], axum::body::Body::from_stream(stream)).into_response())
 }
 
 /// Runs a dead or parked event again from its stored copy, in the service.

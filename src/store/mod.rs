@@ -369,6 +369,33 @@ impl Store {
         self.list_filtered(state, None, limit)
     }
 
+    /// Calls `f` for every record of the state and topic, in id order, without
+    /// holding them all in memory.
+    pub fn scan<E: From<StoreError>>(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        mut f: impl FnMut(Record) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for item in self.events.iter() {
+            let (k, v) = item.map_err(StoreError::from)?;
+            let r = decode(&String::from_utf8_lossy(&k), &v)?;
+            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
+                f(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of records (all states), cheap: for progress display.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
     /// Records in id order, optionally of one state and one topic.
     pub fn list_filtered(
         &self,

@@ -13,8 +13,7 @@ use apache_avro::Schema;
 use outboxd::avro::ParsedSchema;
 use outboxd::codec::decode_value;
 
-const PAYLOAD_SCHEMA: &str =
-    r#"["null",{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}]"#;
+const PAYLOAD_SCHEMA: &str = r#"["null",{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}]"#;
 
 fn main() {
     let mut args = std::env::args().skip(1);
