@@ -67,12 +67,14 @@ fn text(v: &Value, field: &str) -> String {
 
 /// A permanently failing event is produced to the dead-letter topic, and only after the
 /// broker acknowledged that does its offset move: while the dead-letter topic refuses
-/// the message (its `max.message.bytes` is too small), the committed offset stays at the
-/// failed event although a later event of another key is done.
+/// the message (its `message.timestamp.before.max.ms` is 0, so the broker answers
+/// INVALID_TIMESTAMP to every record, and outboxd keeps trying), the committed offset
+/// stays at the failed event although a later event of another key is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
     let mut s = setup("dlq-src", 1).await;
-    let dlq = create_topic_with(s.kafka.brokers(), "dlq", 1, &[("max.message.bytes", "64")]).await;
+    let refuse = [("message.timestamp.before.max.ms", "0")];
+    let dlq = create_topic_with(s.kafka.brokers(), "dlq", 1, &refuse).await;
     s.od.config.handler_extra = dead_letter_toml(&dlq);
     let bad = new_event_id();
     let after = new_event_id();
@@ -102,12 +104,12 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
         .await;
     let deadline = Instant::now() + HANDLED_TIMEOUT;
     while !logged(&s.od, "dead-letter produce failed") {
-        assert!(Instant::now() < deadline, "outboxd never logged a failed dead-letter produce");
+        assert!(Instant::now() < deadline, "outboxd never reported the refused dead letter");
         s.od.assert_alive();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The dead-letter topic refuses the message: the committed offset must wait at the
-    // failed event (it may reach it, never pass it) although everything else is done.
+    // The dead-letter topic cannot take the message: the committed offset must wait at
+    // the failed event (it may reach it, never pass it) although everything else is done.
     let mut samples = Vec::new();
     for _ in 0..25 {
         s.od.assert_alive();
@@ -126,9 +128,10 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
         "the offset before the failed event should be committed meanwhile"
     );
     assert_eq!(s.rx.handler_call_count(&bad), 1, "a permanent failure (422) must not be retried");
+    assert!(s.kafka.read_topic(&dlq, DLQ_READ_TIMEOUT).is_empty(), "the premise: no dead letter got through yet");
 
     // Let the dead-letter topic take it: the dead letter is produced, then the offset moves.
-    alter_topic_config(s.kafka.brokers(), &dlq, &[("max.message.bytes", "1048588")]).await;
+    alter_topic_config(s.kafka.brokers(), &dlq, &[("message.timestamp.before.max.ms", "9223372036854775807")]).await;
     s.wait_committed_end().await;
     s.od.stop();
 
