@@ -913,11 +913,9 @@ async fn bad_input_never_stops_the_service() {
     assert_eq!(tomb.body_len, 0);
 }
 
-/// A 10 MB message that cannot be decoded must reach the dead-letter topic (which
-/// accepts 12 MB messages) like any other, and the partition must move on.
-///
-/// A poison message larger than librdkafka's default 1 MB still reaches a dead-letter
-/// topic that accepts it, and the partition moves on (invariant 6).
+/// A 10 MB message that cannot be decoded (more than librdkafka's default 1 MB) reaches
+/// a dead-letter topic that accepts 12 MB messages like any other, and the partition
+/// moves on (invariant 6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_undecodable_message_is_dead_lettered() {
     let kafka = Kafka::connect();

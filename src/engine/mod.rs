@@ -125,7 +125,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
     }
     consumer::commit_now(&consumer, &tracker);
-    store.close().await.context("flushing the store")?;
+    let closed = store.close().await;
     let _ = admin_stop.send(());
     let c = &shared.exec.counters;
     info!(
@@ -135,9 +135,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         reexecuted = c.reexecuted.load(Ordering::Relaxed),
         "outboxd stopped"
     );
-    match failure {
-        None => Ok(()),
-        Some(reason) => anyhow::bail!("stopped because the store failed: {reason}"),
+    let path = store.path().display();
+    match (failure, closed) {
+        // The first failure says why; the failed final flush would only repeat it.
+        (Some(reason), _) => anyhow::bail!("stopped because the store at {path} failed: {reason}"),
+        (None, Err(e)) => Err(e).with_context(|| format!("flushing the store at {path}")),
+        (None, Ok(())) => Ok(()),
     }
 }
 
