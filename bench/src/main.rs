@@ -1193,10 +1193,11 @@ async fn cold_start(b: &Bench, cfg: &Path) -> anyhow::Result<(f64, f64, f64, u64
     let mut child = b.spawn(Contender::Outboxd, cfg, "", "info").await?;
     let handled = child.wait_mark(|m| m.handled, "event handled", Duration::from_secs(300)).await?;
     let (rss, _) = child.rss();
-    let m = child.marks.lock().unwrap();
-    let s = |t: Option<Instant>| t.map(|t| (t - child.spawned).as_secs_f64()).unwrap_or(f64::NAN);
-    let r = (s(m.running), s(m.assigned), s(Some(handled)), rss);
-    drop(m);
+    let r = {
+        let m = child.marks.lock().unwrap();
+        let s = |t: Option<Instant>| t.map(|t| (t - child.spawned).as_secs_f64()).unwrap_or(f64::NAN);
+        (s(m.running), s(m.assigned), s(Some(handled)), rss)
+    };
     child.stop(Duration::from_secs(60)).await?;
     Ok(r)
 }
@@ -1369,7 +1370,7 @@ fn mb(b: u64) -> f64 {
 #[derive(Parser)]
 enum Cli {
     /// Run the suite and write the report.
-    Suite(Args),
+    Suite(Box<Args>),
     /// Investigation: replay the store's writes on sled directly (see probe.rs).
     StoreProbe {
         #[arg(long, default_value_t = 100_000)]
@@ -1390,7 +1391,7 @@ enum Cli {
 #[tokio::main(worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args = match Cli::parse() {
-        Cli::Suite(args) => args,
+        Cli::Suite(args) => *args,
         Cli::StoreProbe { records, variant, cache_mb, batch, dir } => {
             let v =
                 tokio::task::spawn_blocking(move || outboxd_bench::probe::run(&dir, records, variant, cache_mb, batch))
