@@ -34,7 +34,8 @@ use common::avro::{
     confluent_frame, is_debezium_json_string, schema_registry_toml, Registry, RegistryOutage,
 };
 use common::debezium::{
-    connector_config, failure, insert_sql, shorten, sweep_leftovers, Connect, OutboxRow, Pg, Scratch, StackTurn,
+    assert_connector_alive, assert_each_called_once, connector_config, insert_sql, outbox_topic, shorten,
+    sweep_leftovers, wait_all_answered, wait_committed_to_end, Connect, OutboxRow, Pg, Scratch, StackTurn,
     MAIN_CONNECTOR,
 };
 use common::{unique_name, Kafka, Message, Outboxd, Receiver, POLL_EVERY};
@@ -125,58 +126,6 @@ impl Stack {
     }
 }
 
-/// A topic named as Debezium's EventRouter routes `aggregatetype` by default.
-fn outbox_topic(aggregatetype: &str) -> String {
-    format!("outbox.event.{aggregatetype}")
-}
-
-fn ids(rows: &[OutboxRow]) -> Vec<String> {
-    rows.iter().map(|r| r.id.clone()).collect()
-}
-
-/// Waits until the receiver answered every event of `rows` with 2xx; fails at once when
-/// outboxd exits or `connector` (which feeds the topic) FAILED.
-async fn wait_all_answered(
-    od: &mut Outboxd,
-    receiver: &Receiver,
-    rows: &[OutboxRow],
-    timeout: Duration,
-    connect: &Connect,
-    connector: &str,
-) {
-    let ids = ids(rows);
-    let deadline = Instant::now() + timeout;
-    let mut next_look = Instant::now();
-    loop {
-        let n = receiver.count_answered_ok(&ids);
-        if n == ids.len() {
-            return;
-        }
-        od.assert_alive();
-        if Instant::now() >= next_look {
-            next_look = Instant::now() + Duration::from_secs(1);
-            assert_connector_alive(connect, connector, &format!("the receiver had answered {n} of {}", ids.len()))
-                .await;
-        }
-        if Instant::now() >= deadline {
-            let missing: Vec<&String> = ids.iter().filter(|id| !receiver.answered(id)).take(10).collect();
-            panic!(
-                "after {timeout:?} the receiver has answered {n} of {} events; not answered e.g.: {missing:?}",
-                ids.len()
-            );
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
-}
-
-async fn assert_connector_alive(connect: &Connect, connector: &str, when: &str) {
-    if let Ok(Some(status)) = connect.status(connector).await {
-        if let Some(trace) = failure(&status) {
-            panic!("connector {connector} FAILED while {when}: {}", shorten(&trace, 4000));
-        }
-    }
-}
-
 /// Waits until `topic` holds at least `n` messages; fails at once when `connector`
 /// FAILED.
 async fn wait_messages(
@@ -198,39 +147,6 @@ async fn wait_messages(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-async fn wait_committed_to_end(od: &mut Outboxd, offsets: &common::OffsetReader) {
-    od.wait_until(
-        format!("outboxd's committed offsets to reach the end of {}", offsets.topic),
-        HANDLED_TIMEOUT,
-        || offsets.reached_end(),
-    )
-    .await;
-}
-
-/// Every event of `rows` reached the receiver exactly once, and nothing else did.
-fn assert_each_called_once(receiver: &Receiver, rows: &[OutboxRow]) {
-    let calls = receiver.calls();
-    let mut per_id: HashMap<&str, usize> = HashMap::new();
-    for c in &calls {
-        *per_id.entry(c.event_id.as_deref().unwrap_or("<no Idempotency-Key>")).or_default() += 1;
-    }
-    let wrong: Vec<(&str, usize)> = rows
-        .iter()
-        .map(|r| (r.id.as_str(), per_id.get(r.id.as_str()).copied().unwrap_or(0)))
-        .filter(|(_, n)| *n != 1)
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "each event must reach the receiver exactly once; {} did not, e.g. (event id, calls): {:?}",
-        wrong.len(),
-        &wrong[..wrong.len().min(20)]
-    );
-    let expected: HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
-    let unexpected: Vec<&str> = per_id.keys().copied().filter(|id| !expected.contains(id)).collect();
-    assert!(unexpected.is_empty(), "calls for events that were never committed: {unexpected:?}");
-    assert_eq!(calls.len(), rows.len(), "one call per event");
 }
 
 /// The receiver's call for each row carries what the row says: the payload as JSON (the
@@ -379,7 +295,7 @@ async fn avro_pipeline_rows_become_side_effects() {
     write_rows(&st.pg, &table, &rows).await;
 
     wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, &name).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     tokio::time::sleep(SETTLE).await;
     od.stop();
 
@@ -442,7 +358,7 @@ async fn avro_keys_are_decoded_too() {
     write_rows(&st.pg, &table, &rows).await;
 
     wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, &name).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     tokio::time::sleep(SETTLE).await;
     od.stop();
 
@@ -508,7 +424,7 @@ async fn avro_duplicates_are_suppressed() {
     let first = scratch.connector_name("snap1");
     scratch.start_connector(&first, &config(&first, &scratch.sql_name("slot1")), CONNECTOR_TIMEOUT).await;
     wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, &first).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     assert_eq!(offsets.end().values().sum::<i64>(), EXISTING as i64, "the first snapshot emits each row once");
 
     // Snapshot again: every row is redelivered.
@@ -522,7 +438,7 @@ async fn avro_duplicates_are_suppressed() {
     write_rows(&st.pg, &table, &later).await;
     let all: Vec<OutboxRow> = rows.iter().chain(&later).cloned().collect();
     wait_all_answered(&mut od, &receiver, &all, HANDLED_TIMEOUT, &st.connect, &second).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     tokio::time::sleep(SETTLE).await;
     od.stop();
 
@@ -592,7 +508,7 @@ async fn registry_outage_makes_events_wait_then_flow() {
     let mut rows = shape_rows(&aggregatetype, "BeforeOutage");
     write_rows(&st.pg, &table, &rows).await;
     wait_all_answered(&mut warm, &warm_receiver, &rows, HANDLED_TIMEOUT, &st.connect, &name).await;
-    wait_committed_to_end(&mut warm, &warm_offsets).await;
+    wait_committed_to_end(&mut warm, &warm_offsets, HANDLED_TIMEOUT).await;
 
     // Registry down. Connect still writes, and the warm outboxd still handles.
     let mut outage = RegistryOutage::default();
@@ -617,7 +533,7 @@ async fn registry_outage_makes_events_wait_then_flow() {
     warm.start();
     warm.wait_for_assignment().await;
     wait_all_answered(&mut warm, &warm_receiver, &rows, HANDLED_TIMEOUT, &st.connect, &name).await;
-    wait_committed_to_end(&mut warm, &warm_offsets).await;
+    wait_committed_to_end(&mut warm, &warm_offsets, HANDLED_TIMEOUT).await;
     warm.stop();
     assert_each_called_once(&warm_receiver, &rows);
 
@@ -674,7 +590,7 @@ async fn registry_outage_makes_events_wait_then_flow() {
     let started_in = outage.start();
     wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, &name).await;
     let flowed_after = back_at.elapsed();
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     tokio::time::sleep(SETTLE).await;
     od.stop();
     eprintln!(

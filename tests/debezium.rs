@@ -17,16 +17,17 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::debezium::{
-    connector_config, failure, insert_sql, lit, shorten, sweep_leftovers, Connect, ConnectCrash, OutboxRow, Pg,
-    Scratch, StackTurn, MAIN_CONNECTOR, MAIN_TABLE,
+    assert_each_called_once, connector_config, insert_sql, lit, outbox_topic, shorten, sweep_leftovers,
+    wait_all_answered, wait_committed_to_end, Connect, ConnectCrash, OutboxRow, Pg, Scratch, StackTurn, MAIN_CONNECTOR,
+    MAIN_TABLE,
 };
-use common::{unique_name, wait_until, Kafka, Message, Outboxd, Receiver, POLL_EVERY};
+use common::{unique_name, wait_until, Kafka, Message, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 /// One test at a time: they kill, restart and reconfigure the one Connect worker.
@@ -79,90 +80,6 @@ impl Stack {
     fn messages_on(&self, offsets: &common::OffsetReader) -> i64 {
         offsets.end().values().sum()
     }
-}
-
-/// A topic named as Debezium's EventRouter routes `aggregatetype` by default.
-fn outbox_topic(aggregatetype: &str) -> String {
-    format!("outbox.event.{aggregatetype}")
-}
-
-fn ids(rows: &[OutboxRow]) -> Vec<String> {
-    rows.iter().map(|r| r.id.clone()).collect()
-}
-
-/// Waits until the receiver answered every event of `rows` with 2xx; fails at once when
-/// outboxd exits or `connector` (which feeds the topic) FAILED.
-async fn wait_all_answered(
-    od: &mut Outboxd,
-    receiver: &Receiver,
-    rows: &[OutboxRow],
-    timeout: Duration,
-    connect: &Connect,
-    connector: &str,
-) {
-    let ids = ids(rows);
-    let deadline = Instant::now() + timeout;
-    let mut next_look = Instant::now();
-    loop {
-        let n = receiver.count_answered_ok(&ids);
-        if n == ids.len() {
-            return;
-        }
-        od.assert_alive();
-        if Instant::now() >= next_look {
-            next_look = Instant::now() + Duration::from_secs(1);
-            if let Ok(Some(status)) = connect.status(connector).await {
-                if let Some(trace) = failure(&status) {
-                    panic!(
-                        "connector {connector} FAILED while the receiver had answered {n} of {} events: {}",
-                        ids.len(),
-                        shorten(&trace, 4000)
-                    );
-                }
-            }
-        }
-        if Instant::now() >= deadline {
-            let missing: Vec<&String> = ids.iter().filter(|id| !receiver.answered(id)).take(10).collect();
-            panic!(
-                "after {timeout:?} the receiver has answered {n} of {} events; not answered e.g.: {missing:?}",
-                ids.len()
-            );
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
-}
-
-async fn wait_committed_to_end(od: &mut Outboxd, offsets: &common::OffsetReader) {
-    od.wait_until(
-        format!("outboxd's committed offsets to reach the end of {}", offsets.topic),
-        HANDLED_TIMEOUT,
-        || offsets.reached_end(),
-    )
-    .await;
-}
-
-/// Every event of `rows` reached the receiver exactly once, and nothing else did.
-fn assert_each_called_once(receiver: &Receiver, rows: &[OutboxRow]) {
-    let calls = receiver.calls();
-    let mut per_id: HashMap<&str, usize> = HashMap::new();
-    for c in &calls {
-        *per_id.entry(c.event_id.as_deref().unwrap_or("<no Idempotency-Key>")).or_default() += 1;
-    }
-    let wrong: Vec<(&str, usize)> = rows
-        .iter()
-        .map(|r| (r.id.as_str(), per_id.get(r.id.as_str()).copied().unwrap_or(0)))
-        .filter(|(_, n)| *n != 1)
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "each event must reach the receiver exactly once; {} did not, e.g. (event id, calls): {:?}",
-        wrong.len(),
-        &wrong[..wrong.len().min(20)]
-    );
-    let expected: HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
-    let unexpected: Vec<&str> = per_id.keys().copied().filter(|id| !expected.contains(id)).collect();
-    assert!(unexpected.is_empty(), "calls for events that were never committed: {unexpected:?}");
-    assert_eq!(calls.len(), rows.len(), "one call per event");
 }
 
 fn url_safe(s: &str) -> bool {
@@ -386,7 +303,7 @@ async fn debezium_outbox_rows_become_side_effects() {
     db.close().await;
 
     wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, MAIN_CONNECTOR).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     tokio::time::sleep(SETTLE).await;
     od.stop();
 
@@ -486,7 +403,7 @@ async fn debezium_crash_replays_are_suppressed() {
         join(writer).await;
         let restart = crash.start();
         wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, MAIN_CONNECTOR).await;
-        wait_committed_to_end(&mut od, &offsets).await;
+        wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
         tokio::time::sleep(SETTLE).await;
         let messages = st.messages_on(&offsets) - before;
         let resent = messages - rows.len() as i64;
@@ -581,7 +498,7 @@ async fn snapshot_reemission_is_suppressed() {
     let first = scratch.connector_name("snap1");
     scratch.start_connector(&first, &config(&first, &scratch.sql_name("slot1")), CONNECTOR_TIMEOUT).await;
     wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, &first).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     assert_eq!(st.messages_on(&offsets), EXISTING as i64, "the first snapshot emits each row once");
 
     // Snapshot again.
@@ -599,7 +516,7 @@ async fn snapshot_reemission_is_suppressed() {
     st.pg.query(&insert_sql(&qualified, &later));
     let all: Vec<OutboxRow> = rows.iter().chain(&later).cloned().collect();
     wait_all_answered(&mut od, &receiver, &all, HANDLED_TIMEOUT, &st.connect, &second).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     tokio::time::sleep(SETTLE).await;
     od.stop();
 
@@ -681,7 +598,7 @@ async fn converter_variant(
     db.close().await;
 
     wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, &name).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     tokio::time::sleep(SETTLE).await;
     od.stop();
 
@@ -899,7 +816,7 @@ async fn debezium_latency_is_reported() {
     let writing = began.elapsed();
     db.close().await;
     wait_all_answered(&mut od, &receiver, &rows, HANDLED_TIMEOUT, &st.connect, MAIN_CONNECTOR).await;
-    wait_committed_to_end(&mut od, &offsets).await;
+    wait_committed_to_end(&mut od, &offsets, HANDLED_TIMEOUT).await;
     od.stop();
 
     let kafka_ts: HashMap<String, i64> = st
