@@ -1386,6 +1386,22 @@ enum Cli {
         #[arg(long, default_value = "target/bench-work/probe")]
         dir: PathBuf,
     },
+    /// Investigation: append the suite's outbox messages to an existing topic (create it
+    /// with `scripts/stack topic-reset TOPIC 8`), e.g. to run outboxd by hand under a profiler.
+    Preload {
+        #[arg(long)]
+        topic: String,
+        #[arg(long, default_value_t = 100_000)]
+        events: u64,
+        /// 5% of the messages repeat an earlier id at a new offset.
+        #[arg(long)]
+        duplicates: bool,
+        /// Seeds the event ids: the same salt gives the same ids.
+        #[arg(long, default_value_t = 1)]
+        salt: u64,
+        #[arg(long, default_value = "127.0.0.1:19092")]
+        brokers: String,
+    },
 }
 
 #[tokio::main(worker_threads = 2)]
@@ -1397,6 +1413,13 @@ async fn main() -> anyhow::Result<()> {
                 tokio::task::spawn_blocking(move || outboxd_bench::probe::run(&dir, records, variant, cache_mb, batch))
                     .await??;
             println!("{v}");
+            return Ok(());
+        }
+        Cli::Preload { topic, events, duplicates, salt, brokers } => {
+            let (n, dups) =
+                tokio::task::spawn_blocking(move || preload(&brokers, &topic, salt, events, KEYS, duplicates))
+                    .await??;
+            println!("{n} messages written, {dups} of them repeating an earlier id");
             return Ok(());
         }
     };

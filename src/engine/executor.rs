@@ -18,7 +18,7 @@ use crate::codec;
 use crate::config::{Body, Config, Format, HandlerConfig, OnUncertain, RetryConfig};
 use crate::event::{OutboxEvent, Payload, RawMessage};
 use crate::handler::{Handler, HandlerError, Verified};
-use crate::store::{Claim, State, Store, StoreError};
+use crate::store::{Claim, Claimed, State, Store, StoreError};
 
 /// First pause, and the longest, while the schema registry cannot be reached.
 const REGISTRY_RETRY_INITIAL: Duration = Duration::from_millis(500);
@@ -218,7 +218,7 @@ impl Executor {
     ) -> Result<(), StoreError> {
         let _live = live_guard(self, &event.id).await;
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
-        let mut attempt = match self.store.claim(&event).await? {
+        let mut claimed = match self.store.claim(&event).await? {
             Claim::Finished { state, same_offset } => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
@@ -226,8 +226,9 @@ impl Executor {
                 info!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
                 return Ok(());
             }
-            Claim::Claimed { attempt, reexecution: false } => attempt,
-            Claim::Claimed { attempt, reexecution: true } => {
+            Claim::Claimed(c) if !c.reexecution() => c,
+            Claim::Claimed(c) => {
+                let attempt = c.attempt();
                 self.counters.reexecuted.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(names::REEXECUTED, "topic" => topic.clone()).increment(1);
                 match hc.on_uncertain {
@@ -237,25 +238,26 @@ impl Executor {
                     }
                     OnUncertain::Park => {
                         let reason = "parked: an earlier attempt's outcome is unknown (on_uncertain = park); resolve with `outboxd store resolve`";
-                        return self.failed(hc, &event, msg, attempt, State::Parked, reason.to_owned()).await;
+                        return self.failed(hc, &event, msg, c, State::Parked, reason.to_owned()).await;
                     }
                     OnUncertain::Verify => match self.verify(hc, handler, &event).await {
                         Ok(Verified::Happened(outcome)) => {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
                             self.counters.handled.fetch_add(1, Ordering::Relaxed);
-                            return self.store.finish(&event.id, State::Done, outcome).await;
+                            return self.store.finish(c, State::Done, outcome).await;
                         }
                         Ok(Verified::Missing) => {
                             warn!(event_id = %event.id, %topic, partition, offset, attempt,
                                 "re-executing: verify found no trace of the earlier attempt");
                         }
-                        Err(reason) => return self.failed(hc, &event, msg, attempt, State::Dead, reason).await,
+                        Err(reason) => return self.failed(hc, &event, msg, c, State::Dead, reason).await,
                     },
                 }
-                attempt
+                c
             }
         };
+        let mut attempt = claimed.attempt();
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);
         loop {
@@ -264,7 +266,7 @@ impl Executor {
             metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(call.elapsed().as_secs_f64());
             match result {
                 Ok(outcome) => {
-                    self.store.finish(&event.id, State::Done, outcome.0.clone()).await?;
+                    self.store.finish(claimed, State::Done, outcome.0.clone()).await?;
                     self.counters.handled.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(names::HANDLED, "topic" => topic.clone()).increment(1);
                     if let Some(ts) = event.timestamp_ms {
@@ -275,17 +277,17 @@ impl Executor {
                     return Ok(());
                 }
                 Err(HandlerError::Permanent(reason)) => {
-                    return self.failed(hc, &event, msg, attempt, State::Dead, reason).await;
+                    return self.failed(hc, &event, msg, claimed, State::Dead, reason).await;
                 }
                 Err(HandlerError::Retryable { reason, retry_after }) => {
                     let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
                         let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
-                        return self.failed(hc, &event, msg, attempt, State::Dead, reason).await;
+                        return self.failed(hc, &event, msg, claimed, State::Dead, reason).await;
                     };
                     warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
                     metrics::counter!(names::RETRIED, "topic" => topic.clone()).increment(1);
                     tokio::time::sleep(delay).await;
-                    attempt = self.store.record_attempt(&event.id).await?;
+                    attempt = self.store.record_attempt(&mut claimed).await?;
                 }
             }
         }
@@ -319,10 +321,11 @@ impl Executor {
         hc: &HandlerConfig,
         event: &OutboxEvent,
         msg: &RawMessage,
-        attempt: u32,
+        claimed: Claimed,
         state: State,
         reason: String,
     ) -> Result<(), StoreError> {
+        let attempt = claimed.attempt();
         let p = &event.position;
         error!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, attempt, %state, %reason,
             "event failed");
@@ -330,7 +333,7 @@ impl Executor {
         let metric = if state == State::Parked { names::PARKED } else { names::DEAD };
         metrics::counter!(metric, "topic" => p.topic.clone()).increment(1);
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
-        self.store.finish_failed(&event.id, state, reason, msg, dlq).await
+        self.store.finish_failed(claimed, state, reason, msg, dlq).await
     }
 }
 

@@ -79,11 +79,30 @@ pub struct Stats {
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
-    /// Claimed now (durably); `reexecution` when an earlier attempt's outcome is unknown.
-    Claimed { attempt: u32, reexecution: bool },
+    /// Claimed now (durably).
+    Claimed(Claimed),
     /// Already final: do not run; the duplicate was counted. `same_offset`: the
     /// very message came again (a redelivered offset), not the id at a new offset.
     Finished { state: State, same_offset: bool },
+}
+
+/// A durably claimed event: the record as written, handed back to
+/// [`Store::finish`] so the final write does not read and decode it again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    record: Record,
+}
+
+impl Claimed {
+    /// Handler executions started, this one included.
+    pub fn attempt(&self) -> u32 {
+        self.record.attempts
+    }
+
+    /// An earlier attempt's outcome is unknown (it was claimed and never finished).
+    pub fn reexecution(&self) -> bool {
+        self.record.attempts > 1
+    }
 }
 
 pub struct Store {
@@ -188,19 +207,17 @@ impl Store {
                 ..Record::first_seen(&event.id, State::Claimed, 1, &event.position, now)
             },
         };
-        let reexecution = record.attempts > 1;
-        let attempt = record.attempts;
         self.put(&record)?;
         self.durable().await?;
-        Ok(Claim::Claimed { attempt, reexecution })
+        Ok(Claim::Claimed(Claimed { record }))
     }
 
     /// A further attempt within the same claim (a retry after a handler error).
-    pub async fn record_attempt(&self, id: &str) -> Result<u32, StoreError> {
-        let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+    pub async fn record_attempt(&self, claimed: &mut Claimed) -> Result<u32, StoreError> {
+        let r = &mut claimed.record;
         r.attempts += 1;
         r.updated_at_us = now_us();
-        self.put(&r)?;
+        self.put(r)?;
         self.durable().await?;
         Ok(r.attempts)
     }
@@ -215,10 +232,10 @@ impl Store {
         Ok(())
     }
 
-    /// Records the final state durably; only then may the offset move on.
-    pub async fn finish(&self, event_id: &str, state: State, text: String) -> Result<(), StoreError> {
+    /// Records the final state of a claimed event durably; only then may the offset move on.
+    pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
         debug_assert!(state.is_final());
-        let mut r = self.get(event_id)?.ok_or_else(|| StoreError::NotFound(event_id.to_owned()))?;
+        let mut r = claimed.record;
         self.finish_record(&mut r, state, text)?;
         self.durable().await
     }
@@ -227,14 +244,14 @@ impl Store {
     /// produced and acknowledged, its dead-letter position.
     pub async fn finish_failed(
         &self,
-        event_id: &str,
+        claimed: Claimed,
         state: State,
         reason: String,
         message: &RawMessage,
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
-        let mut r = self.get(event_id)?.ok_or_else(|| StoreError::NotFound(event_id.to_owned()))?;
-        self.messages.insert(event_id.as_bytes(), encode_message(message))?;
+        let mut r = claimed.record;
+        self.messages.insert(r.event_id.as_bytes(), encode_message(message))?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, state, reason)?;
         self.durable().await

@@ -11,6 +11,13 @@ fn opts(retention: Duration) -> StoreOptions {
     }
 }
 
+async fn claimed(store: &Store, id: &str, offset: i64) -> Claimed {
+    match store.claim(&event(id, offset)).await.unwrap() {
+        Claim::Claimed(c) => c,
+        other => panic!("{id} not claimed: {other:?}"),
+    }
+}
+
 fn event(id: &str, offset: i64) -> OutboxEvent {
     OutboxEvent {
         id: id.to_owned(),
@@ -27,8 +34,9 @@ fn event(id: &str, offset: i64) -> OutboxEvent {
 async fn done_event_is_finished_on_redelivery_at_a_new_offset() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
-    assert_eq!(store.claim(&event("e1", 1)).await.unwrap(), Claim::Claimed { attempt: 1, reexecution: false });
-    store.finish("e1", State::Done, "http 200".into()).await.unwrap();
+    let c = claimed(&store, "e1", 1).await;
+    assert_eq!((c.attempt(), c.reexecution()), (1, false));
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
     assert_eq!(
         store.claim(&event("e1", 99)).await.unwrap(),
         Claim::Finished { state: State::Done, same_offset: false }
@@ -48,18 +56,19 @@ async fn claimed_record_survives_reopen_and_is_a_reexecution() {
     }
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
     assert_eq!(store.get("e1").unwrap().unwrap().state, State::Claimed);
-    assert_eq!(store.claim(&event("e1", 5)).await.unwrap(), Claim::Claimed { attempt: 2, reexecution: true });
+    let c = claimed(&store, "e1", 5).await;
+    assert_eq!((c.attempt(), c.reexecution()), (2, true));
 }
 
 #[tokio::test]
 async fn gc_removes_only_expired_final_records() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
-    for (i, id) in ["a", "b", "c"].iter().enumerate() {
-        store.claim(&event(id, i as i64)).await.unwrap();
-    }
-    store.finish("a", State::Done, "ok".into()).await.unwrap();
-    store.finish("b", State::Dead, "boom".into()).await.unwrap();
+    let a = claimed(&store, "a", 0).await;
+    let b = claimed(&store, "b", 1).await;
+    claimed(&store, "c", 2).await;
+    store.finish(a, State::Done, "ok".into()).await.unwrap();
+    store.finish(b, State::Dead, "boom".into()).await.unwrap();
     assert_eq!(store.gc(now_us()).await.unwrap(), 0, "nothing has expired yet");
     let later = now_us() + 61_000_000;
     assert_eq!(store.gc(later).await.unwrap(), 2);
@@ -73,12 +82,12 @@ async fn gc_removes_only_expired_final_records() {
 async fn forgotten_event_can_be_claimed_again() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
-    store.claim(&event("a", 0)).await.unwrap();
-    store.finish("a", State::Done, "ok".into()).await.unwrap();
+    let a = claimed(&store, "a", 0).await;
+    store.finish(a, State::Done, "ok".into()).await.unwrap();
     let removed = store.forget("a").await.unwrap();
     assert_eq!(removed.state, State::Done);
     assert_eq!(store.expiry.len(), 0);
-    assert_eq!(store.claim(&event("a", 3)).await.unwrap(), Claim::Claimed { attempt: 1, reexecution: false });
+    assert_eq!(claimed(&store, "a", 3).await.attempt(), 1);
     assert!(matches!(store.forget("nope").await, Err(StoreError::NotFound(_))));
 }
 
@@ -96,11 +105,12 @@ async fn second_open_reports_the_holder() {
 async fn list_filters_by_state_and_limit() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    let mut c = Vec::new();
     for i in 0..5 {
-        store.claim(&event(&format!("e{i}"), i)).await.unwrap();
+        c.push(claimed(&store, &format!("e{i}"), i).await);
     }
-    store.finish("e1", State::Done, "ok".into()).await.unwrap();
-    store.finish("e3", State::Done, "ok".into()).await.unwrap();
+    store.finish(c.remove(3), State::Done, "ok".into()).await.unwrap();
+    store.finish(c.remove(1), State::Done, "ok".into()).await.unwrap();
     assert_eq!(store.list(Some(State::Done), 10).unwrap().len(), 2);
     assert_eq!(store.list(Some(State::Claimed), 2).unwrap().len(), 2);
     assert_eq!(store.list(None, 100).unwrap().len(), 5);
