@@ -90,7 +90,7 @@ pub enum Claim {
 /// [`Store::finish`] so the final write does not read and decode it again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {
-    record: Record,
+    record: Box<Record>,
 }
 
 impl Claimed {
@@ -209,7 +209,7 @@ impl Store {
         };
         self.put(&record)?;
         self.durable().await?;
-        Ok(Claim::Claimed(Claimed { record }))
+        Ok(Claim::Claimed(Claimed { record: Box::new(record) }))
     }
 
     /// A further attempt within the same claim (a retry after a handler error).
@@ -235,7 +235,7 @@ impl Store {
     /// Records the final state of a claimed event durably; only then may the offset move on.
     pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
         debug_assert!(state.is_final());
-        let mut r = claimed.record;
+        let mut r = *claimed.record;
         self.finish_record(&mut r, state, text)?;
         self.durable().await
     }
@@ -250,7 +250,7 @@ impl Store {
         message: &RawMessage,
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
-        let mut r = claimed.record;
+        let mut r = *claimed.record;
         self.messages.insert(r.event_id.as_bytes(), encode_message(message))?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, state, reason)?;
