@@ -43,6 +43,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
     let subscriptions = config.subscriptions();
     let prometheus = admin::install_metrics().context("setting up metrics")?;
+    let prometheus_upkeep = prometheus.clone();
     let broker_up = Arc::new(AtomicBool::new(false));
     let consumer = Arc::new(
         consumer::build(&config.kafka, &subscriptions, tracker.clone(), broker_up.clone())
@@ -77,6 +78,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         info!(admin = %local, "admin API listening (/healthz /readyz /metrics /v1/…)");
     }
     spawn_store_gauges(&store);
+    spawn_metrics_upkeep(prometheus_upkeep);
     let shared = Arc::new(Shared {
         exec,
         tracker: tracker.clone(),
@@ -161,6 +163,22 @@ fn spawn_store_gauges(store: &Arc<Store>) {
                 metrics::gauge!(admin::names::RECORDS, "state" => state).set(n as f64);
             }
             metrics::gauge!(admin::names::STORE_BYTES).set(stats.bytes_on_disk as f64);
+        }
+    });
+}
+
+/// How often histogram samples are folded into their buckets.
+const METRICS_UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The recorder keeps every histogram sample until it is folded in, which
+/// otherwise happens only when /metrics is scraped: without a scraper (or
+/// without the admin server) memory would grow with every event.
+fn spawn_metrics_upkeep(handle: metrics_exporter_prometheus::PrometheusHandle) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
         }
     });
 }
