@@ -58,14 +58,17 @@ impl Payload {
             Payload::Null => (Vec::new(), None),
         }
     }
+}
 
-    /// A JSON rendering for logs and the `log` handler.
-    pub fn to_json(&self) -> Value {
+/// The JSON rendering of the `log` handler: JSON as is, text as a string,
+/// bytes as `"<N bytes>"`, null as null.
+impl serde::Serialize for Payload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Payload::Json(v) => v.clone(),
-            Payload::Text(s) => Value::String(s.clone()),
-            Payload::Bytes(b) => Value::String(format!("<{} bytes>", b.len())),
-            Payload::Null => Value::Null,
+            Payload::Json(v) => v.serialize(s),
+            Payload::Text(t) => s.serialize_str(t),
+            Payload::Bytes(b) => s.collect_str(&format_args!("<{} bytes>", b.len())),
+            Payload::Null => s.serialize_unit(),
         }
     }
 }

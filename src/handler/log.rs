@@ -2,26 +2,83 @@
 
 use std::io::Write;
 
+use serde::Serialize;
+
 use super::{HandlerError, Outcome};
-use crate::event::OutboxEvent;
+use crate::event::{OutboxEvent, Payload};
 
 pub struct LogHandler;
 
 impl LogHandler {
     pub fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
-        let line = serde_json::json!({
-            "event_id": event.id,
-            "aggregate_id": event.aggregate_id,
-            "event_type": event.event_type,
-            "topic": event.position.topic,
-            "partition": event.position.partition,
-            "offset": event.position.offset,
-            "payload": event.payload.to_json(),
-        });
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{line}")
+        write_line(&mut out, event)
             .and_then(|()| out.flush())
             .map_err(|e| HandlerError::retryable(format!("writing to stdout: {e}")))?;
         Ok(Outcome("logged".to_owned()))
+    }
+}
+
+fn write_line(out: &mut impl Write, event: &OutboxEvent) -> std::io::Result<()> {
+    // Fields in alphabetical order, as the lines always had them.
+    let line = Line {
+        aggregate_id: event.aggregate_id.as_deref(),
+        event_id: &event.id,
+        event_type: event.event_type.as_deref(),
+        offset: event.position.offset,
+        partition: event.position.partition,
+        payload: &event.payload,
+        topic: &event.position.topic,
+    };
+    serde_json::to_writer(&mut *out, &line)?;
+    out.write_all(b"\n")
+}
+
+/// One output line, borrowed from the event (no copy of the payload per event).
+#[derive(Serialize)]
+struct Line<'a> {
+    aggregate_id: Option<&'a str>,
+    event_id: &'a str,
+    event_type: Option<&'a str>,
+    offset: i64,
+    partition: i32,
+    payload: &'a Payload,
+    topic: &'a str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Position;
+
+    fn line(payload: Payload) -> String {
+        let event = OutboxEvent {
+            id: "e-1".into(),
+            aggregate_id: Some("order-7".into()),
+            event_type: None,
+            payload,
+            position: Position { topic: "orders".into(), partition: 2, offset: 41 },
+            timestamp_ms: None,
+            traceparent: None,
+        };
+        let mut out = Vec::new();
+        write_line(&mut out, &event).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn one_json_line_per_event_with_the_payload_as_json() {
+        assert_eq!(
+            line(Payload::Json(serde_json::json!({"total": 12.5, "items": [1, 2]}))),
+            r#"{"aggregate_id":"order-7","event_id":"e-1","event_type":null,"offset":41,"partition":2,"payload":{"items":[1,2],"total":12.5},"topic":"orders"}"#.to_owned() + "\n"
+        );
+    }
+
+    #[test]
+    fn text_bytes_and_null_payloads_render_as_json_values() {
+        let payload = |l: String| serde_json::from_str::<serde_json::Value>(&l).unwrap()["payload"].clone();
+        assert_eq!(payload(line(Payload::Text("a \"quoted\"\nline".into()))), "a \"quoted\"\nline");
+        assert_eq!(payload(line(Payload::Bytes(vec![0xff, 0, 1]))), "<3 bytes>");
+        assert_eq!(payload(line(Payload::Null)), serde_json::Value::Null);
     }
 }
