@@ -146,8 +146,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     }
 }
 
-/// How often the store's per-state counts are refreshed for /metrics (a full scan).
-const STORE_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often the store gauges are refreshed (kept counts and file sizes: no scan).
+const STORE_GAUGES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn spawn_store_gauges(store: &Arc<Store>) {
     let store = store.clone();
@@ -155,14 +155,12 @@ fn spawn_store_gauges(store: &Arc<Store>) {
         let mut tick = tokio::time::interval(STORE_GAUGES_INTERVAL);
         loop {
             tick.tick().await;
-            let s = store.clone();
-            let Ok(Ok(stats)) = tokio::task::spawn_blocking(move || s.stats()).await else { continue };
-            for (state, n) in
-                [("claimed", stats.claimed), ("done", stats.done), ("dead", stats.dead), ("parked", stats.parked)]
-            {
-                metrics::gauge!(admin::names::RECORDS, "state" => state).set(n as f64);
+            for (state, n) in store.counts() {
+                metrics::gauge!(admin::names::RECORDS, "state" => state.as_str()).set(n as f64);
             }
-            metrics::gauge!(admin::names::STORE_BYTES).set(stats.bytes_on_disk as f64);
+            if let Ok(bytes) = store.bytes_on_disk() {
+                metrics::gauge!(admin::names::STORE_BYTES).set(bytes as f64);
+            }
         }
     });
 }

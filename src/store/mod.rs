@@ -2,6 +2,7 @@
 //! commit (`sync`), expired through an expiry index (`expires_at ++ id`), never
 //! by scanning every record. sled is used only in this module.
 
+mod counts;
 mod owner;
 mod record;
 mod sync;
@@ -9,6 +10,8 @@ mod sync;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use counts::{Counts, COUNTS_KEY};
 
 pub use owner::Owner;
 pub use record::{now_us, Record, State};
@@ -113,6 +116,10 @@ pub struct Store {
     meta: sled::Tree,
     messages: sled::Tree,
     retention: Duration,
+    /// Records per state, persisted with each group commit.
+    counts: Arc<Counts>,
+    /// Opened by the service, whose writers run while `stats` scans.
+    service: bool,
     sync: sync::Syncer,
     owner: Mutex<Option<owner::OwnerFile>>,
 }
@@ -133,14 +140,31 @@ impl Store {
         sync::sync_dir(path)?;
         let data_file = if opts.fsync { Some(sync::open_data_file(path)?) } else { None };
         let owner = owner::OwnerFile::write(path, opts.role).ok();
+        let events = db.open_tree(EVENTS_TREE)?;
+        let meta = db.open_tree(META_TREE)?;
+        let counts = Arc::new(match meta.get(COUNTS_KEY)?.as_deref().and_then(Counts::decode) {
+            Some(values) => Counts::from_values(values),
+            None if events.is_empty() => Counts::default(),
+            None => {
+                // A store written before the counts were kept: count once.
+                tracing::info!(store = %path.display(), "counting the records per state once");
+                Counts::from_values(count_states(&events)?)
+            }
+        });
+        let persist = {
+            let (meta, counts) = (meta.clone(), counts.clone());
+            move || meta.insert(COUNTS_KEY, &counts.encode()[..]).map(drop)
+        };
         Ok(Store {
             path: path.to_owned(),
-            events: db.open_tree(EVENTS_TREE)?,
+            events,
             expiry: db.open_tree(EXPIRY_TREE)?,
-            meta: db.open_tree(META_TREE)?,
+            meta,
             messages: db.open_tree(MESSAGES_TREE)?,
             retention: opts.retention,
-            sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval),
+            counts,
+            service: opts.role == "run",
+            sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval, Box::new(persist)),
             db,
             owner: Mutex::new(owner),
         })
@@ -208,6 +232,9 @@ impl Store {
             },
         };
         self.put(&record)?;
+        if record.attempts == 1 {
+            self.counts.moved(None, Some(State::Claimed));
+        }
         self.durable().await?;
         Ok(Claim::Claimed(Claimed { record: Box::new(record) }))
     }
@@ -236,7 +263,7 @@ impl Store {
     pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
         debug_assert!(state.is_final());
         let mut r = *claimed.record;
-        self.finish_record(&mut r, state, text)?;
+        self.finish_record(&mut r, Some(State::Claimed), state, text)?;
         self.durable().await
     }
 
@@ -253,7 +280,7 @@ impl Store {
         let mut r = *claimed.record;
         self.messages.insert(r.event_id.as_bytes(), encode_message(message))?;
         r.dead_letter = dead_letter;
-        self.finish_record(&mut r, state, reason)?;
+        self.finish_record(&mut r, Some(State::Claimed), state, reason)?;
         self.durable().await
     }
 
@@ -269,7 +296,8 @@ impl Store {
             .transpose()
     }
 
-    fn finish_record(&self, r: &mut Record, state: State, text: String) -> Result<(), StoreError> {
+    /// `r` as stored (`None` in `was` when it is new) becomes final.
+    fn finish_record(&self, r: &mut Record, was: Option<State>, state: State, text: String) -> Result<(), StoreError> {
         let now = now_us();
         let expires = now.saturating_add(self.retention.as_micros() as i64);
         r.state = state;
@@ -280,7 +308,9 @@ impl Store {
             _ => r.reason = Some(text),
         }
         self.reindex(r, Some(expires))?;
-        self.put(r)
+        self.put(r)?;
+        self.counts.moved(was, Some(state));
+        Ok(())
     }
 
     /// Records a message that never became an event (it could not be decoded) as dead.
@@ -292,10 +322,12 @@ impl Store {
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
         let now = now_us();
-        let mut r = self.get(id)?.unwrap_or_else(|| Record::first_seen(id, State::Dead, 0, &message.position(), now));
+        let existing = self.get(id)?;
+        let was = existing.as_ref().map(|r| r.state);
+        let mut r = existing.unwrap_or_else(|| Record::first_seen(id, State::Dead, 0, &message.position(), now));
         self.messages.insert(id.as_bytes(), encode_message(message))?;
         r.dead_letter = dead_letter;
-        self.finish_record(&mut r, State::Dead, reason)?;
+        self.finish_record(&mut r, was, State::Dead, reason)?;
         self.durable().await
     }
 
@@ -318,6 +350,7 @@ impl Store {
         self.events.remove(id.as_bytes())?;
         self.messages.remove(id.as_bytes())?;
         self.reindex(&mut r, None)?;
+        self.counts.moved(Some(r.state), None);
         self.durable().await?;
         Ok(r)
     }
@@ -332,6 +365,7 @@ impl Store {
         let message = self.message(id)?.ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
         self.events.remove(id.as_bytes())?;
         self.reindex(&mut r, None)?;
+        self.counts.moved(Some(r.state), None);
         self.durable().await?;
         Ok(message)
     }
@@ -343,7 +377,8 @@ impl Store {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }
         self.messages.remove(id.as_bytes())?;
-        self.finish_record(&mut r, State::Done, note)?;
+        let was = r.state;
+        self.finish_record(&mut r, Some(was), State::Done, note)?;
         self.durable().await
     }
 
@@ -370,6 +405,7 @@ impl Store {
                     if r.state.is_final() && r.expires_at_us == Some(at) {
                         self.events.remove(id.as_bytes())?;
                         self.messages.remove(id.as_bytes())?;
+                        self.counts.moved(Some(r.state), None);
                         removed += 1;
                     }
                 }
@@ -404,9 +440,14 @@ impl Store {
         Ok(())
     }
 
-    /// Number of records (all states), cheap: for progress display.
+    /// Number of records (all states) from the kept counts, without a scan: for progress display.
     pub fn len(&self) -> usize {
-        self.events.len()
+        self.counts().iter().map(|(_, n)| *n as usize).sum()
+    }
+
+    /// Size of the store's files.
+    pub fn bytes_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.db.size_on_disk()?)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -434,6 +475,13 @@ impl Store {
         Ok(out)
     }
 
+    /// Records per state without scanning (what the service's gauges show).
+    pub fn counts(&self) -> [(State, u64); 4] {
+        [State::Claimed, State::Done, State::Dead, State::Parked].map(|s| (s, self.counts.get(s)))
+    }
+
+    /// Counts every record (a full scan). On a store no service is writing to,
+    /// the kept per-state counts are corrected to what the scan found.
     pub fn stats(&self) -> Result<Stats, StoreError> {
         let mut s = Stats::default();
         for item in self.events.iter() {
@@ -455,6 +503,15 @@ impl Store {
             .map(u64::from_be_bytes)
             .unwrap_or(0);
         s.bytes_on_disk = self.db.size_on_disk()?;
+        if !self.service {
+            let scanned = [s.claimed, s.done, s.dead, s.parked].map(|n| n as i64);
+            if self.counts.encode() != Counts::from_values(scanned).encode() {
+                tracing::info!(store = %self.path.display(), "per-state counts corrected from a full count");
+                self.counts.set(scanned);
+                self.meta.insert(COUNTS_KEY, &self.counts.encode()[..])?;
+                self.db.flush()?;
+            }
+        }
         Ok(s)
     }
 
@@ -501,6 +558,22 @@ fn encode_message(m: &RawMessage) -> Vec<u8> {
         timestamp_ms: m.timestamp_ms,
     };
     postcard::to_allocvec(&stored).expect("messages serialise")
+}
+
+/// Records per state by a full scan: claimed, done, dead, parked.
+fn count_states(events: &sled::Tree) -> Result<[i64; 4], StoreError> {
+    let mut n = [0i64; 4];
+    for item in events.iter() {
+        let (k, v) = item?;
+        let r = decode(&String::from_utf8_lossy(&k), &v)?;
+        n[match r.state {
+            State::Claimed => 0,
+            State::Done => 1,
+            State::Dead => 2,
+            State::Parked => 3,
+        }] += 1;
+    }
+    Ok(n)
 }
 
 fn expiry_key(at_us: i64, id: &str) -> Vec<u8> {

@@ -19,6 +19,8 @@ const QUEUE_CAPACITY: usize = 65_536;
 
 pub type SyncResult = Result<(), Arc<std::io::Error>>;
 
+pub type BeforeFlush = Box<dyn Fn() -> Result<(), sled::Error> + Send>;
+
 /// Statistics of the batches, for benchmarks and logs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SyncStats {
@@ -38,13 +40,14 @@ impl Syncer {
     /// `window`: how long a batch may wait for more writers once the previous
     /// batch showed there is load. `data_file`: sled's log, fdatasync'ed after
     /// each flush when `Some`.
-    pub fn start(db: sled::Db, data_file: Option<File>, window: Duration) -> Syncer {
+    /// `before_flush` writes what must become durable with every batch (the per-state counts).
+    pub fn start(db: sled::Db, data_file: Option<File>, window: Duration, before_flush: BeforeFlush) -> Syncer {
         let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
         let stats = Arc::new(Mutex::new(SyncStats::default()));
         let thread_stats = stats.clone();
         let thread = std::thread::Builder::new()
             .name("outboxd-sync".into())
-            .spawn(move || run(db, data_file, window, rx, thread_stats))
+            .spawn(move || run(db, data_file, window, before_flush, rx, thread_stats))
             .expect("spawning the store sync thread");
         Syncer { tx: Some(tx), thread: Some(thread), stats }
     }
@@ -90,6 +93,7 @@ fn run(
     db: sled::Db,
     data_file: Option<File>,
     window: Duration,
+    before_flush: BeforeFlush,
     rx: Receiver<oneshot::Sender<SyncResult>>,
     stats: Arc<Mutex<SyncStats>>,
 ) {
@@ -110,7 +114,9 @@ fn run(
         }
         last_batch = waiters.len();
         let started = Instant::now();
-        let result = make_durable(&db, data_file.as_ref());
+        let result = before_flush()
+            .map_err(|e| Arc::new(std::io::Error::other(e)))
+            .and_then(|()| make_durable(&db, data_file.as_ref()));
         let took = started.elapsed();
         metrics::histogram!(crate::admin::names::BATCH).record(waiters.len() as f64);
         metrics::histogram!(crate::admin::names::SYNC_SECONDS).record(took.as_secs_f64());

@@ -117,3 +117,58 @@ async fn list_filters_by_state_and_limit() {
     let s = store.stats().unwrap();
     assert_eq!((s.claimed, s.done, s.dead), (3, 2, 0));
 }
+
+#[tokio::test]
+async fn per_state_counts_follow_every_change_and_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let counts = |s: &Store| s.counts().map(|(_, n)| n);
+    {
+        let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+        let a = claimed(&store, "a", 0).await;
+        let b = claimed(&store, "b", 1).await;
+        claimed(&store, "c", 2).await;
+        claimed(&store, "c", 3).await; // a re-execution is not a new record
+        assert_eq!(counts(&store), [3, 0, 0, 0]);
+        store.finish(a, State::Done, "ok".into()).await.unwrap();
+        let msg = RawMessage {
+            topic: "t".into(),
+            partition: 0,
+            offset: 1,
+            key: None,
+            value: Some(b"{}".to_vec()),
+            headers: vec![],
+            timestamp_ms: None,
+        };
+        store.finish_failed(b, State::Parked, "unknown".into(), &msg, None).await.unwrap();
+        store.record_undecodable("u", &msg, "bad".into(), None).await.unwrap();
+        assert_eq!(
+            store.claim(&event("a", 9)).await.unwrap(),
+            Claim::Finished { state: State::Done, same_offset: false }
+        );
+        assert_eq!(counts(&store), [1, 1, 1, 1]);
+        store.resolve_done("b", "checked".into()).await.unwrap();
+        store.reopen("u").await.unwrap();
+        assert_eq!(counts(&store), [1, 2, 0, 0]);
+        assert_eq!(store.len(), 3);
+    }
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    assert_eq!(counts(&store), [1, 2, 0, 0], "kept across a reopen");
+    assert_eq!(store.gc(now_us() + 61_000_000).await.unwrap(), 2);
+    store.forget("c").await.unwrap();
+    assert_eq!(counts(&store), [0, 0, 0, 0]);
+}
+
+#[tokio::test]
+async fn stats_on_a_stopped_store_corrects_drifted_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    let a = claimed(&store, "a", 0).await;
+    store.finish(a, State::Done, "ok".into()).await.unwrap();
+    store.counts.set([5, 0, 7, 0]); // as a crash between a write and its count could leave them
+    let s = store.stats().unwrap();
+    assert_eq!((s.claimed, s.done, s.dead), (0, 1, 0));
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0]);
+    drop(store);
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0], "the correction is stored");
+}
