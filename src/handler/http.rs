@@ -38,9 +38,7 @@ impl HttpHandler {
         if let Some(ct) = content_type {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
         }
-        if let Some(name) = &self.config.idempotency_header {
-            insert_text(&mut headers, name, &event.id);
-        }
+        self.insert_idempotency_key(&mut headers, event)?;
         if let Some(t) = &event.event_type {
             insert_text(&mut headers, "Outbox-Event-Type", t);
         }
@@ -72,9 +70,7 @@ impl HttpHandler {
         };
         let url = verify.url.render(&vars(event)).map_err(|e| HandlerError::Permanent(e.to_string()))?;
         let mut headers = self.headers.clone();
-        if let Some(name) = &self.config.idempotency_header {
-            insert_text(&mut headers, name, &event.id);
-        }
+        self.insert_idempotency_key(&mut headers, event)?;
         let response = self
             .client
             .request(verify.method.clone(), url)
@@ -90,6 +86,26 @@ impl HttpHandler {
                 retry_after: retry_after(response.headers()),
             }),
         }
+    }
+}
+
+impl HttpHandler {
+    /// The event id as the idempotency header. An id that a header cannot carry
+    /// (control characters such as CR or LF) is refused: sent without the key, a
+    /// re-execution would not be idempotent at the receiver.
+    fn insert_idempotency_key(&self, headers: &mut HeaderMap, event: &OutboxEvent) -> Result<(), HandlerError> {
+        let Some(name) = &self.config.idempotency_header else { return Ok(()) };
+        let value = HeaderValue::from_str(&event.id).map_err(|_| {
+            HandlerError::Permanent(format!(
+                "the event id {:?} contains characters an HTTP header cannot carry (control characters such as CR or LF), \
+                 so it cannot be sent as {name}; without it a re-execution would not be idempotent, so it is not sent",
+                event.id
+            ))
+        })?;
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|e| HandlerError::Permanent(format!("idempotency header name {name:?}: {e}")))?;
+        headers.insert(name, value);
+        Ok(())
     }
 }
 
@@ -194,6 +210,47 @@ mod tests {
         assert!(matches!(classify(&rules, status(503)), Err(HandlerError::Permanent(_))));
         assert!(matches!(classify(&rules, status(404)), Err(HandlerError::Retryable { .. })));
         assert!(matches!(classify(&rules, status(500)), Err(HandlerError::Retryable { .. })));
+    }
+
+    #[test]
+    fn an_id_a_header_cannot_carry_is_refused_not_sent_without_its_key() {
+        let config = crate::config::Config::parse(
+            r#"
+            [kafka]
+            brokers = "127.0.0.1:9"
+            group_id = "g"
+            [store]
+            path = "s"
+            [[handlers]]
+            topics = ["t"]
+            kind = "http"
+            url = "http://127.0.0.1:9/e"
+            "#,
+            &|_| None,
+        )
+        .unwrap();
+        let crate::config::HandlerSpec::Http(http) = &config.handlers[0].spec else { panic!("http expected") };
+        let handler = HttpHandler::new((**http).clone()).unwrap();
+        let event = |id: &str| OutboxEvent {
+            id: id.into(),
+            aggregate_id: None,
+            event_type: None,
+            payload: crate::event::Payload::Null,
+            position: crate::event::Position { topic: "t".into(), partition: 0, offset: 0 },
+            timestamp_ms: None,
+            traceparent: None,
+        };
+        let mut h = HeaderMap::new();
+        handler.insert_idempotency_key(&mut h, &event("order-1/événement")).unwrap();
+        assert_eq!(h.get("Idempotency-Key").unwrap().as_bytes(), "order-1/événement".as_bytes());
+        for bad in ["a\r\nX-Injected: yes", "a\nb", "nul\0", "del\x7f"] {
+            let mut h = HeaderMap::new();
+            match handler.insert_idempotency_key(&mut h, &event(bad)) {
+                Err(HandlerError::Permanent(reason)) => assert!(reason.contains("Idempotency-Key"), "{reason}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+            assert!(h.is_empty());
+        }
     }
 
     #[test]
