@@ -131,7 +131,11 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
         .set("group.id", &config.kafka.group_id)
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
-        .set("client.id", "bench-contender");
+        .set("client.id", "bench-contender")
+        // outboxd's prefetch defaults (src/engine/consumer.rs), so every contender fetches alike.
+        .set("queued.max.messages.kbytes", "16384")
+        .set("queued.min.messages", "10000")
+        .set("fetch.queue.backoff.ms", "20");
     for (k, v) in &config.kafka.options {
         cc.set(k, v);
     }

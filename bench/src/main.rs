@@ -1693,7 +1693,7 @@ fn write_report(
         noise.iter().map(|(n, f)| format!("{n} {:.0}%", f * 100.0)).collect::<Vec<_>>().join(", ")
     ));
     rep.line(format!("- suite wall time: {:.1} min", elapsed.as_secs_f64() / 60.0));
-    rep.line("- every contender: own consumer group, fresh store / fresh PostgreSQL table, `kafka.commit_interval = 100ms`, `max_in_flight = 256`, default librdkafka settings; the receiver (in the driver) answers 200 at once unless said otherwise");
+    rep.line("- every contender: own consumer group, fresh store / fresh PostgreSQL table, `kafka.commit_interval = 100ms`, `max_in_flight = 256`, outboxd's librdkafka defaults (prefetch `queued.max.messages.kbytes = 16384`, `queued.min.messages = 10000`, `fetch.queue.backoff.ms = 20`), mimalloc as the allocator; the receiver (in the driver) answers 200 at once unless said otherwise");
     rep.line("");
 
     if !drain.is_empty() {

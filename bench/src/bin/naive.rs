@@ -1,6 +1,10 @@
 //! `naive --config F`: outboxd's decoder and handler, no dedup, offsets
 //! auto-committed as consumed. The upper bound of the benchmark.
 
+/// Same allocator as outboxd (src/main.rs): the comparison is about dedup, not malloc.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();

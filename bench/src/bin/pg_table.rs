@@ -17,6 +17,10 @@ struct Args {
     pool: usize,
 }
 
+/// Same allocator as outboxd (src/main.rs): the comparison is about dedup, not malloc.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
