@@ -119,12 +119,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     };
 
     draining.store(true, Ordering::Relaxed);
-    info!("draining: no new events; waiting for in-flight ones");
     let all = u32::try_from(max_in_flight).unwrap_or(u32::MAX);
-    if tokio::time::timeout(drain_timeout, permits.acquire_many(all)).await.is_err() {
+    if failure.is_some() {
+        // No in-flight event can record its outcome any more: waiting would only delay the exit.
         let unfinished = tracker.lock().expect("offset tracker lock").unfinished();
-        warn!(unfinished, ?drain_timeout,
-            "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
+        warn!(unfinished,
+            "the store failed: not waiting for in-flight events; they stay uncommitted and are redelivered after a restart");
+    } else {
+        info!("draining: no new events; waiting for in-flight ones");
+        if tokio::time::timeout(drain_timeout, permits.acquire_many(all)).await.is_err() {
+            let unfinished = tracker.lock().expect("offset tracker lock").unfinished();
+            warn!(unfinished, ?drain_timeout,
+                "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
+        }
     }
     consumer::commit_now(&consumer, &tracker);
     let closed = store.close().await;
