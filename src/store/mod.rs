@@ -148,7 +148,7 @@ impl Store {
             None => {
                 // A store written before the counts were kept: count once.
                 tracing::info!(store = %path.display(), "counting the records per state once");
-                Counts::from_values(count_states(&events)?)
+                count_states(&events)?
             }
         });
         let persist = {
@@ -505,7 +505,7 @@ impl Store {
         s.bytes_on_disk = self.db.size_on_disk()?;
         if !self.service {
             let scanned = [s.claimed, s.done, s.dead, s.parked].map(|n| n as i64);
-            if self.counts.encode() != Counts::from_values(scanned).encode() {
+            if self.counts.values() != scanned {
                 tracing::info!(store = %self.path.display(), "per-state counts corrected from a full count");
                 self.counts.set(scanned);
                 self.meta.insert(COUNTS_KEY, &self.counts.encode()[..])?;
@@ -560,20 +560,14 @@ fn encode_message(m: &RawMessage) -> Vec<u8> {
     postcard::to_allocvec(&stored).expect("messages serialise")
 }
 
-/// Records per state by a full scan: claimed, done, dead, parked.
-fn count_states(events: &sled::Tree) -> Result<[i64; 4], StoreError> {
-    let mut n = [0i64; 4];
+/// Records per state by a full scan.
+fn count_states(events: &sled::Tree) -> Result<Counts, StoreError> {
+    let counts = Counts::default();
     for item in events.iter() {
         let (k, v) = item?;
-        let r = decode(&String::from_utf8_lossy(&k), &v)?;
-        n[match r.state {
-            State::Claimed => 0,
-            State::Done => 1,
-            State::Dead => 2,
-            State::Parked => 3,
-        }] += 1;
+        counts.moved(None, Some(decode(&String::from_utf8_lossy(&k), &v)?.state));
     }
-    Ok(n)
+    Ok(counts)
 }
 
 fn expiry_key(at_us: i64, id: &str) -> Vec<u8> {
