@@ -129,13 +129,15 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
+impl ListQuery {
+    /// `?state=`, or a 400 naming the states there are.
+    fn state_filter(&self) -> Result<Option<RecordState>, ApiError> {
+        self.state.as_deref().map(str::parse).transpose().map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
+    }
+}
+
 async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
-    let state = q
-        .state
-        .as_deref()
-        .map(str::parse::<RecordState>)
-        .transpose()
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+    let state = q.state_filter()?;
     let limit = q.limit.unwrap_or(100).min(MAX_LIST);
     let store = s.exec.store.clone();
     let records = tokio::task::spawn_blocking(move || store.list_filtered(state, q.topic.as_deref(), limit))
@@ -190,12 +192,7 @@ async fn gc(State(s): State<Shared>, headers: HeaderMap) -> Result<Json<Value>, 
 
 /// JSON Lines of records (with message copies), streamed while the store is scanned.
 async fn export(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
-    let state = q
-        .state
-        .as_deref()
-        .map(str::parse::<RecordState>)
-        .transpose()
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+    let state = q.state_filter()?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(EXPORT_BUFFER);
     let store = s.exec.store.clone();
     tokio::task::spawn_blocking(move || {
