@@ -1475,16 +1475,23 @@ async fn main() -> anyhow::Result<()> {
     result
 }
 
+/// Everything measured so far, for the report.
+#[derive(Default)]
+struct Measured {
+    others: Vec<String>,
+    noise: Vec<(&'static str, f64)>,
+    drain: HashMap<(Contender, Hk), Vec<DrainResult>>,
+    drain_info: String,
+    lat: HashMap<Contender, Vec<LatResult>>,
+    floor_pairs: Vec<i64>,
+    floor_singles: Vec<i64>,
+    slow: Vec<(String, usize, &'static str, Vec<f64>)>,
+    store: Option<StoreResult>,
+}
+
 async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> anyhow::Result<()> {
     let s = &b.sizes;
-    let others = others_running();
-    let mut noise: Vec<(&str, f64)> = Vec::new();
-    let mut store: Option<StoreResult> = None;
-    let mut drain: HashMap<(Contender, Hk), Vec<DrainResult>> = HashMap::new();
-    let mut drain_info = String::new();
-    let mut lat: HashMap<Contender, Vec<LatResult>> = HashMap::new();
-    let (mut floor_pairs, mut floor_singles) = (Vec::new(), Vec::new());
-    let mut slow: Vec<(String, usize, &str, Vec<f64>)> = Vec::new();
+    let mut m = Measured { others: others_running(), ..Measured::default() };
 
     // ---- drain
     if scenarios.contains("drain") {
@@ -1500,32 +1507,19 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         );
         let total = end_offsets(&b.args.brokers, &topic, PARTITIONS)?;
         anyhow::ensure!(total == msgs as i64, "end offsets {total} != {msgs} produced");
-        drain_info = format!("{msgs} messages ({dups} duplicate ids at new offsets, {} distinct events), {PAYLOAD_BYTES} B payloads, {PARTITIONS} partitions, {KEYS} keys", msgs - dups);
+        m.drain_info = format!("{msgs} messages ({dups} duplicate ids at new offsets, {} distinct events), {PAYLOAD_BYTES} B payloads, {PARTITIONS} partitions, {KEYS} keys", msgs - dups);
         for r in 0..s.runs {
             for hk in [Hk::Log, Hk::Http] {
                 for who in order(r + hk as usize, &b.args.contenders) {
                     let res = drain_run(b, who, hk, r, &topic, total).await?;
-                    drain.entry((who, hk)).or_default().push(res);
+                    m.drain.entry((who, hk)).or_default().push(res);
                 }
             }
         }
-        noise.push(("drain", n0.other_share()));
+        m.noise.push(("drain", n0.other_share()));
     }
 
-    write_report(
-        b,
-        started,
-        &others,
-        &noise,
-        &drain,
-        &drain_info,
-        &lat,
-        &floor_pairs,
-        &floor_singles,
-        &slow,
-        &store,
-        false,
-    )?;
+    write_report(b, started, &m, false)?;
     // ---- latency
     if scenarios.contains("latency") {
         let n0 = Noise::now();
@@ -1533,39 +1527,26 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
             let names = format!("{},{}", b.args.contenders, b.args.latency_extra);
             for who in order(r, &names) {
                 let res = latency_run(b, who, r).await?;
-                lat.entry(who).or_default().push(res);
+                m.lat.entry(who).or_default().push(res);
             }
             let (dir, n) = (b.work.clone(), s.floor_samples / s.runs);
             let (p, single) = tokio::task::spawn_blocking(move || fdatasync_floor(&dir, n.max(100))).await??;
-            floor_pairs.extend(p);
-            floor_singles.extend(single);
+            m.floor_pairs.extend(p);
+            m.floor_singles.extend(single);
         }
-        noise.push(("latency", n0.other_share()));
-        floor_pairs.sort_unstable();
-        floor_singles.sort_unstable();
+        m.noise.push(("latency", n0.other_share()));
+        m.floor_pairs.sort_unstable();
+        m.floor_singles.sort_unstable();
         eprintln!(
             "bench: fdatasync floor: two = p50 {:.2} ms p99 {:.2} ms; one = p50 {:.2} ms p99 {:.2} ms",
-            pct(&floor_pairs, 0.5) / 1000.0,
-            pct(&floor_pairs, 0.99) / 1000.0,
-            pct(&floor_singles, 0.5) / 1000.0,
-            pct(&floor_singles, 0.99) / 1000.0
+            pct(&m.floor_pairs, 0.5) / 1000.0,
+            pct(&m.floor_pairs, 0.99) / 1000.0,
+            pct(&m.floor_singles, 0.5) / 1000.0,
+            pct(&m.floor_singles, 0.99) / 1000.0
         );
     }
 
-    write_report(
-        b,
-        started,
-        &others,
-        &noise,
-        &drain,
-        &drain_info,
-        &lat,
-        &floor_pairs,
-        &floor_singles,
-        &slow,
-        &store,
-        false,
-    )?;
+    write_report(b, started, &m, false)?;
     // ---- slow receiver
     if scenarios.contains("slow") {
         let n0 = Noise::now();
@@ -1576,14 +1557,14 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         // Enough for 256 in flight at 20 ms (12,800/s) through the window, warm-up and start.
         let n_many = 12_800 * (s.slow_secs + 4);
         let n_hot = 60 * (s.slow_secs + 4);
-        let (br, m, h) = (b.args.brokers.clone(), many.clone(), hot.clone());
+        let (br, mt, h) = (b.args.brokers.clone(), many.clone(), hot.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            preload(&br, &m, 0x51, n_many, KEYS, false)?;
+            preload(&br, &mt, 0x51, n_many, KEYS, false)?;
             preload(&br, &h, 0x52, n_hot, 1, false)?;
             Ok(())
         })
         .await??;
-        let configs: Vec<(Contender, usize, &str, &String)> = vec![
+        let configs: Vec<(Contender, usize, &'static str, &String)> = vec![
             (Contender::Outboxd, 1, "many keys", &many),
             (Contender::Outboxd, 16, "many keys", &many),
             (Contender::Outboxd, 256, "many keys", &many),
@@ -1601,67 +1582,28 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
                 );
             }
         }
-        noise.push(("slow receiver", n0.other_share()));
+        m.noise.push(("slow receiver", n0.other_share()));
         for (i, (who, mif, label, _)) in configs.iter().enumerate() {
-            slow.push((who.name().to_owned(), *mif, label, results[i].clone()));
+            m.slow.push((who.name().to_owned(), *mif, label, results[i].clone()));
         }
     }
 
-    write_report(
-        b,
-        started,
-        &others,
-        &noise,
-        &drain,
-        &drain_info,
-        &lat,
-        &floor_pairs,
-        &floor_singles,
-        &slow,
-        &store,
-        false,
-    )?;
+    write_report(b, started, &m, false)?;
     // ---- store
     let n0 = Noise::now();
-    store = if scenarios.contains("store") { Some(store_scenario(b).await?) } else { None };
-    if store.is_some() {
-        noise.push(("store", n0.other_share()));
+    m.store = if scenarios.contains("store") { Some(store_scenario(b).await?) } else { None };
+    if m.store.is_some() {
+        m.noise.push(("store", n0.other_share()));
     }
 
-    write_report(
-        b,
-        started,
-        &others,
-        &noise,
-        &drain,
-        &drain_info,
-        &lat,
-        &floor_pairs,
-        &floor_singles,
-        &slow,
-        &store,
-        true,
-    )?;
+    write_report(b, started, &m, true)?;
     Ok(())
 }
 
 /// Writes the report with whatever has been measured so far (called after every
 /// scenario, so a run that is stopped half-way still leaves its numbers).
-#[allow(clippy::too_many_arguments)]
-fn write_report(
-    b: &Bench,
-    started: Instant,
-    others: &[String],
-    noise: &[(&str, f64)],
-    drain: &HashMap<(Contender, Hk), Vec<DrainResult>>,
-    drain_info: &str,
-    lat: &HashMap<Contender, Vec<LatResult>>,
-    floor_pairs: &[i64],
-    floor_singles: &[i64],
-    slow: &[(String, usize, &str, Vec<f64>)],
-    store: &Option<StoreResult>,
-    done: bool,
-) -> anyhow::Result<()> {
+fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool) -> anyhow::Result<()> {
+    let Measured { others, noise, drain, drain_info, lat, floor_pairs, floor_singles, slow, store } = m;
     let s = &b.sizes;
     let mut rep = Report { md: String::new() };
     let mut targets: Vec<(String, String, Option<bool>)> = Vec::new();
