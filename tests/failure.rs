@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{new_event_id, Kafka, Message, Outboxd};
-use fault_support::kafka::{alter_topic_config, create_topic_with, RawProducer};
+use fault_support::kafka::{alter_topic_config, RawProducer};
 use fault_support::receiver::{Reply, ScriptedReceiver};
 use fault_support::store::{self as cli, describe};
 use fault_support::{dead_letter_toml, log_lines, logged, outboxd_for};
@@ -74,7 +74,7 @@ fn text(v: &Value, field: &str) -> String {
 async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
     let mut s = setup("dlq-src", 1).await;
     let refuse = [("message.timestamp.before.max.ms", "0")];
-    let dlq = create_topic_with(s.kafka.brokers(), "dlq", 1, &refuse).await;
+    let dlq = s.kafka.create_topic_with("dlq", 1, &refuse).await;
     s.od.config.handler_extra = dead_letter_toml(&dlq);
     let bad = new_event_id();
     let after = new_event_id();
@@ -817,7 +817,7 @@ fn bad_inputs() -> Vec<Case> {
 async fn bad_input_never_stops_the_service() {
     let kafka = Kafka::connect();
     // The broker's default limit is ~1 MB per message; this topic takes the 10 MB one.
-    let topic = create_topic_with(kafka.brokers(), "bad-input", 1, &[("max.message.bytes", "12000000")]).await;
+    let topic = kafka.create_topic_with("bad-input", 1, &[("max.message.bytes", "12000000")]).await;
     let dlq = kafka.create_topic("bad-input-dlq", 1).await;
     let rx = ScriptedReceiver::start();
     let mut od = outboxd_for(&kafka, &[&topic], &rx);
@@ -932,8 +932,8 @@ async fn bad_input_never_stops_the_service() {
 async fn oversized_undecodable_message_is_dead_lettered() {
     let kafka = Kafka::connect();
     let big_topic = [("max.message.bytes", "12000000")];
-    let topic = create_topic_with(kafka.brokers(), "big-src", 1, &big_topic).await;
-    let dlq = create_topic_with(kafka.brokers(), "big-dlq", 1, &big_topic).await;
+    let topic = kafka.create_topic_with("big-src", 1, &big_topic).await;
+    let dlq = kafka.create_topic_with("big-dlq", 1, &big_topic).await;
     let rx = ScriptedReceiver::start();
     let mut od = outboxd_for(&kafka, &[&topic], &rx);
     od.config.handler_extra = dead_letter_toml(&dlq);

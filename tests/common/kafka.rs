@@ -76,8 +76,13 @@ impl Kafka {
     /// Creates a topic with a unique name starting with `prefix` and waits until every
     /// partition has a leader.
     pub async fn create_topic(&self, prefix: &str, partitions: i32) -> String {
+        self.create_topic_with(prefix, partitions, &[]).await
+    }
+
+    /// Like [`Kafka::create_topic`], with topic configs such as `max.message.bytes`.
+    pub async fn create_topic_with(&self, prefix: &str, partitions: i32, configs: &[(&str, &str)]) -> String {
         let name = unique_name(prefix);
-        self.create_topic_named(&name, partitions).await;
+        self.create_topic_configured(&name, partitions, configs).await;
         name
     }
 

@@ -1,16 +1,13 @@
-//! Kafka helpers the shared harness does not have: topics with configs, changing a
-//! topic's config, and a producer of arbitrary messages.
+//! Kafka helpers the shared harness does not have: changing a topic's config, and a
+//! producer of arbitrary messages.
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-
-use crate::common::{unique_name, wait_until};
 
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -18,40 +15,6 @@ fn client(brokers: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers).set("log_level", "3");
     c
-}
-
-/// Creates a topic named `prefix` + a unique suffix with topic `configs` (e.g.
-/// `max.message.bytes`), and waits until every partition has a leader.
-pub async fn create_topic_with(brokers: &str, prefix: &str, partitions: i32, configs: &[(&str, &str)]) -> String {
-    let name = unique_name(prefix);
-    let admin: AdminClient<DefaultClientContext> = client(brokers).create().expect("admin client");
-    let mut topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
-    for (k, v) in configs {
-        topic = topic.set(k, v);
-    }
-    let results = admin
-        .create_topics(&[topic], &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)))
-        .await
-        .unwrap_or_else(|e| panic!("create topic {name}: {e}"));
-    for r in results {
-        if let Err((t, code)) = r {
-            panic!("create topic {t}: {code:?}");
-        }
-    }
-    let consumer: BaseConsumer = client(brokers).create().expect("client");
-    wait_until(format!("topic {name} to have {partitions} partitions with leaders"), ADMIN_TIMEOUT, || match consumer
-        .fetch_metadata(Some(&name), Duration::from_secs(10))
-    {
-        Ok(md) => md.topics().iter().any(|t| {
-            t.name() == name
-                && t.error().is_none()
-                && t.partitions().len() == partitions as usize
-                && t.partitions().iter().all(|p| p.leader() >= 0)
-        }),
-        Err(_) => false,
-    })
-    .await;
-    name
 }
 
 /// Replaces the topic's dynamic configs with `configs` (non-incremental AlterConfigs).
