@@ -100,23 +100,27 @@ fn behaviour_for(inner: &Inner, id: Option<&str>) -> Behaviour {
 
 /// The HTTP receiver. Dropping it stops the server.
 pub struct Receiver {
-    addr: SocketAddr,
+    server: Server,
     shared: Shared,
+}
+
+/// An axum app served on 127.0.0.1 (a free port) on its own runtime and thread.
+/// Dropping it stops the server, not gracefully on purpose: hanging calls must not
+/// keep the test alive.
+pub struct Server {
+    pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Receiver {
-    /// Starts listening on 127.0.0.1 on a free port.
-    pub fn start() -> Receiver {
+impl Server {
+    pub fn start(thread_name: &str, app: Router) -> Server {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the receiver on 127.0.0.1");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("local addr");
-        let shared: Shared = Arc::default();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let app = Router::new().fallback(handle).with_state(shared.clone());
         let thread = std::thread::Builder::new()
-            .name("receiver".into())
+            .name(thread_name.into())
             .spawn(move || {
                 let rt = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
@@ -125,7 +129,6 @@ impl Receiver {
                     .expect("receiver runtime");
                 rt.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-                    // Not graceful on purpose: hanging calls must not keep the test alive.
                     tokio::select! {
                         r = axum::serve(listener, app) => r.expect("receiver server"),
                         _ = stopped => {}
@@ -134,12 +137,32 @@ impl Receiver {
                 rt.shutdown_background();
             })
             .expect("spawn the receiver thread");
-        Receiver { addr, shared, stop: Some(stop), thread: Some(thread) }
+        Server { addr, stop: Some(stop), thread: Some(thread) }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Receiver {
+    /// Starts listening on 127.0.0.1 on a free port.
+    pub fn start() -> Receiver {
+        let shared: Shared = Arc::default();
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        Receiver { server: Server::start("receiver", app), shared }
     }
 
     /// `http://127.0.0.1:PORT`
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr)
     }
 
     /// Answer every event without its own behaviour like this.
@@ -189,17 +212,6 @@ impl Receiver {
     /// How many calls are running right now.
     pub fn in_flight(&self) -> usize {
         lock(&self.shared).calls.iter().filter(|c| c.ended.is_none()).count()
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

@@ -15,7 +15,6 @@
 //! count.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -26,6 +25,8 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::Value;
+
+use crate::common::receiver::Server;
 
 /// Bodies up to this size are kept (parsed as JSON when they are JSON).
 const KEEP_BODY_UP_TO: usize = 64 * 1024;
@@ -145,50 +146,26 @@ fn lock(s: &Shared) -> MutexGuard<'_, Inner> {
 
 /// The receiver; dropping it stops the server (held calls are abandoned).
 pub struct ScriptedReceiver {
-    addr: SocketAddr,
+    server: Server,
     shared: Shared,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ScriptedReceiver {
     /// Listens on 127.0.0.1 (free port) on its own runtime and thread; answers 200 until
     /// told otherwise.
     pub fn start() -> ScriptedReceiver {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the receiver on 127.0.0.1");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("local addr");
         let shared: Shared = Arc::new(Mutex::new(Inner {
             calls: Vec::new(),
             ok: Default::default(),
             counts: Default::default(),
             script: Arc::new(|_: &Req| Reply::ok()),
         }));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let app = Router::new().fallback(handle).layer(DefaultBodyLimit::disable()).with_state(shared.clone());
-        let thread = std::thread::Builder::new()
-            .name("scripted-receiver".into())
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .expect("receiver runtime");
-                rt.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-                    tokio::select! {
-                        r = axum::serve(listener, app) => r.expect("receiver server"),
-                        _ = stopped => {}
-                    }
-                });
-                rt.shutdown_background();
-            })
-            .expect("spawn the receiver thread");
-        ScriptedReceiver { addr, shared, stop: Some(stop), thread: Some(thread) }
+        ScriptedReceiver { server: Server::start("scripted-receiver", app), shared }
     }
 
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr)
     }
 
     /// The handler URL template the tests configure: `/events/{aggregate_id}/{event_id}`.
@@ -262,17 +239,6 @@ impl ScriptedReceiver {
 
     pub fn len(&self) -> usize {
         lock(&self.shared).calls.len()
-    }
-}
-
-impl Drop for ScriptedReceiver {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
