@@ -25,6 +25,10 @@ const META_TREE: &str = "meta";
 /// Copies of the messages of dead and parked events, for `store export` and `store retry`.
 const MESSAGES_TREE: &str = "messages";
 const DUPLICATES_KEY: &[u8] = b"duplicates_suppressed";
+/// A claimed record expires this long after a final one would: an event in flight
+/// is finished long before, so a claim this old belongs to a partition that left or a
+/// process that is gone, and would otherwise stay forever.
+const CLAIMED_EXPIRY_MARGIN: Duration = Duration::from_secs(24 * 3600);
 /// Expired records removed per sled batch during a retention pass.
 const GC_BATCH: usize = 1_000;
 
@@ -137,6 +141,9 @@ impl Store {
             }
             Err(e) => return Err(e.into()),
         };
+        // sled writes its `conf` file once and never fsyncs it; after a power loss it
+        // would find it empty and rewrite it with defaults.
+        sync::sync_file(&path.join("conf"))?;
         sync::sync_dir(path)?;
         let data_file = if opts.fsync { Some(sync::open_data_file(path)?) } else { None };
         let owner = owner::OwnerFile::write(path, opts.role).ok();
@@ -206,13 +213,14 @@ impl Store {
     /// (then the duplicate is counted and nothing runs).
     pub async fn claim(&self, event: &OutboxEvent) -> Result<Claim, StoreError> {
         let now = now_us();
-        let existing = self.get(&event.id)?;
-        let record = match existing {
+        let raw = self.events.get(event.id.as_bytes())?;
+        let existing = raw.as_ref().map(|bytes| decode(&event.id, bytes)).transpose()?;
+        let mut record = match existing {
             Some(r) if r.state.is_final() => {
                 let state = r.state;
                 let p = &event.position;
                 let same_offset = r.topic == p.topic && r.partition == p.partition && r.offset == p.offset;
-                self.count_duplicate(r)?;
+                self.count_duplicate(raw.as_deref(), r)?;
                 return Ok(Claim::Finished { state, same_offset });
             }
             Some(r) => Record {
@@ -231,6 +239,10 @@ impl Store {
                 ..Record::first_seen(&event.id, State::Claimed, 1, &event.position, now)
             },
         };
+        // A claim whose partition left (or whose process died for good) must not stay
+        // forever: it expires too, later than final records.
+        let expires = now.saturating_add((self.retention + CLAIMED_EXPIRY_MARGIN).as_micros() as i64);
+        self.reindex(&mut record, Some(expires))?;
         self.put(&record)?;
         if record.attempts == 1 {
             self.counts.moved(None, Some(State::Claimed));
@@ -249,9 +261,14 @@ impl Store {
         Ok(r.attempts)
     }
 
-    fn count_duplicate(&self, mut r: Record) -> Result<(), StoreError> {
+    /// Counts a suppressed duplicate on the record as it was read (`old`): if gc or
+    /// `forget` removed it (or anything changed it) meanwhile, the record is left as it
+    /// is now instead of being written back to life.
+    fn count_duplicate(&self, old: Option<&[u8]>, mut r: Record) -> Result<(), StoreError> {
         r.duplicates += 1;
-        self.put(&r)?;
+        let new = postcard::to_allocvec(&r).expect("records serialise");
+        // A lost race only loses this record's duplicate count; the total below still counts it.
+        let _ = self.events.compare_and_swap(r.event_id.as_bytes(), old, Some(new))?;
         self.meta.fetch_and_update(DUPLICATES_KEY, |old| {
             let n = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes).unwrap_or(0);
             Some((n + 1).to_be_bytes().to_vec())
@@ -402,7 +419,8 @@ impl Store {
                 let id = std::str::from_utf8(&key[8..]).unwrap_or_default();
                 let at = i64::from_be_bytes(key[..8].try_into().expect("8-byte prefix"));
                 if let Some(r) = self.get(id)? {
-                    if r.state.is_final() && r.expires_at_us == Some(at) {
+                    // Final records after the retention; claimed ones after it and a margin.
+                    if r.expires_at_us == Some(at) {
                         self.events.remove(id.as_bytes())?;
                         self.messages.remove(id.as_bytes())?;
                         self.counts.moved(Some(r.state), None);

@@ -98,6 +98,10 @@ fn run(
     stats: Arc<Mutex<SyncStats>>,
 ) {
     let mut last_batch = 0usize;
+    // After a failed flush or fdatasync the kernel may have dropped the dirty pages
+    // and cleared the error ("fsyncgate"): a later fdatasync could succeed without
+    // the lost writes. So the first failure is the answer to every later wait.
+    let mut failed: Option<Arc<std::io::Error>> = None;
     while let Ok(first) = rx.recv() {
         let mut waiters = vec![first];
         waiters.extend(rx.try_iter());
@@ -114,9 +118,15 @@ fn run(
         }
         last_batch = waiters.len();
         let started = Instant::now();
-        let result = before_flush()
-            .map_err(|e| Arc::new(std::io::Error::other(e)))
-            .and_then(|()| make_durable(&db, data_file.as_ref()));
+        let result = match &failed {
+            Some(error) => Err(error.clone()),
+            None => before_flush()
+                .map_err(|e| Arc::new(std::io::Error::other(e)))
+                .and_then(|()| make_durable(&db, data_file.as_ref())),
+        };
+        if let Err(error) = &result {
+            failed.get_or_insert_with(|| error.clone());
+        }
         let took = started.elapsed();
         metrics::histogram!(crate::admin::names::BATCH).record(waiters.len() as f64);
         metrics::histogram!(crate::admin::names::SYNC_SECONDS).record(took.as_secs_f64());
@@ -145,6 +155,15 @@ pub fn open_data_file(dir: &Path) -> std::io::Result<File> {
     File::open(dir.join("db"))
 }
 
+/// Makes a file's content durable, if it exists.
+pub fn sync_file(path: &Path) -> std::io::Result<()> {
+    match File::open(path) {
+        Ok(f) => f.sync_all(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Makes the directory entries of a fresh database durable (files created by sled).
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()?;
@@ -152,4 +171,29 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
         File::open(parent)?.sync_all()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn after_a_failed_sync_every_later_wait_fails_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        // Fails once, then would succeed: the second wait must not be told "durable".
+        let flaky: BeforeFlush = Box::new(move || {
+            if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                Err(sled::Error::Unsupported("disk went away".into()))
+            } else {
+                Ok(())
+            }
+        });
+        let syncer = Syncer::start(db, None, Duration::ZERO, flaky);
+        let first = syncer.durable().await.unwrap_err();
+        assert!(first.to_string().contains("disk went away"), "{first}");
+        let later = syncer.durable().await.unwrap_err();
+        assert!(later.to_string().contains("disk went away"), "the first failure answers later waits: {later}");
+    }
 }

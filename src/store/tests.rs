@@ -74,8 +74,8 @@ async fn gc_removes_only_expired_final_records() {
     assert_eq!(store.gc(later).await.unwrap(), 2);
     assert!(store.get("a").unwrap().is_none());
     assert!(store.get("b").unwrap().is_none());
-    assert_eq!(store.get("c").unwrap().unwrap().state, State::Claimed, "claimed records never expire");
-    assert_eq!(store.expiry.len(), 0);
+    assert_eq!(store.get("c").unwrap().unwrap().state, State::Claimed, "a claim expires only after a margin");
+    assert_eq!(store.expiry.len(), 1, "the claim's own expiry entry");
 }
 
 #[tokio::test]
@@ -171,4 +171,46 @@ async fn stats_on_a_stopped_store_corrects_drifted_counts() {
     drop(store);
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
     assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0], "the correction is stored");
+}
+
+#[tokio::test]
+async fn counting_a_duplicate_does_not_bring_back_a_record_removed_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    let c = claimed(&store, "e1", 1).await;
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    // A duplicate's claim read the record; then `forget` (or gc) removed it.
+    let raw = store.events.get("e1").unwrap();
+    let read = store.get("e1").unwrap().unwrap();
+    store.forget("e1").await.unwrap();
+    store.count_duplicate(raw.as_deref(), read).unwrap();
+    assert_eq!(store.get("e1").unwrap(), None, "the removed record stays removed");
+    assert_eq!(store.stats().unwrap().duplicates_suppressed, 1, "the duplicate is still counted");
+}
+
+#[tokio::test]
+async fn a_claim_that_is_never_finished_expires_after_the_retention_and_a_margin() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Duration::from_secs(3600);
+    let store = Store::open(dir.path(), &opts(retention)).unwrap();
+    store.claim(&event("stranded", 1)).await.unwrap();
+    let after_retention = now_us() + retention.as_micros() as i64 + 1_000_000;
+    assert_eq!(store.gc(after_retention).await.unwrap(), 0, "kept longer than final records");
+    assert_eq!(store.get("stranded").unwrap().unwrap().state, State::Claimed);
+    let after_margin = after_retention + CLAIMED_EXPIRY_MARGIN.as_micros() as i64;
+    assert_eq!(store.gc(after_margin).await.unwrap(), 1);
+    assert_eq!(store.get("stranded").unwrap(), None);
+    assert_eq!(store.counts()[0], (State::Claimed, 0));
+}
+
+#[tokio::test]
+async fn a_finished_claim_expires_like_any_final_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Duration::from_secs(3600);
+    let store = Store::open(dir.path(), &opts(retention)).unwrap();
+    let c = claimed(&store, "e1", 1).await;
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    let after_retention = now_us() + retention.as_micros() as i64 + 1_000_000;
+    assert_eq!(store.gc(after_retention).await.unwrap(), 1, "the claim's own expiry was replaced");
+    assert_eq!(store.gc(after_retention + CLAIMED_EXPIRY_MARGIN.as_micros() as i64).await.unwrap(), 0);
 }
