@@ -718,8 +718,8 @@ impl RawHandler {
                 let Some(url) = self.url else {
                     bail!("{at}.url: required for kind = \"http\"");
                 };
-                let url = expand_env(&format!("{at}.url"), &url, env)?;
-                let url = UrlTemplate::parse(&url).map_err(|e| anyhow::anyhow!("{at}.url: {e}"))?;
+                let expanded = expand_env(&format!("{at}.url"), &url, env)?;
+                let url = UrlTemplate::parse_shown(&expanded, &url).map_err(|e| anyhow::anyhow!("{at}.url: {e}"))?;
                 let method_text = self.method.unwrap_or_else(|| "POST".to_owned());
                 let method = reqwest::Method::from_bytes(method_text.to_ascii_uppercase().as_bytes())
                     .map_err(|_| anyhow::anyhow!("{at}.method: invalid HTTP method {method_text:?}"))?;
@@ -754,8 +754,9 @@ impl RawHandler {
                 let verify = match &self.verify {
                     None => None,
                     Some(v) => {
-                        let url = expand_env(&format!("{at}.verify.url"), &v.url, env)?;
-                        let url = UrlTemplate::parse(&url).map_err(|e| anyhow::anyhow!("{at}.verify.url: {e}"))?;
+                        let expanded = expand_env(&format!("{at}.verify.url"), &v.url, env)?;
+                        let url = UrlTemplate::parse_shown(&expanded, &v.url)
+                            .map_err(|e| anyhow::anyhow!("{at}.verify.url: {e}"))?;
                         let m = v.method.clone().unwrap_or_else(|| "GET".to_owned());
                         let method = reqwest::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
                             .map_err(|_| anyhow::anyhow!("{at}.verify.method: invalid HTTP method {m:?}"))?;

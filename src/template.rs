@@ -35,10 +35,20 @@ enum Part {
     Var(Var),
 }
 
-#[derive(Debug, Clone)]
+/// A parsed URL template. It may carry secrets expanded from `${VAR}` (a webhook
+/// path, an Azure `?code=` key): only [`UrlTemplate::render`] sees them; the text
+/// that is shown (`as_str`, `Debug`, error messages) keeps `${VAR}` as written.
+#[derive(Clone)]
 pub struct UrlTemplate {
-    text: String,
+    /// As written in the config, before `${VAR}` expansion: safe to show.
+    shown: String,
     parts: Vec<Part>,
+}
+
+impl std::fmt::Debug for UrlTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("UrlTemplate").field(&self.shown).finish()
+    }
 }
 
 /// Values for one event.
@@ -60,7 +70,14 @@ pub enum RenderError {
 }
 
 impl UrlTemplate {
+    /// A template without secrets: shown as it is.
     pub fn parse(text: &str) -> Result<UrlTemplate, String> {
+        UrlTemplate::parse_shown(text, text)
+    }
+
+    /// `text` with `${VAR}` already expanded; `shown` is the same before expansion,
+    /// the only form that appears in messages.
+    pub fn parse_shown(text: &str, shown: &str) -> Result<UrlTemplate, String> {
         let mut parts = Vec::new();
         let mut rest = text;
         while let Some(open) = rest.find('{') {
@@ -68,7 +85,7 @@ impl UrlTemplate {
                 parts.push(Part::Literal(rest[..open].to_owned()));
             }
             let after = &rest[open + 1..];
-            let close = after.find('}').ok_or_else(|| format!("unclosed '{{' in {text:?}"))?;
+            let close = after.find('}').ok_or_else(|| format!("unclosed '{{' in {shown:?}"))?;
             let name = &after[..close];
             let var = Var::from_name(name).ok_or_else(|| {
                 format!("unknown placeholder {{{name}}}; known: {{event_id}} {{aggregate_id}} {{event_type}} {{topic}}")
@@ -77,12 +94,12 @@ impl UrlTemplate {
             rest = &after[close + 1..];
         }
         if rest.contains('}') {
-            return Err(format!("unmatched '}}' in {text:?}"));
+            return Err(format!("unmatched '}}' in {shown:?}"));
         }
         if !rest.is_empty() {
             parts.push(Part::Literal(rest.to_owned()));
         }
-        let template = UrlTemplate { text: text.to_owned(), parts };
+        let template = UrlTemplate { shown: shown.to_owned(), parts };
         template.check_structure()?;
         Ok(template)
     }
@@ -116,12 +133,13 @@ impl UrlTemplate {
         Ok(())
     }
 
+    /// The template as written, `${VAR}` unexpanded: safe for logs and output.
     pub fn as_str(&self) -> &str {
-        &self.text
+        &self.shown
     }
 
     pub fn render(&self, vars: &Vars<'_>) -> Result<Url, RenderError> {
-        let mut out = String::with_capacity(self.text.len() + 64);
+        let mut out = String::with_capacity(self.shown.len() + 64);
         for part in &self.parts {
             match part {
                 Part::Literal(s) => out.push_str(s),
@@ -197,6 +215,23 @@ mod tests {
         assert!(UrlTemplate::parse("http://h/{nope}").unwrap_err().contains("{nope}"));
         assert!(UrlTemplate::parse("http://h/{event_id").is_err());
         assert!(UrlTemplate::parse("ftp://h/{event_id}").is_err());
+    }
+
+    #[test]
+    fn a_secret_from_the_environment_is_used_but_never_shown() {
+        let t = UrlTemplate::parse_shown(
+            "https://h/hook/s3cr3t/{event_id}?code=k3y",
+            "https://h/hook/${HOOK}/{event_id}?code=${KEY}",
+        )
+        .unwrap();
+        let v = Vars { event_id: "e", aggregate_id: None, event_type: None, topic: "t" };
+        assert_eq!(t.render(&v).unwrap().as_str(), "https://h/hook/s3cr3t/e?code=k3y");
+        for shown in [t.as_str().to_owned(), format!("{t:?}")] {
+            assert!(!shown.contains("s3cr3t") && !shown.contains("k3y"), "{shown}");
+            assert!(shown.contains("${HOOK}") && shown.contains("${KEY}"), "{shown}");
+        }
+        let e = UrlTemplate::parse_shown("https://h/s3cr3t/{event_id", "https://h/${HOOK}/{event_id").unwrap_err();
+        assert!(!e.contains("s3cr3t"), "{e}");
     }
 
     #[test]

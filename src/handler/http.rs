@@ -55,7 +55,7 @@ impl HttpHandler {
             .body(body)
             .send()
             .await
-            .map_err(|e| HandlerError::retryable(describe(&e)))?;
+            .map_err(|e| HandlerError::retryable(describe(e)))?;
         let retry_after = retry_after(response.headers());
         match classify(&self.config.classify, response.status()) {
             Err(HandlerError::Retryable { reason, .. }) => Err(HandlerError::Retryable { reason, retry_after }),
@@ -77,7 +77,7 @@ impl HttpHandler {
             .headers(headers)
             .send()
             .await
-            .map_err(|e| HandlerError::retryable(format!("verify: {}", describe(&e))))?;
+            .map_err(|e| HandlerError::retryable(format!("verify: {}", describe(e))))?;
         match response.status().as_u16() {
             200..=299 => Ok(Verified::Happened(format!("verified: http {}", response.status().as_u16()))),
             404 => Ok(Verified::Missing),
@@ -135,7 +135,10 @@ fn insert_text(headers: &mut HeaderMap, name: &str, value: &str) {
     }
 }
 
-fn describe(e: &reqwest::Error) -> String {
+/// What went wrong, for logs, `record.reason` and dead-letter headers. reqwest's own
+/// text names the full URL, which may carry a secret from `${VAR}` (a webhook path,
+/// a `?code=` key): the error is rendered without it. Headers are never part of it.
+fn describe(e: reqwest::Error) -> String {
     let kind = if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {
@@ -143,9 +146,9 @@ fn describe(e: &reqwest::Error) -> String {
     } else {
         "request failed"
     };
-    // The URL may carry event data, not secrets; headers are never part of the error.
+    let e = e.without_url();
     let mut text = format!("{kind}: {e}");
-    let mut source = std::error::Error::source(e);
+    let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
         text.push_str(&format!(": {s}"));
         source = s.source();
