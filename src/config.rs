@@ -45,7 +45,12 @@ const DEFAULT_BACKOFF_MULTIPLIER: f32 = 2.0;
 /// receiver forgot the key could repeat the side effect.
 const DEFAULT_MAX_ELAPSED: Duration = Duration::from_secs(20 * 60);
 /// librdkafka's default `session.timeout.ms`.
+/// Added to the longest legitimate wait of a partition's head event (see `Config::stall_timeout`).
+const STALL_MARGIN: Duration = Duration::from_secs(60);
 const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
+/// Message bytes held in flight: a few huge messages (a poison flood of 100 MB
+/// values) must not exhaust memory, while 256 ordinary events fit many times over.
+const DEFAULT_MAX_IN_FLIGHT_BYTES: u32 = 256 * 1024 * 1024;
 /// Upper bound on `max_in_flight`: each in-flight event holds its payload in memory.
 const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
 
@@ -70,6 +75,9 @@ pub struct RawKafka {
     pub commit_interval: Option<String>,
     /// How long SIGINT/SIGTERM waits for in-flight events before giving up on them.
     pub drain_timeout: Option<String>,
+    /// A partition whose events wait while its offset has not moved for this long is
+    /// reported stalled (`/readyz`, `outboxd_partitions_stalled`).
+    pub stall_timeout: Option<String>,
     /// Passed to librdkafka as-is.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
@@ -131,6 +139,8 @@ pub struct RawStore {
     pub retention: Option<String>,
     pub commit_interval: Option<String>,
     pub max_in_flight: Option<usize>,
+    /// Bytes of consumed messages (key, value, headers) held in flight, e.g. "256MiB".
+    pub max_in_flight_bytes: Option<String>,
     pub gc_interval: Option<String>,
     /// `true` (default): fdatasync before a claim or completion counts.
     /// `false` survives a process crash but not a power loss.
@@ -292,6 +302,8 @@ pub struct KafkaConfig {
     pub group_id: String,
     pub commit_interval: Duration,
     pub drain_timeout: Duration,
+    /// `None`: derived from the handlers (see [`Config::stall_timeout`]).
+    pub stall_timeout: Option<Duration>,
     pub options: BTreeMap<String, String>,
 }
 
@@ -302,6 +314,8 @@ pub struct StoreConfig {
     pub retention: Duration,
     pub commit_interval: Duration,
     pub max_in_flight: usize,
+    /// At most this many message bytes in flight (a larger message runs alone).
+    pub max_in_flight_bytes: u32,
     pub gc_interval: Duration,
     pub fsync: bool,
 }
@@ -417,6 +431,28 @@ impl Config {
         self.handlers.iter().find(|h| h.topics.matches(topic))
     }
 
+    /// How long a partition may wait without its offset moving before it is reported
+    /// stalled. By default the longest an event at the head of a partition can
+    /// legitimately take (a handler's `retry.max_elapsed` plus one more attempt's
+    /// `timeout`), and a minute for the dead letter and the record.
+    pub fn stall_timeout(&self) -> Duration {
+        self.kafka.stall_timeout.unwrap_or_else(|| {
+            let longest = self
+                .handlers
+                .iter()
+                .map(|h| {
+                    let attempt = match &h.spec {
+                        HandlerSpec::Http(http) => http.timeout,
+                        HandlerSpec::Log => Duration::ZERO,
+                    };
+                    h.retry.max_elapsed.saturating_add(attempt)
+                })
+                .max()
+                .unwrap_or_default();
+            longest.saturating_add(STALL_MARGIN)
+        })
+    }
+
     /// Every subscription entry of every handler.
     pub fn subscriptions(&self) -> Vec<String> {
         let mut subs: Vec<String> = self.handlers.iter().flat_map(|h| h.topics.subscription()).collect();
@@ -486,8 +522,16 @@ impl RawConfig {
                 DEFAULT_OFFSET_COMMIT_INTERVAL,
             )?,
             drain_timeout: duration("kafka.drain_timeout", k.drain_timeout.as_deref(), DEFAULT_DRAIN_TIMEOUT)?,
+            stall_timeout: k
+                .stall_timeout
+                .as_deref()
+                .map(|v| duration("kafka.stall_timeout", Some(v), Duration::ZERO))
+                .transpose()?,
             options,
         };
+        if kafka.stall_timeout.is_some_and(|t| t.is_zero()) {
+            bail!("kafka.stall_timeout: must be greater than 0");
+        }
         if kafka.commit_interval.is_zero() {
             bail!("kafka.commit_interval: must be greater than 0");
         }
@@ -513,6 +557,17 @@ impl RawConfig {
         if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT_LIMIT {
             bail!("store.max_in_flight: must be between 1 and {MAX_IN_FLIGHT_LIMIT}, got {max_in_flight}");
         }
+        let max_in_flight_bytes = match s.max_in_flight_bytes.as_deref() {
+            None => DEFAULT_MAX_IN_FLIGHT_BYTES,
+            Some(text) => parse_size(text)
+                .filter(|n| (1..=u64::from(u32::MAX)).contains(n))
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "store.max_in_flight_bytes: {text:?} is not a size between 1 byte and 4GiB such as \"256MiB\""
+                    )
+                })?,
+        };
         let cache_bytes = match s.cache_size.as_deref() {
             None => DEFAULT_STORE_CACHE_BYTES,
             Some(text) => parse_size(text).ok_or_else(|| {
@@ -529,6 +584,7 @@ impl RawConfig {
                 DEFAULT_STORE_COMMIT_INTERVAL,
             )?,
             max_in_flight,
+            max_in_flight_bytes,
             gc_interval: duration("store.gc_interval", s.gc_interval.as_deref(), DEFAULT_GC_INTERVAL)?,
             fsync: s.fsync.unwrap_or(true),
         };

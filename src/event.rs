@@ -30,6 +30,12 @@ pub struct RawMessage {
 }
 
 impl RawMessage {
+    /// Bytes the message holds in memory (key, value, headers), for the in-flight bound.
+    pub fn size(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum();
+        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len) + headers
+    }
+
     pub fn position(&self) -> Position {
         Position { topic: self.topic.clone(), partition: self.partition, offset: self.offset }
     }

@@ -4,11 +4,12 @@
 //! (invariant 3), whatever order events finish in.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 /// A partition's identity.
 pub type PartitionId = (String, i32);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct PartitionState {
     /// Bumped on every (re)assignment; work from an older generation is ignored.
     generation: u64,
@@ -21,6 +22,22 @@ struct PartitionState {
     running: usize,
     /// Being revoked: no new execution begins.
     revoking: bool,
+    /// When the committable offset last moved, or waiting began (readiness: a
+    /// partition whose events wait while this grows old is stalled).
+    moved_at: Instant,
+}
+
+impl PartitionState {
+    fn new(generation: u64) -> PartitionState {
+        PartitionState {
+            generation,
+            pending: BTreeMap::new(),
+            committable: None,
+            running: 0,
+            revoking: false,
+            moved_at: Instant::now(),
+        }
+    }
 }
 
 /// Offsets of all assigned partitions.
@@ -35,7 +52,7 @@ impl OffsetTracker {
     pub fn assign(&mut self, partition: PartitionId) -> u64 {
         self.next_generation += 1;
         let generation = self.next_generation;
-        self.partitions.insert(partition, PartitionState { generation, ..Default::default() });
+        self.partitions.insert(partition, PartitionState::new(generation));
         generation
     }
 
@@ -51,6 +68,9 @@ impl OffsetTracker {
     /// A message was consumed and is now being worked on.
     pub fn start(&mut self, partition: &PartitionId, generation: u64, offset: i64) {
         if let Some(p) = self.partitions.get_mut(partition).filter(|p| p.generation == generation) {
+            if p.pending.is_empty() {
+                p.moved_at = Instant::now();
+            }
             p.pending.insert(offset, false);
         }
     }
@@ -65,6 +85,34 @@ impl OffsetTracker {
             }
             None => false,
         }
+    }
+
+    /// Whether work of `generation` may still start in the partition (assigned to
+    /// us in that generation and not being revoked).
+    pub fn owns(&self, partition: &PartitionId, generation: u64) -> bool {
+        self.partitions.get(partition).is_some_and(|p| p.generation == generation && !p.revoking)
+    }
+
+    /// An execution that began ended without finishing its event (its partition
+    /// moved before the claim): it no longer counts as running, its offset stays open.
+    pub fn abandon(&mut self, partition: &PartitionId, generation: u64) {
+        if let Some(p) = self.partitions.get_mut(partition).filter(|p| p.generation == generation) {
+            p.running = p.running.saturating_sub(1);
+        }
+    }
+
+    /// Partitions with unfinished events whose committable offset has not moved
+    /// for longer than `bound` (by `now`).
+    pub fn stalled(&self, now: Instant, bound: Duration) -> Vec<PartitionId> {
+        let mut stalled: Vec<PartitionId> = self
+            .partitions
+            .iter()
+            .filter(|(_, p)| p.pending.values().any(|done| !*done))
+            .filter(|(_, p)| now.saturating_duration_since(p.moved_at) > bound)
+            .map(|(id, _)| id.clone())
+            .collect();
+        stalled.sort();
+        stalled
     }
 
     /// Stops new executions for the partitions; returns how many are still running.
@@ -103,6 +151,7 @@ impl OffsetTracker {
         }
         if let Some(next) = advanced {
             p.committable = Some(next);
+            p.moved_at = Instant::now();
         }
         advanced
     }
@@ -198,6 +247,37 @@ mod tests {
         assert_eq!(t.finish(&tp(), g, 0), Some(1));
         assert_eq!(t.running(&[tp()]), 0);
         assert_eq!(t.committable(), vec![(tp(), 1)], "offset 1 never began: not committed");
+    }
+
+    #[test]
+    fn a_partition_whose_waiting_events_do_not_move_is_stalled() {
+        let mut t = OffsetTracker::default();
+        let g = t.assign(tp());
+        let bound = Duration::from_secs(60);
+        let later = Instant::now() + Duration::from_secs(61);
+        assert!(t.stalled(later, bound).is_empty(), "nothing waits: idle, not stalled");
+        t.start(&tp(), g, 0);
+        t.start(&tp(), g, 1);
+        assert!(t.stalled(Instant::now(), bound).is_empty());
+        assert_eq!(t.stalled(later, bound), vec![tp()]);
+        t.finish(&tp(), g, 1);
+        assert_eq!(t.stalled(later, bound), vec![tp()], "a later event finishing does not move the offset");
+        t.finish(&tp(), g, 0);
+        assert!(t.stalled(later, bound).is_empty(), "all done");
+    }
+
+    #[test]
+    fn an_abandoned_execution_stops_counting_as_running_and_keeps_its_offset_open() {
+        let mut t = OffsetTracker::default();
+        let g = t.assign(tp());
+        t.start(&tp(), g, 0);
+        assert!(t.begin(&tp(), g));
+        assert!(t.owns(&tp(), g));
+        t.start_revoke(&[tp()]);
+        assert!(!t.owns(&tp(), g));
+        t.abandon(&tp(), g);
+        assert_eq!(t.running(&[tp()]), 0);
+        assert!(t.committable().is_empty());
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub mod names {
     pub const STORE_BYTES: &str = "outboxd_store_bytes_on_disk";
     pub const BATCH: &str = "outboxd_store_commit_batch_records";
     pub const SYNC_SECONDS: &str = "outboxd_store_sync_seconds";
+    /// A bug hit while handling one message: it was recorded dead and its chain went on.
+    pub const PANICS: &str = "outboxd_event_panics_total";
+    /// Partitions with waiting events whose committable offset has not moved for `stalled_after`.
+    pub const STALLED: &str = "outboxd_partitions_stalled";
 }
 
 const SECONDS_BUCKETS: &[f64] =
@@ -62,4 +66,12 @@ fn describe() {
     describe_gauge!(names::STORE_BYTES, Unit::Bytes, "Size of the store on disk.");
     describe_histogram!(names::BATCH, "Records made durable by one group commit.");
     describe_histogram!(names::SYNC_SECONDS, Unit::Seconds, "Duration of one flush + fdatasync.");
+    describe_counter!(
+        names::PANICS,
+        "Messages whose handling hit a bug (a panic); recorded dead, the partition went on."
+    );
+    describe_gauge!(
+        names::STALLED,
+        "Partitions with waiting events whose offset has not moved for admin.stalled_after."
+    );
 }

@@ -35,6 +35,8 @@ pub struct AdminState {
     pub tracker: Arc<std::sync::Mutex<OffsetTracker>>,
     pub draining: Arc<AtomicBool>,
     pub broker_up: Arc<AtomicBool>,
+    /// A partition whose events wait longer than this without its offset moving is stalled.
+    pub stall_timeout: std::time::Duration,
     pub prometheus: PrometheusHandle,
     /// Required for repair operations when set.
     pub token: Option<String>,
@@ -90,13 +92,17 @@ impl From<StoreError> for ApiError {
 }
 
 async fn readyz(State(s): State<Shared>) -> Response {
-    let partitions = s.tracker.lock().expect("offset tracker lock").assigned();
+    let (partitions, stalled) = {
+        let tracker = s.tracker.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (tracker.assigned(), tracker.stalled(std::time::Instant::now(), s.stall_timeout))
+    };
     let broker = s.broker_up.load(Ordering::Relaxed);
     let draining = s.draining.load(Ordering::Relaxed);
     let store_ok = !s.exec.stopped();
-    let ready = store_ok && broker && partitions > 0 && !draining;
-    let body =
-        json!({"ready": ready, "store": store_ok, "broker": broker, "partitions": partitions, "draining": draining});
+    let ready = store_ok && broker && partitions > 0 && !draining && stalled.is_empty();
+    let stalled: Vec<String> = stalled.iter().map(|(t, p)| format!("{t}/{p}")).collect();
+    let body = json!({"ready": ready, "store": store_ok, "broker": broker, "partitions": partitions,
+        "draining": draining, "stalled": stalled});
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
 }

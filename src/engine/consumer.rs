@@ -59,30 +59,15 @@ impl ClientContext for Ctx {
 impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
-            let revoked = partitions(tpl);
-            let lost = consumer.assignment_lost();
-            // No new event starts in these partitions; running ones may finish
-            // (bounded by the drain timeout) so their offsets can be committed.
-            let mut running = self.tracker.lock().expect("offset tracker lock").start_revoke(&revoked);
-            let deadline = Instant::now() + self.drain_timeout;
-            while running > 0 && !lost && Instant::now() < deadline {
-                std::thread::sleep(REVOKE_POLL);
-                running = self.tracker.lock().expect("offset tracker lock").running(&revoked);
-            }
-            let mut tracker = self.tracker.lock().expect("offset tracker lock");
-            let finished: Vec<_> = tracker.committable().into_iter().filter(|(p, _)| revoked.contains(p)).collect();
-            if lost {
-                // Another member may own them already: committing could move its offsets.
-                warn!(partitions = %describe(&revoked), "partitions lost; not committing for them");
-            } else if !finished.is_empty() {
-                if let Err(error) = consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
-                    warn!(%error, "commit on revoke failed; the next owner re-reads from the last commit (duplicates are absorbed)");
+            // librdkafka calls this from the poll, on a runtime worker: waiting for the
+            // running events there would block that worker (with one worker, every
+            // event it should let finish), so the wait moves off the runtime's workers.
+            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                    tokio::task::block_in_place(|| self.revoke(consumer, tpl));
                 }
+                _ => self.revoke(consumer, tpl),
             }
-            for p in &revoked {
-                tracker.revoke(p);
-            }
-            info!(partitions = %describe(&revoked), still_running = running, "partitions revoked");
         }
     }
 
@@ -101,6 +86,37 @@ impl ConsumerContext for Ctx {
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
             Rebalance::Revoke(_) => {}
         }
+    }
+}
+
+impl Ctx {
+    /// Lets running events of the revoked partitions finish (bounded by the drain
+    /// timeout), commits what finished, and forgets the partitions.
+    fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        let revoked = partitions(tpl);
+        let lost = consumer.assignment_lost();
+        // No new event starts in these partitions; running ones may finish
+        // (bounded by the drain timeout) so their offsets can be committed.
+        let mut running = self.tracker.lock().expect("offset tracker lock").start_revoke(&revoked);
+        let deadline = Instant::now() + self.drain_timeout;
+        while running > 0 && !lost && Instant::now() < deadline {
+            std::thread::sleep(REVOKE_POLL);
+            running = self.tracker.lock().expect("offset tracker lock").running(&revoked);
+        }
+        let mut tracker = self.tracker.lock().expect("offset tracker lock");
+        let finished: Vec<_> = tracker.committable().into_iter().filter(|(p, _)| revoked.contains(p)).collect();
+        if lost {
+            // Another member may own them already: committing could move its offsets.
+            warn!(partitions = %describe(&revoked), "partitions lost; not committing for them");
+        } else if !finished.is_empty() {
+            if let Err(error) = consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
+                warn!(%error, "commit on revoke failed; the next owner re-reads from the last commit (duplicates are absorbed)");
+            }
+        }
+        for p in &revoked {
+            tracker.revoke(p);
+        }
+        info!(partitions = %describe(&revoked), still_running = running, "partitions revoked");
     }
 }
 

@@ -28,6 +28,18 @@ const REGISTRY_RETRY_MAX: Duration = Duration::from_secs(30);
 const DLQ_RETRY_INITIAL: Duration = Duration::from_millis(200);
 const DLQ_RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// Asked right before an event is claimed: is its partition still ours?
+pub type Ownership<'a> = dyn Fn() -> bool + Send + Sync + 'a;
+
+/// How [`Executor::execute`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Executed {
+    /// The event is durably final (done, dead, parked, or a suppressed duplicate).
+    Final,
+    /// Its partition moved before it was claimed: nothing ran, the new owner has it.
+    Abandoned,
+}
+
 /// Counters for the shutdown summary.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -91,9 +103,18 @@ impl Executor {
     }
 
     /// Runs one message until its event is durably final (or the store fails).
-    pub async fn execute(&self, msg: &RawMessage) -> Result<(), StoreError> {
+    pub async fn execute(&self, msg: &RawMessage) -> Result<Executed, StoreError> {
+        self.execute_owned(msg, &|| true).await
+    }
+
+    /// Like [`Executor::execute`] for a consumed message: `owned` is asked right
+    /// before the event is claimed, after any wait (registry, the same id in
+    /// flight), so that an event whose partition moved meanwhile is left to its
+    /// new owner instead of running here too.
+    pub async fn execute_owned(&self, msg: &RawMessage, owned: &Ownership<'_>) -> Result<Executed, StoreError> {
         let Some(hc) = self.config.handler_for(&msg.topic) else {
-            return self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await;
+            self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await?;
+            return Ok(Executed::Final);
         };
         let decoded = match self.read_value(hc, msg).await {
             Ok((payload, key)) => {
@@ -102,14 +123,32 @@ impl Executor {
             Err(reason) => Err(reason),
         };
         match decoded {
-            Err(reason) => self.undecodable(Some(hc), msg, reason).await,
+            Err(reason) => {
+                self.undecodable(Some(hc), msg, reason).await?;
+                Ok(Executed::Final)
+            }
             Ok(mut event) => {
                 if hc.body == Body::Raw {
                     event.payload = msg.value.clone().map_or(Payload::Null, Payload::Bytes);
                 }
-                self.handle(hc, &self.handlers[hc.index], event, msg).await
+                self.handle(hc, &self.handlers[hc.index], event, msg, owned).await
             }
         }
+    }
+
+    /// A bug hit while handling this message (a panic). It is recorded dead under its
+    /// position, with the message copy (and dead-lettered when configured), so that the
+    /// key's chain and the partition go on; `outboxd store retry` runs it again.
+    pub async fn record_panic(&self, msg: &RawMessage, panic: &str) -> Result<(), StoreError> {
+        let id = format!("failed/{}/{}/{}", msg.topic, msg.partition, msg.offset);
+        let reason = format!("outboxd failed while handling this message (a bug): {panic}");
+        error!(event_id = %id, topic = %msg.topic, partition = msg.partition, offset = msg.offset, %reason,
+            "handling failed unexpectedly; recorded dead so that its key and partition go on");
+        self.counters.dead.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(names::PANICS, "topic" => msg.topic.clone()).increment(1);
+        metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
+        let dlq = self.dead_letter(self.config.handler_for(&msg.topic), msg, &reason, 0).await;
+        self.store.record_undecodable(&id, msg, reason, dlq).await
     }
 
     /// The value and key as the handler's `format` says. A registry that cannot
@@ -208,17 +247,37 @@ impl Executor {
         }
     }
 
-    /// Claim, run with retries, record. Returns once the event is durably final.
+    /// Waits while the same id is in flight here, then (if the partition is still
+    /// ours) claims and runs it.
     async fn handle(
         &self,
         hc: &HandlerConfig,
         handler: &Handler,
         event: OutboxEvent,
         msg: &RawMessage,
-    ) -> Result<(), StoreError> {
+        owned: &Ownership<'_>,
+    ) -> Result<Executed, StoreError> {
         let _live = live_guard(self, &event.id).await;
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
-        let mut claimed = match self.store.claim(&event).await? {
+        if !owned() {
+            info!(event_id = %event.id, %topic, partition, offset,
+                "partition moved while the event waited; left to its new owner");
+            return Ok(Executed::Abandoned);
+        }
+        self.claim_and_run(hc, handler, &event, msg).await?;
+        Ok(Executed::Final)
+    }
+
+    /// Claim, run with retries, record. Returns once the event is durably final.
+    async fn claim_and_run(
+        &self,
+        hc: &HandlerConfig,
+        handler: &Handler,
+        event: &OutboxEvent,
+        msg: &RawMessage,
+    ) -> Result<(), StoreError> {
+        let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
+        let mut claimed = match self.store.claim(event).await? {
             Claim::Finished { state, same_offset } => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
@@ -238,9 +297,9 @@ impl Executor {
                     }
                     OnUncertain::Park => {
                         let reason = "parked: an earlier attempt's outcome is unknown (on_uncertain = park); resolve with `outboxd store resolve`";
-                        return self.failed(hc, &event, msg, c, State::Parked, reason.to_owned()).await;
+                        return self.failed(hc, event, msg, c, State::Parked, reason.to_owned()).await;
                     }
-                    OnUncertain::Verify => match self.verify(hc, handler, &event).await {
+                    OnUncertain::Verify => match self.verify(hc, handler, event).await {
                         Ok(Verified::Happened(outcome)) => {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
@@ -251,7 +310,7 @@ impl Executor {
                             warn!(event_id = %event.id, %topic, partition, offset, attempt,
                                 "re-executing: verify found no trace of the earlier attempt");
                         }
-                        Err(reason) => return self.failed(hc, &event, msg, c, State::Dead, reason).await,
+                        Err(reason) => return self.failed(hc, event, msg, c, State::Dead, reason).await,
                     },
                 }
                 c
@@ -262,7 +321,7 @@ impl Executor {
         let mut delays = backoff(&hc.retry);
         loop {
             let call = Instant::now();
-            let result = handler.handle(&event).await;
+            let result = handler.handle(event).await;
             metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(call.elapsed().as_secs_f64());
             match result {
                 Ok(outcome) => {
@@ -277,12 +336,12 @@ impl Executor {
                     return Ok(());
                 }
                 Err(HandlerError::Permanent(reason)) => {
-                    return self.failed(hc, &event, msg, claimed, State::Dead, reason).await;
+                    return self.failed(hc, event, msg, claimed, State::Dead, reason).await;
                 }
                 Err(HandlerError::Retryable { reason, retry_after }) => {
                     let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
                         let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
-                        return self.failed(hc, &event, msg, claimed, State::Dead, reason).await;
+                        return self.failed(hc, event, msg, claimed, State::Dead, reason).await;
                     };
                     warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
                     metrics::counter!(names::RETRIED, "topic" => topic.clone()).increment(1);
@@ -349,6 +408,8 @@ fn backoff(retry: &RetryConfig) -> impl Iterator<Item = Duration> {
 
 /// Full jitter (uniform in `0..=delay`), at least the receiver's `Retry-After`;
 /// `None` when attempts are used up or waiting would pass `max_elapsed`.
+/// A receiver may send any `Retry-After` (up to `u64::MAX` seconds): the sum is
+/// checked, so an absurd one ends the retries instead of overflowing.
 fn next_delay(
     delays: &mut impl Iterator<Item = Duration>,
     retry_after: Option<Duration>,
@@ -358,7 +419,8 @@ fn next_delay(
     let ceiling = delays.next()?;
     let jittered = ceiling.mul_f64(rand::random::<f64>());
     let delay = retry_after.map_or(jittered, |ra| ra.max(jittered));
-    (started.elapsed() + delay <= retry.max_elapsed).then_some(delay)
+    let resumes_after = started.elapsed().checked_add(delay)?;
+    (resumes_after <= retry.max_elapsed).then_some(delay)
 }
 
 /// Releases the id when dropped; waiters then look at the store again.
@@ -390,5 +452,43 @@ async fn live_guard<'a>(exec: &'a Executor, id: &str) -> LiveGuard<'a> {
         };
         // Closed (never granted) when the holder finishes.
         let _ = busy.acquire().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry(max_elapsed: Duration) -> RetryConfig {
+        RetryConfig {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+            multiplier: 2.0,
+            max_elapsed,
+        }
+    }
+
+    #[test]
+    fn an_absurd_retry_after_ends_the_retries_instead_of_overflowing() {
+        let r = retry(Duration::from_secs(60));
+        let mut delays = backoff(&r);
+        let huge = Some(Duration::from_secs(u64::MAX));
+        assert_eq!(next_delay(&mut delays, huge, Instant::now(), &r), None);
+    }
+
+    #[test]
+    fn a_retry_after_beyond_max_elapsed_ends_the_retries() {
+        let r = retry(Duration::from_secs(60));
+        let mut delays = backoff(&r);
+        assert_eq!(next_delay(&mut delays, Some(Duration::from_secs(61)), Instant::now(), &r), None);
+    }
+
+    #[test]
+    fn a_retry_after_within_max_elapsed_is_the_least_pause() {
+        let r = retry(Duration::from_secs(60));
+        let mut delays = backoff(&r);
+        let d = next_delay(&mut delays, Some(Duration::from_secs(2)), Instant::now(), &r).expect("a retry");
+        assert_eq!(d, Duration::from_secs(2));
     }
 }

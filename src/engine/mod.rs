@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::admin;
 use crate::config::Config;
@@ -50,12 +50,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .context("creating the Kafka consumer")?,
     );
     let max_in_flight = config.store.max_in_flight;
+    let config_bytes = config.store.max_in_flight_bytes;
     let drain_timeout = config.kafka.drain_timeout;
     let gc_interval = config.store.gc_interval;
+    let stall_timeout = config.stall_timeout();
     let admin_config = config.admin.clone();
     let exec = Arc::new(Executor::new(config, store.clone()).context("setting up handlers")?);
     let mut fatal_rx = exec.failure();
     let permits = Arc::new(Semaphore::new(max_in_flight));
+    let max_bytes = config_bytes;
+    let bytes = Arc::new(Semaphore::new(max_bytes as usize));
     let draining = Arc::new(AtomicBool::new(false));
     let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(addr) = admin_config.listen {
@@ -67,6 +71,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             tracker: tracker.clone(),
             draining: draining.clone(),
             broker_up,
+            stall_timeout,
             prometheus,
             token: admin_config.token,
         };
@@ -78,6 +83,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         info!(admin = %local, "admin API listening (/healthz /readyz /metrics /v1/…)");
     }
     spawn_store_gauges(&store);
+    spawn_stall_watch(tracker.clone(), stall_timeout);
     spawn_metrics_upkeep(prometheus_upkeep);
     let shared = Arc::new(Shared {
         exec,
@@ -107,7 +113,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         match msg {
             Ok(raw) => {
                 metrics::counter!(admin::names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
-                worker::dispatch(&shared, raw, permit);
+                // Bytes as well as events are bounded; a message larger than the bound runs alone.
+                let size = u32::try_from(raw.size()).unwrap_or(u32::MAX).clamp(1, max_bytes);
+                let held = tokio::select! {
+                    () = &mut shutdown => break None,
+                    _ = fatal_rx.changed() => break fatal_rx.borrow().clone(),
+                    b = bytes.clone().acquire_many_owned(size) => b.expect("the bytes semaphore is never closed"),
+                };
+                worker::dispatch(&shared, raw, worker::Permits { _events: permit, _bytes: held });
             }
             Err(error) => {
                 warn!(%error, "kafka consumer error");
@@ -167,6 +180,36 @@ fn spawn_store_gauges(store: &Arc<Store>) {
             }
             if let Ok(bytes) = store.bytes_on_disk() {
                 metrics::gauge!(admin::names::STORE_BYTES).set(bytes as f64);
+            }
+        }
+    });
+}
+
+/// How often partitions are checked for stalls.
+const STALL_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Keeps the stalled-partitions gauge current and says in the log when a
+/// partition starts or stops being stalled (`/readyz` computes it on demand).
+fn spawn_stall_watch(tracker: Arc<Mutex<OffsetTracker>>, bound: std::time::Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(STALL_WATCH_INTERVAL);
+        let mut reported = Vec::new();
+        loop {
+            tick.tick().await;
+            let stalled = tracker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .stalled(std::time::Instant::now(), bound);
+            metrics::gauge!(admin::names::STALLED).set(stalled.len() as f64);
+            if stalled != reported {
+                let list: Vec<String> = stalled.iter().map(|(t, p)| format!("{t}/{p}")).collect();
+                if stalled.is_empty() {
+                    info!("no partition is stalled any more");
+                } else {
+                    error!(partitions = %list.join(","), stall_timeout = ?bound,
+                        "partitions stalled: events wait and the committed offset has not moved (see /readyz)");
+                }
+                reported = stalled;
             }
         }
     });

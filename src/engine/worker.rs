@@ -2,13 +2,16 @@
 //! step after an event is durably final: letting its offset move.
 
 use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::error;
 
 use super::consumer::{self, KafkaConsumer, Tracker};
-use super::executor::Executor;
+use super::executor::{Executed, Executor};
 use crate::event::RawMessage;
 
 /// Events of one Kafka key in one partition run one at a time, in offset order.
@@ -19,12 +22,18 @@ pub struct KeyId {
     key: Option<Vec<u8>>,
 }
 
-/// A consumed message waiting for or in its key's chain. Holding the permit
-/// is what bounds read-ahead to `max_in_flight`.
+/// What a consumed message holds until it is finished: one of `max_in_flight`
+/// events and its size of `max_in_flight_bytes`. Holding them bounds read-ahead.
+pub struct Permits {
+    pub _events: OwnedSemaphorePermit,
+    pub _bytes: OwnedSemaphorePermit,
+}
+
+/// A consumed message waiting for or in its key's chain.
 pub struct Job {
     pub msg: RawMessage,
     pub generation: u64,
-    pub _permit: OwnedSemaphorePermit,
+    pub _permits: Permits,
 }
 
 /// Everything the workers share.
@@ -38,17 +47,17 @@ pub struct Shared {
 }
 
 /// Queues a consumed message behind earlier events of its key.
-pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, permit: OwnedSemaphorePermit) {
+pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, permits: Permits) {
     let partition = (msg.topic.clone(), msg.partition);
     let generation = {
-        let mut tracker = shared.tracker.lock().expect("offset tracker lock");
+        let mut tracker = lock(&shared.tracker);
         let g = tracker.generation(&partition).unwrap_or_else(|| tracker.assign(partition.clone()));
         tracker.start(&partition, g, msg.offset);
         g
     };
     let key = KeyId { topic: msg.topic.clone(), partition: msg.partition, key: msg.key.clone() };
-    let job = Job { msg, generation, _permit: permit };
-    let mut chains = shared.chains.lock().expect("chains lock");
+    let job = Job { msg, generation, _permits: permits };
+    let mut chains = lock(&shared.chains);
     if let Some(queue) = chains.get_mut(&key) {
         queue.push_back(job);
         return;
@@ -59,23 +68,67 @@ pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, permit: OwnedSemaphorePer
 }
 
 async fn run_chain(shared: Arc<Shared>, key: KeyId, first: Job) {
+    let mut chain = ChainGuard { shared: shared.clone(), key: Some(key) };
     let mut job = first;
     loop {
         process(&shared, &job).await;
         drop(job);
-        let next = {
-            let mut chains = shared.chains.lock().expect("chains lock");
-            let queue = chains.get_mut(&key).expect("an active chain has its entry");
-            match queue.pop_front() {
-                Some(j) => j,
-                None => {
-                    chains.remove(&key);
-                    return;
-                }
-            }
-        };
-        job = next;
+        match chain.next() {
+            Some(j) => job = j,
+            None => return,
+        }
     }
+}
+
+/// Owns a key's entry in `chains` while its task runs. Whatever ends the task
+/// (the normal end of the queue, or a panic that escaped `process`), the entry
+/// does not outlive it: a dead entry would queue every later event of the key
+/// behind nothing, and the partition would never commit again.
+struct ChainGuard {
+    shared: Arc<Shared>,
+    /// `None` once the chain ended normally.
+    key: Option<KeyId>,
+}
+
+impl ChainGuard {
+    /// The next queued job of this key, or `None` (and the entry removed) when none waits.
+    fn next(&mut self) -> Option<Job> {
+        let key = self.key.as_ref()?;
+        let mut chains = lock(&self.shared.chains);
+        let queue = chains.get_mut(key).expect("an active chain has its entry");
+        match queue.pop_front() {
+            Some(j) => Some(j),
+            None => {
+                chains.remove(key);
+                self.key = None;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for ChainGuard {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        // Reached only when the task unwinds: hand the queue to a new task.
+        let next = {
+            let mut chains = lock(&self.shared.chains);
+            let next = chains.get_mut(&key).and_then(VecDeque::pop_front);
+            if next.is_none() {
+                chains.remove(&key);
+            }
+            next
+        };
+        error!(topic = %key.topic, partition = key.partition, "a key's chain ended unexpectedly; its queue goes on");
+        if let (Some(job), Ok(runtime)) = (next, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(run_chain(self.shared.clone(), key, job));
+        }
+    }
+}
+
+/// A poisoned lock only means a panic happened while it was held; the map itself stays valid.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn process(shared: &Shared, job: &Job) {
@@ -88,21 +141,38 @@ async fn process(shared: &Shared, job: &Job) {
     let partition = (msg.topic.clone(), msg.partition);
     // A partition being revoked (or already reassigned) starts nothing new: its next
     // owner reads from the last committed offset.
-    if !shared.tracker.lock().expect("offset tracker lock").begin(&partition, job.generation) {
+    if !lock(&shared.tracker).begin(&partition, job.generation) {
         return;
     }
-    match shared.exec.execute(msg).await {
-        Ok(()) => {
+    let owned = || lock(&shared.tracker).owns(&partition, job.generation);
+    // A bug (a panic) while handling one message must not take its key's chain and
+    // its partition with it: the message is recorded dead instead.
+    let result = match AssertUnwindSafe(shared.exec.execute_owned(msg, &owned)).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => shared.exec.record_panic(msg, &panic_text(panic.as_ref())).await.map(|()| Executed::Final),
+    };
+    match result {
+        Ok(Executed::Final) => {
             // Under the lock so that stored offsets never go backwards.
-            let mut tracker = shared.tracker.lock().expect("offset tracker lock");
+            let mut tracker = lock(&shared.tracker);
             if let Some(next) = tracker.finish(&partition, job.generation, msg.offset) {
                 consumer::store_offset(&shared.consumer, &partition, next);
             }
         }
+        Ok(Executed::Abandoned) => lock(&shared.tracker).abandon(&partition, job.generation),
         Err(e) => {
             error!(error = %e, topic = %msg.topic, partition = msg.partition, offset = msg.offset,
                 "store failed; stopping without committing this offset");
             shared.exec.fail(e.to_string());
         }
     }
+}
+
+/// The message a panic carried (`panic!("...")` gives a `&str` or a `String`).
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }

@@ -34,12 +34,16 @@ pub struct OutboxdConfig {
     /// `kafka.commit_interval`: how often stored offsets are committed.
     pub kafka_commit_interval: String,
     pub drain_timeout: String,
+    /// More `[kafka]` keys, e.g. `stall_timeout = "2s"`.
+    pub kafka_extra: String,
     /// `[kafka.options]`, passed to librdkafka as they are.
     pub kafka_options: BTreeMap<String, String>,
     pub store_path: PathBuf,
     pub retention: String,
     pub store_commit_interval: String,
     pub max_in_flight: u32,
+    /// More `[store]` keys, e.g. `max_in_flight_bytes = "1MiB"`.
+    pub store_extra: String,
     pub topics: Vec<String>,
     pub url: String,
     pub method: String,
@@ -67,6 +71,7 @@ impl OutboxdConfig {
         let _ = writeln!(t, "group_id = {}", q(&self.group_id));
         let _ = writeln!(t, "commit_interval = {}", q(&self.kafka_commit_interval));
         let _ = writeln!(t, "drain_timeout = {}", q(&self.drain_timeout));
+        t.push_str(&self.kafka_extra);
         let _ = writeln!(t, "\n[kafka.options]");
         for (k, v) in &self.kafka_options {
             let _ = writeln!(t, "{} = {}", q(k), q(v));
@@ -76,6 +81,7 @@ impl OutboxdConfig {
         let _ = writeln!(t, "retention = {}", q(&self.retention));
         let _ = writeln!(t, "commit_interval = {}", q(&self.store_commit_interval));
         let _ = writeln!(t, "max_in_flight = {}", self.max_in_flight);
+        t.push_str(&self.store_extra);
         // Tests run many outboxd processes at once: each admin server on a free port.
         let _ = writeln!(t, "\n[admin]\nlisten = \"127.0.0.1:0\"");
         let _ = writeln!(t, "\n[[handlers]]");
@@ -164,11 +170,13 @@ impl Outboxd {
             group_id: unique_name("group"),
             kafka_commit_interval: "200ms".into(),
             drain_timeout: "5s".into(),
+            kafka_extra: String::new(),
             kafka_options,
             store_path: dir.path().join("store"),
             retention: "7d".into(),
             store_commit_interval: "2ms".into(),
             max_in_flight: 256,
+            store_extra: String::new(),
             topics: topics.iter().map(|s| s.to_string()).collect(),
             url: format!("{}/events/{{aggregate_id}}/{{event_id}}", receiver.base_url()),
             method: "POST".into(),

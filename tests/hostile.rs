@@ -1,0 +1,246 @@
+//! Hostile input from the outside world, against the real broker: a receiver that
+//! answers absurdly, a partition that cannot move, a URL that carries a secret.
+//! Each test names what outboxd must not do: stall, crash, or leak.
+
+mod common;
+mod fault_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{new_event_id, Kafka};
+use fault_support::kafka::RawProducer;
+use fault_support::receiver::{Reply, ScriptedReceiver};
+use fault_support::{all_logs, assert_no_panic, dead_letter_toml, outboxd_for};
+use serde_json::{json, Value};
+
+const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The admin address the service recorded next to its store.
+fn admin_address(od: &common::Outboxd) -> String {
+    let owner = od.config.store_path.join("outboxd.owner");
+    let text = std::fs::read_to_string(&owner).unwrap_or_else(|e| panic!("read {}: {e}", owner.display()));
+    let v: Value = serde_json::from_str(&text).expect("owner file is JSON");
+    v["admin"].as_str().unwrap_or_else(|| panic!("no admin address in {text}")).to_owned()
+}
+
+async fn readyz(admin: &str) -> (u16, Value) {
+    let url = format!("http://{admin}/readyz");
+    let resp = reqwest::get(&url).await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let status = resp.status().as_u16();
+    (status, resp.json().await.expect("readyz JSON"))
+}
+
+/// A receiver answered 503 with `Retry-After: 1` twice, then with
+/// `Retry-After: 18446744073709551615` (u64::MAX seconds). That pause cannot fit in
+/// `max_elapsed`, so the retries end and the event is recorded dead; the next event
+/// of the same key is called, and the partition commits to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("hostile-retry-after", 1).await;
+    let rx = ScriptedReceiver::start();
+    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    od.config.max_attempts = 10;
+    od.config.retry_extra = "max_elapsed = \"60s\"\n".into();
+    let (first, second) = (new_event_id(), new_event_id());
+    let first_for_script = first.clone();
+    rx.set_script(move |r| match (r.event_id.as_deref() == Some(first_for_script.as_str()), r.nth) {
+        (true, 1 | 2) => Reply::status(503).retry_after("1"),
+        (true, _) => Reply::status(503).retry_after("18446744073709551615"),
+        (false, _) => Reply::ok(),
+    });
+    let producer = RawProducer::new(kafka.brokers());
+    producer.send_event(&topic, "account-1", &first, &json!({"n": 1})).await;
+    producer.send_event(&topic, "account-1", &second, &json!({"n": 2})).await;
+
+    od.start();
+    od.wait_for_assignment().await;
+    od.wait_until("the next event of the same key to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&second)).await;
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.wait_until("the committed offset to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    od.assert_alive();
+    assert_no_panic(&od);
+    od.stop();
+
+    let record = od.store_get(&first);
+    assert_eq!(record.state, "dead", "{record:?}");
+    let reason = record.reason.clone().unwrap_or_default();
+    assert!(reason.contains("gave up after 3 attempts") && reason.contains("503"), "{reason}");
+    assert_eq!(rx.handler_call_count(&first), 3);
+    assert_eq!(rx.handler_call_count(&second), 1);
+    assert_eq!(od.store_get(&second).state, "done");
+}
+
+/// While a partition's head event hangs at the receiver, later events wait and the
+/// committed offset cannot move: past `kafka.stall_timeout` `/readyz` says so (503,
+/// naming the partition). Once the receiver answers, the partition is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("hostile-stall", 1).await;
+    let rx = ScriptedReceiver::start();
+    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    od.config.handler_timeout = "120s".into();
+    od.config.kafka_extra = "stall_timeout = \"2s\"\n".into();
+    let hold = Arc::new(AtomicBool::new(true));
+    let head = new_event_id();
+    let head_for_script = head.clone();
+    let hold_for_script = hold.clone();
+    rx.set_script(move |r| {
+        if r.event_id.as_deref() == Some(head_for_script.as_str()) {
+            Reply::ok().hold(&hold_for_script)
+        } else {
+            Reply::ok()
+        }
+    });
+    od.start();
+    od.wait_for_assignment().await;
+    let admin = admin_address(&od);
+    let (status, body) = readyz(&admin).await;
+    assert_eq!(status, 200, "ready before anything waits: {body}");
+
+    let producer = RawProducer::new(kafka.brokers());
+    producer.send_event(&topic, "k1", &head, &json!({"n": 1})).await;
+    let later = new_event_id();
+    producer.send_event(&topic, "k2", &later, &json!({"n": 2})).await;
+    od.wait_until("the later event of another key to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&later)).await;
+
+    let partition = format!("{topic}/0");
+    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
+    loop {
+        let (status, body) = readyz(&admin).await;
+        if status == 503 && body["stalled"].as_array().is_some_and(|a| a.iter().any(|p| p == &json!(partition))) {
+            assert_eq!(body["ready"], false, "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "readyz never reported {partition} stalled: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    hold.store(false, Ordering::SeqCst);
+    od.wait_until("the held event to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&head)).await;
+    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
+    loop {
+        let (status, body) = readyz(&admin).await;
+        if status == 200 {
+            assert_eq!(body["stalled"], json!([]), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "readyz stayed unready after the partition moved: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_no_panic(&od);
+    od.stop();
+}
+
+/// A webhook URL whose path and `?code=` come from `${VAR}`: the receiver is down, so
+/// every attempt fails and the event ends dead and dead-lettered. The secrets reach
+/// the request (that is their purpose) and nowhere else: not the log, not the record's
+/// reason, not `store export`, not the dead letter's headers, not `check-config`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("hostile-secret", 1).await;
+    let dlq = kafka.create_topic("hostile-secret-dlq", 1).await;
+    let rx = ScriptedReceiver::start();
+    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    // A port nothing listens on: bind one, note it, close it.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let suffix: u32 = rand::random();
+    let (path_var, code_var) = (format!("OUTBOXD_IT_HOOK_{suffix:08x}"), format!("OUTBOXD_IT_CODE_{suffix:08x}"));
+    let (path_secret, code_secret) = (format!("hookpath{suffix:08x}s3cr3t"), format!("codek3y{suffix:08x}"));
+    std::env::set_var(&path_var, &path_secret);
+    std::env::set_var(&code_var, &code_secret);
+    od.config.url = format!("http://127.0.0.1:{closed}/hooks/${{{path_var}}}/{{event_id}}?code=${{{code_var}}}");
+    od.config.max_attempts = 2;
+    od.config.initial_backoff = "10ms".into();
+    od.config.max_backoff = "20ms".into();
+    od.config.handler_extra = dead_letter_toml(&dlq);
+    let id = new_event_id();
+    RawProducer::new(kafka.brokers()).send_event(&topic, "k", &id, &json!({"n": 1})).await;
+
+    od.start();
+    od.wait_for_assignment().await;
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.wait_until("the failed event to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    od.stop();
+
+    let record = od.store_get(&id);
+    assert_eq!(record.state, "dead", "{record:?}");
+    let reason = record.reason.clone().unwrap_or_default();
+    assert!(reason.contains("could not connect"), "the reason still says what failed: {reason}");
+    let letters = kafka.read_topic(&dlq, Duration::from_secs(30));
+    assert_eq!(letters.len(), 1, "one dead letter");
+    let export = od.command(&["store", "export"]);
+    assert!(export.status.success(), "export: {}", String::from_utf8_lossy(&export.stderr));
+    let check = od.command(&["check-config"]);
+    assert!(check.status.success(), "check-config: {}", String::from_utf8_lossy(&check.stderr));
+
+    let mut places = vec![
+        ("the log", all_logs(&od)),
+        ("the record", format!("{record:?}")),
+        ("store export", String::from_utf8_lossy(&export.stdout).into_owned()),
+        (
+            "check-config",
+            format!("{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr)),
+        ),
+    ];
+    for (name, value) in &letters[0].headers {
+        places.push((
+            "a dead-letter header",
+            format!("{name}: {}", String::from_utf8_lossy(value.as_deref().unwrap_or_default())),
+        ));
+    }
+    for (place, text) in &places {
+        for secret in [&path_secret, &code_secret] {
+            assert!(!text.contains(secret.as_str()), "the secret {secret} appears in {place}:\n{text}");
+        }
+    }
+    assert!(
+        places[3].1.contains(&format!("${{{path_var}}}")),
+        "check-config shows the URL as written: {}",
+        places[3].1
+    );
+}
+
+/// Four 600 KB messages of different keys while the receiver holds every call: with
+/// `max_in_flight_bytes = "1MiB"` only one of them is in memory and at the receiver at
+/// a time (however many events `max_in_flight` would allow). When the receiver
+/// answers, all four are handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_messages_are_bounded_by_bytes_as_well_as_by_count() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("hostile-bytes", 1).await;
+    let rx = ScriptedReceiver::start();
+    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    od.config.store_extra = "max_in_flight_bytes = \"1MiB\"\n".into();
+    od.config.handler_timeout = "120s".into();
+    let hold = Arc::new(AtomicBool::new(true));
+    let hold_for_script = hold.clone();
+    rx.set_script(move |_| Reply::ok().hold(&hold_for_script));
+    let producer = RawProducer::new(kafka.brokers());
+    let filler = "x".repeat(600 * 1024);
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let id = new_event_id();
+        producer.send_event(&topic, &format!("key-{i}"), &id, &json!({ "filler": filler })).await;
+        ids.push(id);
+    }
+
+    od.start();
+    od.wait_for_assignment().await;
+    od.wait_until("a first call to reach the receiver", HANDLED_TIMEOUT, || rx.in_flight() >= 1).await;
+    // Sample while everything is held: more than one call at a time would show here.
+    let mut most = 0;
+    for _ in 0..30 {
+        most = most.max(rx.in_flight());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(most, 1, "calls in flight at once with 1 MiB for 600 KB messages");
+    hold.store(false, Ordering::SeqCst);
+    od.wait_until("all four to be answered", HANDLED_TIMEOUT, || ids.iter().all(|id| rx.answered_ok(id))).await;
+    assert_no_panic(&od);
+    od.stop();
+}
