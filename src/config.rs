@@ -51,6 +51,10 @@ const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 /// Message bytes held in flight: a few huge messages (a poison flood of 100 MB
 /// values) must not exhaust memory, while 256 ordinary events fit many times over.
 const DEFAULT_MAX_IN_FLIGHT_BYTES: u32 = 256 * 1024 * 1024;
+/// Disk for copies of failed messages (for `store export`/`retry`): a poison flood
+/// of large messages must not fill the disk and stop the service; past it the
+/// records are still kept (and the dead-letter topic has the messages).
+const DEFAULT_MAX_MESSAGE_COPY_BYTES: u64 = 1024 * 1024 * 1024;
 /// Upper bound on `max_in_flight`: each in-flight event holds its payload in memory.
 const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
 
@@ -141,6 +145,8 @@ pub struct RawStore {
     pub max_in_flight: Option<usize>,
     /// Bytes of consumed messages (key, value, headers) held in flight, e.g. "256MiB".
     pub max_in_flight_bytes: Option<String>,
+    /// Disk kept for message copies of failed events, e.g. "1GiB".
+    pub max_message_copy_bytes: Option<String>,
     pub gc_interval: Option<String>,
     /// `true` (default): fdatasync before a claim or completion counts.
     /// `false` survives a process crash but not a power loss.
@@ -316,6 +322,8 @@ pub struct StoreConfig {
     pub max_in_flight: usize,
     /// At most this many message bytes in flight (a larger message runs alone).
     pub max_in_flight_bytes: u32,
+    /// Past this, failed events are recorded without their message copy.
+    pub max_message_copy_bytes: u64,
     pub gc_interval: Duration,
     pub fsync: bool,
 }
@@ -568,6 +576,12 @@ impl RawConfig {
                     )
                 })?,
         };
+        let max_message_copy_bytes = match s.max_message_copy_bytes.as_deref() {
+            None => DEFAULT_MAX_MESSAGE_COPY_BYTES,
+            Some(text) => parse_size(text).ok_or_else(|| {
+                anyhow::anyhow!("store.max_message_copy_bytes: {text:?} is not a size such as \"1GiB\"")
+            })?,
+        };
         let cache_bytes = match s.cache_size.as_deref() {
             None => DEFAULT_STORE_CACHE_BYTES,
             Some(text) => parse_size(text).ok_or_else(|| {
@@ -585,6 +599,7 @@ impl RawConfig {
             )?,
             max_in_flight,
             max_in_flight_bytes,
+            max_message_copy_bytes,
             gc_interval: duration("store.gc_interval", s.gc_interval.as_deref(), DEFAULT_GC_INTERVAL)?,
             fsync: s.fsync.unwrap_or(true),
         };

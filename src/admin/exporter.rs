@@ -28,6 +28,9 @@ pub mod names {
     pub const PANICS: &str = "outboxd_event_panics_total";
     /// Partitions with waiting events whose committable offset has not moved for `stalled_after`.
     pub const STALLED: &str = "outboxd_partitions_stalled";
+    /// Message copies of failed events not kept because `store.max_message_copy_bytes` was reached.
+    pub const COPIES_NOT_KEPT: &str = "outboxd_message_copies_not_kept_total";
+    pub const COPY_BYTES: &str = "outboxd_store_message_copy_bytes";
 }
 
 const SECONDS_BUCKETS: &[f64] =

@@ -39,6 +39,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         },
     )
     .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
+    store.set_message_quota(config.store.max_message_copy_bytes);
     let store = Arc::new(store);
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
     let subscriptions = config.subscriptions();
@@ -178,6 +179,7 @@ fn spawn_store_gauges(store: &Arc<Store>) {
             for (state, n) in store.counts() {
                 metrics::gauge!(admin::names::RECORDS, "state" => state.as_str()).set(n as f64);
             }
+            metrics::gauge!(admin::names::COPY_BYTES).set(store.message_bytes() as f64);
             if let Ok(bytes) = store.bytes_on_disk() {
                 metrics::gauge!(admin::names::STORE_BYTES).set(bytes as f64);
             }

@@ -3,6 +3,7 @@
 //! by scanning every record. sled is used only in this module.
 
 mod counts;
+mod messages;
 mod owner;
 mod record;
 mod sync;
@@ -118,7 +119,7 @@ pub struct Store {
     events: sled::Tree,
     expiry: sled::Tree,
     meta: sled::Tree,
-    messages: sled::Tree,
+    messages: messages::MessageCopies,
     retention: Duration,
     /// Records per state, persisted with each group commit.
     counts: Arc<Counts>,
@@ -145,7 +146,11 @@ impl Store {
         // would find it empty and rewrite it with defaults.
         sync::sync_file(&path.join("conf"))?;
         sync::sync_dir(path)?;
-        let data_file = if opts.fsync { Some(sync::open_data_file(path)?) } else { None };
+        let data_file = if opts.fsync {
+            Some(sync::DataFiles { log: sync::open_data_file(path)?, blobs: sync::BlobFiles::new(path) })
+        } else {
+            None
+        };
         let owner = owner::OwnerFile::write(path, opts.role).ok();
         let events = db.open_tree(EVENTS_TREE)?;
         let meta = db.open_tree(META_TREE)?;
@@ -158,16 +163,21 @@ impl Store {
                 count_states(&events)?
             }
         });
+        let messages = messages::MessageCopies::open(&db, &meta)?;
         let persist = {
-            let (meta, counts) = (meta.clone(), counts.clone());
-            move || meta.insert(COUNTS_KEY, &counts.encode()[..]).map(drop)
+            let (meta, counts, copy_bytes) = (meta.clone(), counts.clone(), messages.total());
+            move || {
+                meta.insert(COUNTS_KEY, &counts.encode()[..])?;
+                let copies = copy_bytes.load(std::sync::atomic::Ordering::Relaxed);
+                meta.insert(messages::MESSAGE_BYTES_KEY, &copies.to_be_bytes()[..]).map(drop)
+            }
         };
         Ok(Store {
             path: path.to_owned(),
             events,
             expiry: db.open_tree(EXPIRY_TREE)?,
             meta,
-            messages: db.open_tree(MESSAGES_TREE)?,
+            messages,
             retention: opts.retention,
             counts,
             service: opts.role == "run",
@@ -295,7 +305,7 @@ impl Store {
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
         let mut r = *claimed.record;
-        self.messages.insert(r.event_id.as_bytes(), encode_message(message))?;
+        let reason = self.keep_message(&r.event_id, message, reason)?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, Some(State::Claimed), state, reason)?;
         self.durable().await
@@ -303,14 +313,29 @@ impl Store {
 
     /// The stored copy of a dead or parked event's message.
     pub fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
-        self.messages
-            .get(event_id.as_bytes())?
-            .map(|b| {
-                postcard::from_bytes::<StoredMessage>(&b)
-                    .map(RawMessage::from)
-                    .map_err(|e| StoreError::Corrupt { id: event_id.to_owned(), error: e.to_string() })
-            })
-            .transpose()
+        self.messages.get(event_id)
+    }
+
+    /// Keeps the message copy of a failed event, within the quota; the reason
+    /// says when the copy could not be kept.
+    fn keep_message(&self, id: &str, message: &RawMessage, reason: String) -> Result<String, StoreError> {
+        if self.messages.put(id, message)? {
+            return Ok(reason);
+        }
+        metrics::counter!(crate::admin::names::COPIES_NOT_KEPT).increment(1);
+        tracing::warn!(event_id = %id, copies_bytes = self.messages.bytes(),
+            "message copy not kept: store.max_message_copy_bytes is reached (the record is kept)");
+        Ok(format!("{reason} [message copy not kept: store.max_message_copy_bytes reached]"))
+    }
+
+    /// Caps the bytes kept in message copies (`store.max_message_copy_bytes`).
+    pub fn set_message_quota(&self, bytes: u64) {
+        self.messages.set_quota(bytes);
+    }
+
+    /// Bytes kept in message copies.
+    pub fn message_bytes(&self) -> u64 {
+        self.messages.bytes()
     }
 
     /// `r` as stored (`None` in `was` when it is new) becomes final.
@@ -342,7 +367,7 @@ impl Store {
         let existing = self.get(id)?;
         let was = existing.as_ref().map(|r| r.state);
         let mut r = existing.unwrap_or_else(|| Record::first_seen(id, State::Dead, 0, &message.position(), now));
-        self.messages.insert(id.as_bytes(), encode_message(message))?;
+        let reason = self.keep_message(id, message, reason)?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, was, State::Dead, reason)?;
         self.durable().await
@@ -365,7 +390,7 @@ impl Store {
     pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
         let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
         self.events.remove(id.as_bytes())?;
-        self.messages.remove(id.as_bytes())?;
+        self.messages.remove(id)?;
         self.reindex(&mut r, None)?;
         self.counts.moved(Some(r.state), None);
         self.durable().await?;
@@ -393,7 +418,7 @@ impl Store {
         if !matches!(r.state, State::Dead | State::Parked) {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }
-        self.messages.remove(id.as_bytes())?;
+        self.messages.remove(id)?;
         let was = r.state;
         self.finish_record(&mut r, Some(was), State::Done, note)?;
         self.durable().await
@@ -401,7 +426,7 @@ impl Store {
 
     /// Drops the message copy of an event that is done after all.
     pub async fn drop_message(&self, id: &str) -> Result<(), StoreError> {
-        self.messages.remove(id.as_bytes())?;
+        self.messages.remove(id)?;
         self.durable().await
     }
 
@@ -422,7 +447,7 @@ impl Store {
                     // Final records after the retention; claimed ones after it and a margin.
                     if r.expires_at_us == Some(at) {
                         self.events.remove(id.as_bytes())?;
-                        self.messages.remove(id.as_bytes())?;
+                        self.messages.remove(id)?;
                         self.counts.moved(Some(r.state), None);
                         removed += 1;
                     }
@@ -563,6 +588,12 @@ impl From<StoredMessage> for RawMessage {
             timestamp_ms: m.timestamp_ms,
         }
     }
+}
+
+fn decode_message(id: &str, bytes: &[u8]) -> Result<RawMessage, StoreError> {
+    postcard::from_bytes::<StoredMessage>(bytes)
+        .map(RawMessage::from)
+        .map_err(|e| StoreError::Corrupt { id: id.to_owned(), error: e.to_string() })
 }
 
 fn encode_message(m: &RawMessage) -> Vec<u8> {

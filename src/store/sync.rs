@@ -3,10 +3,12 @@
 //! `flush()` + `fdatasync` and wakes every waiter of that batch.
 //!
 //! sled's `flush()` alone ends in `sync_file_range`, which does not survive a
-//! power loss; the `fdatasync` of the log file does.
+//! power loss; the `fdatasync` of the log file does. Values too large for the
+//! log (pages above ~128 KiB: large message copies) go to blob files of their
+//! own that sled never fsyncs: new ones are fsynced here in the same batch.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,6 +30,65 @@ pub struct SyncStats {
     pub records: u64,
     pub total_sync: Duration,
     pub max_sync: Duration,
+    /// sled blob files made durable.
+    pub blob_files_synced: u64,
+}
+
+/// What is fdatasync'ed after each flush, when power-loss safety is asked for.
+pub struct DataFiles {
+    /// sled's log.
+    pub log: File,
+    pub blobs: BlobFiles,
+}
+
+/// sled's `blobs/` directory: files named by the log sequence number that
+/// points at them, written once and never fsynced by sled.
+pub struct BlobFiles {
+    dir: PathBuf,
+    /// The directory's mtime when it was last looked at: unchanged, no new file.
+    seen_mtime: Option<std::time::SystemTime>,
+    /// Blob files up to this sequence number are durable.
+    synced_up_to: Option<u64>,
+}
+
+impl BlobFiles {
+    pub fn new(store_dir: &Path) -> BlobFiles {
+        BlobFiles { dir: store_dir.join("blobs"), seen_mtime: None, synced_up_to: None }
+    }
+
+    /// Fsyncs blob files created since the last call, then the directory.
+    /// Returns how many files were synced.
+    fn sync_new(&mut self) -> std::io::Result<u64> {
+        let mtime = match std::fs::metadata(&self.dir) {
+            Ok(m) => m.modified()?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        if self.seen_mtime == Some(mtime) {
+            return Ok(0);
+        }
+        let mut synced = 0;
+        let mut newest = self.synced_up_to;
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let Some(lsn) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
+            if self.synced_up_to.is_some_and(|done| lsn <= done) {
+                continue;
+            }
+            match File::open(entry.path()) {
+                Ok(f) => f.sync_data()?,
+                // sled removed an obsolete blob meanwhile.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
+            synced += 1;
+            newest = Some(newest.map_or(lsn, |n| n.max(lsn)));
+        }
+        File::open(&self.dir)?.sync_all()?;
+        self.synced_up_to = newest;
+        self.seen_mtime = Some(mtime);
+        Ok(synced)
+    }
 }
 
 pub struct Syncer {
@@ -38,10 +99,10 @@ pub struct Syncer {
 
 impl Syncer {
     /// `window`: how long a batch may wait for more writers once the previous
-    /// batch showed there is load. `data_file`: sled's log, fdatasync'ed after
-    /// each flush when `Some`.
+    /// batch showed there is load. `data_file`: sled's log and blob files,
+    /// fdatasync'ed after each flush when `Some`.
     /// `before_flush` writes what must become durable with every batch (the per-state counts).
-    pub fn start(db: sled::Db, data_file: Option<File>, window: Duration, before_flush: BeforeFlush) -> Syncer {
+    pub fn start(db: sled::Db, data_file: Option<DataFiles>, window: Duration, before_flush: BeforeFlush) -> Syncer {
         let (tx, rx) = mpsc::sync_channel(QUEUE_CAPACITY);
         let stats = Arc::new(Mutex::new(SyncStats::default()));
         let thread_stats = stats.clone();
@@ -91,7 +152,7 @@ impl Drop for Syncer {
 
 fn run(
     db: sled::Db,
-    data_file: Option<File>,
+    mut data_file: Option<DataFiles>,
     window: Duration,
     before_flush: BeforeFlush,
     rx: Receiver<oneshot::Sender<SyncResult>>,
@@ -118,11 +179,11 @@ fn run(
         }
         last_batch = waiters.len();
         let started = Instant::now();
-        let result = match &failed {
+        let result: Result<u64, _> = match &failed {
             Some(error) => Err(error.clone()),
             None => before_flush()
                 .map_err(|e| Arc::new(std::io::Error::other(e)))
-                .and_then(|()| make_durable(&db, data_file.as_ref())),
+                .and_then(|()| make_durable(&db, data_file.as_mut())),
         };
         if let Err(error) = &result {
             failed.get_or_insert_with(|| error.clone());
@@ -136,18 +197,21 @@ fn run(
             s.total_sync += took;
             s.max_sync = s.max_sync.max(took);
         }
+        if let (Ok(blobs), Ok(mut s)) = (&result, stats.lock()) {
+            s.blob_files_synced += blobs;
+        }
         for w in waiters {
-            let _ = w.send(result.clone());
+            let _ = w.send(result.clone().map(drop));
         }
     }
 }
 
-fn make_durable(db: &sled::Db, data_file: Option<&File>) -> SyncResult {
+/// Returns how many blob files were synced.
+fn make_durable(db: &sled::Db, data_file: Option<&mut DataFiles>) -> Result<u64, Arc<std::io::Error>> {
     db.flush().map_err(|e| Arc::new(std::io::Error::other(e)))?;
-    if let Some(f) = data_file {
-        f.sync_data().map_err(Arc::new)?;
-    }
-    Ok(())
+    let Some(files) = data_file else { return Ok(0) };
+    files.log.sync_data().map_err(Arc::new)?;
+    files.blobs.sync_new().map_err(Arc::new)
 }
 
 /// sled's log file inside its directory.
