@@ -244,3 +244,106 @@ async fn in_flight_messages_are_bounded_by_bytes_as_well_as_by_count() {
     assert_no_panic(&od);
     od.stop();
 }
+
+/// A schema registry the test controls: 503 until `serve` is set, then the Avro
+/// schema `"string"` for every id.
+fn toggled_registry(serve: Arc<AtomicBool>) -> common::receiver::Server {
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    async fn answer(State(serve): State<Arc<AtomicBool>>, uri: axum::http::Uri) -> axum::response::Response {
+        if !serve.load(Ordering::SeqCst) {
+            return (StatusCode::SERVICE_UNAVAILABLE, "warming up").into_response();
+        }
+        if uri.path().ends_with("/versions") {
+            return (StatusCode::NOT_FOUND, axum::Json(json!({"error_code": 40403}))).into_response();
+        }
+        axum::Json(json!({"schema": "\"string\""})).into_response()
+    }
+    let app = axum::Router::new().fallback(answer).with_state(serve);
+    common::receiver::Server::start("toggled-registry", app)
+}
+
+/// An Avro string in the Confluent wire format (magic byte, schema id 1, datum).
+fn avro_framed_string(text: &str) -> Vec<u8> {
+    let mut v = vec![0, 0, 0, 0, 1];
+    let n = text.len() as i64;
+    let mut zigzag = ((n << 1) ^ (n >> 63)) as u64;
+    loop {
+        let byte = (zigzag & 0x7f) as u8;
+        zigzag >>= 7;
+        if zigzag == 0 {
+            v.push(byte);
+            break;
+        }
+        v.push(byte | 0x80);
+    }
+    v.extend_from_slice(text.as_bytes());
+    v
+}
+
+/// An event waits for the schema registry on instance A while its partition moves to
+/// instance B (A's revoke gives up after `drain_timeout`). When the registry answers,
+/// both have the schema: only B, the owner, may run the event; A leaves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_owner() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("hostile-moved", 2).await;
+    let rx = ScriptedReceiver::start();
+    let serve = Arc::new(AtomicBool::new(false));
+    let registry = toggled_registry(serve.clone());
+    let registry_toml = format!("\n[schema_registry]\nurl = \"http://{}\"\ntimeout = \"2s\"\n", registry.addr);
+    let instance = |od: &mut common::Outboxd, name: &str| {
+        od.config.handler_extra = format!("format = \"avro\"\n{}", fault_support::instance_header_toml(name));
+        od.config.retry_extra = registry_toml.clone();
+    };
+    let mut a = outboxd_for(&kafka, &[&topic], &rx);
+    instance(&mut a, "a");
+    let mut b = outboxd_for(&kafka, &[&topic], &rx);
+    b.config.group_id = a.config.group_id.clone();
+    instance(&mut b, "b");
+
+    // One event in each partition: the sticky assignor moves one partition to B.
+    let ids = [new_event_id(), new_event_id()];
+    let value = avro_framed_string("order 7 paid");
+    let producer = RawProducer::new(kafka.brokers());
+    for (partition, id) in ids.iter().enumerate() {
+        let headers = [("id", Some(id.as_bytes()))];
+        producer.send(&topic, Some(partition as i32), Some(b"order-7"), &headers, Some(&value)).await;
+    }
+    a.start();
+    a.wait_for_assignment().await;
+    common::wait_until("A to wait for the registry", HANDLED_TIMEOUT, || {
+        fault_support::logged(&a, "waiting for the schema registry")
+    })
+    .await;
+
+    b.start();
+    let moved = |b: &common::Outboxd| {
+        (0..2).find(|p| {
+            let name = format!("{topic}/{p}");
+            fault_support::log_lines(b, "partitions assigned").iter().any(|l| l.contains(&name))
+        })
+    };
+    common::wait_until("B to be assigned a partition", HANDLED_TIMEOUT, || moved(&b).is_some()).await;
+    let moved = moved(&b).expect("a moved partition");
+    assert!(fault_support::logged(&a, "partitions revoked"), "A gave the partition up");
+    serve.store(true, Ordering::SeqCst);
+
+    let (moved_id, kept_id) = (&ids[moved], &ids[1 - moved]);
+    b.wait_until("B to run the event of the moved partition", HANDLED_TIMEOUT, || rx.answered_ok(moved_id)).await;
+    a.wait_until("A to run the event of the partition it kept", HANDLED_TIMEOUT, || rx.answered_ok(kept_id)).await;
+    // A's registry wait has ended (it ran the other event): it must have left this one.
+    common::wait_until("A to run the moved event too, or to leave it", HANDLED_TIMEOUT, || {
+        rx.handler_call_count(moved_id) > 1 || fault_support::logged(&a, "left to its new owner")
+    })
+    .await;
+    let calls = rx.handler_calls(moved_id);
+    assert_eq!(calls.len(), 1, "the event ran on both instances: {calls:?}");
+    assert_eq!(calls[0].instance(), Some("b"));
+    assert_eq!(rx.handler_calls(kept_id).len(), 1);
+    assert_no_panic(&a);
+    assert_no_panic(&b);
+    a.stop();
+    b.stop();
+}
