@@ -334,11 +334,8 @@ async fn run_again(args: &StoreArgs, ids: &[String]) -> anyhow::Result<()> {
     let exec = crate::engine::Executor::new(config, store.clone())?;
     let (mut done, mut failed) = (0, 0);
     for id in ids {
-        let message = store.reopen(id).await.with_context(|| format!("retrying {id}"))?;
-        exec.execute(&message).await?;
-        match store.get(id)? {
+        match exec.rerun(id).await.with_context(|| format!("retrying {id}"))? {
             Some(r) if r.state == State::Done => {
-                store.drop_message(id).await?;
                 done += 1;
                 println!("{id}: done ({})", r.outcome.unwrap_or_default());
             }

@@ -218,13 +218,8 @@ async fn export(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<R
 /// Runs a dead or parked event again from its stored copy, in the service.
 async fn retry(State(s): State<Shared>, headers: HeaderMap, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
     authorize(&s, &headers)?;
-    let message = s.exec.store.reopen(&q.id).await?;
-    s.exec.execute(&message).await?;
-    if let Some(r) = s.exec.store.get(&q.id)? {
-        if r.state == RecordState::Done {
-            s.exec.store.drop_message(&q.id).await?;
-        }
-        return Ok(Json(crate::cli::record_json(&r)));
+    match s.exec.rerun(&q.id).await? {
+        Some(r) => Ok(Json(crate::cli::record_json(&r))),
+        None => Ok(Json(json!({"event_id": q.id, "state": "rerun", "note": "recorded under its decoded event id"}))),
     }
-    Ok(Json(json!({"event_id": q.id, "state": "rerun", "note": "recorded under its decoded event id"})))
 }

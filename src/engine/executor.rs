@@ -18,7 +18,7 @@ use crate::codec;
 use crate::config::{Body, Config, Format, HandlerConfig, OnUncertain, RetryConfig};
 use crate::event::{OutboxEvent, Payload, RawMessage};
 use crate::handler::{Handler, HandlerError, Verified};
-use crate::store::{Claim, Claimed, State, Store, StoreError};
+use crate::store::{Claim, Claimed, Record, State, Store, StoreError};
 
 /// First pause, and the longest, while the schema registry cannot be reached.
 const REGISTRY_RETRY_INITIAL: Duration = Duration::from_millis(500);
@@ -134,6 +134,20 @@ impl Executor {
                 self.handle(hc, &self.handlers[hc.index], event, msg, owned).await
             }
         }
+    }
+
+    /// Runs a dead or parked event again from its stored copy (`outboxd store
+    /// retry`): reopened (claimed, in one write), run through the normal path, then
+    /// settled. Returns the record under `id` now; `None` when the message ran under
+    /// its decoded event id (an undecodable message that decodes now).
+    pub async fn rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let message = self.store.reopen(id).await?;
+        self.execute(&message).await?;
+        let record = self.store.settle_rerun(id).await?;
+        if record.as_ref().is_some_and(|r| r.state == State::Done) {
+            self.store.drop_message(id).await?;
+        }
+        Ok(record)
     }
 
     /// A bug hit while handling this message (a panic). It is recorded dead under its

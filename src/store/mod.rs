@@ -225,6 +225,7 @@ impl Store {
         let now = now_us();
         let raw = self.events.get(event.id.as_bytes())?;
         let existing = raw.as_ref().map(|bytes| decode(&event.id, bytes)).transpose()?;
+        let is_new = existing.is_none();
         let mut record = match existing {
             Some(r) if r.state.is_final() => {
                 let state = r.state;
@@ -254,7 +255,7 @@ impl Store {
         let expires = now.saturating_add((self.retention + CLAIMED_EXPIRY_MARGIN).as_micros() as i64);
         self.reindex(&mut record, Some(expires))?;
         self.put(&record)?;
-        if record.attempts == 1 {
+        if is_new {
             self.counts.moved(None, Some(State::Claimed));
         }
         self.durable().await?;
@@ -397,19 +398,42 @@ impl Store {
         Ok(r)
     }
 
-    /// Takes a dead or parked event back to `absent`, keeping its message copy,
-    /// so it runs again through the normal path. Returns the copy.
+    /// Takes a dead or parked event back for a re-run, in one write: it becomes
+    /// `claimed` with no attempt yet (so the re-run is not mistaken for an uncertain
+    /// re-execution), keeping its message copy, which is returned. A re-run that was
+    /// interrupted (the process died, the client went away) leaves it like that, and
+    /// it may be reopened again: a reopened event is never lost between the two steps.
     pub async fn reopen(&self, id: &str) -> Result<RawMessage, StoreError> {
         let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
-        if !matches!(r.state, State::Dead | State::Parked) {
+        let interrupted_rerun = r.state == State::Claimed && r.attempts == 0;
+        if !matches!(r.state, State::Dead | State::Parked) && !interrupted_rerun {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }
         let message = self.message(id)?.ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
-        self.events.remove(id.as_bytes())?;
-        self.reindex(&mut r, None)?;
-        self.counts.moved(Some(r.state), None);
+        let (was, now) = (r.state, now_us());
+        r.state = State::Claimed;
+        r.attempts = 0;
+        r.claimed_at_us = Some(now);
+        r.updated_at_us = now;
+        let expires = now.saturating_add((self.retention + CLAIMED_EXPIRY_MARGIN).as_micros() as i64);
+        self.reindex(&mut r, Some(expires))?;
+        self.put(&r)?;
+        self.counts.moved(Some(was), Some(State::Claimed));
         self.durable().await?;
         Ok(message)
+    }
+
+    /// After the re-run of a reopened record: if it is still waiting (the message
+    /// ran under another id, as an undecodable or failed message does once it
+    /// decodes), it is removed with its copy. Returns the record under `id` now.
+    pub async fn settle_rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        match self.get(id)? {
+            Some(r) if r.state == State::Claimed && r.attempts == 0 => {
+                self.forget(id).await?;
+                Ok(None)
+            }
+            other => Ok(other),
+        }
     }
 
     /// A person resolved a parked (or dead) event as done.

@@ -148,6 +148,8 @@ async fn per_state_counts_follow_every_change_and_survive_reopen() {
         assert_eq!(counts(&store), [1, 1, 1, 1]);
         store.resolve_done("b", "checked".into()).await.unwrap();
         store.reopen("u").await.unwrap();
+        assert_eq!(counts(&store), [2, 2, 0, 0], "reopened: claimed for its re-run");
+        store.settle_rerun("u").await.unwrap();
         assert_eq!(counts(&store), [1, 2, 0, 0]);
         assert_eq!(store.len(), 3);
     }
@@ -264,4 +266,42 @@ async fn past_the_quota_a_failed_event_is_recorded_without_its_copy() {
     // The total survives a restart (persisted with the group commit).
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
     assert!(store.message_bytes() > 600 * 1024 && store.message_bytes() < 700 * 1024, "{}", store.message_bytes());
+}
+
+#[tokio::test]
+async fn a_reopened_event_is_claimed_in_one_write_and_survives_an_interrupted_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+        let c = claimed(&store, "e1", 1).await;
+        store.finish_failed(c, State::Dead, "http 422".into(), &big_message("e1", 10), None).await.unwrap();
+        store.reopen("e1").await.unwrap();
+        let r = store.get("e1").unwrap().unwrap();
+        assert_eq!((r.state, r.attempts), (State::Claimed, 0));
+        assert_eq!(store.counts()[0], (State::Claimed, 1));
+        assert_eq!(store.counts()[2], (State::Dead, 0));
+        // The process dies here, before the re-run claimed it.
+    }
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    assert_eq!(store.get("e1").unwrap().unwrap().state, State::Claimed, "not lost");
+    let message = store.reopen("e1").await.expect("an interrupted re-run can be reopened");
+    assert_eq!(message.offset, 7);
+    let c = claimed(&store, "e1", 7).await;
+    assert_eq!((c.attempt(), c.reexecution()), (1, false), "a re-run is not an uncertain re-execution");
+    assert_eq!(store.counts()[0], (State::Claimed, 1));
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    assert_eq!(store.settle_rerun("e1").await.unwrap().unwrap().state, State::Done);
+}
+
+#[tokio::test]
+async fn a_rerun_recorded_under_another_id_leaves_no_claim_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    let id = "undecodable/t/0/7";
+    store.record_undecodable(id, &big_message("x", 10), "bad JSON".into(), None).await.unwrap();
+    store.reopen(id).await.unwrap();
+    assert_eq!(store.settle_rerun(id).await.unwrap(), None);
+    assert_eq!(store.get(id).unwrap(), None);
+    assert!(store.message(id).unwrap().is_none());
+    assert_eq!(store.counts().iter().map(|(_, n)| n).sum::<u64>(), 0);
 }
