@@ -189,6 +189,8 @@ pub struct RawHandler {
     pub dead_letter: Option<RawDeadLetter>,
     /// What to do with an event found `claimed` (an earlier attempt's outcome is unknown).
     pub on_uncertain: Option<OnUncertain>,
+    /// Which records a duplicate is looked up in: `topic` (default) or `shared`.
+    pub dedup_scope: Option<DedupScope>,
     pub verify: Option<RawVerify>,
     pub format: Option<Format>,
     pub body: Option<Body>,
@@ -218,6 +220,30 @@ pub enum OnUncertain {
     Verify,
     /// Never re-run automatically: record `parked`, dead-letter it, let a person decide.
     Park,
+}
+
+/// Where an event id is unique, so where its record is looked up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DedupScope {
+    /// Per topic: equal ids of different topics (rows of different tables read with
+    /// `event_id = { field = "after.id" }`) are different events. Debezium re-emits
+    /// an event on the topic it was routed to, so a replay is still caught.
+    #[default]
+    Topic,
+    /// One scope for all of this handler's topics, and all other `shared` handlers:
+    /// for pipelines that move an event to another topic (a changed routing).
+    Shared,
+}
+
+impl DedupScope {
+    /// The store's scope for an event consumed from `topic`.
+    pub fn of<'a>(self, topic: &'a str) -> &'a str {
+        match self {
+            DedupScope::Topic => topic,
+            DedupScope::Shared => "",
+        }
+    }
 }
 
 /// An HTTP status (`409`) or a class (`"5xx"`).
@@ -417,6 +443,7 @@ pub struct HandlerConfig {
     /// Where dead events go; without one, `dead` records keep the message for export.
     pub dead_letter_topic: Option<String>,
     pub on_uncertain: OnUncertain,
+    pub dedup_scope: DedupScope,
     pub format: Format,
     pub body: Body,
 }
@@ -894,6 +921,7 @@ impl RawHandler {
             retry,
             dead_letter_topic,
             on_uncertain,
+            dedup_scope: self.dedup_scope.unwrap_or_default(),
             format: self.format.unwrap_or_default(),
             body: self.body.unwrap_or_default(),
         })

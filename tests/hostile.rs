@@ -347,3 +347,34 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     a.stop();
     b.stop();
 }
+
+/// Rows of two tables read with `event_id = { field = "after.id" }`: `orders.id = 42`
+/// and `invoices.id = 42` are two events, both run (by default each topic is its own
+/// dedup scope). With `dedup_scope = "shared"` the second is a duplicate, as documented.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equal_ids_from_two_tables_are_two_events_unless_the_scope_is_shared() {
+    let kafka = Kafka::connect();
+    for (scope, expected_calls) in [("topic", 2), ("shared", 1)] {
+        let orders = kafka.create_topic("hostile-scope-orders", 1).await;
+        let invoices = kafka.create_topic("hostile-scope-invoices", 1).await;
+        let rx = ScriptedReceiver::start();
+        let mut od = outboxd_for(&kafka, &[&orders, &invoices], &rx);
+        od.config.url = format!("{}/events/{{topic}}/{{event_id}}", rx.base_url());
+        od.config.handler_extra = format!("event_id = {{ field = \"after.id\" }}\ndedup_scope = \"{scope}\"\n");
+        let producer = RawProducer::new(kafka.brokers());
+        for topic in [&orders, &invoices] {
+            let row = json!({"before": null, "after": {"id": "42", "table": topic}, "op": "c"});
+            producer.send(topic, None, Some(b"42"), &[], Some(&serde_json::to_vec(&row).unwrap())).await;
+        }
+        od.start();
+        od.wait_for_assignment().await;
+        for topic in [&orders, &invoices] {
+            let offsets = kafka.offsets(&od.config.group_id, topic);
+            od.wait_until(format!("{topic} committed to its end"), HANDLED_TIMEOUT, || offsets.reached_end()).await;
+        }
+        let calls: Vec<String> = rx.calls().iter().filter(|c| c.is_handler_call()).map(|c| c.path.clone()).collect();
+        assert_eq!(calls.len(), expected_calls, "dedup_scope = {scope}: {calls:?}");
+        assert_no_panic(&od);
+        od.stop();
+    }
+}

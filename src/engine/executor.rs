@@ -291,7 +291,8 @@ impl Executor {
         msg: &RawMessage,
     ) -> Result<(), StoreError> {
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
-        let mut claimed = match self.store.claim(event).await? {
+        let scope = hc.dedup_scope.of(topic);
+        let mut claimed = match self.store.claim(event, scope).await? {
             Claim::Finished { state, same_offset } => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 let cause = if same_offset { "redelivered_offset" } else { "new_offset" };

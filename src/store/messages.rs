@@ -52,28 +52,28 @@ impl MessageCopies {
         self.bytes.load(Ordering::Relaxed).max(0) as u64
     }
 
-    /// Keeps a copy of `message` for `id` (replacing an older one). Returns false,
-    /// keeping nothing, when the copy would pass the quota.
-    pub fn put(&self, id: &str, message: &RawMessage) -> Result<bool, StoreError> {
+    /// Keeps a copy of `message` under the record's key (replacing an older one).
+    /// Returns false, keeping nothing, when the copy would pass the quota.
+    pub fn put(&self, key: &[u8], message: &RawMessage) -> Result<bool, StoreError> {
         let encoded = super::encode_message(message);
-        self.remove(id)?;
+        self.remove(key)?;
         let size = encoded.len() as i64;
         if self.bytes().saturating_add(encoded.len() as u64) > self.quota.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        self.whole.insert(id.as_bytes(), encoded)?;
+        self.whole.insert(key, encoded)?;
         self.bytes.fetch_add(size, Ordering::Relaxed);
         Ok(true)
     }
 
-    /// The copy kept for `id`, if any.
-    pub fn get(&self, id: &str) -> Result<Option<RawMessage>, StoreError> {
-        self.whole.get(id.as_bytes())?.map(|bytes| super::decode_message(id, &bytes)).transpose()
+    /// The copy kept under the record's key, if any (`id` names it in errors).
+    pub fn get(&self, key: &[u8], id: &str) -> Result<Option<RawMessage>, StoreError> {
+        self.whole.get(key)?.map(|bytes| super::decode_message(id, &bytes)).transpose()
     }
 
-    /// Drops the copy of `id`, if there is one.
-    pub fn remove(&self, id: &str) -> Result<(), StoreError> {
-        if let Some(old) = self.whole.remove(id.as_bytes())? {
+    /// Drops the copy under the record's key, if there is one.
+    pub fn remove(&self, key: &[u8]) -> Result<(), StoreError> {
+        if let Some(old) = self.whole.remove(key)? {
             self.bytes.fetch_sub(old.len() as i64, Ordering::Relaxed);
         }
         Ok(())

@@ -3,6 +3,7 @@
 //! by scanning every record. sled is used only in this module.
 
 mod counts;
+mod keys;
 mod messages;
 mod owner;
 mod record;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use counts::{Counts, COUNTS_KEY};
 
+pub use keys::UNDECODABLE_SCOPE;
 pub use owner::Owner;
 pub use record::{now_us, Record, State};
 pub use sync::SyncStats;
@@ -208,23 +210,46 @@ impl Store {
         self.sync.stats()
     }
 
+    /// The record of event `id`, in whichever scope it is (the first, should the
+    /// same id be kept in several): what `outboxd store get|forget|retry` act on.
     pub fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        self.events.get(id.as_bytes())?.map(|bytes| decode(id, &bytes)).transpose()
+        if let Some(item) = self.events.scan_prefix(keys::id_prefix(id)).next() {
+            let (key, bytes) = item?;
+            return decode(&key, &bytes).map(Some);
+        }
+        self.get_key(id.as_bytes())
+    }
+
+    /// The record of `id` in `scope`, or a legacy record of `id` (keyed by the
+    /// bare id, from a store written before scopes); with the raw bytes read.
+    fn get_in(&self, scope: &str, id: &str) -> Result<Option<(Record, sled::IVec)>, StoreError> {
+        let key = keys::scoped(id, scope);
+        let raw = match self.events.get(&key)? {
+            Some(raw) => Some((key, raw)),
+            None => self.events.get(id.as_bytes())?.map(|raw| (id.as_bytes().to_vec(), raw)),
+        };
+        raw.map(|(key, raw)| decode(&key, &raw).map(|r| (r, raw))).transpose()
+    }
+
+    fn get_key(&self, key: &[u8]) -> Result<Option<Record>, StoreError> {
+        self.events.get(key)?.map(|bytes| decode(key, &bytes)).transpose()
     }
 
     fn put(&self, record: &Record) -> Result<(), StoreError> {
         // postcard: a compact binary form (a done record is ~100 bytes, a third of its JSON).
         let bytes = postcard::to_allocvec(record).expect("records serialise");
-        self.events.insert(record.event_id.as_bytes(), bytes)?;
+        self.events.insert(record.store_key(), bytes)?;
         Ok(())
     }
 
-    /// Claims the event for execution, durably, unless it is already final
-    /// (then the duplicate is counted and nothing runs).
-    pub async fn claim(&self, event: &OutboxEvent) -> Result<Claim, StoreError> {
+    /// Claims the event for execution in its dedup `scope`, durably, unless it is
+    /// already final there (then the duplicate is counted and nothing runs).
+    pub async fn claim(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
         let now = now_us();
-        let raw = self.events.get(event.id.as_bytes())?;
-        let existing = raw.as_ref().map(|bytes| decode(&event.id, bytes)).transpose()?;
+        let (existing, raw) = match self.get_in(scope, &event.id)? {
+            Some((r, raw)) => (Some(r), Some(raw)),
+            None => (None, None),
+        };
         let is_new = existing.is_none();
         let mut record = match existing {
             Some(r) if r.state.is_final() => {
@@ -244,6 +269,7 @@ impl Store {
                 ..r
             },
             None => Record {
+                scope: Some(scope.to_owned()),
                 key: event.aggregate_id.clone(),
                 event_type: event.event_type.clone(),
                 claimed_at_us: Some(now),
@@ -279,7 +305,7 @@ impl Store {
         r.duplicates += 1;
         let new = postcard::to_allocvec(&r).expect("records serialise");
         // A lost race only loses this record's duplicate count; the total below still counts it.
-        let _ = self.events.compare_and_swap(r.event_id.as_bytes(), old, Some(new))?;
+        let _ = self.events.compare_and_swap(r.store_key(), old, Some(new))?;
         self.meta.fetch_and_update(DUPLICATES_KEY, |old| {
             let n = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes).unwrap_or(0);
             Some((n + 1).to_be_bytes().to_vec())
@@ -306,7 +332,7 @@ impl Store {
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
         let mut r = *claimed.record;
-        let reason = self.keep_message(&r.event_id, message, reason)?;
+        let reason = self.keep_message(&r.store_key(), message, reason)?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, Some(State::Claimed), state, reason)?;
         self.durable().await
@@ -314,17 +340,21 @@ impl Store {
 
     /// The stored copy of a dead or parked event's message.
     pub fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
-        self.messages.get(event_id)
+        match self.get(event_id)? {
+            Some(r) => self.messages.get(&r.store_key(), event_id),
+            None => Ok(None),
+        }
     }
 
     /// Keeps the message copy of a failed event, within the quota; the reason
     /// says when the copy could not be kept.
-    fn keep_message(&self, id: &str, message: &RawMessage, reason: String) -> Result<String, StoreError> {
-        if self.messages.put(id, message)? {
+    fn keep_message(&self, key: &[u8], message: &RawMessage, reason: String) -> Result<String, StoreError> {
+        if self.messages.put(key, message)? {
             return Ok(reason);
         }
         metrics::counter!(crate::admin::names::COPIES_NOT_KEPT).increment(1);
-        tracing::warn!(event_id = %id, copies_bytes = self.messages.bytes(),
+        tracing::warn!(topic = %message.topic, partition = message.partition, offset = message.offset,
+            copies_bytes = self.messages.bytes(),
             "message copy not kept: store.max_message_copy_bytes is reached (the record is kept)");
         Ok(format!("{reason} [message copy not kept: store.max_message_copy_bytes reached]"))
     }
@@ -365,10 +395,13 @@ impl Store {
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
         let now = now_us();
-        let existing = self.get(id)?;
+        let existing = self.get_in(UNDECODABLE_SCOPE, id)?.map(|(r, _)| r);
         let was = existing.as_ref().map(|r| r.state);
-        let mut r = existing.unwrap_or_else(|| Record::first_seen(id, State::Dead, 0, &message.position(), now));
-        let reason = self.keep_message(id, message, reason)?;
+        let mut r = existing.unwrap_or_else(|| Record {
+            scope: Some(UNDECODABLE_SCOPE.to_owned()),
+            ..Record::first_seen(id, State::Dead, 0, &message.position(), now)
+        });
+        let reason = self.keep_message(&r.store_key(), message, reason)?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, was, State::Dead, reason)?;
         self.durable().await
@@ -377,11 +410,12 @@ impl Store {
     /// Index first, record second: a crash in between leaves an orphan index
     /// entry (ignored by gc), never a record that cannot expire.
     fn reindex(&self, r: &mut Record, expires_at: Option<i64>) -> Result<(), StoreError> {
+        let key = r.store_key();
         if let Some(old) = r.expires_at_us {
-            self.expiry.remove(expiry_key(old, &r.event_id))?;
+            self.expiry.remove(expiry_key(old, &key))?;
         }
         if let Some(at) = expires_at {
-            self.expiry.insert(expiry_key(at, &r.event_id), &[])?;
+            self.expiry.insert(expiry_key(at, &key), &[])?;
         }
         r.expires_at_us = expires_at;
         Ok(())
@@ -390,8 +424,9 @@ impl Store {
     /// Removes a record so the event may run again. Returns what was removed.
     pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
         let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
-        self.events.remove(id.as_bytes())?;
-        self.messages.remove(id)?;
+        let key = r.store_key();
+        self.events.remove(&key)?;
+        self.messages.remove(&key)?;
         self.reindex(&mut r, None)?;
         self.counts.moved(Some(r.state), None);
         self.durable().await?;
@@ -409,7 +444,7 @@ impl Store {
         if !matches!(r.state, State::Dead | State::Parked) && !interrupted_rerun {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }
-        let message = self.message(id)?.ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
+        let message = self.messages.get(&r.store_key(), id)?.ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
         let (was, now) = (r.state, now_us());
         r.state = State::Claimed;
         r.attempts = 0;
@@ -442,7 +477,7 @@ impl Store {
         if !matches!(r.state, State::Dead | State::Parked) {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }
-        self.messages.remove(id)?;
+        self.messages.remove(&r.store_key())?;
         let was = r.state;
         self.finish_record(&mut r, Some(was), State::Done, note)?;
         self.durable().await
@@ -450,7 +485,9 @@ impl Store {
 
     /// Drops the message copy of an event that is done after all.
     pub async fn drop_message(&self, id: &str) -> Result<(), StoreError> {
-        self.messages.remove(id)?;
+        if let Some(r) = self.get(id)? {
+            self.messages.remove(&r.store_key())?;
+        }
         self.durable().await
     }
 
@@ -459,19 +496,19 @@ impl Store {
     pub async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
         let mut removed = 0u64;
         loop {
-            let end = expiry_key(now_us, "");
+            let end = expiry_key(now_us, b"");
             let due: Vec<sled::IVec> = self.expiry.range(..end).keys().take(GC_BATCH).collect::<Result<_, _>>()?;
             if due.is_empty() {
                 break;
             }
             for key in &due {
-                let id = std::str::from_utf8(&key[8..]).unwrap_or_default();
+                let record_key = &key[8..];
                 let at = i64::from_be_bytes(key[..8].try_into().expect("8-byte prefix"));
-                if let Some(r) = self.get(id)? {
+                if let Some(r) = self.get_key(record_key)? {
                     // Final records after the retention; claimed ones after it and a margin.
                     if r.expires_at_us == Some(at) {
-                        self.events.remove(id.as_bytes())?;
-                        self.messages.remove(id)?;
+                        self.events.remove(record_key)?;
+                        self.messages.remove(record_key)?;
                         self.counts.moved(Some(r.state), None);
                         removed += 1;
                     }
@@ -499,7 +536,7 @@ impl Store {
     ) -> Result<(), E> {
         for item in self.events.iter() {
             let (k, v) = item.map_err(StoreError::from)?;
-            let r = decode(&String::from_utf8_lossy(&k), &v)?;
+            let r = decode(&k, &v)?;
             if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
                 f(r)?;
             }
@@ -534,7 +571,7 @@ impl Store {
                 break;
             }
             let (k, v) = item?;
-            let r = decode(&String::from_utf8_lossy(&k), &v)?;
+            let r = decode(&k, &v)?;
             if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
                 out.push(r);
             }
@@ -553,7 +590,7 @@ impl Store {
         let mut s = Stats::default();
         for item in self.events.iter() {
             let (k, v) = item?;
-            let r = decode(&String::from_utf8_lossy(&k), &v)?;
+            let r = decode(&k, &v)?;
             match r.state {
                 State::Claimed => s.claimed += 1,
                 State::Done => s.done += 1,
@@ -638,20 +675,24 @@ fn count_states(events: &sled::Tree) -> Result<Counts, StoreError> {
     let counts = Counts::default();
     for item in events.iter() {
         let (k, v) = item?;
-        counts.moved(None, Some(decode(&String::from_utf8_lossy(&k), &v)?.state));
+        counts.moved(None, Some(decode(&k, &v)?.state));
     }
     Ok(counts)
 }
 
-fn expiry_key(at_us: i64, id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + id.len());
+fn expiry_key(at_us: i64, record_key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + record_key.len());
     k.extend_from_slice(&(at_us.max(0) as u64).to_be_bytes());
-    k.extend_from_slice(id.as_bytes());
+    k.extend_from_slice(record_key);
     k
 }
 
-fn decode(id: &str, bytes: &[u8]) -> Result<Record, StoreError> {
-    postcard::from_bytes(bytes).map_err(|e| StoreError::Corrupt { id: id.to_owned(), error: e.to_string() })
+/// The record stored under `key` (its scope comes from the key).
+fn decode(key: &[u8], bytes: &[u8]) -> Result<Record, StoreError> {
+    let mut r: Record = postcard::from_bytes(bytes)
+        .map_err(|e| StoreError::Corrupt { id: String::from_utf8_lossy(key).into_owned(), error: e.to_string() })?;
+    r.scope = keys::scope_of(key);
+    Ok(r)
 }
 
 fn is_lock_error(e: &std::io::Error) -> bool {

@@ -54,6 +54,10 @@ impl std::fmt::Display for State {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub event_id: String,
+    /// The dedup scope the record is kept in (`store::keys`); `None` for a record of
+    /// a store written before scopes. Part of the key, not of the stored value.
+    #[serde(skip)]
+    pub scope: Option<String>,
     pub state: State,
     /// Handler executions started (a re-execution after a crash counts).
     pub attempts: u32,
@@ -80,10 +84,16 @@ pub struct Record {
 }
 
 impl Record {
+    /// Where the record is kept.
+    pub fn store_key(&self) -> Vec<u8> {
+        super::keys::of(&self.event_id, self.scope.as_deref())
+    }
+
     /// A record for an id seen for the first time, at `position`.
     pub fn first_seen(id: &str, state: State, attempts: u32, position: &crate::event::Position, now: i64) -> Record {
         Record {
             event_id: id.to_owned(),
+            scope: None,
             state,
             attempts,
             topic: position.topic.clone(),

@@ -12,7 +12,7 @@ fn opts(retention: Duration) -> StoreOptions {
 }
 
 async fn claimed(store: &Store, id: &str, offset: i64) -> Claimed {
-    match store.claim(&event(id, offset)).await.unwrap() {
+    match store.claim(&event(id, offset), "t").await.unwrap() {
         Claim::Claimed(c) => c,
         other => panic!("{id} not claimed: {other:?}"),
     }
@@ -38,7 +38,7 @@ async fn done_event_is_finished_on_redelivery_at_a_new_offset() {
     assert_eq!((c.attempt(), c.reexecution()), (1, false));
     store.finish(c, State::Done, "http 200".into()).await.unwrap();
     assert_eq!(
-        store.claim(&event("e1", 99)).await.unwrap(),
+        store.claim(&event("e1", 99), "t").await.unwrap(),
         Claim::Finished { state: State::Done, same_offset: false }
     );
     let r = store.get("e1").unwrap().unwrap();
@@ -52,7 +52,7 @@ async fn claimed_record_survives_reopen_and_is_a_reexecution() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
-        store.claim(&event("e1", 1)).await.unwrap();
+        store.claim(&event("e1", 1), "t").await.unwrap();
     }
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
     assert_eq!(store.get("e1").unwrap().unwrap().state, State::Claimed);
@@ -142,7 +142,7 @@ async fn per_state_counts_follow_every_change_and_survive_reopen() {
         store.finish_failed(b, State::Parked, "unknown".into(), &msg, None).await.unwrap();
         store.record_undecodable("u", &msg, "bad".into(), None).await.unwrap();
         assert_eq!(
-            store.claim(&event("a", 9)).await.unwrap(),
+            store.claim(&event("a", 9), "t").await.unwrap(),
             Claim::Finished { state: State::Done, same_offset: false }
         );
         assert_eq!(counts(&store), [1, 1, 1, 1]);
@@ -182,7 +182,7 @@ async fn counting_a_duplicate_does_not_bring_back_a_record_removed_meanwhile() {
     let c = claimed(&store, "e1", 1).await;
     store.finish(c, State::Done, "http 200".into()).await.unwrap();
     // A duplicate's claim read the record; then `forget` (or gc) removed it.
-    let raw = store.events.get("e1").unwrap();
+    let raw = store.events.get(keys::scoped("e1", "t")).unwrap();
     let read = store.get("e1").unwrap().unwrap();
     store.forget("e1").await.unwrap();
     store.count_duplicate(raw.as_deref(), read).unwrap();
@@ -195,7 +195,7 @@ async fn a_claim_that_is_never_finished_expires_after_the_retention_and_a_margin
     let dir = tempfile::tempdir().unwrap();
     let retention = Duration::from_secs(3600);
     let store = Store::open(dir.path(), &opts(retention)).unwrap();
-    store.claim(&event("stranded", 1)).await.unwrap();
+    store.claim(&event("stranded", 1), "t").await.unwrap();
     let after_retention = now_us() + retention.as_micros() as i64 + 1_000_000;
     assert_eq!(store.gc(after_retention).await.unwrap(), 0, "kept longer than final records");
     assert_eq!(store.get("stranded").unwrap().unwrap().state, State::Claimed);
@@ -304,4 +304,56 @@ async fn a_rerun_recorded_under_another_id_leaves_no_claim_behind() {
     assert_eq!(store.get(id).unwrap(), None);
     assert!(store.message(id).unwrap().is_none());
     assert_eq!(store.counts().iter().map(|(_, n)| n).sum::<u64>(), 0);
+}
+
+/// `orders.id = 42` and `invoices.id = 42`, read with `event_id = { field = "after.id" }`:
+/// one id, two events, each in its topic's scope.
+#[tokio::test]
+async fn equal_ids_in_different_scopes_are_different_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    let order = match store.claim(&event("42", 1), "db.public.orders").await.unwrap() {
+        Claim::Claimed(c) => c,
+        other => panic!("{other:?}"),
+    };
+    store.finish(order, State::Done, "http 200".into()).await.unwrap();
+    let invoice = store.claim(&event("42", 1), "db.public.invoices").await.unwrap();
+    assert!(matches!(invoice, Claim::Claimed(_)), "not suppressed by the order's record: {invoice:?}");
+    assert!(matches!(store.claim(&event("42", 2), "db.public.orders").await.unwrap(), Claim::Finished { .. }));
+    assert_eq!(store.stats().unwrap().claimed, 1);
+    assert_eq!(store.stats().unwrap().done, 1);
+}
+
+/// A store written before scopes keyed records by the bare id: its records keep
+/// suppressing duplicates, and the store commands still find them.
+#[tokio::test]
+async fn a_record_from_before_scopes_still_suppresses_its_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    let mut legacy = Record::first_seen("old-1", State::Done, 1, &event("old-1", 3).position, now_us());
+    legacy.outcome = Some("http 200".into());
+    store.events.insert(b"old-1", postcard::to_allocvec(&legacy).unwrap()).unwrap();
+    assert_eq!(
+        store.claim(&event("old-1", 9), "t").await.unwrap(),
+        Claim::Finished { state: State::Done, same_offset: false }
+    );
+    let r = store.get("old-1").unwrap().unwrap();
+    assert_eq!((r.scope, r.duplicates), (None, 1));
+    store.forget("old-1").await.unwrap();
+    assert!(matches!(store.claim(&event("old-1", 9), "t").await.unwrap(), Claim::Claimed(_)));
+}
+
+#[tokio::test]
+async fn an_undecodable_message_is_kept_apart_from_an_event_with_the_same_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    let id = "undecodable/t/0/7";
+    store.record_undecodable(id, &big_message("x", 10), "bad JSON".into(), None).await.unwrap();
+    assert!(matches!(store.claim(&event(id, 8), "t").await.unwrap(), Claim::Claimed(_)));
+    assert!(matches!(store.claim(&event(id, 8), "").await.unwrap(), Claim::Claimed(_)));
+    let scopes: Vec<Option<String>> =
+        store.events.scan_prefix(keys::id_prefix(id)).keys().map(|k| keys::scope_of(&k.unwrap())).collect();
+    assert_eq!(scopes, [Some(String::new()), Some(UNDECODABLE_SCOPE.to_owned()), Some("t".to_owned())]);
+    let stats = store.stats().unwrap();
+    assert_eq!((stats.claimed, stats.dead), (2, 1));
 }
