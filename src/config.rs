@@ -238,7 +238,7 @@ pub enum DedupScope {
 
 impl DedupScope {
     /// The store's scope for an event consumed from `topic`.
-    pub fn of<'a>(self, topic: &'a str) -> &'a str {
+    pub fn of(self, topic: &str) -> &str {
         match self {
             DedupScope::Topic => topic,
             DedupScope::Shared => "",
