@@ -174,12 +174,20 @@ impl Store {
         &self.path
     }
 
-    /// Tells `outboxd store` where the running service answers.
+    /// Tells `outboxd store` where the running service answers, with a fresh
+    /// per-run admin token (see [`Store::admin_token`]) in the same write.
     pub fn advertise_admin(&self, addr: &str) -> std::io::Result<()> {
         match self.owner.lock().expect("owner lock").as_mut() {
             Some(o) => o.set_admin(addr),
             None => Ok(()),
         }
+    }
+
+    /// The token written next to the advertised admin address: whoever can
+    /// read the owner file (the user running outboxd, and root) may use the
+    /// admin API. `None` before [`Store::advertise_admin`] or without an owner file.
+    pub fn admin_token(&self) -> Option<String> {
+        self.owner.lock().expect("owner lock").as_ref().and_then(|o| o.admin_token().map(str::to_owned))
     }
 
     /// Waits until every write made so far is on disk.
