@@ -469,8 +469,22 @@ impl Store {
         topic: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
+        self.list_after(state, topic, None, limit)
+    }
+
+    /// Like [`Store::list_filtered`], starting after the event id `after`
+    /// (exclusive): one page, whose last id is where the next page starts.
+    pub fn list_after(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let start = after.map_or(Unbounded, |id| Excluded(id.as_bytes()));
         let mut out = Vec::new();
-        for item in self.events.iter() {
+        for item in self.events.range::<&[u8], _>((start, Unbounded)) {
             if out.len() >= limit {
                 break;
             }
