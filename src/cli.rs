@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::admin::AdminClient;
 use crate::config::{Config, EventIdSource, HandlerSpec, RawConfig};
-use crate::store::{now_us, Record, State, Store, StoreError, StoreOptions};
+use crate::store::{now_us, Owner, Record, State, Store, StoreError, StoreOptions};
 
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
@@ -130,12 +130,17 @@ enum Access {
 }
 
 /// Opens the store; when a running outboxd holds it and recorded its admin
-/// address, goes through that service instead.
+/// address, goes through that service instead, with the token it wrote next
+/// to the address (when this user may read the owner file).
 fn access(args: &StoreArgs) -> anyhow::Result<Access> {
     match open_store(args) {
         Ok(store) => Ok(Access::Direct(Box::new(store))),
         Err(e) => match e.downcast_ref::<StoreError>() {
-            Some(StoreError::Locked { admin: Some(addr), .. }) => Ok(Access::Remote(AdminClient::new(addr)?)),
+            Some(StoreError::Locked { path, admin: Some(addr), .. }) => {
+                // The token of the run that recorded this address, not of a later one.
+                let token = Owner::read(path).filter(|o| o.admin.as_ref() == Some(addr)).and_then(|o| o.admin_token);
+                Ok(Access::Remote(AdminClient::new(addr, token)?))
+            }
             _ => Err(e),
         },
     }

@@ -1,6 +1,7 @@
 //! The admin API of a running outboxd: metrics that match what happened, health
-//! and readiness, and `outboxd store …` answering the same through the running
-//! service as from the stopped store.
+//! and readiness, `outboxd store …` answering the same through the running
+//! service as from the stopped store, and the store API's door: a credential
+//! for every `/v1` route.
 
 mod common;
 
@@ -10,14 +11,6 @@ use common::{new_event_id, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The admin address the service recorded next to its store.
-fn admin_address(od: &Outboxd) -> String {
-    let owner = od.config.store_path.join("outboxd.owner");
-    let text = std::fs::read_to_string(&owner).unwrap_or_else(|e| panic!("read {}: {e}", owner.display()));
-    let v: Value = serde_json::from_str(&text).expect("owner file is JSON");
-    v["admin"].as_str().unwrap_or_else(|| panic!("no admin address in {text}")).to_owned()
-}
 
 async fn http_get(url: &str) -> (u16, String) {
     let resp = reqwest::get(url).await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
@@ -45,7 +38,7 @@ async fn metrics_count_what_happened() {
     let producer = kafka.producer();
     od.start();
     od.wait_for_assignment().await;
-    let admin = admin_address(&od);
+    let admin = od.admin_address();
 
     let (status, body) = http_get(&format!("http://{admin}/healthz")).await;
     assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
@@ -158,4 +151,117 @@ async fn store_commands_answer_the_same_through_the_running_service() {
     live_stats["done"] = json!(live_stats["done"].as_u64().unwrap() - 1);
     assert_eq!(live_stats["done"], stopped_stats["done"]);
     assert_eq!(live_stats["duplicates_suppressed"], stopped_stats["duplicates_suppressed"]);
+}
+
+/// One request to the admin server: status and body.
+async fn request(method: reqwest::Method, url: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut req = reqwest::Client::new().request(method.clone(), url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    (resp.status().as_u16(), resp.text().await.expect("body"))
+}
+
+/// The `error` of a JSON error answer.
+fn error_of(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("error answer is not JSON ({e}): {body}"));
+    v["error"].as_str().unwrap_or_else(|| panic!("no error in {body}")).to_owned()
+}
+
+/// Runs `outboxd ARGS --config FILE` with extra environment variables.
+fn command_with_env(od: &Outboxd, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    std::process::Command::new(common::daemon::BIN)
+        .args(args)
+        .arg("--config")
+        .arg(od.config_path())
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run outboxd")
+}
+
+/// A running outboxd on a fresh topic, its partitions assigned.
+async fn running(kafka: &Kafka, receiver: &Receiver, name: &str, admin_extra: &str) -> (Outboxd, String) {
+    let topic = kafka.create_topic(name, 1).await;
+    let mut od = Outboxd::new(kafka, &[&topic], receiver);
+    od.config.admin_extra = admin_extra.to_owned();
+    od.start();
+    od.wait_for_assignment().await;
+    (od, topic)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_without_a_credential_are_refused_even_on_loopback() {
+    use reqwest::Method;
+    use std::os::unix::fs::PermissionsExt;
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let (mut od, topic) = running(&kafka, &receiver, "admin-auth", "").await;
+    let id = new_event_id();
+    kafka.producer().send_event(&topic, "order-1", &id, Some("OrderCreated"), &json!({"secret": "payload"})).await;
+    od.wait_until("the event answered", HANDLED_TIMEOUT, || receiver.answered(&id)).await;
+    let admin = od.admin_address();
+    let owner = od.config.store_path.join("outboxd.owner");
+    let mode = std::fs::metadata(&owner).expect("owner file").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the owner file holds the token: its user only");
+    let token = od.admin_token();
+    let bearer = format!("Bearer {token}");
+
+    let reads: [&str; 4] = ["/v1/stats", "/v1/events", &format!("/v1/events/{id}"), "/v1/export"];
+    let repairs: [&str; 4] =
+        ["/v1/gc", &format!("/v1/forget?id={id}"), &format!("/v1/resolve?id={id}"), &format!("/v1/retry?id={id}")];
+    let all = reads.iter().map(|p| (Method::GET, p)).chain(repairs.iter().map(|p| (Method::POST, p)));
+    for (method, path) in all {
+        let url = format!("http://{admin}{path}");
+        let (status, body) = request(method.clone(), &url, &[]).await;
+        assert_eq!(status, 401, "{method} {path} without a credential: {body}");
+        assert!(error_of(&body).contains("missing credential"), "{body}");
+        let (status, body) = request(method.clone(), &url, &[("authorization", "Bearer not-the-token")]).await;
+        assert_eq!(status, 401, "{method} {path} with a wrong token: {body}");
+        assert!(error_of(&body).contains("wrong credential"), "{body}");
+        let prefix = format!("Bearer {}", &token[..token.len() - 1]);
+        assert_eq!(request(method.clone(), &url, &[("authorization", &prefix)]).await.0, 401, "{path}: a prefix");
+    }
+    for path in reads {
+        let (status, body) =
+            request(Method::GET, &format!("http://{admin}{path}"), &[("authorization", &bearer)]).await;
+        assert_eq!(status, 200, "GET {path} with the owner file's token: {body}");
+        if path.contains("events") || path.contains("export") {
+            assert!(body.contains(&id), "{path}: {body}");
+        }
+    }
+    for (path, open) in [("/healthz", 200), ("/metrics", 200)] {
+        assert_eq!(request(Method::GET, &format!("http://{admin}{path}"), &[]).await.0, open, "{path} stays open");
+    }
+    let (status, _) = request(Method::GET, &format!("http://{admin}/readyz"), &[]).await;
+    assert_ne!(status, 401, "/readyz stays open");
+    // The CLI finds the token in the owner file by itself.
+    let out = od.command(&["store", "get", &id, "--json"]);
+    assert!(out.status.success(), "store get through the service: {}", String::from_utf8_lossy(&out.stderr));
+    od.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_token_keeps_working_and_an_explicit_env_token_wins() {
+    use reqwest::Method;
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let configured = "configured-admin-token-for-remote-callers";
+    let (mut od, _topic) = running(&kafka, &receiver, "admin-token", &format!("token = \"{configured}\"\n")).await;
+    let admin = od.admin_address();
+    let url = format!("http://{admin}/v1/stats");
+    for token in [configured.to_owned(), od.admin_token()] {
+        let (status, body) = request(Method::GET, &url, &[("authorization", &format!("Bearer {token}"))]).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let stats = |env: &[(&str, &str)]| command_with_env(&od, &["store", "stats", "--json"], env);
+    assert!(stats(&[]).status.success(), "the owner file's token");
+    assert!(stats(&[("OUTBOXD_ADMIN_TOKEN", configured)]).status.success(), "the configured token from the env");
+    let wrong = stats(&[("OUTBOXD_ADMIN_TOKEN", "not-the-token")]);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success(), "OUTBOXD_ADMIN_TOKEN wins over the owner file");
+    assert!(stderr.contains("401") && stderr.contains("OUTBOXD_ADMIN_TOKEN"), "{stderr}");
+    assert!(!stderr.contains(configured) && !stderr.contains(&od.admin_token()), "no token printed: {stderr}");
+    od.stop();
 }

@@ -6,35 +6,46 @@ use serde_json::Value;
 
 pub struct AdminClient {
     base: String,
+    /// Never printed.
     token: Option<String>,
     http: reqwest::Client,
 }
 
 impl AdminClient {
-    /// `addr` as recorded by the service (`host:port`); the token, if the
-    /// service requires one, comes from `OUTBOXD_ADMIN_TOKEN`.
-    pub fn new(addr: &str) -> anyhow::Result<AdminClient> {
+    /// `addr` as recorded by the service (`host:port`). The token is
+    /// `OUTBOXD_ADMIN_TOKEN` when set (e.g. the `[admin] token` of a remote
+    /// service), else `run_token`, the one the service wrote next to its
+    /// address in the store's owner file.
+    pub fn new(addr: &str, run_token: Option<String>) -> anyhow::Result<AdminClient> {
         let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(60)).build()?;
-        Ok(AdminClient { base: format!("http://{addr}"), token: std::env::var("OUTBOXD_ADMIN_TOKEN").ok(), http })
+        let token = std::env::var("OUTBOXD_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(run_token);
+        Ok(AdminClient { base: format!("http://{addr}"), token, http })
     }
 
     pub fn address(&self) -> &str {
         &self.base
     }
 
-    async fn call(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Option<Value>> {
-        let req = match &self.token {
+    fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
-        };
-        let resp = req.send().await.with_context(|| format!("asking the running service at {}", self.base))?;
+        }
+    }
+
+    async fn call(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Option<Value>> {
+        let resp = self
+            .authorized(req)
+            .send()
+            .await
+            .with_context(|| format!("asking the running service at {}", self.base))?;
         let status = resp.status();
         let body: Value = resp.json().await.with_context(|| format!("reading the answer of {}", self.base))?;
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
         if !status.is_success() {
-            bail!("{}: {}", status, body.get("error").and_then(Value::as_str).unwrap_or("request failed"));
+            bail!("{}", failure(status, &body));
         }
         Ok(Some(body))
     }
@@ -78,14 +89,17 @@ impl AdminClient {
         if let Some(t) = topic {
             q.push(("topic", t));
         }
-        let mut req =
+        let req =
             self.http.get(format!("{}/v1/export", self.base)).query(&q).timeout(std::time::Duration::from_secs(3600));
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let mut resp = req.send().await.with_context(|| format!("asking the running service at {}", self.base))?;
-        if !resp.status().is_success() {
-            bail!("{}: export failed", resp.status());
+        let mut resp = self
+            .authorized(req)
+            .send()
+            .await
+            .with_context(|| format!("asking the running service at {}", self.base))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body: Value = resp.json().await.unwrap_or_default();
+            bail!("export failed: {}", failure(status, &body));
         }
         let mut lines = 0u64;
         while let Some(chunk) = resp.chunk().await? {
@@ -103,4 +117,16 @@ impl AdminClient {
             None => bail!("no record for event {id:?}"),
         }
     }
+}
+
+/// `401 Unauthorized: missing credential: …`, with a hint for a 401 that the
+/// caller can act on.
+fn failure(status: reqwest::StatusCode, body: &Value) -> String {
+    let error = body.get("error").and_then(Value::as_str).unwrap_or("request failed");
+    let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
+        " (run as the user running outboxd, who can read the store's owner file, or set OUTBOXD_ADMIN_TOKEN)"
+    } else {
+        ""
+    };
+    format!("{status}: {error}{hint}")
 }

@@ -1,0 +1,130 @@
+//! The store API under `/v1`: reads (stats, one record, lists of records,
+//! export) and repairs (forget, resolve, retry, gc). Every route here sits
+//! behind [`super::auth::check`]; none checks credentials itself.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{ApiError, Shared};
+use crate::engine::Executor;
+use crate::store::{State as RecordState, StoreError};
+
+/// Longest list the API returns in one response.
+const MAX_LIST: usize = 100_000;
+/// Records still buffered for an export response before the scan waits for the client.
+const EXPORT_BUFFER: usize = 1024;
+pub(super) fn router(admin: Shared) -> Router {
+    Router::new()
+        .route("/stats", get(stats))
+        .route("/events", get(list))
+        .route("/events/{*id}", get(get_event))
+        .route("/forget", post(forget))
+        .route("/resolve", post(resolve))
+        .route("/retry", post(retry))
+        .route("/gc", post(gc))
+        .route("/export", get(export))
+        .with_state(admin)
+}
+
+fn join_error(e: tokio::task::JoinError) -> ApiError {
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+async fn stats(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let store = s.exec.store.clone();
+    let stats = tokio::task::spawn_blocking(move || store.stats()).await.map_err(join_error)??;
+    Ok(Json(crate::cli::stats_json(&stats)))
+}
+
+async fn get_event(State(s): State<Shared>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    record(&s.exec, &id)
+}
+
+fn record(exec: &Executor, id: &str) -> Result<Json<Value>, ApiError> {
+    match exec.store.get(id)? {
+        Some(r) => Ok(Json(crate::cli::record_json(&r))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, format!("no record for event {id:?}"))),
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+    topic: Option<String>,
+    limit: Option<usize>,
+}
+
+impl ListQuery {
+    /// `?state=`, or a 400 naming the states there are.
+    fn state_filter(&self) -> Result<Option<RecordState>, ApiError> {
+        self.state.as_deref().map(str::parse).transpose().map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
+    }
+}
+
+async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
+    let state = q.state_filter()?;
+    let limit = q.limit.unwrap_or(100).min(MAX_LIST);
+    let store = s.exec.store.clone();
+    let records = tokio::task::spawn_blocking(move || store.list_filtered(state, q.topic.as_deref(), limit))
+        .await
+        .map_err(join_error)??;
+    Ok(Json(Value::Array(records.iter().map(crate::cli::record_json).collect())))
+}
+
+#[derive(Deserialize)]
+struct IdQuery {
+    id: String,
+}
+
+async fn forget(State(s): State<Shared>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    let r = s.exec.store.forget(&q.id).await?;
+    Ok(Json(crate::cli::record_json(&r)))
+}
+
+async fn resolve(State(s): State<Shared>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    s.exec.store.resolve_done(&q.id, "resolved by hand: done".to_owned()).await?;
+    record(&s.exec, &q.id)
+}
+
+async fn gc(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let removed = s.exec.store.gc(crate::store::now_us()).await?;
+    Ok(Json(json!({"removed": removed})))
+}
+
+/// JSON Lines of records (with message copies), streamed while the store is scanned.
+async fn export(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
+    let state = q.state_filter()?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(EXPORT_BUFFER);
+    let store = s.exec.store.clone();
+    tokio::task::spawn_blocking(move || {
+        let sent = store.scan(state, q.topic.as_deref(), |r| -> Result<(), StoreError> {
+            let line = crate::cli::export_line(&store, &r)?;
+            // A client that went away ends the scan.
+            tx.blocking_send(Ok(format!("{line}\n"))).map_err(|_| StoreError::NotFound("export client".into()))
+        });
+        if let Err(e) = sent {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    Ok(([("content-type", "application/x-ndjson")], axum::body::Body::from_stream(stream)).into_response())
+}
+
+/// Runs a dead or parked event again from its stored copy, in the service.
+async fn retry(State(s): State<Shared>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    let exec = &s.exec;
+    let message = exec.store.reopen(&q.id).await?;
+    exec.execute(&message).await?;
+    if let Some(r) = exec.store.get(&q.id)? {
+        if r.state == RecordState::Done {
+            exec.store.drop_message(&q.id).await?;
+        }
+        return Ok(Json(crate::cli::record_json(&r)));
+    }
+    Ok(Json(json!({"event_id": q.id, "state": "rerun", "note": "recorded under its decoded event id"})))
+}
