@@ -1,7 +1,7 @@
 //! The admin API of a running outboxd: metrics that match what happened, health
 //! and readiness, `outboxd store …` answering the same through the running
 //! service as from the stopped store, and the store API's door: a credential
-//! for every `/v1` route.
+//! for every `/v1` route, no browsers, no foreign `Host`.
 
 mod common;
 
@@ -263,5 +263,46 @@ async fn configured_token_keeps_working_and_an_explicit_env_token_wins() {
     assert!(!wrong.status.success(), "OUTBOXD_ADMIN_TOKEN wins over the owner file");
     assert!(stderr.contains("401") && stderr.contains("OUTBOXD_ADMIN_TOKEN"), "{stderr}");
     assert!(!stderr.contains(configured) && !stderr.contains(&od.admin_token()), "no token printed: {stderr}");
+    od.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_requests_and_unexpected_hosts_are_refused() {
+    use reqwest::Method;
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let (mut od, _topic) = running(&kafka, &receiver, "admin-origin", "allowed_hosts = [\"outboxd.test\"]\n").await;
+    let admin = od.admin_address();
+    let port = admin.rsplit(':').next().unwrap().to_owned();
+    let bearer = format!("Bearer {}", od.admin_token());
+    let stats = format!("http://{admin}/v1/stats");
+    let auth = ("authorization", bearer.as_str());
+
+    for (headers, why) in [
+        (vec![auth, ("origin", "http://evil.example")], "a page of another origin"),
+        (vec![auth, ("origin", "null")], "a sandboxed page"),
+        (vec![auth, ("sec-fetch-site", "cross-site")], "a cross-site fetch"),
+        (vec![auth, ("host", &format!("rebound.example:{port}"))], "DNS rebinding: a foreign name for 127.0.0.1"),
+        (vec![auth, ("host", "outboxd.test.evil.example")], "a name that only starts like an allowed one"),
+    ] {
+        let (status, body) = request(Method::GET, &stats, &headers).await;
+        assert_eq!(status, 403, "{why}: {body}");
+        assert!(!error_of(&body).is_empty());
+    }
+    let (status, body) =
+        request(Method::POST, &format!("http://{admin}/v1/gc"), &[auth, ("origin", "http://evil.example")]).await;
+    assert_eq!(status, 403, "a cross-origin repair: {body}");
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "outboxd.test".to_owned(),
+        format!("OUTBOXD.test:{port}"),
+    ] {
+        let (status, body) = request(Method::GET, &stats, &[auth, ("host", &host)]).await;
+        assert_eq!(status, 200, "Host {host}: {body}");
+    }
+    // Prometheus scrapes by pod IP: the open endpoints do not look at Host.
+    let (status, _) = request(Method::GET, &format!("http://{admin}/metrics"), &[("host", "10.1.2.3:9464")]).await;
+    assert_eq!(status, 200);
     od.stop();
 }

@@ -2,7 +2,8 @@
 //! `/metrics` (Prometheus), open to anyone who can reach the port, and the
 //! store API (`/v1/*`, [`routes`]) that `outboxd store …` uses while the
 //! service holds the database, behind one layer ([`auth`]) that requires a
-//! bearer token. axum is used only here (and in the demo receiver).
+//! bearer token and refuses browsers and foreign `Host` headers. axum is
+//! used only here (and in the demo receiver).
 
 mod auth;
 mod client;
@@ -60,7 +61,11 @@ pub async fn serve(
     if run_token.is_none() && state.token.is_none() {
         tracing::warn!("no admin token: the store API (/v1) refuses every request (the owner file could not be written and [admin] token is not set)");
     }
-    let guard = auth::Guard::new(state.token.clone().into_iter().chain(run_token));
+    let guard = auth::Guard::new(
+        state.token.clone().into_iter().chain(run_token),
+        listener.local_addr()?,
+        &state.exec.config.admin.allowed_hosts,
+    );
     let state = Arc::new(state);
     let api = routes::router(state.clone()).layer(axum::middleware::from_fn_with_state(Arc::new(guard), auth::check));
     let app = Router::new()
