@@ -184,10 +184,7 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
         StoreCommand::List { state, limit, args } => {
             let values: Vec<Value> = match access(&args)? {
                 Access::Direct(store) => store.list(state, limit)?.iter().map(record_json).collect(),
-                Access::Remote(c) => match c.list(state.map(State::as_str), None, limit).await? {
-                    Value::Array(v) => v,
-                    other => bail!("unexpected answer: {other}"),
-                },
+                Access::Remote(c) => c.list(state.map(State::as_str), None, limit).await?,
             };
             if args.json {
                 println!("{}", Value::Array(values));
@@ -216,10 +213,11 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
             if let Access::Remote(c) = access(&args)? {
                 let ids = match event_id {
                     Some(id) => vec![id],
-                    None => match c.list(Some("dead"), topic.as_deref(), usize::MAX >> 1).await? {
-                        Value::Array(v) => v.iter().filter_map(|r| r["event_id"].as_str().map(str::to_owned)).collect(),
-                        other => bail!("unexpected answer: {other}"),
-                    },
+                    None if all_dead => {
+                        let dead = c.list(Some("dead"), topic.as_deref(), usize::MAX).await?;
+                        dead.iter().filter_map(|r| r["event_id"].as_str().map(str::to_owned)).collect()
+                    }
+                    None => bail!("name an event id, or use --all-dead"),
                 };
                 return retry_remote(&c, &ids).await;
             }

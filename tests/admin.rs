@@ -1,13 +1,14 @@
 //! The admin API of a running outboxd: metrics that match what happened, health
 //! and readiness, `outboxd store …` answering the same through the running
 //! service as from the stopped store, and the store API's door: a credential
-//! for every `/v1` route, no browsers, no foreign `Host`.
+//! for every `/v1` route, no browsers, no foreign `Host`, every record reachable
+//! page by page.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{new_event_id, Kafka, Outboxd, Receiver};
+use common::{new_event_id, Behaviour, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -305,4 +306,64 @@ async fn browser_requests_and_unexpected_hosts_are_refused() {
     let (status, _) = request(Method::GET, &format!("http://{admin}/metrics"), &[("host", "10.1.2.3:9464")]).await;
     assert_eq!(status, 200);
     od.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dead_record_is_listed_and_retried_page_by_page() {
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    // 400 is permanent: each event is dead after its first call, and succeeds when retried.
+    receiver.set_default(Behaviour::fail_first(400, 1));
+    let topic = kafka.create_topic("admin-pages", 1).await;
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.start();
+    od.wait_for_assignment().await;
+    let producer = kafka.producer();
+    let mut ids: Vec<String> = (0..25).map(|_| new_event_id()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        producer.send_event(&topic, &format!("order-{i}"), id, Some("OrderCreated"), &json!({"n": i})).await;
+    }
+    od.wait_until("all 25 events dead and committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    ids.sort();
+
+    let admin = od.admin_address();
+    let bearer = format!("Bearer {}", od.admin_token());
+    let mut listed = Vec::new();
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = format!("http://{admin}/v1/events?state=dead&limit=10");
+        if let Some(a) = &after {
+            url.push_str(&format!("&after={a}"));
+        }
+        let (status, body) = request(reqwest::Method::GET, &url, &[("authorization", &bearer)]).await;
+        assert_eq!(status, 200, "{body}");
+        let page: Value = serde_json::from_str(&body).expect("JSON");
+        let records = page["records"].as_array().unwrap_or_else(|| panic!("no records in {body}"));
+        pages.push(records.len());
+        listed.extend(records.iter().map(|r| r["event_id"].as_str().unwrap().to_owned()));
+        match page["next"].as_str() {
+            Some(next) => {
+                assert_eq!(Some(next), listed.last().map(String::as_str), "next is the last id of the page");
+                after = Some(next.to_owned());
+            }
+            None => break,
+        }
+        assert!(pages.len() < 10, "pages never end: {pages:?}");
+    }
+    assert_eq!(pages, [10, 10, 5]);
+    assert_eq!(listed, ids, "every dead record once, in id order");
+
+    // The CLI pages too: with 10 records a page, --all-dead still reaches all 25.
+    let out = command_with_env(&od, &["store", "retry", "--all-dead"], &[("OUTBOXD_ADMIN_PAGE_SIZE", "10")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "retry --all-dead: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("25 done, 0 failed"), "{stdout}");
+    for id in &ids {
+        assert_eq!(receiver.call_count(id), 2, "{id}: the failed call and the retried one");
+    }
+    od.stop();
+    assert!(od.store_list(Some("dead"), 100).is_empty(), "no dead record left");
+    assert_eq!(od.store_list(Some("done"), 100).len(), 25);
 }

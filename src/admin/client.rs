@@ -4,10 +4,15 @@
 use anyhow::{bail, Context};
 use serde_json::Value;
 
+/// Records asked for per request when a list is paged through.
+const DEFAULT_PAGE: usize = 1_000;
+
 pub struct AdminClient {
     base: String,
     /// Never printed.
     token: Option<String>,
+    /// Records per `/v1/events` request.
+    page: usize,
     http: reqwest::Client,
 }
 
@@ -15,11 +20,21 @@ impl AdminClient {
     /// `addr` as recorded by the service (`host:port`). The token is
     /// `OUTBOXD_ADMIN_TOKEN` when set (e.g. the `[admin] token` of a remote
     /// service), else `run_token`, the one the service wrote next to its
-    /// address in the store's owner file.
+    /// address in the store's owner file. `OUTBOXD_ADMIN_PAGE_SIZE` sets how
+    /// many records one list request asks for.
     pub fn new(addr: &str, run_token: Option<String>) -> anyhow::Result<AdminClient> {
         let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(60)).build()?;
         let token = std::env::var("OUTBOXD_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(run_token);
-        Ok(AdminClient { base: format!("http://{addr}"), token, http })
+        let page = match std::env::var("OUTBOXD_ADMIN_PAGE_SIZE") {
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .with_context(|| format!("OUTBOXD_ADMIN_PAGE_SIZE={v:?}: not a positive number"))?,
+            Err(_) => DEFAULT_PAGE,
+        };
+        Ok(AdminClient { base: format!("http://{addr}"), token, page, http })
     }
 
     pub fn address(&self) -> &str {
@@ -63,15 +78,28 @@ impl AdminClient {
         self.call(self.http.get(url)).await
     }
 
-    pub async fn list(&self, state: Option<&str>, topic: Option<&str>, limit: usize) -> anyhow::Result<Value> {
-        let mut q = vec![("limit", limit.to_string())];
-        if let Some(s) = state {
-            q.push(("state", s.to_owned()));
+    /// Up to `limit` records in id order (`usize::MAX`: all of them), asked
+    /// for page by page, each page starting after the last id of the one before.
+    pub async fn list(&self, state: Option<&str>, topic: Option<&str>, limit: usize) -> anyhow::Result<Vec<Value>> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        while out.len() < limit {
+            let mut q = vec![("limit", self.page.min(limit - out.len()).to_string())];
+            q.extend(state.map(|s| ("state", s.to_owned())));
+            q.extend(topic.map(|t| ("topic", t.to_owned())));
+            q.extend(after.take().map(|a| ("after", a)));
+            let page =
+                self.call(self.http.get(format!("{}/v1/events", self.base)).query(&q)).await?.context("no list")?;
+            let (Some(records), Some(next)) = (page["records"].as_array(), page.get("next")) else {
+                bail!("unexpected answer from {}: {}", self.base, page);
+            };
+            out.extend(records.iter().cloned());
+            match next.as_str() {
+                Some(n) => after = Some(n.to_owned()),
+                None => break,
+            }
         }
-        if let Some(t) = topic {
-            q.push(("topic", t.to_owned()));
-        }
-        self.call(self.http.get(format!("{}/v1/events", self.base)).query(&q)).await?.context("no list")
+        Ok(out)
     }
 
     /// Streams `GET /v1/export` (JSON Lines) into `out`; returns the number of lines.

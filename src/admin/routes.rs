@@ -1,4 +1,4 @@
-//! The store API under `/v1`: reads (stats, one record, lists of records,
+//! The store API under `/v1`: reads (stats, one record, pages of records,
 //! export) and repairs (forget, resolve, retry, gc). Every route here sits
 //! behind [`super::auth::check`]; none checks credentials itself.
 
@@ -14,8 +14,11 @@ use super::{ApiError, Shared};
 use crate::engine::Executor;
 use crate::store::{State as RecordState, StoreError};
 
-/// Longest list the API returns in one response.
-const MAX_LIST: usize = 100_000;
+/// Records in one page of `/v1/events` when the request names no `limit`.
+const DEFAULT_PAGE: usize = 100;
+/// Largest page of `/v1/events` (a record is ~0.5 kB of JSON): a larger
+/// `limit` gets this many and a `next` cursor to go on from.
+const MAX_PAGE: usize = 10_000;
 /// Records still buffered for an export response before the scan waits for the client.
 const EXPORT_BUFFER: usize = 1024;
 pub(super) fn router(admin: Shared) -> Router {
@@ -56,7 +59,10 @@ fn record(exec: &Executor, id: &str) -> Result<Json<Value>, ApiError> {
 struct ListQuery {
     state: Option<String>,
     topic: Option<String>,
+    /// Page size (`/v1/events` only).
     limit: Option<usize>,
+    /// Cursor: records after this event id (`/v1/events` only).
+    after: Option<String>,
 }
 
 impl ListQuery {
@@ -66,14 +72,25 @@ impl ListQuery {
     }
 }
 
+/// One page of records in id order: `{"records": [...], "next": ID | null}`.
+/// `next` is set when more records follow; ask again with `?after=ID`.
 async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
     let state = q.state_filter()?;
-    let limit = q.limit.unwrap_or(100).min(MAX_LIST);
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
     let store = s.exec.store.clone();
-    let records = tokio::task::spawn_blocking(move || store.list_filtered(state, q.topic.as_deref(), limit))
-        .await
-        .map_err(join_error)??;
-    Ok(Json(Value::Array(records.iter().map(crate::cli::record_json).collect())))
+    // One more than the page tells whether there is a next page.
+    let mut records =
+        tokio::task::spawn_blocking(move || store.list_after(state, q.topic.as_deref(), q.after.as_deref(), limit + 1))
+            .await
+            .map_err(join_error)??;
+    let next = if records.len() > limit {
+        records.truncate(limit);
+        records.last().map(|r| r.event_id.clone())
+    } else {
+        None
+    };
+    let records: Vec<Value> = records.iter().map(crate::cli::record_json).collect();
+    Ok(Json(json!({"records": records, "next": next})))
 }
 
 #[derive(Deserialize)]
