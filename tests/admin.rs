@@ -2,7 +2,7 @@
 //! and readiness, `outboxd store …` answering the same through the running
 //! service as from the stopped store, and the store API's door: a credential
 //! for every `/v1` route, no browsers, no foreign `Host`, every record reachable
-//! page by page.
+//! page by page, and retries that finish when their client leaves.
 
 mod common;
 
@@ -366,4 +366,58 @@ async fn every_dead_record_is_listed_and_retried_page_by_page() {
     od.stop();
     assert!(od.store_list(Some("dead"), 100).is_empty(), "no dead record left");
     assert_eq!(od.store_list(Some("done"), 100).len(), 25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_retry_finishes_after_its_client_goes_away() {
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let (mut od, topic) = running(&kafka, &receiver, "admin-retry-drop", "").await;
+    let id = new_event_id();
+    receiver.set_behaviour(&id, Behaviour::fail_first(400, 1));
+    kafka.producer().send_event(&topic, "order-1", &id, Some("OrderCreated"), &json!({"n": 1})).await;
+    let admin = od.admin_address();
+    let bearer = format!("Bearer {}", od.admin_token());
+    let state = || async {
+        let (status, body) =
+            request(reqwest::Method::GET, &format!("http://{admin}/v1/events/{id}"), &[("authorization", &bearer)])
+                .await;
+        if status != 200 {
+            return format!("{status}");
+        }
+        serde_json::from_str::<Value>(&body).expect("JSON")["state"].as_str().unwrap().to_owned()
+    };
+    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
+    while state().await != "dead" {
+        assert!(std::time::Instant::now() < deadline, "the event never became dead");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The receiver takes 5 s; the client gives up after 1 s and closes its connection.
+    receiver.set_behaviour(&id, Behaviour::delay(Duration::from_secs(5)));
+    let impatient = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap();
+    let gone = impatient
+        .post(format!("http://{admin}/v1/retry?id={id}"))
+        .header("authorization", &bearer)
+        .send()
+        .await
+        .expect_err("the client leaves before the receiver answers");
+    assert!(gone.is_timeout(), "{gone}");
+    let calls = receiver.calls_for(&id);
+    assert_eq!(calls.len(), 2, "the re-execution was calling the receiver when the client left");
+    assert!(calls[1].ended.is_none(), "the receiver had not answered yet");
+
+    // The receiver answers 5 s after the call started; the record is done just after.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let last = loop {
+        let s = state().await;
+        if s == "done" || std::time::Instant::now() >= deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(last, "done", "the retry finished without its client (not stranded `claimed`)");
+    let second = &receiver.calls_for(&id)[1];
+    assert_eq!((second.status, second.ended.is_some()), (Some(200), true), "the receiver's answer was awaited");
+    od.stop();
 }

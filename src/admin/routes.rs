@@ -2,6 +2,8 @@
 //! export) and repairs (forget, resolve, retry, gc). Every route here sits
 //! behind [`super::auth::check`]; none checks credentials itself.
 
+use std::sync::Arc;
+
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -9,6 +11,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::sync::Semaphore;
 
 use super::{ApiError, Shared};
 use crate::engine::Executor;
@@ -21,14 +24,26 @@ const DEFAULT_PAGE: usize = 100;
 const MAX_PAGE: usize = 10_000;
 /// Records still buffered for an export response before the scan waits for the client.
 const EXPORT_BUFFER: usize = 1024;
+/// Admin retries re-executing at once (each may hold a handler call for its
+/// whole retry schedule); further `/v1/retry` requests wait for a turn.
+const MAX_ADMIN_RETRIES: usize = 4;
+
+/// What `/v1/retry` needs: the executor, and a turn to run in.
+struct Retries {
+    exec: Arc<Executor>,
+    /// One permit per running admin retry, held by its task until it ends.
+    turns: Arc<Semaphore>,
+}
+
 pub(super) fn router(admin: Shared) -> Router {
+    let retries = Retries { exec: admin.exec.clone(), turns: Arc::new(Semaphore::new(MAX_ADMIN_RETRIES)) };
     Router::new()
         .route("/stats", get(stats))
         .route("/events", get(list))
         .route("/events/{*id}", get(get_event))
         .route("/forget", post(forget))
         .route("/resolve", post(resolve))
-        .route("/retry", post(retry))
+        .route("/retry", post(retry).with_state(Arc::new(retries)))
         .route("/gc", post(gc))
         .route("/export", get(export))
         .with_state(admin)
@@ -132,16 +147,33 @@ async fn export(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<R
     Ok(([("content-type", "application/x-ndjson")], axum::body::Body::from_stream(stream)).into_response())
 }
 
-/// Runs a dead or parked event again from its stored copy, in the service.
-async fn retry(State(s): State<Shared>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
-    let exec = &s.exec;
-    let message = exec.store.reopen(&q.id).await?;
+/// Runs a dead or parked event again from its stored copy, in the service,
+/// and answers with the final record. The run is a task of its own: axum
+/// drops this handler when the client goes away, and a re-execution dropped
+/// between its claim and its outcome would leave the record `claimed`, with
+/// no Kafka delivery left to finish it.
+async fn retry(State(r): State<Arc<Retries>>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    let turn = r.turns.clone().acquire_owned().await.expect("the retry semaphore is never closed");
+    let exec = r.exec.clone();
+    let run = tokio::spawn(async move {
+        let _turn = turn;
+        let answer = rerun(&exec, &q.id).await;
+        if let Err(e) = &answer {
+            tracing::warn!(event_id = %q.id, error = %e.1, "admin retry failed");
+        }
+        answer
+    });
+    run.await.map_err(join_error)?
+}
+
+async fn rerun(exec: &Executor, id: &str) -> Result<Json<Value>, ApiError> {
+    let message = exec.store.reopen(id).await?;
     exec.execute(&message).await?;
-    if let Some(r) = exec.store.get(&q.id)? {
+    if let Some(r) = exec.store.get(id)? {
         if r.state == RecordState::Done {
-            exec.store.drop_message(&q.id).await?;
+            exec.store.drop_message(id).await?;
         }
         return Ok(Json(crate::cli::record_json(&r)));
     }
-    Ok(Json(json!({"event_id": q.id, "state": "rerun", "note": "recorded under its decoded event id"})))
+    Ok(Json(json!({"event_id": id, "state": "rerun", "note": "recorded under its decoded event id"})))
 }
