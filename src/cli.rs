@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::admin::AdminClient;
 use crate::config::{Config, EventIdSource, HandlerSpec, RawConfig};
-use crate::store::{now_us, Record, State, Store, StoreError, StoreOptions};
+use crate::store::{now_us, Owner, Record, State, Store, StoreError, StoreOptions};
 
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
@@ -130,12 +130,17 @@ enum Access {
 }
 
 /// Opens the store; when a running outboxd holds it and recorded its admin
-/// address, goes through that service instead.
+/// address, goes through that service instead, with the token it wrote next
+/// to the address (when this user may read the owner file).
 fn access(args: &StoreArgs) -> anyhow::Result<Access> {
     match open_store(args) {
         Ok(store) => Ok(Access::Direct(Box::new(store))),
         Err(e) => match e.downcast_ref::<StoreError>() {
-            Some(StoreError::Locked { admin: Some(addr), .. }) => Ok(Access::Remote(AdminClient::new(addr)?)),
+            Some(StoreError::Locked { path, admin: Some(addr), .. }) => {
+                // The token of the run that recorded this address, not of a later one.
+                let token = Owner::read(path).filter(|o| o.admin.as_ref() == Some(addr)).and_then(|o| o.admin_token);
+                Ok(Access::Remote(AdminClient::new(addr, token)?))
+            }
             _ => Err(e),
         },
     }
@@ -179,10 +184,7 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
         StoreCommand::List { state, limit, args } => {
             let values: Vec<Value> = match access(&args)? {
                 Access::Direct(store) => store.list(state, limit)?.iter().map(record_json).collect(),
-                Access::Remote(c) => match c.list(state.map(State::as_str), None, limit).await? {
-                    Value::Array(v) => v,
-                    other => bail!("unexpected answer: {other}"),
-                },
+                Access::Remote(c) => c.list(state.map(State::as_str), None, limit).await?,
             };
             if args.json {
                 println!("{}", Value::Array(values));
@@ -211,10 +213,11 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
             if let Access::Remote(c) = access(&args)? {
                 let ids = match event_id {
                     Some(id) => vec![id],
-                    None => match c.list(Some("dead"), topic.as_deref(), usize::MAX >> 1).await? {
-                        Value::Array(v) => v.iter().filter_map(|r| r["event_id"].as_str().map(str::to_owned)).collect(),
-                        other => bail!("unexpected answer: {other}"),
-                    },
+                    None if all_dead => {
+                        let dead = c.list(Some("dead"), topic.as_deref(), usize::MAX).await?;
+                        dead.iter().filter_map(|r| r["event_id"].as_str().map(str::to_owned)).collect()
+                    }
+                    None => bail!("name an event id, or use --all-dead"),
                 };
                 return retry_remote(&c, &ids).await;
             }

@@ -127,13 +127,18 @@ pub enum Body {
     Raw,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     /// `host:port` of the admin HTTP server (health, metrics, store API), or `"off"`.
     pub listen: Option<String>,
-    /// Bearer token for repair operations; required when `listen` is not loopback.
+    /// Bearer token for the store API (`/v1/*`) from other machines; required
+    /// when `listen` is not loopback. Local callers use the per-run token.
     pub token: Option<String>,
+    /// More `Host` header values the store API answers to (`host` or `host:port`),
+    /// besides the listen address and the loopback names of its port.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -326,6 +331,9 @@ pub struct AdminConfig {
     pub listen: Option<std::net::SocketAddr>,
     /// Resolved from `${VAR}`: never logged or printed.
     pub token: Option<String>,
+    /// Lower-case `host` or `host:port` entries; default empty (only the listen
+    /// address and loopback names pass the DNS-rebinding check).
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -711,7 +719,7 @@ fn validate_registry(
 }
 
 fn validate_admin(raw: Option<RawAdmin>, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<AdminConfig> {
-    let raw = raw.unwrap_or(RawAdmin { listen: None, token: None });
+    let raw = raw.unwrap_or_default();
     let token = raw.token.map(|t| expand_env("admin.token", &t, env)).transpose()?;
     if token.as_deref().is_some_and(str::is_empty) {
         bail!("admin.token: must not be empty");
@@ -729,7 +737,28 @@ fn validate_admin(raw: Option<RawAdmin>, env: &dyn Fn(&str) -> Option<String>) -
             Some(addr)
         }
     };
-    Ok(AdminConfig { listen, token })
+    let allowed_hosts = raw
+        .allowed_hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| allowed_host(h).map_err(|e| anyhow::anyhow!("admin.allowed_hosts[{i}]: {h:?} {e}")))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(AdminConfig { listen, token, allowed_hosts })
+}
+
+/// One `Host` value as it is compared (lower case): a name or address, with an optional port.
+fn allowed_host(entry: &str) -> Result<String, &'static str> {
+    let (host, port) = match entry.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(':') && (!h.starts_with('[') || h.ends_with(']')) => (h, Some(p)),
+        _ => (entry, None),
+    };
+    if port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return Err("has a port that is not a number (write host or host:port)");
+    }
+    if host.is_empty() || host.contains(|c: char| c.is_whitespace() || "/@?#*".contains(c)) {
+        return Err("is not a host name (write host or host:port, no scheme, path or wildcard)");
+    }
+    Ok(entry.to_ascii_lowercase())
 }
 
 /// A topic claimed by two handlers is ambiguous: refuse it.
@@ -1115,6 +1144,27 @@ max_elapsed = "5m"
         )
         .unwrap();
         assert_eq!(c.admin.listen, None);
+    }
+
+    #[test]
+    fn admin_allowed_hosts_default_to_none_and_name_a_bad_entry() {
+        let c = parse("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n").unwrap();
+        assert!(c.admin.allowed_hosts.is_empty());
+        let hosts = |list: &str| {
+            Config::parse(
+                &format!("{BASE}[admin]\nallowed_hosts={list}\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+                &env,
+            )
+            .map(|c| c.admin.allowed_hosts)
+        };
+        assert_eq!(
+            hosts(r#"["Outboxd.Internal", "10.0.0.7:9464", "[fd00::1]:9464"]"#).unwrap(),
+            ["outboxd.internal", "10.0.0.7:9464", "[fd00::1]:9464"]
+        );
+        for bad in [r#"["ok", "http://x"]"#, r#"["ok", "x:port"]"#, r#"["ok", ""]"#, r#"["ok", "*.example"]"#] {
+            let e = format!("{:#}", hosts(bad).unwrap_err());
+            assert!(e.contains("admin.allowed_hosts[1]"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@
 //! - [`offsets`]: per-partition tracker of the next committable offset.
 //! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain. Only place that uses rdkafka.
 //! - [`handler`]: `http` (reqwest, only here) and `log`.
-//! - [`admin`]: health, readiness, Prometheus metrics, the store API (axum); the client `store …` uses.
+//! - [`admin`]: health, readiness, Prometheus metrics (open), the store API behind a bearer token (axum); the client `store …` uses.
 //! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).
 
 pub mod admin;

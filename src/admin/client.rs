@@ -4,37 +4,63 @@
 use anyhow::{bail, Context};
 use serde_json::Value;
 
+/// Records asked for per request when a list is paged through.
+const DEFAULT_PAGE: usize = 1_000;
+
 pub struct AdminClient {
     base: String,
+    /// Never printed.
     token: Option<String>,
+    /// Records per `/v1/events` request.
+    page: usize,
     http: reqwest::Client,
 }
 
 impl AdminClient {
-    /// `addr` as recorded by the service (`host:port`); the token, if the
-    /// service requires one, comes from `OUTBOXD_ADMIN_TOKEN`.
-    pub fn new(addr: &str) -> anyhow::Result<AdminClient> {
+    /// `addr` as recorded by the service (`host:port`). The token is
+    /// `OUTBOXD_ADMIN_TOKEN` when set (e.g. the `[admin] token` of a remote
+    /// service), else `run_token`, the one the service wrote next to its
+    /// address in the store's owner file. `OUTBOXD_ADMIN_PAGE_SIZE` sets how
+    /// many records one list request asks for.
+    pub fn new(addr: &str, run_token: Option<String>) -> anyhow::Result<AdminClient> {
         let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(60)).build()?;
-        Ok(AdminClient { base: format!("http://{addr}"), token: std::env::var("OUTBOXD_ADMIN_TOKEN").ok(), http })
+        let token = std::env::var("OUTBOXD_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(run_token);
+        let page = match std::env::var("OUTBOXD_ADMIN_PAGE_SIZE") {
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .with_context(|| format!("OUTBOXD_ADMIN_PAGE_SIZE={v:?}: not a positive number"))?,
+            Err(_) => DEFAULT_PAGE,
+        };
+        Ok(AdminClient { base: format!("http://{addr}"), token, page, http })
     }
 
     pub fn address(&self) -> &str {
         &self.base
     }
 
-    async fn call(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Option<Value>> {
-        let req = match &self.token {
+    fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
-        };
-        let resp = req.send().await.with_context(|| format!("asking the running service at {}", self.base))?;
+        }
+    }
+
+    async fn call(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Option<Value>> {
+        let resp = self
+            .authorized(req)
+            .send()
+            .await
+            .with_context(|| format!("asking the running service at {}", self.base))?;
         let status = resp.status();
         let body: Value = resp.json().await.with_context(|| format!("reading the answer of {}", self.base))?;
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
         if !status.is_success() {
-            bail!("{}: {}", status, body.get("error").and_then(Value::as_str).unwrap_or("request failed"));
+            bail!("{}", failure(status, &body));
         }
         Ok(Some(body))
     }
@@ -52,15 +78,28 @@ impl AdminClient {
         self.call(self.http.get(url)).await
     }
 
-    pub async fn list(&self, state: Option<&str>, topic: Option<&str>, limit: usize) -> anyhow::Result<Value> {
-        let mut q = vec![("limit", limit.to_string())];
-        if let Some(s) = state {
-            q.push(("state", s.to_owned()));
+    /// Up to `limit` records in id order (`usize::MAX`: all of them), asked
+    /// for page by page, each page starting after the last id of the one before.
+    pub async fn list(&self, state: Option<&str>, topic: Option<&str>, limit: usize) -> anyhow::Result<Vec<Value>> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        while out.len() < limit {
+            let mut q = vec![("limit", self.page.min(limit - out.len()).to_string())];
+            q.extend(state.map(|s| ("state", s.to_owned())));
+            q.extend(topic.map(|t| ("topic", t.to_owned())));
+            q.extend(after.take().map(|a| ("after", a)));
+            let page =
+                self.call(self.http.get(format!("{}/v1/events", self.base)).query(&q)).await?.context("no list")?;
+            let (Some(records), Some(next)) = (page["records"].as_array(), page.get("next")) else {
+                bail!("unexpected answer from {}: {}", self.base, page);
+            };
+            out.extend(records.iter().cloned());
+            match next.as_str() {
+                Some(n) => after = Some(n.to_owned()),
+                None => break,
+            }
         }
-        if let Some(t) = topic {
-            q.push(("topic", t.to_owned()));
-        }
-        self.call(self.http.get(format!("{}/v1/events", self.base)).query(&q)).await?.context("no list")
+        Ok(out)
     }
 
     /// Streams `GET /v1/export` (JSON Lines) into `out`; returns the number of lines.
@@ -78,14 +117,17 @@ impl AdminClient {
         if let Some(t) = topic {
             q.push(("topic", t));
         }
-        let mut req =
+        let req =
             self.http.get(format!("{}/v1/export", self.base)).query(&q).timeout(std::time::Duration::from_secs(3600));
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let mut resp = req.send().await.with_context(|| format!("asking the running service at {}", self.base))?;
-        if !resp.status().is_success() {
-            bail!("{}: export failed", resp.status());
+        let mut resp = self
+            .authorized(req)
+            .send()
+            .await
+            .with_context(|| format!("asking the running service at {}", self.base))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body: Value = resp.json().await.unwrap_or_default();
+            bail!("export failed: {}", failure(status, &body));
         }
         let mut lines = 0u64;
         while let Some(chunk) = resp.chunk().await? {
@@ -103,4 +145,16 @@ impl AdminClient {
             None => bail!("no record for event {id:?}"),
         }
     }
+}
+
+/// `401 Unauthorized: missing credential: …`, with a hint for a 401 that the
+/// caller can act on.
+fn failure(status: reqwest::StatusCode, body: &Value) -> String {
+    let error = body.get("error").and_then(Value::as_str).unwrap_or("request failed");
+    let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
+        " (run as the user running outboxd, who can read the store's owner file, or set OUTBOXD_ADMIN_TOKEN)"
+    } else {
+        ""
+    };
+    format!("{status}: {error}{hint}")
 }

@@ -47,6 +47,24 @@ pub fn scope_of(key: &[u8]) -> Option<String> {
     Some(String::from_utf8_lossy(&key[at + 1..]).into_owned())
 }
 
+/// A record's key as a page cursor (`/v1/events?after=`): the exact key, so
+/// that a page boundary between two scopes of one id skips neither.
+pub fn cursor(record_key: &[u8]) -> String {
+    String::from_utf8_lossy(record_key).into_owned()
+}
+
+/// Where a page after `cursor` starts (exclusive): the exact key when the cursor
+/// is one, else (a bare event id) past every key of that id.
+pub fn after(cursor: &str) -> Vec<u8> {
+    if cursor.contains('\0') {
+        return cursor.as_bytes().to_vec();
+    }
+    let mut k = id_prefix(cursor);
+    // 0xFF never occurs in UTF-8: greater than every scope.
+    k.push(0xFF);
+    k
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +79,14 @@ mod tests {
         assert_eq!(scope_of(&scoped("42", "")).as_deref(), Some(""));
         assert_eq!(scope_of(b"42"), None, "a legacy key");
         assert_eq!(scope_of(&scoped("a\0b", "t")).as_deref(), Some("t"), "an id may hold 0x00, a scope never");
+    }
+
+    #[test]
+    fn a_page_after_a_cursor_starts_at_the_next_key() {
+        let (a, b) = (scoped("42", "orders"), scoped("42", "payments"));
+        let after_a = after(&cursor(&a));
+        assert!(after_a.as_slice() >= a.as_slice() && after_a.as_slice() < b.as_slice());
+        let after_id = after("42");
+        assert!(after_id.as_slice() > b.as_slice() && after_id.as_slice() < scoped("420", "t").as_slice());
     }
 }

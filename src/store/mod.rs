@@ -16,6 +16,11 @@ use std::time::Duration;
 use counts::{Counts, COUNTS_KEY};
 
 pub use keys::UNDECODABLE_SCOPE;
+
+/// The `next` cursor of a page that ends with `r` (see `list_after`).
+pub fn page_cursor(r: &Record) -> String {
+    keys::cursor(&r.store_key())
+}
 pub use owner::Owner;
 pub use record::{now_us, Record, State};
 pub use sync::SyncStats;
@@ -193,12 +198,20 @@ impl Store {
         &self.path
     }
 
-    /// Tells `outboxd store` where the running service answers.
+    /// Tells `outboxd store` where the running service answers, with a fresh
+    /// per-run admin token (see [`Store::admin_token`]) in the same write.
     pub fn advertise_admin(&self, addr: &str) -> std::io::Result<()> {
         match self.owner.lock().expect("owner lock").as_mut() {
             Some(o) => o.set_admin(addr),
             None => Ok(()),
         }
+    }
+
+    /// The token written next to the advertised admin address: whoever can
+    /// read the owner file (the user running outboxd, and root) may use the
+    /// admin API. `None` before [`Store::advertise_admin`] or without an owner file.
+    pub fn admin_token(&self) -> Option<String> {
+        self.owner.lock().expect("owner lock").as_ref().and_then(|o| o.admin_token().map(str::to_owned))
     }
 
     /// Waits until every write made so far is on disk.
@@ -565,8 +578,22 @@ impl Store {
         topic: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
+        self.list_after(state, topic, None, limit)
+    }
+
+    /// Like [`Store::list_filtered`], starting after the event id `after`
+    /// (exclusive): one page, whose last id is where the next page starts.
+    pub fn list_after(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let start = after.map_or(Unbounded, |cursor| Excluded(keys::after(cursor)));
         let mut out = Vec::new();
-        for item in self.events.iter() {
+        for item in self.events.range::<Vec<u8>, _>((start, Unbounded)) {
             if out.len() >= limit {
                 break;
             }

@@ -119,6 +119,27 @@ async fn list_filters_by_state_and_limit() {
 }
 
 #[tokio::test]
+async fn pages_after_an_id_cover_every_matching_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
+    for i in 0..8 {
+        let c = claimed(&store, &format!("e{i}"), i).await;
+        let state = if i % 3 == 0 { State::Done } else { State::Dead };
+        store.finish(c, state, "x".into()).await.unwrap();
+    }
+    let ids = |rs: Vec<Record>| rs.into_iter().map(|r| r.event_id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list_after(Some(State::Dead), None, None, 2).unwrap()), ["e1", "e2"]);
+    assert_eq!(ids(store.list_after(Some(State::Dead), None, Some("e2"), 2).unwrap()), ["e4", "e5"]);
+    assert_eq!(ids(store.list_after(Some(State::Dead), None, Some("e5"), 2).unwrap()), ["e7"]);
+    assert!(store.list_after(Some(State::Dead), None, Some("e7"), 2).unwrap().is_empty());
+    assert_eq!(
+        ids(store.list_after(None, None, Some("e4x"), 10).unwrap()),
+        ["e5", "e6", "e7"],
+        "after an id that is gone"
+    );
+}
+
+#[tokio::test]
 async fn per_state_counts_follow_every_change_and_survive_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let counts = |s: &Store| s.counts().map(|(_, n)| n);

@@ -56,6 +56,8 @@ pub struct OutboxdConfig {
     pub handler_extra: String,
     /// More `[handlers.retry]` keys, e.g. `max_elapsed = "5s"`.
     pub retry_extra: String,
+    /// More `[admin]` keys, e.g. `token = "..."` or `allowed_hosts = [...]`.
+    pub admin_extra: String,
 }
 
 /// A TOML basic string (JSON's escaping is valid TOML for what we write).
@@ -84,6 +86,10 @@ impl OutboxdConfig {
         t.push_str(&self.store_extra);
         // Tests run many outboxd processes at once: each admin server on a free port.
         let _ = writeln!(t, "\n[admin]\nlisten = \"127.0.0.1:0\"");
+        t.push_str(&self.admin_extra);
+        if !self.admin_extra.is_empty() && !self.admin_extra.ends_with('\n') {
+            t.push('\n');
+        }
         let _ = writeln!(t, "\n[[handlers]]");
         let topics: Vec<String> = self.topics.iter().map(|s| q(s)).collect();
         let _ = writeln!(t, "topics = [{}]", topics.join(", "));
@@ -186,6 +192,7 @@ impl Outboxd {
             max_backoff: "2s".into(),
             handler_extra: String::new(),
             retry_extra: String::new(),
+            admin_extra: String::new(),
         };
         Outboxd { config, dir, config_path, child: None, logs: Vec::new() }
     }
@@ -306,6 +313,23 @@ impl Outboxd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The store's owner file as the running service wrote it (JSON).
+    fn owner(&self) -> Value {
+        let path = self.config.store_path.join("outboxd.owner");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+    }
+
+    /// The admin address (`host:port`) the running service recorded next to its store.
+    pub fn admin_address(&self) -> String {
+        self.owner()["admin"].as_str().expect("an admin address in the owner file").to_owned()
+    }
+
+    /// The per-run admin token the running service recorded next to its address.
+    pub fn admin_token(&self) -> String {
+        self.owner()["admin_token"].as_str().expect("an admin token in the owner file").to_owned()
     }
 
     /// Runs `outboxd ARGS --config FILE` (one-shot commands such as `store …`).

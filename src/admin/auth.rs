@@ -1,0 +1,268 @@
+//! The one door of the store API (`/v1/*`): a layer that refuses browser
+//! requests from other origins and unexpected `Host` headers (DNS rebinding),
+//! then requires a bearer token. `/healthz`, `/readyz` and `/metrics` do not
+//! pass through it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use super::ApiError;
+
+/// What the store API accepts, fixed when the server starts.
+pub struct Guard {
+    /// Accepted bearer tokens: `[admin] token` and this run's token from the owner file.
+    /// Never logged.
+    tokens: Vec<String>,
+    /// Accepted `Host` values (lower case).
+    hosts: Hosts,
+}
+
+/// `Host` values that name this server: its listen address, the loopback
+/// names with its port, and `[admin] allowed_hosts`.
+struct Hosts {
+    port: u16,
+    /// Names that pass with this server's port: the listen IP and the loopback names.
+    own: Vec<String>,
+    /// `[admin] allowed_hosts` entries with a port, compared whole.
+    exact: Vec<String>,
+    /// `[admin] allowed_hosts` entries without a port: any port (or none) passes.
+    any_port: Vec<String>,
+}
+
+impl Hosts {
+    fn allows(&self, host: &str) -> bool {
+        let host = host.to_ascii_lowercase();
+        let (name, port) = split_port(&host);
+        // A Host without a port means the scheme's default (80 for http).
+        let port = port.map_or(Some(80), |p| p.parse::<u16>().ok());
+        (port == Some(self.port) && self.own.iter().any(|o| o == name))
+            || self.exact.contains(&host)
+            || self.any_port.iter().any(|a| a == name)
+    }
+}
+
+impl Guard {
+    pub fn new(tokens: impl IntoIterator<Item = String>, listen: SocketAddr, allowed_hosts: &[String]) -> Guard {
+        let listen_ip = match listen {
+            SocketAddr::V4(a) => a.ip().to_string(),
+            SocketAddr::V6(a) => format!("[{}]", a.ip()),
+        };
+        let own = vec![listen_ip, "localhost".into(), "127.0.0.1".into(), "[::1]".into()];
+        let (mut exact, mut any_port) = (Vec::new(), Vec::new());
+        for h in allowed_hosts {
+            let h = h.to_ascii_lowercase();
+            match split_port(&h) {
+                (_, Some(_)) => exact.push(h),
+                (_, None) => any_port.push(h),
+            }
+        }
+        let tokens = tokens.into_iter().filter(|t| !t.is_empty()).collect();
+        Guard { tokens, hosts: Hosts { port: listen.port(), own, exact, any_port } }
+    }
+
+    /// Whether `Authorization: Bearer <given>` names an accepted token. Each
+    /// comparison takes the same time whatever bytes match, so response
+    /// times do not reveal a prefix; only whether the length is right can be
+    /// learnt (the per-run token's length is public anyway).
+    fn accepts(&self, given: &str) -> bool {
+        let mut ok = subtle::Choice::from(0);
+        for t in &self.tokens {
+            ok |= given.as_bytes().ct_eq(t.as_bytes());
+        }
+        bool::from(ok)
+    }
+
+    fn host_allowed(&self, host: &str) -> bool {
+        self.hosts.allows(host)
+    }
+
+    /// Refuses a request that a browser made for another site's page, or that
+    /// came through a name this server does not answer to; `None` lets it through.
+    fn refusal(&self, headers: &HeaderMap, authority: Option<&str>) -> Option<ApiError> {
+        if headers.contains_key(header::ORIGIN) {
+            return Some(ApiError(
+                StatusCode::FORBIDDEN,
+                "cross-origin requests are refused: the store API is not for browsers (the request has an Origin header)"
+                    .into(),
+            ));
+        }
+        let site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+        if site.is_some_and(|s| s.eq_ignore_ascii_case("cross-site") || s.eq_ignore_ascii_case("same-site")) {
+            return Some(ApiError(
+                StatusCode::FORBIDDEN,
+                "cross-site requests are refused: the store API is not for browsers (Sec-Fetch-Site)".into(),
+            ));
+        }
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).or(authority);
+        match host {
+            Some(h) if self.host_allowed(h) => None,
+            Some(_) => Some(ApiError(
+                StatusCode::FORBIDDEN,
+                "unexpected Host header: call the listen address, localhost or 127.0.0.1, or add the name to [admin] allowed_hosts"
+                    .into(),
+            )),
+            None => Some(ApiError(StatusCode::FORBIDDEN, "a Host header is required".into())),
+        }
+    }
+
+    fn credential(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+        let missing = "the store API needs Authorization: Bearer <token>: the token in the store's owner file \
+                       (outboxd.owner, readable by the user running outboxd) or [admin] token";
+        match given {
+            None => Err(ApiError(StatusCode::UNAUTHORIZED, format!("missing credential: {missing}"))),
+            Some(t) if self.accepts(t) => Ok(()),
+            Some(_) => Err(ApiError(StatusCode::UNAUTHORIZED, format!("wrong credential: {missing}"))),
+        }
+    }
+}
+
+/// The layer on `/v1`: 403 for browsers and foreign `Host`s, 401 without an accepted token.
+pub async fn check(State(guard): State<Arc<Guard>>, req: Request, next: Next) -> Response {
+    let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+    if let Some(refused) = guard.refusal(req.headers(), authority.as_deref()) {
+        tracing::warn!(path = req.uri().path(), reason = %refused.1, "admin request refused");
+        return refused.into_response();
+    }
+    if let Err(e) = guard.credential(req.headers()) {
+        tracing::warn!(path = req.uri().path(), reason = %e.1, "admin request refused");
+        let mut resp = e.into_response();
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        return resp;
+    }
+    next.run(req).await
+}
+
+/// `host:port` → (`host`, `Some(port)`); an IPv6 literal keeps its brackets.
+fn split_port(host: &str) -> (&str, Option<&str>) {
+    match host.rsplit_once(':') {
+        Some((h, p))
+            if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && (!h.contains(':') || h.ends_with(']')) =>
+        {
+            (h, Some(p))
+        }
+        _ => (host, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RUN: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    fn guard(configured: Option<&str>, allowed: &[&str]) -> Guard {
+        let tokens = configured.into_iter().map(str::to_owned).chain([RUN.to_owned()]);
+        let allowed: Vec<String> = allowed.iter().map(|s| s.to_string()).collect();
+        Guard::new(tokens, "127.0.0.1:9464".parse().unwrap(), &allowed)
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn only_a_whole_accepted_token_is_a_credential() {
+        let g = guard(Some("s3cret-configured"), &[]);
+        assert!(g.accepts(RUN), "the per-run token");
+        assert!(g.accepts("s3cret-configured"), "the configured token");
+        assert!(!g.accepts(""), "empty");
+        assert!(!g.accepts(&RUN[..63]), "a prefix");
+        assert!(!g.accepts(&RUN[..1]), "one character");
+        assert!(!g.accepts(&format!("{RUN}0")), "one character more");
+        assert!(!g.accepts("s3cret-configureD"), "last byte wrong");
+        assert!(!g.accepts(&RUN.to_uppercase()), "another case");
+        let only_run = guard(None, &[]);
+        assert!(!only_run.accepts("s3cret-configured"));
+        assert!(
+            !Guard::new([String::new()], "127.0.0.1:1".parse().unwrap(), &[]).accepts(""),
+            "an empty token is never accepted"
+        );
+    }
+
+    #[test]
+    fn credential_is_a_bearer_authorization_header() {
+        let g = guard(None, &[]);
+        assert!(g.credential(&headers(&[("authorization", &format!("Bearer {RUN}"))])).is_ok());
+        for (h, why) in [
+            (headers(&[]), "missing"),
+            (headers(&[("authorization", RUN)]), "without the scheme"),
+            (headers(&[("authorization", &format!("Basic {RUN}"))]), "another scheme"),
+            (headers(&[("authorization", "Bearer ")]), "empty"),
+            (headers(&[("authorization", "Bearer nope")]), "wrong"),
+        ] {
+            let e = g.credential(&h).expect_err(why);
+            assert_eq!(e.0, StatusCode::UNAUTHORIZED, "{why}");
+            assert!(!e.1.contains(RUN), "the error never shows a token");
+        }
+    }
+
+    #[test]
+    fn loopback_names_of_the_port_and_allowed_hosts_pass_the_host_check() {
+        let g = guard(None, &["outboxd.internal", "10.0.0.7:8080"]);
+        for ok in [
+            "127.0.0.1:9464",
+            "localhost:9464",
+            "LOCALHOST:9464",
+            "[::1]:9464",
+            "outboxd.internal",
+            "outboxd.internal:443",
+            "10.0.0.7:8080",
+        ] {
+            assert!(g.host_allowed(ok), "{ok}");
+        }
+        for refused in
+            ["evil.example:9464", "localhost:9465", "localhost", "127.0.0.1", "10.0.0.7:9464", "10.0.0.7", ""]
+        {
+            assert!(!g.host_allowed(refused), "{refused}");
+        }
+        let wildcard = Guard::new([RUN.to_owned()], "0.0.0.0:9464".parse().unwrap(), &[]);
+        assert!(wildcard.host_allowed("0.0.0.0:9464") && !wildcard.host_allowed("10.1.2.3:9464"));
+        let on_80 = Guard::new([RUN.to_owned()], "127.0.0.1:80".parse().unwrap(), &[]);
+        assert!(on_80.host_allowed("localhost") && !on_80.host_allowed("evil.example"));
+    }
+
+    #[test]
+    fn browser_requests_and_foreign_hosts_are_refused() {
+        let g = guard(None, &[]);
+        let local = ("host", "127.0.0.1:9464");
+        assert!(g.refusal(&headers(&[local]), None).is_none());
+        assert!(
+            g.refusal(&headers(&[local, ("sec-fetch-site", "none")]), None).is_none(),
+            "typed into the address bar"
+        );
+        for (h, why) in [
+            (headers(&[local, ("origin", "http://evil.example")]), "Origin"),
+            (headers(&[local, ("origin", "null")]), "Origin null"),
+            (headers(&[local, ("sec-fetch-site", "cross-site")]), "cross-site"),
+            (headers(&[local, ("sec-fetch-site", "same-site")]), "another port of localhost"),
+            (headers(&[("host", "evil.example:9464")]), "rebinding"),
+            (headers(&[]), "no Host"),
+        ] {
+            assert_eq!(g.refusal(&h, None).map(|e| e.0), Some(StatusCode::FORBIDDEN), "{why}");
+        }
+        assert!(g.refusal(&headers(&[]), Some("localhost:9464")).is_none(), "HTTP/2 :authority");
+    }
+
+    #[test]
+    fn ports_split_off_names_and_bracketed_ipv6() {
+        assert_eq!(split_port("a.b:80"), ("a.b", Some("80")));
+        assert_eq!(split_port("a.b"), ("a.b", None));
+        assert_eq!(split_port("[::1]:9464"), ("[::1]", Some("9464")));
+        assert_eq!(split_port("[::1]"), ("[::1]", None));
+        assert_eq!(split_port("a.b:"), ("a.b:", None));
+    }
+}
