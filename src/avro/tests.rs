@@ -1,5 +1,7 @@
+use super::json::{date, decimal, timestamp, Unit};
 use super::*;
-use apache_avro::types::Record;
+use apache_avro::types::{Record, Value as Avro};
+use serde_json::json;
 
 fn framed(id: u32, datum: Vec<u8>) -> Vec<u8> {
     let mut out = vec![0u8];
@@ -123,4 +125,54 @@ fn decimals_and_dates_format_exactly() {
     assert_eq!(date(0), json!("1970-01-01"));
     assert_eq!(date(-1), json!("1969-12-31"));
     assert_eq!(date(11_016), json!("2000-02-29"));
+}
+
+#[test]
+fn timestamps_render_for_every_i64_without_panicking() {
+    let us = |n| timestamp(n, Unit::Micros);
+    assert_eq!(us(0), json!("1970-01-01T00:00:00.000000Z"));
+    assert_eq!(us(-1), json!("1969-12-31T23:59:59.999999Z"));
+    assert_eq!(timestamp(-1, Unit::Millis), json!("1969-12-31T23:59:59.999000Z"));
+    assert_eq!(timestamp(-1, Unit::Nanos), json!("1969-12-31T23:59:59.999999Z"));
+    assert_eq!(timestamp(-14_182_940_000, Unit::Millis), json!("1969-07-20T20:17:40.000000Z"));
+    assert_eq!(timestamp(1_700_000_000_123_456_789, Unit::Nanos), json!("2023-11-14T22:13:20.123456Z"));
+    // The edges RFC 3339 can write, and one step beyond them: the number as sent.
+    assert_eq!(us(-62_167_219_200_000_000), json!("0000-01-01T00:00:00.000000Z"));
+    assert_eq!(us(-62_167_219_200_000_001), json!(-62_167_219_200_000_001i64));
+    assert_eq!(us(253_402_300_799_999_999), json!("9999-12-31T23:59:59.999999Z"));
+    assert_eq!(us(253_402_300_800_000_000), json!(253_402_300_800_000_000i64));
+    // PostgreSQL infinity as Debezium sends it, and the extremes of i64, in every unit.
+    for unit in [Unit::Millis, Unit::Micros, Unit::Nanos] {
+        assert_eq!(timestamp(9_223_372_036_825_200_000, unit), json!("infinity"));
+        assert_eq!(timestamp(i64::MAX, unit), json!("infinity"));
+        assert_eq!(timestamp(-9_223_372_036_832_400_000, unit), json!("-infinity"));
+        assert_eq!(timestamp(i64::MIN, unit), json!("-infinity"));
+    }
+    assert_eq!(timestamp(185_543_533_774_800_000, Unit::Millis), json!(185_543_533_774_800_000i64));
+}
+
+#[test]
+fn infinite_and_pre_1970_timestamps_in_a_datum_decode() {
+    let text = r#"{"type":"record","name":"T","fields":[
+        {"name":"ms","type":{"type":"long","logicalType":"timestamp-millis"}},
+        {"name":"us","type":{"type":"long","logicalType":"timestamp-micros"}},
+        {"name":"local","type":{"type":"long","logicalType":"local-timestamp-micros"}}]}"#;
+    let schema = Schema::parse_str(text).unwrap();
+    let mut r = Record::new(&schema).unwrap();
+    r.put("ms", Avro::TimestampMillis(9_223_372_036_825_200_000));
+    r.put("us", Avro::TimestampMicros(-1));
+    r.put("local", Avro::LocalTimestampMicros(i64::MIN));
+    let datum = apache_avro::to_avro_datum(&schema, r).unwrap();
+    let got = ParsedSchema::parse(11, text, &[]).unwrap().decode(&framed(11, datum)).unwrap();
+    assert_eq!(got, json!({"ms": "infinity", "us": "1969-12-31T23:59:59.999999Z", "local": "-infinity"}));
+}
+
+#[test]
+fn dates_outside_the_years_rfc_3339_can_write_stay_numbers() {
+    assert_eq!(date(-719_528), json!("0000-01-01"));
+    assert_eq!(date(-719_529), json!(-719_529));
+    assert_eq!(date(2_932_896), json!("9999-12-31"));
+    assert_eq!(date(2_932_897), json!(2_932_897));
+    assert_eq!(date(i32::MAX), json!(i32::MAX));
+    assert_eq!(date(i32::MIN), json!(i32::MIN));
 }
