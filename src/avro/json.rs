@@ -7,7 +7,7 @@ use apache_avro::types::Value as Avro;
 use base64::Engine;
 use serde_json::{json, Value};
 
-use super::DEBEZIUM_JSON;
+use super::{DEBEZIUM_JSON, MAX_DEPTH};
 
 /// What the conversion needs besides the value and its schema.
 pub(super) struct Ctx<'a> {
@@ -33,11 +33,15 @@ pub(super) enum Unit {
     Nanos,
 }
 
-pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>) -> Result<Value, String> {
+/// `depth`: records, arrays and maps around `value`; bounded by [`MAX_DEPTH`].
+pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>, depth: usize) -> Result<Value, String> {
     let schema = match schema {
         Schema::Ref { name } => ctx.names.get(name).copied().ok_or_else(|| format!("unknown named type {name}"))?,
         s => s,
     };
+    if matches!(value, Avro::Record(_) | Avro::Array(_) | Avro::Map(_)) && depth >= MAX_DEPTH {
+        return Err(format!("value nests deeper than {MAX_DEPTH} records, arrays and maps"));
+    }
     Ok(match value {
         Avro::Null => Value::Null,
         Avro::Boolean(b) => json!(b),
@@ -49,16 +53,16 @@ pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>) -> Result<Va
         Avro::String(s) => json!(s),
         Avro::Enum(_, symbol) => json!(symbol),
         Avro::Union(index, inner) => {
-            let Schema::Union(u) = schema else { return to_json(inner, schema, ctx) };
+            let Schema::Union(u) = schema else { return to_json(inner, schema, ctx, depth) };
             let variant = u.variants().get(*index as usize).ok_or("union index out of range")?;
-            to_json(inner, variant, ctx)?
+            to_json(inner, variant, ctx, depth)?
         }
         Avro::Array(items) => {
             let item_schema = match schema {
                 Schema::Array(a) => &*a.items,
                 other => other,
             };
-            Value::Array(items.iter().map(|v| to_json(v, item_schema, ctx)).collect::<Result<_, _>>()?)
+            Value::Array(items.iter().map(|v| to_json(v, item_schema, ctx, depth + 1)).collect::<Result<_, _>>()?)
         }
         Avro::Map(map) => {
             let value_schema = match schema {
@@ -69,7 +73,7 @@ pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>) -> Result<Va
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
             for k in keys {
-                out.insert(k.clone(), to_json(&map[k], value_schema, ctx)?);
+                out.insert(k.clone(), to_json(&map[k], value_schema, ctx, depth + 1)?);
             }
             Value::Object(out)
         }
@@ -77,7 +81,7 @@ pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>) -> Result<Va
             let Schema::Record(r) = schema else { return Err("record value without a record schema".into()) };
             let mut out = serde_json::Map::new();
             for ((name, v), field) in fields.iter().zip(&r.fields) {
-                let mut json = to_json(v, &field.schema, ctx)?;
+                let mut json = to_json(v, &field.schema, ctx, depth + 1)?;
                 let declared_json = ctx.json_fields.contains(&(r.name.name.clone(), name.clone()));
                 if let (Value::String(s), true) = (&json, declared_json) {
                     json = serde_json::from_str(s)

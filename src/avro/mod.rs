@@ -15,6 +15,7 @@
 //! any other such date or timestamp the plain number it was sent as (days, or
 //! milli/micro/nanoseconds since 1970 as its logical type says).
 
+mod check;
 mod json;
 mod registry;
 
@@ -28,6 +29,14 @@ pub use registry::{Registry, RegistryOptions};
 
 /// Debezium's semantic type for json/jsonb columns.
 const DEBEZIUM_JSON: &str = "io.debezium.data.Json";
+
+/// Records, arrays and maps a value may nest (the JSON nesting of the result).
+/// A bound because a recursive schema (a linked list, a tree) lets the input
+/// nest as deep as it likes and apache-avro's decoder recurses per level, up to
+/// three calls per level (record, union, named reference) of ~15 KiB each in a
+/// debug build: 32 levels stay well inside a 2 MiB thread stack (tokio's
+/// default). Debezium's envelopes nest a handful of levels.
+pub const MAX_DEPTH: usize = 32;
 
 /// Why an Avro value could not be decoded. Only `Unavailable` can heal by waiting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -97,19 +106,24 @@ impl ParsedSchema {
         Ok(ParsedSchema { id, schema, schemata, top_is_json, json_fields })
     }
 
-    /// Decodes the datum after the 5-byte framing into JSON.
+    /// Decodes the datum after the 5-byte framing into JSON. Hostile bytes give
+    /// [`AvroError::Datum`]: the datum is checked (lengths, truncation, depth)
+    /// before apache-avro decodes it; see `check.rs`.
     pub fn decode(&self, framed: &[u8]) -> Result<Value, AvroError> {
         let mut datum = framed.get(5..).ok_or(AvroError::NotFramed)?;
         let id = self.id;
-        let value =
-            apache_avro::from_avro_datum_schemata(&self.schema, self.schemata.iter().collect(), &mut datum, None)
-                .map_err(|e| AvroError::Datum { id, error: e.to_string() })?;
+        let names = self.names();
+        check::check(&self.schema, &names, datum).map_err(|error| AvroError::Datum { id, error })?;
+        // The top-level schema too (after the references it uses): its named
+        // types may be used again inside it.
+        let schemata = self.schemata.iter().chain(std::iter::once(&self.schema)).collect();
+        let value = apache_avro::from_avro_datum_schemata(&self.schema, schemata, &mut datum, None)
+            .map_err(|e| AvroError::Datum { id, error: e.to_string() })?;
         if !datum.is_empty() {
             return Err(AvroError::Datum { id, error: format!("{} bytes left after the datum", datum.len()) });
         }
-        let names = self.names();
         let ctx = Ctx { names: &names, json_fields: &self.json_fields };
-        let json = to_json(&value, &self.schema, &ctx).map_err(|error| AvroError::Datum { id, error })?;
+        let json = to_json(&value, &self.schema, &ctx, 0).map_err(|error| AvroError::Datum { id, error })?;
         match json {
             Value::String(s) if self.top_is_json => serde_json::from_str(&s)
                 .map_err(|e| AvroError::Datum { id, error: format!("{DEBEZIUM_JSON} string is not JSON: {e}") }),
