@@ -28,6 +28,9 @@ pub struct RegistryOptions {
     pub cache_dir: Option<PathBuf>,
     /// `<id>.avsc` files, for installations without a registry.
     pub schemas_dir: Option<PathBuf>,
+    /// Largest allocation apache-avro may make while decoding (its limit is per
+    /// process and set once: by the first registry built).
+    pub max_allocation_bytes: usize,
 }
 
 /// What the disk cache keeps: the schema text and its references' texts.
@@ -60,6 +63,14 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(opts: RegistryOptions) -> anyhow::Result<Registry> {
+        let limit = apache_avro::util::max_allocation_bytes(opts.max_allocation_bytes);
+        if limit != opts.max_allocation_bytes {
+            tracing::warn!(
+                configured = opts.max_allocation_bytes,
+                in_effect = limit,
+                "schema_registry.max_allocation_bytes was already set in this process; the first value stays"
+            );
+        }
         let http = match &opts.url {
             None => None,
             Some(_) => {
