@@ -38,11 +38,17 @@ const DEBEZIUM_JSON: &str = "io.debezium.data.Json";
 /// default). Debezium's envelopes nest a handful of levels.
 pub const MAX_DEPTH: usize = 32;
 
-/// Why an Avro value could not be decoded. Only `Unavailable` can heal by waiting.
+/// Why an Avro value could not be decoded. `Unavailable` and `Registry` make
+/// the event wait ([`AvroError::is_transient`]); the others dead-letter it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AvroError {
+    /// Unreachable, 5xx, 429: heals by itself.
     #[error("schema registry unavailable: {0}")]
     Unavailable(String),
+    /// The registry answers, but refuses us or not with a registry's answer: the
+    /// credentials or URL need fixing. Not the event's fault, so it waits.
+    #[error("schema registry {fault}: {detail}")]
+    Registry { fault: RegistryFault, detail: String },
     #[error("schema id {0} is unknown to the registry")]
     UnknownSchema(u32),
     #[error("schema id {id} is a {kind} schema; only Avro is decoded")]
@@ -58,8 +64,48 @@ pub enum AvroError {
 }
 
 impl AvroError {
+    /// Waiting can help: the event waits instead of being dead-lettered.
     pub fn is_transient(&self) -> bool {
-        matches!(self, AvroError::Unavailable(_))
+        matches!(self, AvroError::Unavailable(_) | AvroError::Registry { .. })
+    }
+
+    /// Waiting helps only once a person fixed the configuration: log as an error.
+    pub fn needs_operator(&self) -> bool {
+        matches!(self, AvroError::Registry { .. })
+    }
+
+    /// The `reason` label of `outboxd_schema_registry_errors_total`, for the
+    /// errors that make an event wait.
+    pub fn registry_reason(&self) -> Option<&'static str> {
+        match self {
+            AvroError::Unavailable(_) => Some("unavailable"),
+            AvroError::Registry { fault, .. } => Some(fault.label()),
+            _ => None,
+        }
+    }
+}
+
+/// How a reachable registry fails us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryFault {
+    /// 401 or 403.
+    #[error("refuses the credentials")]
+    Auth,
+    /// Another status that is neither success, 404, 429 nor 5xx.
+    #[error("answers with an unexpected status")]
+    Status,
+    /// Success, but not the JSON a registry sends (a wrong URL, a proxy page).
+    #[error("answers with something that is not a schema registry's answer")]
+    Unparsable,
+}
+
+impl RegistryFault {
+    pub fn label(self) -> &'static str {
+        match self {
+            RegistryFault::Auth => "auth",
+            RegistryFault::Status => "status",
+            RegistryFault::Unparsable => "unparsable",
+        }
     }
 }
 

@@ -2,6 +2,12 @@
 //! (so a restart with the registry down still decodes known ids), then local
 //! `<id>.avsc` files or the registry's `GET /schemas/ids/{id}` (with
 //! references resolved through `GET /subjects/{s}/versions/{v}`).
+//!
+//! Failures of the registry: unreachable, 5xx and 429 are
+//! [`AvroError::Unavailable`]; 401/403, another unexpected status, or an answer
+//! that is not a registry's are [`AvroError::Registry`], which need an operator.
+//! Both make the event wait rather than be dead-lettered: the event is fine, the
+//! setup is not. No error or log shows the credentials of the registry URL.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -10,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{AvroError, ParsedSchema};
+use super::{AvroError, ParsedSchema, RegistryFault};
 
 /// Schemas held in memory; far above what a pipeline uses (one per table version).
 const MAX_CACHED: usize = 10_000;
@@ -58,6 +64,8 @@ struct Reference {
 pub struct Registry {
     opts: RegistryOptions,
     http: Option<reqwest::Client>,
+    /// `opts.url` without its user name and password: what errors and logs show.
+    shown_url: String,
     cache: Mutex<HashMap<u32, Arc<ParsedSchema>>>,
 }
 
@@ -86,7 +94,8 @@ impl Registry {
         if let Some(dir) = &opts.cache_dir {
             std::fs::create_dir_all(dir)?;
         }
-        Ok(Registry { opts, http, cache: Mutex::new(HashMap::new()) })
+        let shown_url = opts.url.as_deref().map(redact).unwrap_or_default();
+        Ok(Registry { opts, http, shown_url, cache: Mutex::new(HashMap::new()) })
     }
 
     /// The writer schema for `id`.
@@ -133,10 +142,11 @@ impl Registry {
     }
 
     async fn fetch(&self, id: u32) -> Result<CachedSchema, AvroError> {
-        let (Some(http), Some(url)) = (&self.http, &self.opts.url) else {
+        let Some(http) = &self.http else {
             return Err(AvroError::UnknownSchema(id));
         };
-        let resp: SchemaResponse = match self.get(http, &format!("{url}/schemas/ids/{id}")).await? {
+        let not_found = [reqwest::StatusCode::NOT_FOUND];
+        let resp: SchemaResponse = match self.get(http, &format!("/schemas/ids/{id}"), &not_found).await? {
             Some(r) => r,
             None => return Err(AvroError::UnknownSchema(id)),
         };
@@ -149,8 +159,8 @@ impl Registry {
             if depth > MAX_REFERENCE_DEPTH {
                 return Err(AvroError::BadSchema { id, error: "schema references nest too deep".into() });
             }
-            let path = format!("{url}/subjects/{}/versions/{}", urlencode(&r.subject), r.version);
-            let Some(dep) = self.get::<SchemaResponse>(http, &path).await? else {
+            let path = format!("/subjects/{}/versions/{}", urlencode(&r.subject), r.version);
+            let Some(dep) = self.get::<SchemaResponse>(http, &path, &not_found).await? else {
                 return Err(AvroError::BadSchema {
                     id,
                     error: format!("reference {} v{} not found", r.subject, r.version),
@@ -162,31 +172,63 @@ impl Registry {
         Ok(CachedSchema { schema: resp.schema, references })
     }
 
-    /// GET and parse; `None` on 404; transport errors and 5xx are `Unavailable`.
+    /// GET `path` under the registry URL and parse the answer; `None` on an `absent` status.
     async fn get<T: for<'de> Deserialize<'de>>(
         &self,
         http: &reqwest::Client,
-        url: &str,
+        path: &str,
+        absent: &[reqwest::StatusCode],
     ) -> Result<Option<T>, AvroError> {
-        let mut req = http.get(url).header("Accept", "application/vnd.schemaregistry.v1+json, application/json");
+        let base = self.opts.url.as_deref().unwrap_or_default();
+        let shown = format!("{}{path}", self.shown_url);
+        let mut req = http
+            .get(format!("{base}{path}"))
+            .header("Accept", "application/vnd.schemaregistry.v1+json, application/json");
         if let Some(user) = &self.opts.username {
             req = req.basic_auth(user, self.opts.password.as_deref());
         }
-        let resp = req.send().await.map_err(|e| AvroError::Unavailable(e.to_string()))?;
+        let unavailable = |e: reqwest::Error| AvroError::Unavailable(format!("GET {shown}: {}", e.without_url()));
+        let resp = req.send().await.map_err(unavailable)?;
         let status = resp.status();
-        if status == reqwest::StatusCode::NOT_FOUND {
+        if absent.contains(&status) {
             return Ok(None);
         }
         if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-            return Err(AvroError::Unavailable(format!("{url}: http {status}")));
+            return Err(AvroError::Unavailable(format!("GET {shown}: http {status}")));
+        }
+        if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
+            let detail = format!("GET {shown}: http {status}; check schema_registry.username and password");
+            return Err(AvroError::Registry { fault: RegistryFault::Auth, detail });
         }
         if !status.is_success() {
-            return Err(AvroError::Unavailable(format!("{url}: http {status} (check schema_registry credentials)")));
+            let detail = format!("GET {shown}: http {status}");
+            return Err(AvroError::Registry { fault: RegistryFault::Status, detail });
         }
-        resp.json::<T>().await.map(Some).map_err(|e| AvroError::Unavailable(format!("{url}: {e}")))
+        let body = resp.bytes().await.map_err(unavailable)?;
+        serde_json::from_slice(&body).map(Some).map_err(|e| AvroError::Registry {
+            fault: RegistryFault::Unparsable,
+            detail: format!("GET {shown}: http {status} but not a schema registry's answer: {e}"),
+        })
+    }
+}
+
+/// The URL without user name and password.
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            // Both fail only for URLs that cannot have credentials, which then have none.
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.as_str().trim_end_matches('/').to_owned()
+        }
+        Err(_) => "(the schema registry url)".to_owned(),
     }
 }
 
 fn urlencode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
+
+#[cfg(test)]
+#[path = "registry_tests.rs"]
+mod tests;

@@ -141,7 +141,11 @@ impl Executor {
         Ok((payload, key))
     }
 
-    /// Decodes an Avro-framed value, waiting (with backoff) while the registry is unreachable.
+    /// Decodes an Avro-framed value, waiting (with backoff) while the registry is
+    /// unreachable, or refuses us (401/403) or answers garbage. The latter two are
+    /// configuration errors, not the event's: it waits rather than being
+    /// dead-lettered, and every retry logs at error level with the status and
+    /// counts in `outboxd_schema_registry_errors_total{reason}`.
     async fn avro_json(&self, framed: &[u8]) -> Result<serde_json::Value, avro::AvroError> {
         let id = avro::framing(framed).ok_or(avro::AvroError::NotFramed)?;
         let Some(registry) = &self.registry else {
@@ -152,7 +156,14 @@ impl Executor {
             match registry.schema(id).await {
                 Ok(schema) => return schema.decode(framed),
                 Err(e) if e.is_transient() && !self.stopped() => {
-                    warn!(error = %e, schema_id = id, ?pause, "waiting for the schema registry (the event and its offset wait)");
+                    let reason = e.registry_reason().unwrap_or("unavailable");
+                    metrics::counter!(names::SCHEMA_REGISTRY_ERRORS, "reason" => reason).increment(1);
+                    if e.needs_operator() {
+                        error!(error = %e, reason, schema_id = id, ?pause,
+                            "the schema registry refuses or garbles the schema lookup; fix [schema_registry] (the event and its offset wait)");
+                    } else {
+                        warn!(error = %e, schema_id = id, ?pause, "waiting for the schema registry (the event and its offset wait)");
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(REGISTRY_RETRY_MAX);
                 }
