@@ -91,6 +91,10 @@ pub struct RawSchemaRegistry {
     pub schemas_dir: Option<PathBuf>,
     /// Largest single allocation while decoding an Avro value (`"16MiB"`).
     pub max_allocation_bytes: Option<String>,
+    /// Accept a registry schema id only when it is registered under the topic's
+    /// subject (`<topic>-value`/`-key`, or `<topic>-<record name>`). Default true;
+    /// false for RecordNameStrategy, whose subjects do not name the topic.
+    pub check_subjects: Option<bool>,
 }
 
 /// How a handler reads message values.
@@ -623,6 +627,7 @@ fn validate_registry(
         cache_dir: Some(raw.cache_dir.unwrap_or_else(|| store_path.join("schemas"))),
         schemas_dir: raw.schemas_dir,
         max_allocation_bytes: usize::try_from(max_allocation_bytes).unwrap_or(usize::MAX),
+        check_subjects: raw.check_subjects.unwrap_or(true),
     })
 }
 
@@ -1047,12 +1052,14 @@ max_elapsed = "5m"
     }
 
     #[test]
-    fn avro_allocation_limit_defaults_to_16_mib_and_parses_sizes() {
+    fn avro_allocation_limit_and_subject_check_have_safe_defaults() {
         let registry = |extra: &str| {
             let text = format!("{BASE}[schema_registry]\nurl=\"http://127.0.0.1:18081\"\n{extra}[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n");
             Config::parse(&text, &env).map(|c| c.schema_registry.unwrap())
         };
         assert_eq!(registry("").unwrap().max_allocation_bytes, 16 << 20);
+        assert!(registry("").unwrap().check_subjects, "schema ids are checked against topics by default");
+        assert!(!registry("check_subjects = false\n").unwrap().check_subjects);
         assert_eq!(registry("max_allocation_bytes = \"64MiB\"\n").unwrap().max_allocation_bytes, 64 << 20);
         for bad in ["\"lots\"", "\"0\""] {
             let e = registry(&format!("max_allocation_bytes = {bad}\n")).unwrap_err();

@@ -51,6 +51,13 @@ pub enum AvroError {
     Registry { fault: RegistryFault, detail: String },
     #[error("schema id {0} is unknown to the registry")]
     UnknownSchema(u32),
+    /// The id exists but belongs to other topics' subjects.
+    #[error(
+        "schema id {id} is not registered under subject {subject} (registered under: {}); \
+         with subjects not named after topics set [schema_registry] check_subjects = false",
+        some(registered)
+    )]
+    WrongSubject { id: u32, subject: String, registered: Vec<String> },
     #[error("schema id {id} is a {kind} schema; only Avro is decoded")]
     NotAvro { id: u32, kind: String },
     #[error("schema id {id} cannot be parsed: {error}")]
@@ -105,6 +112,36 @@ impl RegistryFault {
             RegistryFault::Auth => "auth",
             RegistryFault::Status => "status",
             RegistryFault::Unparsable => "unparsable",
+        }
+    }
+}
+
+/// The first few of a list, for an error message.
+fn some(items: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = items.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if items.len() > SHOWN {
+        text.push_str(&format!(" and {} more", items.len() - SHOWN));
+    }
+    if text.is_empty() {
+        text.push_str("none");
+    }
+    text
+}
+
+/// Which part of a Kafka message a framed Avro datum is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Key,
+    Value,
+}
+
+impl Part {
+    /// As in TopicNameStrategy subjects: `<topic>-key`, `<topic>-value`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Part::Key => "key",
+            Part::Value => "value",
         }
     }
 }
@@ -175,6 +212,11 @@ impl ParsedSchema {
                 .map_err(|e| AvroError::Datum { id, error: format!("{DEBEZIUM_JSON} string is not JSON: {e}") }),
             other => Ok(other),
         }
+    }
+
+    /// The full name of the top-level type, when it is named (a record, enum or fixed).
+    pub fn record_name(&self) -> Option<String> {
+        self.schema.name().map(|n| n.fullname(None))
     }
 
     fn names(&self) -> HashMap<Name, &Schema> {
