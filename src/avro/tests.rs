@@ -291,3 +291,42 @@ fn a_length_or_count_larger_than_the_input_is_an_error_not_an_allocation() {
     let nulls = ParsedSchema::parse(36, r#"{"type":"array","items":"null"}"#, &[]).unwrap();
     assert_eq!(nulls.decode(&framed(36, [zigzag(3), zigzag(0)].concat())).unwrap(), json!([null, null, null]));
 }
+
+/// What the fuzz target `avro` checks, on stable and in every test run: random
+/// bytes, and random cuts and flips of valid datums, give JSON or a datum error.
+#[test]
+fn random_and_mangled_datums_give_json_or_an_error_never_a_crash() {
+    use rand::{Rng, SeedableRng};
+    let tree = r#"{"type":"record","name":"Tree","fields":[{"name":"label","type":"string"},
+        {"name":"kids","type":{"type":"array","items":"Tree"}},
+        {"name":"named","type":{"type":"map","values":["null","Tree"]}}]}"#;
+    let schemas = [
+        ParsedSchema::parse(1, NODE, &[]).unwrap(),
+        ParsedSchema::parse(2, tree, &[]).unwrap(),
+        ParsedSchema::parse(3, r#"{"type":"array","items":{"type":"map","values":"null"}}"#, &[]).unwrap(),
+    ];
+    let valid = [linked_list(20), [&[6u8][..], b"abc", &[0, 0]].concat(), vec![2, 2, 2, 0, 0, 0]];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for round in 0..20_000 {
+        let i = round % schemas.len();
+        let mut datum = if round % 2 == 0 {
+            let len = rng.random_range(0..64);
+            (0..len).map(|_| rng.random::<u8>()).collect()
+        } else {
+            let mut d = valid[i].clone();
+            if !d.is_empty() {
+                let at = rng.random_range(0..d.len());
+                d[at] = rng.random();
+            }
+            d
+        };
+        datum.truncate(rng.random_range(0..=datum.len()));
+        let id = i as u32 + 1;
+        if let Err(e) = schemas[i].decode(&framed(id, datum.clone())) {
+            assert!(matches!(e, AvroError::Datum { .. }), "{datum:?}: {e:?}");
+        }
+    }
+    for (i, d) in valid.iter().enumerate() {
+        assert!(schemas[i].decode(&framed(i as u32 + 1, d.clone())).is_ok(), "valid datum {i}");
+    }
+}
