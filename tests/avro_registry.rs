@@ -1,18 +1,25 @@
-//! Schema ids checked against the topic, with the stack's schema registry (Apicurio
-//! Registry's Confluent API at `OUTBOXD_TEST_REGISTRY`) and the real broker: a value
-//! is decoded only with a schema id registered under its topic's subject
-//! (`GET /schemas/ids/{id}/versions`). Needs Kafka and the registry of the local
-//! stack; does not stop or start either.
+//! outboxd and its schema registry on the real broker: schema ids are checked against
+//! the topic with the stack's registry (Apicurio Registry's Confluent API at
+//! `OUTBOXD_TEST_REGISTRY`): a value is decoded only with a schema id registered under
+//! its topic's subject (`GET /schemas/ids/{id}/versions`); and a registry that refuses
+//! our credentials (a stand-in on 127.0.0.1) stalls the partition loudly instead of
+//! dead-lettering its events. Needs Kafka and the registry of the local stack; does
+//! not stop or start either.
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use apache_avro::types::Value as Avro;
 use apache_avro::Schema;
+use axum::http::StatusCode;
+use axum::Router;
 use common::avro::{schema_registry_toml, Registry};
+use common::receiver::Server;
 use common::{new_event_id, Kafka, Outboxd, Receiver};
-use serde_json::json;
+use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -66,4 +73,60 @@ async fn a_schema_id_registered_only_for_another_topic_is_dead_lettered() {
     let reason = dead[0].reason.as_deref().unwrap_or_default();
     assert!(reason.contains(&format!("not registered under subject {payments}-value")), "{reason}");
     assert!(reason.contains(&subject), "the reason names the subjects the id has: {reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_refusing_our_credentials_stalls_the_partition_loudly_and_dead_letters_nothing() {
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let counted = lookups.clone();
+    let refusing = Server::start(
+        "refusing-registry",
+        Router::new().fallback(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            async { (StatusCode::UNAUTHORIZED, r#"{"error_code":40101,"message":"Unauthorized"}"#) }
+        }),
+    );
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("avro-registry-401", 1).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    od.config.handler_extra = "format = \"avro\"\n".to_owned();
+    od.config.retry_extra = schema_registry_toml(&format!("http://reader:s3cret@{}", refusing.addr), "5s");
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.start();
+    od.wait_for_assignment().await;
+
+    let schema = Schema::parse_str(PAYLOAD_SCHEMA).unwrap();
+    let event = new_event_id();
+    let value = framed(7, &schema, Avro::String("{}".into()));
+    kafka.producer().send_raw(&topic, None, Some(b"o-1".as_slice()), &[("id", event.as_bytes())], Some(&value)).await;
+
+    // First pause 500 ms, then 1 s: three lookups within a few seconds.
+    od.wait_until("three refused schema lookups", HANDLED_TIMEOUT, || lookups.load(Ordering::Relaxed) >= 3).await;
+    let log = od.log();
+    let refused: Vec<&str> =
+        log.lines().filter(|l| l.contains("ERROR") && l.contains("401") && l.contains("credentials")).collect();
+    assert!(refused.len() >= 2, "every retry logs an error naming the status:\n{log}");
+    assert!(!log.contains("s3cret"), "the registry password is in the log:\n{log}");
+    let metrics = admin_metrics(&od).await;
+    let auth = metrics
+        .lines()
+        .find(|l| l.starts_with("outboxd_schema_registry_errors_total{") && l.contains(r#"reason="auth""#))
+        .unwrap_or_else(|| panic!("no auth sample in\n{metrics}"));
+    assert!(auth.rsplit(' ').next().unwrap().parse::<f64>().unwrap() >= 2.0, "{auth}");
+    od.stop();
+
+    assert!(receiver.calls_for(&event).is_empty());
+    assert!(od.store_list(Some("dead"), 10).is_empty(), "a configuration error dead-lettered the event");
+    assert!(!offsets.reached_end(), "the offset moved past an event that was never handled");
+}
+
+/// `GET /metrics` of the admin server of a running `od` (its address is in the owner file).
+async fn admin_metrics(od: &Outboxd) -> String {
+    let owner = od.config.store_path.join("outboxd.owner");
+    let text = std::fs::read_to_string(&owner).unwrap_or_else(|e| panic!("read {}: {e}", owner.display()));
+    let owner: Value = serde_json::from_str(&text).expect("owner file is JSON");
+    let admin = owner["admin"].as_str().unwrap_or_else(|| panic!("no admin address in {text}"));
+    let resp = reqwest::get(format!("http://{admin}/metrics")).await.expect("GET /metrics");
+    resp.text().await.expect("metrics body")
 }
