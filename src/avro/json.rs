@@ -25,6 +25,13 @@ const LAST_DAY: i64 = 2_932_896;
 const POSITIVE_INFINITY: i64 = 9_223_372_036_825_200_000;
 const NEGATIVE_INFINITY: i64 = -9_223_372_036_832_400_000;
 
+/// Microseconds in a day: times of day are below it.
+const DAY_MICROS: i64 = 86_400 * 1_000_000;
+
+/// Digits after the decimal point a decimal may declare: PostgreSQL's limit for
+/// `numeric`. A schema may claim any number, and the digits are written out.
+const MAX_DECIMAL_SCALE: usize = 1000;
+
 /// Ticks per second of a timestamp's logical type.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Unit {
@@ -101,7 +108,10 @@ pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>, depth: usize
             decimal(&bytes, scale)?
         }
         Avro::BigDecimal(d) => json!(d.to_string()),
-        Avro::TimeMillis(ms) => time_of_day(i64::from(*ms) * 1000),
+        Avro::TimeMillis(ms) => match time_of_day(i64::from(*ms) * 1000) {
+            Value::Number(_) => json!(ms),
+            text => text,
+        },
         Avro::TimeMicros(us) => time_of_day(*us),
         Avro::TimestampMillis(n) | Avro::LocalTimestampMillis(n) => timestamp(*n, Unit::Millis),
         Avro::TimestampMicros(n) | Avro::LocalTimestampMicros(n) => timestamp(*n, Unit::Micros),
@@ -144,7 +154,11 @@ pub(super) fn timestamp(n: i64, unit: Unit) -> Value {
     json!(format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{micros:06}Z"))
 }
 
-fn time_of_day(micros: i64) -> Value {
+/// `HH:MM:SS.ffffff` within a day, else the number as it came.
+pub(super) fn time_of_day(micros: i64) -> Value {
+    if !(0..DAY_MICROS).contains(&micros) {
+        return json!(micros);
+    }
     let (h, rest) = (micros / 3_600_000_000, micros % 3_600_000_000);
     let (m, rest) = (rest / 60_000_000, rest % 60_000_000);
     json!(format!("{h:02}:{m:02}:{:02}.{:06}", rest / 1_000_000, rest % 1_000_000))
@@ -179,6 +193,9 @@ fn civil(days: i64) -> Option<(i64, i64, i64)> {
 pub(super) fn decimal(bytes: &[u8], scale: usize) -> Result<Value, String> {
     if bytes.len() > 16 {
         return Err(format!("decimal of {} bytes is larger than supported (16)", bytes.len()));
+    }
+    if scale > MAX_DECIMAL_SCALE {
+        return Err(format!("decimal scale {scale} is larger than supported ({MAX_DECIMAL_SCALE})"));
     }
     let fill = if bytes.first().is_some_and(|b| b & 0x80 != 0) { 0xff } else { 0 };
     let mut buf = [fill; 16];

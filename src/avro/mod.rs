@@ -13,7 +13,8 @@
 //! infinities as Debezium sends them (±9223372036825200000 and beyond, so also
 //! `i64::MAX` / `i64::MIN`) becomes the string `"infinity"` / `"-infinity"`, and
 //! any other such date or timestamp the plain number it was sent as (days, or
-//! milli/micro/nanoseconds since 1970 as its logical type says).
+//! milli/micro/nanoseconds since 1970 as its logical type says). Likewise a
+//! time of day outside 00:00–24:00 stays the number it was sent as.
 
 mod check;
 mod json;

@@ -1,6 +1,6 @@
 use std::collections::{HashMap, HashSet};
 
-use super::json::{date, decimal, timestamp, Unit};
+use super::json::{date, decimal, time_of_day, timestamp, Unit};
 use super::*;
 use apache_avro::types::{Record, Value as Avro};
 use serde_json::json;
@@ -329,4 +329,23 @@ fn random_and_mangled_datums_give_json_or_an_error_never_a_crash() {
     for (i, d) in valid.iter().enumerate() {
         assert!(schemas[i].decode(&framed(i as u32 + 1, d.clone())).is_ok(), "valid datum {i}");
     }
+}
+
+#[test]
+fn times_of_day_outside_a_day_stay_numbers_not_garbled_text() {
+    assert_eq!(time_of_day(0), json!("00:00:00.000000"));
+    assert_eq!(time_of_day(86_399_999_999), json!("23:59:59.999999"));
+    assert_eq!(time_of_day(-1), json!(-1));
+    assert_eq!(time_of_day(86_400_000_000), json!(86_400_000_000i64));
+    assert_eq!(time_of_day(i64::MIN), json!(i64::MIN));
+    let text = r#"{"type":"int","logicalType":"time-millis"}"#;
+    let datum = apache_avro::to_avro_datum(&Schema::parse_str(text).unwrap(), Avro::TimeMillis(-5)).unwrap();
+    assert_eq!(ParsedSchema::parse(40, text, &[]).unwrap().decode(&framed(40, datum)).unwrap(), json!(-5));
+}
+
+#[test]
+fn a_decimal_scale_beyond_postgresqls_is_an_error_not_an_allocation() {
+    assert_eq!(decimal(&[0x7b], 1000).unwrap().as_str().map(str::len), Some(1002));
+    assert!(decimal(&[0x7b], 1001).unwrap_err().contains("scale"));
+    assert!(decimal(&[0x7b], usize::MAX / 2).is_err());
 }
