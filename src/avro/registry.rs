@@ -32,6 +32,9 @@ use super::{AvroError, ParsedSchema, Part, RegistryFault};
 const MAX_CACHED: usize = 10_000;
 /// Nesting of schema references followed before giving up (cycles, misconfiguration).
 const MAX_REFERENCE_DEPTH: usize = 16;
+/// Largest registry answer read: a schema of thousands of fields is a few hundred
+/// KiB; anything far bigger is not a registry's answer.
+const MAX_ANSWER_BYTES: usize = 8 << 20;
 
 #[derive(Debug, Clone)]
 pub struct RegistryOptions {
@@ -292,7 +295,7 @@ impl Registry {
             req = req.basic_auth(user, self.opts.password.as_deref());
         }
         let unavailable = |e: reqwest::Error| AvroError::Unavailable(format!("GET {shown}: {}", e.without_url()));
-        let resp = req.send().await.map_err(unavailable)?;
+        let mut resp = req.send().await.map_err(unavailable)?;
         let status = resp.status();
         if absent.contains(&status) {
             return Ok(None);
@@ -308,7 +311,14 @@ impl Registry {
             let detail = format!("GET {shown}: http {status}");
             return Err(AvroError::Registry { fault: RegistryFault::Status, detail });
         }
-        let body = resp.bytes().await.map_err(unavailable)?;
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(unavailable)? {
+            if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                let detail = format!("GET {shown}: the answer is larger than {MAX_ANSWER_BYTES} bytes");
+                return Err(AvroError::Registry { fault: RegistryFault::Unparsable, detail });
+            }
+            body.extend_from_slice(&chunk);
+        }
         serde_json::from_slice(&body).map(Some).map_err(|e| AvroError::Registry {
             fault: RegistryFault::Unparsable,
             detail: format!("GET {shown}: http {status} but not a schema registry's answer: {e}"),

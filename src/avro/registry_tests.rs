@@ -70,6 +70,18 @@ async fn an_answer_that_is_not_a_registrys_is_an_operator_error_not_an_outage() 
 }
 
 #[tokio::test]
+async fn an_endless_answer_is_cut_off_as_not_a_registrys() {
+    let huge: &'static str = Box::leak(format!("{{\"schema\": \"{}\"}}", "x".repeat(9 << 20)).into_boxed_str());
+    let addr = answering(StatusCode::OK, huge).await;
+    let e =
+        Registry::new(options(format!("http://{addr}"))).unwrap().schema(1, "orders", Part::Value).await.unwrap_err();
+    assert!(
+        matches!(&e, AvroError::Registry { fault: RegistryFault::Unparsable, detail } if detail.contains("larger than")),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
 async fn an_outage_heals_by_waiting_and_never_shows_the_credentials() {
     let addr = answering(StatusCode::SERVICE_UNAVAILABLE, "").await;
     let e = Registry::new(options(format!("http://reader:s3cret@{addr}")))
