@@ -33,11 +33,12 @@ const DEBEZIUM_JSON: &str = "io.debezium.data.Json";
 
 /// Records, arrays and maps a value may nest (the JSON nesting of the result).
 /// A bound because a recursive schema (a linked list, a tree) lets the input
-/// nest as deep as it likes and apache-avro's decoder recurses per level, up to
-/// three calls per level (record, union, named reference) of ~15 KiB each in a
-/// debug build: 32 levels stay well inside a 2 MiB thread stack (tokio's
-/// default). Debezium's envelopes nest a handful of levels.
-pub const MAX_DEPTH: usize = 32;
+/// nest as deep as it likes, and decoding recurses per level: apache-avro up to
+/// three calls per level (record, union, named reference). In a debug build one
+/// level of a linked list takes ~55 KiB of stack all told: in the service, 36
+/// levels overflowed a tokio worker (2 MiB stack) and 32 did not. 24 keeps a
+/// margin (release builds need far less). Debezium's envelopes nest a handful.
+pub const MAX_DEPTH: usize = 24;
 
 /// Why an Avro value could not be decoded. `Unavailable` and `Registry` make
 /// the event wait ([`AvroError::is_transient`]); the others dead-letter it.
