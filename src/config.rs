@@ -101,6 +101,12 @@ pub struct RawSchemaRegistry {
     pub cache_dir: Option<PathBuf>,
     /// `<id>.avsc` files, instead of or before the registry.
     pub schemas_dir: Option<PathBuf>,
+    /// Largest single allocation while decoding an Avro value (`"16MiB"`).
+    pub max_allocation_bytes: Option<String>,
+    /// Accept a registry schema id only when it is registered under the topic's
+    /// subject (`<topic>-value`/`-key`, or `<topic>-<record name>`). Default true;
+    /// false for RecordNameStrategy, whose subjects do not name the topic.
+    pub check_subjects: Option<bool>,
 }
 
 /// How a handler reads message values.
@@ -686,6 +692,11 @@ fn parse_size(text: &str) -> Option<u64> {
 
 /// Default time a registry request may take before it counts as unavailable.
 const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest allocation apache-avro may make for one string, bytes value or
+/// collection. Its own default (512 MiB) lets one hostile length prefix take
+/// that much memory; 16 MiB is far above Kafka's default message size (1 MB).
+/// Raise it together with the topic's `max.message.bytes`.
+const DEFAULT_MAX_ALLOCATION_BYTES: u64 = 16 << 20;
 
 fn validate_registry(
     raw: RawSchemaRegistry,
@@ -707,6 +718,12 @@ fn validate_registry(
     if password.is_some() && username.is_none() {
         bail!("schema_registry.username: required with a password");
     }
+    let max_allocation_bytes = match raw.max_allocation_bytes.as_deref() {
+        None => DEFAULT_MAX_ALLOCATION_BYTES,
+        Some(text) => parse_size(text).filter(|n| *n > 0).ok_or_else(|| {
+            anyhow::anyhow!("schema_registry.max_allocation_bytes: {text:?} is not a size such as \"16MiB\"")
+        })?,
+    };
     Ok(crate::avro::RegistryOptions {
         url: url.map(|u| u.trim_end_matches('/').to_owned()),
         username,
@@ -715,6 +732,8 @@ fn validate_registry(
         timeout: duration("schema_registry.timeout", raw.timeout.as_deref(), DEFAULT_REGISTRY_TIMEOUT)?,
         cache_dir: Some(raw.cache_dir.unwrap_or_else(|| store_path.join("schemas"))),
         schemas_dir: raw.schemas_dir,
+        max_allocation_bytes: usize::try_from(max_allocation_bytes).unwrap_or(usize::MAX),
+        check_subjects: raw.check_subjects.unwrap_or(true),
     })
 }
 
@@ -1180,6 +1199,22 @@ max_elapsed = "5m"
         assert_eq!(r.url.as_deref(), Some("http://127.0.0.1:18081"));
         assert_eq!(r.cache_dir, Some(PathBuf::from("./data/schemas")));
         assert_eq!((c.handlers[0].format, c.handlers[0].body), (Format::Avro, Body::Raw));
+    }
+
+    #[test]
+    fn avro_allocation_limit_and_subject_check_have_safe_defaults() {
+        let registry = |extra: &str| {
+            let text = format!("{BASE}[schema_registry]\nurl=\"http://127.0.0.1:18081\"\n{extra}[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n");
+            Config::parse(&text, &env).map(|c| c.schema_registry.unwrap())
+        };
+        assert_eq!(registry("").unwrap().max_allocation_bytes, 16 << 20);
+        assert!(registry("").unwrap().check_subjects, "schema ids are checked against topics by default");
+        assert!(!registry("check_subjects = false\n").unwrap().check_subjects);
+        assert_eq!(registry("max_allocation_bytes = \"64MiB\"\n").unwrap().max_allocation_bytes, 64 << 20);
+        for bad in ["\"lots\"", "\"0\""] {
+            let e = registry(&format!("max_allocation_bytes = {bad}\n")).unwrap_err();
+            assert!(format!("{e:#}").contains("schema_registry.max_allocation_bytes"), "{e:#}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use apache_avro::types::Value as Avro;
 use apache_avro::Schema;
 use common::{new_event_id, Kafka, Outboxd, Receiver};
+use outboxd::avro::MAX_DEPTH;
 use serde_json::json;
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -73,4 +74,59 @@ async fn avro_values_from_local_schemas_reach_the_receiver_as_json() {
     let dead = od.store_list(Some("dead"), 10);
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert!(dead[0].reason.as_deref().unwrap_or_default().contains("schema id 99"), "{dead:?}");
+}
+
+/// A linked list: `{"v": 1, "next": {"v": 2, "next": …}}`.
+const NODE: &str =
+    r#"{"type":"record","name":"Node","fields":[{"name":"v","type":"int"},{"name":"next","type":["null","Node"]}]}"#;
+
+/// A `Node` datum of `n` nodes, framed with schema id `id`.
+fn linked_list(id: u32, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&id.to_be_bytes());
+    for i in 1..=n {
+        out.extend(apache_avro::to_avro_datum(&Schema::Int, Avro::Int(i as i32)).expect("encode"));
+        out.push(if i < n { 2 } else { 0 }); // union branch: Node, or null at the end
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nesting_up_to_the_bound_is_handled_and_deeper_is_dead_lettered_without_a_crash() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("avro-deep", 1).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let schemas = tempfile::tempdir().unwrap();
+    std::fs::write(schemas.path().join("5.avsc"), NODE).unwrap();
+    od.config.handler_extra = format!(
+        "format = \"avro\"\n\n[schema_registry]\nschemas_dir = {}\n",
+        serde_json::to_string(schemas.path().to_str().unwrap()).unwrap()
+    );
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let producer = kafka.producer();
+    od.start();
+    od.wait_for_assignment().await;
+
+    let (at_bound, deeper, endless) = (new_event_id(), new_event_id(), new_event_id());
+    for (id, nodes) in [(&at_bound, MAX_DEPTH), (&deeper, MAX_DEPTH + 1), (&endless, 200_000)] {
+        let value = linked_list(5, nodes);
+        producer.send_raw(&topic, None, Some(b"k".as_slice()), &[("id", id.as_bytes())], Some(&value)).await;
+    }
+    od.wait_until("committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    od.assert_alive();
+    od.stop();
+
+    let calls = receiver.calls_for(&at_bound);
+    assert_eq!(calls.len(), 1);
+    let mut node = &calls[0].body;
+    for i in 1..=MAX_DEPTH {
+        assert_eq!(node["v"], json!(i));
+        node = &node["next"];
+    }
+    assert!(node.is_null());
+    assert!(receiver.calls_for(&deeper).is_empty() && receiver.calls_for(&endless).is_empty());
+    let dead = od.store_list(Some("dead"), 10);
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(dead.iter().all(|r| r.reason.as_deref().unwrap_or_default().contains("nests deeper than")), "{dead:?}");
 }

@@ -14,6 +14,8 @@ pub mod names {
     pub const DEAD: &str = "outboxd_events_dead_total";
     pub const PARKED: &str = "outboxd_events_parked_total";
     pub const REEXECUTED: &str = "outboxd_events_reexecuted_total";
+    /// Label `reason`: `unavailable`, `auth` (401/403), `status`, `unparsable`. Events wait meanwhile.
+    pub const SCHEMA_REGISTRY_ERRORS: &str = "outboxd_schema_registry_errors_total";
     pub const HANDLER_SECONDS: &str = "outboxd_handler_duration_seconds";
     /// Kafka timestamp → durable done.
     pub const AGE_SECONDS: &str = "outboxd_event_age_seconds";
@@ -60,6 +62,7 @@ fn describe() {
     describe_counter!(names::DEAD, "Events recorded dead (and dead-lettered when configured).");
     describe_counter!(names::PARKED, "Uncertain events parked for a person.");
     describe_counter!(names::REEXECUTED, "Events found claimed (outcome unknown) and handled again.");
+    describe_counter!(names::SCHEMA_REGISTRY_ERRORS, "Schema lookups that failed and made an event wait, per reason.");
     describe_histogram!(names::HANDLER_SECONDS, Unit::Seconds, "Duration of one handler attempt.");
     describe_histogram!(names::AGE_SECONDS, Unit::Seconds, "From the Kafka timestamp to the durable done record.");
     describe_gauge!(names::IN_FLIGHT, "Events consumed and not yet finished.");

@@ -4,31 +4,62 @@
 //!
 //! JSON mapping: records → objects, unions without the type wrapper, enums as
 //! their symbol, bytes and fixed as base64 strings, decimals as decimal
-//! strings, dates as `YYYY-MM-DD`, timestamps as RFC 3339, times as
-//! `HH:MM:SS.ffffff`, uuids as strings. A string whose schema is Debezium's
+//! strings, dates as `YYYY-MM-DD`, timestamps as RFC 3339 in UTC with
+//! microseconds, times as `HH:MM:SS.ffffff`, uuids as strings. A string whose schema is Debezium's
 //! `io.debezium.data.Json` (the outbox `payload` column) is parsed as JSON.
+//!
+//! Dates and timestamps outside the years 0000–9999 (which RFC 3339 cannot
+//! write) are not shifted or clamped: a timestamp at or beyond PostgreSQL's
+//! infinities as Debezium sends them (±9223372036825200000 and beyond, so also
+//! `i64::MAX` / `i64::MIN`) becomes the string `"infinity"` / `"-infinity"`, and
+//! any other such date or timestamp the plain number it was sent as (days, or
+//! milli/micro/nanoseconds since 1970 as its logical type says). Likewise a
+//! time of day outside 00:00–24:00 stays the number it was sent as.
 
+mod check;
+mod json;
 mod registry;
 
 use std::collections::{HashMap, HashSet};
 
 use apache_avro::schema::{Name, Schema};
-use apache_avro::types::Value as Avro;
-use base64::Engine;
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use json::{to_json, Ctx};
 pub use registry::{Registry, RegistryOptions};
 
 /// Debezium's semantic type for json/jsonb columns.
 const DEBEZIUM_JSON: &str = "io.debezium.data.Json";
 
-/// Why an Avro value could not be decoded. Only `Unavailable` can heal by waiting.
+/// Records, arrays and maps a value may nest (the JSON nesting of the result).
+/// A bound because a recursive schema (a linked list, a tree) lets the input
+/// nest as deep as it likes, and decoding recurses per level: apache-avro up to
+/// three calls per level (record, union, named reference). In a debug build one
+/// level of a linked list takes ~55 KiB of stack all told: in the service, 36
+/// levels overflowed a tokio worker (2 MiB stack) and 32 did not. 24 keeps a
+/// margin (release builds need far less). Debezium's envelopes nest a handful.
+pub const MAX_DEPTH: usize = 24;
+
+/// Why an Avro value could not be decoded. `Unavailable` and `Registry` make
+/// the event wait ([`AvroError::is_transient`]); the others dead-letter it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AvroError {
+    /// Unreachable, 5xx, 429: heals by itself.
     #[error("schema registry unavailable: {0}")]
     Unavailable(String),
+    /// The registry answers, but refuses us or not with a registry's answer: the
+    /// credentials or URL need fixing. Not the event's fault, so it waits.
+    #[error("schema registry {fault}: {detail}")]
+    Registry { fault: RegistryFault, detail: String },
     #[error("schema id {0} is unknown to the registry")]
     UnknownSchema(u32),
+    /// The id exists but belongs to other topics' subjects.
+    #[error(
+        "schema id {id} is not registered under subject {subject} (registered under: {}); \
+         with subjects not named after topics set [schema_registry] check_subjects = false",
+        some(registered)
+    )]
+    WrongSubject { id: u32, subject: String, registered: Vec<String> },
     #[error("schema id {id} is a {kind} schema; only Avro is decoded")]
     NotAvro { id: u32, kind: String },
     #[error("schema id {id} cannot be parsed: {error}")]
@@ -42,8 +73,78 @@ pub enum AvroError {
 }
 
 impl AvroError {
+    /// Waiting can help: the event waits instead of being dead-lettered.
     pub fn is_transient(&self) -> bool {
-        matches!(self, AvroError::Unavailable(_))
+        matches!(self, AvroError::Unavailable(_) | AvroError::Registry { .. })
+    }
+
+    /// Waiting helps only once a person fixed the configuration: log as an error.
+    pub fn needs_operator(&self) -> bool {
+        matches!(self, AvroError::Registry { .. })
+    }
+
+    /// The `reason` label of `outboxd_schema_registry_errors_total`, for the
+    /// errors that make an event wait.
+    pub fn registry_reason(&self) -> Option<&'static str> {
+        match self {
+            AvroError::Unavailable(_) => Some("unavailable"),
+            AvroError::Registry { fault, .. } => Some(fault.label()),
+            _ => None,
+        }
+    }
+}
+
+/// How a reachable registry fails us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryFault {
+    /// 401 or 403.
+    #[error("refuses the credentials")]
+    Auth,
+    /// Another status that is neither success, 404, 429 nor 5xx.
+    #[error("answers with an unexpected status")]
+    Status,
+    /// Success, but not the JSON a registry sends (a wrong URL, a proxy page).
+    #[error("answers with something that is not a schema registry's answer")]
+    Unparsable,
+}
+
+impl RegistryFault {
+    pub fn label(self) -> &'static str {
+        match self {
+            RegistryFault::Auth => "auth",
+            RegistryFault::Status => "status",
+            RegistryFault::Unparsable => "unparsable",
+        }
+    }
+}
+
+/// The first few of a list, for an error message.
+fn some(items: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = items.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if items.len() > SHOWN {
+        text.push_str(&format!(" and {} more", items.len() - SHOWN));
+    }
+    if text.is_empty() {
+        text.push_str("none");
+    }
+    text
+}
+
+/// Which part of a Kafka message a framed Avro datum is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Key,
+    Value,
+}
+
+impl Part {
+    /// As in TopicNameStrategy subjects: `<topic>-key`, `<topic>-value`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Part::Key => "key",
+            Part::Value => "value",
+        }
     }
 }
 
@@ -90,24 +191,34 @@ impl ParsedSchema {
         Ok(ParsedSchema { id, schema, schemata, top_is_json, json_fields })
     }
 
-    /// Decodes the datum after the 5-byte framing into JSON.
+    /// Decodes the datum after the 5-byte framing into JSON. Hostile bytes give
+    /// [`AvroError::Datum`]: the datum is checked (lengths, truncation, depth)
+    /// before apache-avro decodes it; see `check.rs`.
     pub fn decode(&self, framed: &[u8]) -> Result<Value, AvroError> {
         let mut datum = framed.get(5..).ok_or(AvroError::NotFramed)?;
         let id = self.id;
-        let value =
-            apache_avro::from_avro_datum_schemata(&self.schema, self.schemata.iter().collect(), &mut datum, None)
-                .map_err(|e| AvroError::Datum { id, error: e.to_string() })?;
+        let names = self.names();
+        check::check(&self.schema, &names, datum).map_err(|error| AvroError::Datum { id, error })?;
+        // The top-level schema too (after the references it uses): its named
+        // types may be used again inside it.
+        let schemata = self.schemata.iter().chain(std::iter::once(&self.schema)).collect();
+        let value = apache_avro::from_avro_datum_schemata(&self.schema, schemata, &mut datum, None)
+            .map_err(|e| AvroError::Datum { id, error: e.to_string() })?;
         if !datum.is_empty() {
             return Err(AvroError::Datum { id, error: format!("{} bytes left after the datum", datum.len()) });
         }
-        let names = self.names();
         let ctx = Ctx { names: &names, json_fields: &self.json_fields };
-        let json = to_json(&value, &self.schema, &ctx).map_err(|error| AvroError::Datum { id, error })?;
+        let json = to_json(&value, &self.schema, &ctx, 0).map_err(|error| AvroError::Datum { id, error })?;
         match json {
             Value::String(s) if self.top_is_json => serde_json::from_str(&s)
                 .map_err(|e| AvroError::Datum { id, error: format!("{DEBEZIUM_JSON} string is not JSON: {e}") }),
             other => Ok(other),
         }
+    }
+
+    /// The full name of the top-level type, when it is named (a record, enum or fixed).
+    pub fn record_name(&self) -> Option<String> {
+        self.schema.name().map(|n| n.fullname(None))
     }
 
     fn names(&self) -> HashMap<Name, &Schema> {
@@ -156,12 +267,6 @@ fn find_json_fields(schema: &Value, out: &mut HashSet<(String, String)>) {
     }
 }
 
-/// What the conversion needs besides the value and its schema.
-struct Ctx<'a> {
-    names: &'a HashMap<Name, &'a Schema>,
-    json_fields: &'a HashSet<(String, String)>,
-}
-
 fn collect_names<'a>(schema: &'a Schema, names: &mut HashMap<Name, &'a Schema>) {
     match schema {
         Schema::Record(r) => {
@@ -181,134 +286,6 @@ fn collect_names<'a>(schema: &'a Schema, names: &mut HashMap<Name, &'a Schema>) 
         Schema::Union(u) => u.variants().iter().for_each(|v| collect_names(v, names)),
         _ => {}
     }
-}
-
-fn b64(bytes: &[u8]) -> Value {
-    Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
-}
-
-fn rfc3339(micros: i64) -> Value {
-    let t = if micros >= 0 {
-        std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros as u64)
-    } else {
-        std::time::UNIX_EPOCH - std::time::Duration::from_micros(micros.unsigned_abs())
-    };
-    Value::String(humantime::format_rfc3339_micros(t).to_string())
-}
-
-fn time_of_day(micros: i64) -> Value {
-    let (h, rest) = (micros / 3_600_000_000, micros % 3_600_000_000);
-    let (m, rest) = (rest / 60_000_000, rest % 60_000_000);
-    json!(format!("{h:02}:{m:02}:{:02}.{:06}", rest / 1_000_000, rest % 1_000_000))
-}
-
-fn date(days: i32) -> Value {
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = i64::from(days) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    json!(format!("{y:04}-{m:02}-{d:02}"))
-}
-
-/// A two's-complement big-endian unscaled value with `scale` digits after the point.
-fn decimal(bytes: &[u8], scale: usize) -> Result<Value, String> {
-    if bytes.len() > 16 {
-        return Err(format!("decimal of {} bytes is larger than supported (16)", bytes.len()));
-    }
-    let fill = if bytes.first().is_some_and(|b| b & 0x80 != 0) { 0xff } else { 0 };
-    let mut buf = [fill; 16];
-    buf[16 - bytes.len()..].copy_from_slice(bytes);
-    let n = i128::from_be_bytes(buf);
-    let digits = n.unsigned_abs().to_string();
-    let sign = if n < 0 { "-" } else { "" };
-    if scale == 0 {
-        return Ok(json!(format!("{sign}{digits}")));
-    }
-    let padded = format!("{digits:0>width$}", width = scale + 1);
-    let (int, frac) = padded.split_at(padded.len() - scale);
-    Ok(json!(format!("{sign}{int}.{frac}")))
-}
-
-fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>) -> Result<Value, String> {
-    let schema = match schema {
-        Schema::Ref { name } => ctx.names.get(name).copied().ok_or_else(|| format!("unknown named type {name}"))?,
-        s => s,
-    };
-    Ok(match value {
-        Avro::Null => Value::Null,
-        Avro::Boolean(b) => json!(b),
-        Avro::Int(i) => json!(i),
-        Avro::Long(l) => json!(l),
-        Avro::Float(f) => serde_json::Number::from_f64(f64::from(*f)).map_or(Value::Null, Value::Number),
-        Avro::Double(d) => serde_json::Number::from_f64(*d).map_or(Value::Null, Value::Number),
-        Avro::Bytes(b) | Avro::Fixed(_, b) => b64(b),
-        Avro::String(s) => json!(s),
-        Avro::Enum(_, symbol) => json!(symbol),
-        Avro::Union(index, inner) => {
-            let Schema::Union(u) = schema else { return to_json(inner, schema, ctx) };
-            let variant = u.variants().get(*index as usize).ok_or("union index out of range")?;
-            to_json(inner, variant, ctx)?
-        }
-        Avro::Array(items) => {
-            let item_schema = match schema {
-                Schema::Array(a) => &*a.items,
-                other => other,
-            };
-            Value::Array(items.iter().map(|v| to_json(v, item_schema, ctx)).collect::<Result<_, _>>()?)
-        }
-        Avro::Map(map) => {
-            let value_schema = match schema {
-                Schema::Map(m) => &*m.types,
-                other => other,
-            };
-            let mut out = serde_json::Map::new();
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            for k in keys {
-                out.insert(k.clone(), to_json(&map[k], value_schema, ctx)?);
-            }
-            Value::Object(out)
-        }
-        Avro::Record(fields) => {
-            let Schema::Record(r) = schema else { return Err("record value without a record schema".into()) };
-            let mut out = serde_json::Map::new();
-            for ((name, v), field) in fields.iter().zip(&r.fields) {
-                let mut json = to_json(v, &field.schema, ctx)?;
-                let declared_json = ctx.json_fields.contains(&(r.name.name.clone(), name.clone()));
-                if let (Value::String(s), true) = (&json, declared_json) {
-                    json = serde_json::from_str(s)
-                        .map_err(|e| format!("field {name}: {DEBEZIUM_JSON} string is not JSON: {e}"))?;
-                }
-                out.insert(name.clone(), json);
-            }
-            Value::Object(out)
-        }
-        Avro::Date(days) => date(*days),
-        Avro::Decimal(d) => {
-            let scale = match schema {
-                Schema::Decimal(ds) => ds.scale,
-                _ => 0,
-            };
-            let bytes: Vec<u8> = Vec::try_from(d).map_err(|e| e.to_string())?;
-            decimal(&bytes, scale)?
-        }
-        Avro::BigDecimal(d) => json!(d.to_string()),
-        Avro::TimeMillis(ms) => time_of_day(i64::from(*ms) * 1000),
-        Avro::TimeMicros(us) => time_of_day(*us),
-        Avro::TimestampMillis(ms) | Avro::LocalTimestampMillis(ms) => rfc3339(ms.saturating_mul(1000)),
-        Avro::TimestampMicros(us) | Avro::LocalTimestampMicros(us) => rfc3339(*us),
-        Avro::TimestampNanos(ns) | Avro::LocalTimestampNanos(ns) => rfc3339(ns / 1000),
-        Avro::Duration(d) => {
-            json!({"months": u32::from(d.months()), "days": u32::from(d.days()), "millis": u32::from(d.millis())})
-        }
-        Avro::Uuid(u) => json!(u.to_string()),
-    })
 }
 
 #[cfg(test)]

@@ -177,13 +177,14 @@ impl Executor {
                 return Err("format = \"avro\" but the value is not in the Confluent wire format".to_owned())
             }
             Format::Avro | Format::Auto if framed => {
-                Payload::Json(self.avro_json(value.unwrap_or_default()).await.map_err(|e| e.to_string())?)
+                let value = value.unwrap_or_default();
+                Payload::Json(self.avro_json(value, &msg.topic, avro::Part::Value).await.map_err(|e| e.to_string())?)
             }
             _ => codec::decode_value(value).map_err(|e| e.to_string())?,
         };
         let key = match msg.key.as_deref() {
             Some(k) if avro::framing(k).is_some() && matches!(hc.format, Format::Auto | Format::Avro) => {
-                match self.avro_json(k).await.map_err(|e| format!("key: {e}"))? {
+                match self.avro_json(k, &msg.topic, avro::Part::Key).await.map_err(|e| format!("key: {e}"))? {
                     serde_json::Value::String(s) => Some(s),
                     other => Some(other.to_string()),
                 }
@@ -194,18 +195,35 @@ impl Executor {
         Ok((payload, key))
     }
 
-    /// Decodes an Avro-framed value, waiting (with backoff) while the registry is unreachable.
-    async fn avro_json(&self, framed: &[u8]) -> Result<serde_json::Value, avro::AvroError> {
+    /// Decodes an Avro-framed value, waiting (with backoff) while the registry is
+    /// unreachable, or refuses us (401/403) or answers garbage. The latter two are
+    /// configuration errors, not the event's: it waits rather than being
+    /// dead-lettered, and every retry logs at error level with the status and
+    /// counts in `outboxd_schema_registry_errors_total{reason}`. A schema id not
+    /// registered for `part` of `topic` is an error (dead letter).
+    async fn avro_json(
+        &self,
+        framed: &[u8],
+        topic: &str,
+        part: avro::Part,
+    ) -> Result<serde_json::Value, avro::AvroError> {
         let id = avro::framing(framed).ok_or(avro::AvroError::NotFramed)?;
         let Some(registry) = &self.registry else {
             return Err(avro::AvroError::NoRegistry(id));
         };
         let mut pause = REGISTRY_RETRY_INITIAL;
         loop {
-            match registry.schema(id).await {
+            match registry.schema(id, topic, part).await {
                 Ok(schema) => return schema.decode(framed),
                 Err(e) if e.is_transient() && !self.stopped() => {
-                    warn!(error = %e, schema_id = id, ?pause, "waiting for the schema registry (the event and its offset wait)");
+                    let reason = e.registry_reason().unwrap_or("unavailable");
+                    metrics::counter!(names::SCHEMA_REGISTRY_ERRORS, "reason" => reason).increment(1);
+                    if e.needs_operator() {
+                        error!(error = %e, reason, schema_id = id, topic, ?pause,
+                            "the schema registry refuses or garbles the schema lookup; fix [schema_registry] (the event and its offset wait)");
+                    } else {
+                        warn!(error = %e, schema_id = id, topic, ?pause, "waiting for the schema registry (the event and its offset wait)");
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(REGISTRY_RETRY_MAX);
                 }

@@ -107,6 +107,33 @@ impl Registry {
         }
         serde_json::from_str(&text).map(Some).map_err(|e| format!("GET {url}: not JSON ({e}): {text}"))
     }
+
+    /// `POST /subjects/{subject}/versions`: registers the Avro schema `schema` (its
+    /// JSON text) under `subject`; returns its id. Fails the test on an error.
+    pub async fn register(&self, subject: &str, schema: &str) -> u32 {
+        let url = format!("{}/subjects/{subject}/versions", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .header("Content-Type", "application/vnd.schemaregistry.v1+json")
+            .json(&serde_json::json!({ "schema": schema }))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        assert!(status.is_success(), "POST {url}: {status}: {text}");
+        let answer: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("POST {url}: {e}: {text}"));
+        answer["id"].as_u64().and_then(|id| u32::try_from(id).ok()).unwrap_or_else(|| panic!("no id in {text}"))
+    }
+
+    /// Deletes `subject` for good (soft, then permanent delete), so a test leaves the
+    /// registry as it found it. Errors are ignored: there is nothing left to clean.
+    pub async fn delete_subject(&self, subject: &str) {
+        for suffix in ["", "?permanent=true"] {
+            let _ = self.http.delete(format!("{}/subjects/{subject}{suffix}", self.base)).send().await;
+        }
+    }
 }
 
 /// Fails the test unless Kafka Connect has Confluent's AvroConverter on its plugin path
