@@ -378,3 +378,37 @@ async fn equal_ids_from_two_tables_are_two_events_unless_the_scope_is_shared() {
         od.stop();
     }
 }
+
+/// A bug (here a panic injected into debug builds for one event id) while handling
+/// an event: the message is recorded dead under `failed/<topic>/<partition>/<offset>`
+/// with the reason, the next event of the same key runs, and the partition commits
+/// to its end. Without containment the key's chain died with its task and the
+/// partition never committed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_while_handling_one_event_does_not_stall_its_key_or_partition() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic("hostile-panic", 1).await;
+    let rx = ScriptedReceiver::start();
+    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    let (doomed, next) = (new_event_id(), new_event_id());
+    // Only the child reads it, and only for this id: other tests are unaffected.
+    std::env::set_var("OUTBOXD_DEBUG_PANIC_ON_EVENT", &doomed);
+    let producer = RawProducer::new(kafka.brokers());
+    let (partition, offset) = producer.send_event(&topic, "account-9", &doomed, &json!({"n": 1})).await;
+    producer.send_event(&topic, "account-9", &next, &json!({"n": 2})).await;
+
+    od.start();
+    od.wait_for_assignment().await;
+    od.wait_until("the next event of the same key to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&next)).await;
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.wait_until("the committed offset to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    od.assert_alive();
+    assert!(fault_support::logged(&od, "handling failed unexpectedly"), "the bug is in the log");
+    od.stop();
+
+    let failed = od.store_get(&format!("failed/{topic}/{partition}/{offset}"));
+    assert_eq!(failed.state, "dead", "{failed:?}");
+    assert!(failed.reason.clone().unwrap_or_default().contains("injected for event"), "{failed:?}");
+    assert_eq!(rx.handler_call_count(&doomed), 0);
+    assert_eq!(od.store_get(&next).state, "done");
+}

@@ -353,6 +353,8 @@ impl Executor {
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);
         loop {
+            #[cfg(debug_assertions)]
+            inject_panic(&event.id);
             let call = Instant::now();
             let result = handler.handle(event).await;
             metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(call.elapsed().as_secs_f64());
@@ -454,6 +456,15 @@ fn next_delay(
     let delay = retry_after.map_or(jittered, |ra| ra.max(jittered));
     let resumes_after = started.elapsed().checked_add(delay)?;
     (resumes_after <= retry.max_elapsed).then_some(delay)
+}
+
+/// Debug builds only (compiled out of release builds): a bug to contain, for the
+/// tests that check a panic cannot stall a key or a partition.
+#[cfg(debug_assertions)]
+fn inject_panic(event_id: &str) {
+    if std::env::var("OUTBOXD_DEBUG_PANIC_ON_EVENT").is_ok_and(|id| id == event_id) {
+        panic!("injected for event {event_id} (OUTBOXD_DEBUG_PANIC_ON_EVENT)");
+    }
 }
 
 /// Releases the id when dropped; waiters then look at the store again.
