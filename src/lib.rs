@@ -12,17 +12,23 @@
 //!
 //! **Guarantee.** A handler runs only after its event id is durably claimed; an
 //! event recorded `done` is never run again while its record is retained, at
-//! whatever offset it comes back; an offset is stored for commit only when the
+//! whatever offset it comes back (records are keyed by event id and dedup scope,
+//! by default the topic); an offset is stored for commit only when the
 //! event there and every earlier one of its partition is durably `done` or
 //! `dead`. Events of one key run one at a time in offset order. A crash
 //! *during* a handler leaves the record `claimed`: the next delivery re-executes
-//! it with the same idempotency key and says so in the log.
+//! it with the same idempotency key and says so in the log. A panic while
+//! handling one message is contained: it is recorded dead and its key and
+//! partition go on; `/readyz` names a partition that stalls anyway.
 //!
 //! ## Where things live
 //! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
 //! - [`template`]: URL templates; event data only in path and query, percent-encoded.
 //! - [`event`] / [`codec`]: Kafka message → [`event::OutboxEvent`] (all Debezium JSON/text shapes).
-//! - [`store`]: the sled dedup store, group commit (flush + fdatasync), expiry index. Only place that uses sled.
+//! - [`avro`]: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
+//! - [`store`]: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
+//!   log and of new blob files; a failed sync fails every later wait), expiry index, message copies within a
+//!   quota. Only place that uses sled.
 //! - [`offsets`]: per-partition tracker of the next committable offset.
 //! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain. Only place that uses rdkafka.
 //! - [`handler`]: `http` (reqwest, only here) and `log`.
