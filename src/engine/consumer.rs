@@ -98,6 +98,10 @@ impl Ctx {
         // No new event starts in these partitions; running ones may finish
         // (bounded by the drain timeout) so their offsets can be committed.
         let mut running = self.tracker.lock().expect("offset tracker lock").start_revoke(&revoked);
+        if running > 0 && !lost {
+            info!(partitions = %describe(&revoked), running, drain_timeout = ?self.drain_timeout,
+                "revoking: waiting for running events to finish");
+        }
         let deadline = Instant::now() + self.drain_timeout;
         while running > 0 && !lost && Instant::now() < deadline {
             std::thread::sleep(REVOKE_POLL);
@@ -308,5 +312,59 @@ pub fn commit_now(consumer: &KafkaConsumer, tracker: &Tracker) {
     match consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
         Ok(()) => info!(partitions = finished.len(), "final offsets committed"),
         Err(error) => warn!(%error, "final commit failed; finished events will be redelivered and suppressed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A revoke waits for the running events of its partitions. When the poll loop
+    /// runs on a runtime worker (outboxd embedded as a library, the engine spawned as a
+    /// task) and that is the only worker, the wait must not hold the worker: the event
+    /// it waits for could never finish, and every revoke would give up on it.
+    #[test]
+    fn a_revoke_on_the_only_runtime_worker_lets_the_running_event_finish() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let tracker: Tracker = Arc::default();
+        let partition: PartitionId = ("t".to_owned(), 0);
+        let generation = {
+            let mut t = tracker.lock().unwrap();
+            let g = t.assign(partition.clone());
+            t.start(&partition, g, 0);
+            assert!(t.begin(&partition, g));
+            g
+        };
+        let ctx = Ctx { tracker: tracker.clone(), broker_up: Arc::default(), drain_timeout: Duration::from_secs(3) };
+        let consumer: BaseConsumer<Ctx> = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:9")
+            .set("group.id", "revoke-test")
+            // Nothing listens there: the commit on revoke fails after this instead of 45 s.
+            .set("session.timeout.ms", "1000")
+            .set("heartbeat.interval.ms", "100")
+            .create_with_context(ctx)
+            .unwrap();
+        let finished = Arc::new(AtomicBool::new(false));
+        let finished_before_revoke_ended = runtime.block_on(async {
+            // The running event: it needs the runtime (a timer) to finish.
+            let (event_tracker, event_partition, event_finished) =
+                (tracker.clone(), partition.clone(), finished.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                event_tracker.lock().unwrap().finish(&event_partition, generation, 0);
+                event_finished.store(true, Ordering::SeqCst);
+            });
+            // The poll loop, on the only worker, receives the revoke.
+            let poll_finished = finished.clone();
+            tokio::spawn(async move {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition("t", 0);
+                consumer.context().pre_rebalance(&consumer, &Rebalance::Revoke(&tpl));
+                poll_finished.load(Ordering::SeqCst)
+            })
+            .await
+            .unwrap()
+        });
+        assert!(finished_before_revoke_ended, "the revoke gave up before the event it waited for could finish");
     }
 }
