@@ -1280,7 +1280,8 @@ async fn store_scenario(b: &Bench) -> anyhow::Result<StoreResult> {
     let (eps_b, _, rss_b, _) = load_store(b, &cfg_b, &group_b, &topic, total_b).await?;
     r.relaxed_load_eps = eps_b;
     r.relaxed_rss_end = rss_b;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Records expire retention + min(retention, 1 h) after their claim: 2 s here.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let cfg_b_s = cfg_b.to_string_lossy().to_string();
     let (open_secs, _) = outboxd_cmd(b, &["store", "get", "bench-no-such-event", "--config", &cfg_b_s]).await?;
     let (gc_secs, out) = outboxd_cmd(b, &["store", "gc", "--config", &cfg_b_s]).await?;

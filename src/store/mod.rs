@@ -33,10 +33,12 @@ const META_TREE: &str = "meta";
 /// Copies of the messages of dead and parked events, for `store export` and `store retry`.
 const MESSAGES_TREE: &str = "messages";
 const DUPLICATES_KEY: &[u8] = b"duplicates_suppressed";
-/// A claimed record expires this long after a final one would: an event in flight
-/// is finished long before, so a claim this old belongs to a partition that left or a
-/// process that is gone, and would otherwise stay forever.
-const CLAIMED_EXPIRY_MARGIN: Duration = Duration::from_secs(24 * 3600);
+/// A record expires `retention` plus this (or plus `retention` again, if that is
+/// shorter) after its claim, whether it was finished or not. An event in flight is finished long before (`retry.max_elapsed` is 20
+/// minutes by default), so a claim this old belongs to a partition that left or a
+/// process that is gone. The final record keeps the claim's expiry: one index write
+/// per event, not three.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(3600);
 /// Expired records removed per sled batch during a retention pass.
 const GC_BATCH: usize = 1_000;
 
@@ -132,6 +134,9 @@ pub struct Store {
     counts: Arc<Counts>,
     /// Opened by the service, whose writers run while `stats` scans.
     service: bool,
+    /// Records from before scopes may still be retained: a claim that finds no
+    /// scoped record also looks under the bare id (see `keys`).
+    legacy_keys: bool,
     sync: sync::Syncer,
     owner: Mutex<Option<owner::OwnerFile>>,
 }
@@ -171,6 +176,7 @@ impl Store {
             }
         });
         let messages = messages::MessageCopies::open(&db, &meta)?;
+        let legacy_keys = legacy_keys_retained(&meta, &events, opts.retention)?;
         let persist = {
             let (meta, counts, copy_bytes) = (meta.clone(), counts.clone(), messages.total());
             move || {
@@ -188,6 +194,7 @@ impl Store {
             retention: opts.retention,
             counts,
             service: opts.role == "run",
+            legacy_keys,
             sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval, Box::new(persist)),
             db,
             owner: Mutex::new(owner),
@@ -239,7 +246,8 @@ impl Store {
         let key = keys::scoped(id, scope);
         let raw = match self.events.get(&key)? {
             Some(raw) => Some((key, raw)),
-            None => self.events.get(id.as_bytes())?.map(|raw| (id.as_bytes().to_vec(), raw)),
+            None if self.legacy_keys => self.events.get(id.as_bytes())?.map(|raw| (id.as_bytes().to_vec(), raw)),
+            None => None,
         };
         raw.map(|(key, raw)| decode(&key, &raw).map(|r| (r, raw))).transpose()
     }
@@ -290,9 +298,8 @@ impl Store {
             },
         };
         // A claim whose partition left (or whose process died for good) must not stay
-        // forever: it expires too, later than final records.
-        let expires = now.saturating_add((self.retention + CLAIMED_EXPIRY_MARGIN).as_micros() as i64);
-        self.reindex(&mut record, Some(expires))?;
+        // forever: the record expires whether it is finished or not.
+        self.reindex(&mut record, Some(self.expiry_after(now)))?;
         self.put(&record)?;
         if is_new {
             self.counts.moved(None, Some(State::Claimed));
@@ -385,7 +392,6 @@ impl Store {
     /// `r` as stored (`None` in `was` when it is new) becomes final.
     fn finish_record(&self, r: &mut Record, was: Option<State>, state: State, text: String) -> Result<(), StoreError> {
         let now = now_us();
-        let expires = now.saturating_add(self.retention.as_micros() as i64);
         r.state = state;
         r.done_at_us = Some(now);
         r.updated_at_us = now;
@@ -393,7 +399,10 @@ impl Store {
             State::Done => r.outcome = Some(text),
             _ => r.reason = Some(text),
         }
-        self.reindex(r, Some(expires))?;
+        // A claimed record keeps the expiry its claim set; one that never was gets one.
+        if r.expires_at_us.is_none() {
+            self.reindex(r, Some(self.expiry_after(now)))?;
+        }
         self.put(r)?;
         self.counts.moved(was, Some(state));
         Ok(())
@@ -418,6 +427,11 @@ impl Store {
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, was, State::Dead, reason)?;
         self.durable().await
+    }
+
+    /// When a record claimed (or first recorded) at `now_us` expires.
+    fn expiry_after(&self, now_us: i64) -> i64 {
+        now_us.saturating_add((self.retention + self.retention.min(EXPIRY_MARGIN)).as_micros() as i64)
     }
 
     /// Index first, record second: a crash in between leaves an orphan index
@@ -463,8 +477,7 @@ impl Store {
         r.attempts = 0;
         r.claimed_at_us = Some(now);
         r.updated_at_us = now;
-        let expires = now.saturating_add((self.retention + CLAIMED_EXPIRY_MARGIN).as_micros() as i64);
-        self.reindex(&mut r, Some(expires))?;
+        self.reindex(&mut r, Some(self.expiry_after(now)))?;
         self.put(&r)?;
         self.counts.moved(Some(was), Some(State::Claimed));
         self.durable().await?;
@@ -695,6 +708,30 @@ fn encode_message(m: &RawMessage) -> Vec<u8> {
         timestamp_ms: m.timestamp_ms,
     };
     postcard::to_allocvec(&stored).expect("messages serialise")
+}
+
+/// Meta key: when this store began keying records by scope (µs, big-endian i64).
+const SCOPED_SINCE_KEY: &[u8] = b"scoped_keys_since";
+
+/// Whether records keyed by the bare id (written before scopes) may still be
+/// retained: only until they have all expired after the store was first opened with
+/// scopes. A store that starts empty never has any.
+fn legacy_keys_retained(meta: &sled::Tree, events: &sled::Tree, retention: Duration) -> Result<bool, StoreError> {
+    let now = now_us();
+    match meta.get(SCOPED_SINCE_KEY)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()) {
+        Some(since) => {
+            let until =
+                i64::from_be_bytes(since).saturating_add((retention + retention.min(EXPIRY_MARGIN)).as_micros() as i64);
+            Ok(now < until)
+        }
+        None => {
+            // Empty: there never are legacy records (the earliest time says so for good).
+            let legacy = !events.is_empty();
+            let since = if legacy { now } else { i64::MIN };
+            meta.insert(SCOPED_SINCE_KEY, &since.to_be_bytes()[..])?;
+            Ok(legacy)
+        }
+    }
 }
 
 /// Records per state by a full scan.

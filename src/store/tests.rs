@@ -61,7 +61,7 @@ async fn claimed_record_survives_reopen_and_is_a_reexecution() {
 }
 
 #[tokio::test]
-async fn gc_removes_only_expired_final_records() {
+async fn gc_removes_records_once_retention_and_margin_have_passed_since_their_claim() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
     let a = claimed(&store, "a", 0).await;
@@ -70,12 +70,13 @@ async fn gc_removes_only_expired_final_records() {
     store.finish(a, State::Done, "ok".into()).await.unwrap();
     store.finish(b, State::Dead, "boom".into()).await.unwrap();
     assert_eq!(store.gc(now_us()).await.unwrap(), 0, "nothing has expired yet");
-    let later = now_us() + 61_000_000;
-    assert_eq!(store.gc(later).await.unwrap(), 2);
-    assert!(store.get("a").unwrap().is_none());
-    assert!(store.get("b").unwrap().is_none());
-    assert_eq!(store.get("c").unwrap().unwrap().state, State::Claimed, "a claim expires only after a margin");
-    assert_eq!(store.expiry.len(), 1, "the claim's own expiry entry");
+    assert_eq!(store.gc(now_us() + 61_000_000).await.unwrap(), 0, "the margin is not over");
+    let later = now_us() + 121_000_000;
+    assert_eq!(store.gc(later).await.unwrap(), 3, "done, dead and the claim that never finished");
+    for id in ["a", "b", "c"] {
+        assert!(store.get(id).unwrap().is_none(), "{id}");
+    }
+    assert_eq!(store.expiry.len(), 0);
 }
 
 #[tokio::test]
@@ -176,8 +177,9 @@ async fn per_state_counts_follow_every_change_and_survive_reopen() {
     }
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
     assert_eq!(counts(&store), [1, 2, 0, 0], "kept across a reopen");
-    assert_eq!(store.gc(now_us() + 61_000_000).await.unwrap(), 2);
     store.forget("c").await.unwrap();
+    assert_eq!(counts(&store), [0, 2, 0, 0]);
+    assert_eq!(store.gc(now_us() + 121_000_000).await.unwrap(), 2);
     assert_eq!(counts(&store), [0, 0, 0, 0]);
 }
 
@@ -220,22 +222,25 @@ async fn a_claim_that_is_never_finished_expires_after_the_retention_and_a_margin
     let after_retention = now_us() + retention.as_micros() as i64 + 1_000_000;
     assert_eq!(store.gc(after_retention).await.unwrap(), 0, "kept longer than final records");
     assert_eq!(store.get("stranded").unwrap().unwrap().state, State::Claimed);
-    let after_margin = after_retention + CLAIMED_EXPIRY_MARGIN.as_micros() as i64;
+    let after_margin = after_retention + EXPIRY_MARGIN.as_micros() as i64;
     assert_eq!(store.gc(after_margin).await.unwrap(), 1);
     assert_eq!(store.get("stranded").unwrap(), None);
     assert_eq!(store.counts()[0], (State::Claimed, 0));
 }
 
 #[tokio::test]
-async fn a_finished_claim_expires_like_any_final_record() {
+async fn a_finished_claim_keeps_the_expiry_its_claim_set() {
     let dir = tempfile::tempdir().unwrap();
     let retention = Duration::from_secs(3600);
     let store = Store::open(dir.path(), &opts(retention)).unwrap();
     let c = claimed(&store, "e1", 1).await;
+    let claim_expiry = store.get("e1").unwrap().unwrap().expires_at_us;
     store.finish(c, State::Done, "http 200".into()).await.unwrap();
-    let after_retention = now_us() + retention.as_micros() as i64 + 1_000_000;
-    assert_eq!(store.gc(after_retention).await.unwrap(), 1, "the claim's own expiry was replaced");
-    assert_eq!(store.gc(after_retention + CLAIMED_EXPIRY_MARGIN.as_micros() as i64).await.unwrap(), 0);
+    assert_eq!(store.get("e1").unwrap().unwrap().expires_at_us, claim_expiry, "no second index write");
+    assert_eq!(store.expiry.len(), 1);
+    let after = now_us() + (retention + EXPIRY_MARGIN).as_micros() as i64 + 1_000_000;
+    assert_eq!(store.gc(after).await.unwrap(), 1);
+    assert_eq!(store.expiry.len(), 0);
 }
 
 fn big_message(id: &str, bytes: usize) -> RawMessage {
@@ -350,10 +355,17 @@ async fn equal_ids_in_different_scopes_are_different_events() {
 #[tokio::test]
 async fn a_record_from_before_scopes_still_suppresses_its_duplicates() {
     let dir = tempfile::tempdir().unwrap();
+    {
+        // A store as an older outboxd left it: a record under the bare id, no scope marker.
+        let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+        let mut legacy = Record::first_seen("old-1", State::Done, 1, &event("old-1", 3).position, now_us());
+        legacy.outcome = Some("http 200".into());
+        store.events.insert(b"old-1", postcard::to_allocvec(&legacy).unwrap()).unwrap();
+        store.meta.remove(SCOPED_SINCE_KEY).unwrap();
+        store.db.flush().unwrap();
+    }
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
-    let mut legacy = Record::first_seen("old-1", State::Done, 1, &event("old-1", 3).position, now_us());
-    legacy.outcome = Some("http 200".into());
-    store.events.insert(b"old-1", postcard::to_allocvec(&legacy).unwrap()).unwrap();
+    assert!(store.legacy_keys);
     assert_eq!(
         store.claim(&event("old-1", 9), "t").await.unwrap(),
         Claim::Finished { state: State::Done, same_offset: false }
@@ -362,6 +374,12 @@ async fn a_record_from_before_scopes_still_suppresses_its_duplicates() {
     assert_eq!((r.scope, r.duplicates), (None, 1));
     store.forget("old-1").await.unwrap();
     assert!(matches!(store.claim(&event("old-1", 9), "t").await.unwrap(), Claim::Claimed(_)));
+    drop(store);
+    let fresh = tempfile::tempdir().unwrap();
+    let store = Store::open(fresh.path(), &opts(Duration::from_secs(3600))).unwrap();
+    drop(store);
+    let store = Store::open(fresh.path(), &opts(Duration::from_secs(3600))).unwrap();
+    assert!(!store.legacy_keys, "a store that started empty never looks under bare ids");
 }
 
 #[tokio::test]
