@@ -10,6 +10,9 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY src ./src
 COPY examples ./examples
+# A workspace member: cargo loads it even when building only outboxd.
+COPY bench/Cargo.toml ./bench/
+COPY bench/src ./bench/src
 RUN cargo build --release --locked --bin outboxd --example receiver
 
 FROM debian:bookworm-slim
