@@ -281,7 +281,7 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
 /// One JSON Lines row of `store export`: the record, plus the message copy of dead and parked events.
 pub fn export_line(store: &Store, r: &Record) -> Result<Value, StoreError> {
     let mut line = record_json(r);
-    if let Some(m) = store.message(&r.event_id)? {
+    if let Some(m) = store.message_of(r)? {
         line["message"] = message_json(&m);
     }
     Ok(line)

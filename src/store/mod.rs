@@ -361,9 +361,15 @@ impl Store {
     /// The stored copy of a dead or parked event's message.
     pub fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
         match self.get(event_id)? {
-            Some(r) => self.messages.get(&r.store_key(), event_id),
+            Some(r) => self.message_of(&r),
             None => Ok(None),
         }
+    }
+
+    /// The stored copy of this record's message: the record's own key, so equal ids
+    /// in two scopes each have theirs, and no look-up of the record again.
+    pub fn message_of(&self, r: &Record) -> Result<Option<RawMessage>, StoreError> {
+        self.messages.get(&r.store_key(), &r.event_id)
     }
 
     /// Keeps the message copy of a failed event, within the quota; the reason
@@ -471,7 +477,7 @@ impl Store {
         if !matches!(r.state, State::Dead | State::Parked) && !interrupted_rerun {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }
-        let message = self.messages.get(&r.store_key(), id)?.ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
+        let message = self.message_of(&r)?.ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
         let (was, now) = (r.state, now_us());
         r.state = State::Claimed;
         r.attempts = 0;

@@ -396,3 +396,22 @@ async fn an_undecodable_message_is_kept_apart_from_an_event_with_the_same_id() {
     let stats = store.stats().unwrap();
     assert_eq!((stats.claimed, stats.dead), (2, 1));
 }
+
+#[tokio::test]
+async fn each_scope_of_an_id_keeps_its_own_message_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    for (scope, bytes) in [("db.public.invoices", 3), ("db.public.orders", 5)] {
+        let Claim::Claimed(c) = store.claim(&event("42", 1), scope).await.unwrap() else { panic!("claimed") };
+        store.finish_failed(c, State::Dead, "http 422".into(), &big_message("42", bytes), None).await.unwrap();
+    }
+    // What `store export` writes for each record.
+    let mut values = Vec::new();
+    store
+        .scan(None, None, |r| -> Result<(), StoreError> {
+            values.push(crate::cli::export_line(&store, &r)?["message"]["value"].clone());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(values, [serde_json::json!("xxx"), serde_json::json!("xxxxx")]);
+}
