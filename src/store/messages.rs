@@ -52,17 +52,19 @@ impl MessageCopies {
         self.bytes.load(Ordering::Relaxed).max(0) as u64
     }
 
-    /// Keeps a copy of `message` under the record's key (replacing an older one).
-    /// Returns false, keeping nothing, when the copy would pass the quota.
+    /// Keeps a copy of `message` under the record's key, replacing an older one.
+    /// Returns false when the copy would pass the quota: then nothing changes, and
+    /// an older copy under this key (a re-run's message) stays.
     pub fn put(&self, key: &[u8], message: &RawMessage) -> Result<bool, StoreError> {
         let encoded = super::encode_message(message);
-        self.remove(key)?;
-        let size = encoded.len() as i64;
-        if self.bytes().saturating_add(encoded.len() as u64) > self.quota.load(Ordering::Relaxed) {
+        let older = self.whole.get(key)?.map_or(0, |v| v.len() as u64);
+        let after = self.bytes().saturating_sub(older).saturating_add(encoded.len() as u64);
+        if after > self.quota.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        self.whole.insert(key, encoded)?;
-        self.bytes.fetch_add(size, Ordering::Relaxed);
+        let size = encoded.len() as i64;
+        let replaced = self.whole.insert(key, encoded)?.map_or(0, |v| v.len() as i64);
+        self.bytes.fetch_add(size - replaced, Ordering::Relaxed);
         Ok(true)
     }
 

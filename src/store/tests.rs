@@ -415,3 +415,23 @@ async fn each_scope_of_an_id_keeps_its_own_message_copy() {
         .unwrap();
     assert_eq!(values, [serde_json::json!("xxx"), serde_json::json!("xxxxx")]);
 }
+
+/// A re-run that fails again past the quota: its new copy is not kept, and the copy
+/// it was re-run from stays (it is the same message).
+#[tokio::test]
+async fn past_the_quota_a_failed_rerun_keeps_the_copy_it_ran_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    store.set_message_quota(1024 * 1024);
+    for (id, bytes) in [("a", 600 * 1024), ("b", 300 * 1024)] {
+        let c = claimed(&store, id, 1).await;
+        store.finish_failed(c, State::Dead, "http 422".into(), &big_message(id, bytes), None).await.unwrap();
+    }
+    store.reopen("a").await.unwrap();
+    let c = claimed(&store, "a", 7).await;
+    store.finish_failed(c, State::Dead, "http 422".into(), &big_message("a", 800 * 1024), None).await.unwrap();
+    assert!(store.get("a").unwrap().unwrap().reason.unwrap().contains("message copy not kept"));
+    assert_eq!(store.message("a").unwrap().expect("the earlier copy").value.unwrap().len(), 600 * 1024);
+    let total = store.message_bytes();
+    assert!(total > 900 * 1024 && total < 1024 * 1024, "{total}");
+}
