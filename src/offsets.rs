@@ -9,6 +9,16 @@ use std::time::{Duration, Instant};
 /// A partition's identity.
 pub type PartitionId = (String, i32);
 
+/// `topic/partition`, as logs and `/readyz` name a partition.
+pub fn name((topic, partition): &PartitionId) -> String {
+    format!("{topic}/{partition}")
+}
+
+/// Partitions named for a log field: `t/0,t/1`.
+pub fn describe(parts: &[PartitionId]) -> String {
+    parts.iter().map(name).collect::<Vec<_>>().join(",")
+}
+
 #[derive(Debug)]
 struct PartitionState {
     /// Bumped on every (re)assignment; work from an older generation is ignored.

@@ -108,7 +108,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
     let draining = s.draining.load(Ordering::Relaxed);
     let store_ok = !s.exec.stopped();
     let ready = store_ok && broker && partitions > 0 && !draining && stalled.is_empty();
-    let stalled: Vec<String> = stalled.iter().map(|(t, p)| format!("{t}/{p}")).collect();
+    let stalled: Vec<String> = stalled.iter().map(crate::offsets::name).collect();
     let body = json!({"ready": ready, "store": store_ok, "broker": broker, "partitions": partitions,
         "draining": draining, "stalled": stalled});
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::admin::names;
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
-use crate::offsets::{OffsetTracker, PartitionId};
+use crate::offsets::{describe, OffsetTracker, PartitionId};
 
 pub type Tracker = Arc<Mutex<OffsetTracker>>;
 pub type KafkaConsumer = StreamConsumer<Ctx>;
@@ -126,10 +126,6 @@ impl Ctx {
 
 fn partitions(tpl: &TopicPartitionList) -> Vec<PartitionId> {
     tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
-}
-
-fn describe(parts: &[PartitionId]) -> String {
-    parts.iter().map(|(t, p)| format!("{t}/{p}")).collect::<Vec<_>>().join(",")
 }
 
 pub fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {

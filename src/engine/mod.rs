@@ -51,7 +51,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .context("creating the Kafka consumer")?,
     );
     let max_in_flight = config.store.max_in_flight;
-    let config_bytes = config.store.max_in_flight_bytes;
+    let max_bytes = config.store.max_in_flight_bytes;
     let drain_timeout = config.kafka.drain_timeout;
     let gc_interval = config.store.gc_interval;
     let stall_timeout = config.stall_timeout();
@@ -59,7 +59,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let exec = Arc::new(Executor::new(config, store.clone()).context("setting up handlers")?);
     let mut fatal_rx = exec.failure();
     let permits = Arc::new(Semaphore::new(max_in_flight));
-    let max_bytes = config_bytes;
     let bytes = Arc::new(Semaphore::new(max_bytes as usize));
     let draining = Arc::new(AtomicBool::new(false));
     let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -204,11 +203,10 @@ fn spawn_stall_watch(tracker: Arc<Mutex<OffsetTracker>>, bound: std::time::Durat
                 .stalled(std::time::Instant::now(), bound);
             metrics::gauge!(admin::names::STALLED).set(stalled.len() as f64);
             if stalled != reported {
-                let list: Vec<String> = stalled.iter().map(|(t, p)| format!("{t}/{p}")).collect();
                 if stalled.is_empty() {
                     info!("no partition is stalled any more");
                 } else {
-                    error!(partitions = %list.join(","), stall_timeout = ?bound,
+                    error!(partitions = %crate::offsets::describe(&stalled), stall_timeout = ?bound,
                         "partitions stalled: events wait and the committed offset has not moved (see /readyz)");
                 }
                 reported = stalled;
