@@ -8,20 +8,23 @@ use std::time::Duration;
 
 use apache_avro::types::Value as Avro;
 use apache_avro::Schema;
+use common::avro::{frame_header, framed, PAYLOAD_SCHEMA};
 use common::{new_event_id, Kafka, Outboxd, Receiver};
 use outboxd::avro::MAX_DEPTH;
 use serde_json::json;
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// What Debezium's AvroConverter writes for the outbox `payload` (jsonb) column.
-const PAYLOAD_SCHEMA: &str = r#"{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}"#;
-
-fn framed(id: u32, schema: &Schema, value: Avro) -> Vec<u8> {
-    let mut out = vec![0u8];
-    out.extend_from_slice(&id.to_be_bytes());
-    out.extend(apache_avro::to_avro_datum(schema, value).expect("encode"));
-    out
+/// Writes `schema` as `<id>.avsc` into a new directory that outboxd reads its schemas
+/// from, with the handler's `format`; the directory lives as long as the returned value.
+fn local_schema(od: &mut Outboxd, format: &str, id: u32, schema: &str) -> tempfile::TempDir {
+    let schemas = tempfile::tempdir().unwrap();
+    std::fs::write(schemas.path().join(format!("{id}.avsc")), schema).unwrap();
+    od.config.handler_extra = format!(
+        "format = \"{format}\"\n\n[schema_registry]\nschemas_dir = {}\n",
+        serde_json::to_string(schemas.path().to_str().unwrap()).unwrap()
+    );
+    schemas
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,12 +33,7 @@ async fn avro_values_from_local_schemas_reach_the_receiver_as_json() {
     let topic = kafka.create_topic("avro-local", 1).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let schemas = tempfile::tempdir().unwrap();
-    std::fs::write(schemas.path().join("42.avsc"), PAYLOAD_SCHEMA).unwrap();
-    od.config.handler_extra = format!(
-        "format = \"auto\"\n\n[schema_registry]\nschemas_dir = {}\n",
-        serde_json::to_string(schemas.path().to_str().unwrap()).unwrap()
-    );
+    let _schemas = local_schema(&mut od, "auto", 42, PAYLOAD_SCHEMA);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     let producer = kafka.producer();
     od.start();
@@ -82,8 +80,7 @@ const NODE: &str =
 
 /// A `Node` datum of `n` nodes, framed with schema id `id`.
 fn linked_list(id: u32, n: usize) -> Vec<u8> {
-    let mut out = vec![0u8];
-    out.extend_from_slice(&id.to_be_bytes());
+    let mut out = frame_header(id);
     for i in 1..=n {
         out.extend(apache_avro::to_avro_datum(&Schema::Int, Avro::Int(i as i32)).expect("encode"));
         out.push(if i < n { 2 } else { 0 }); // union branch: Node, or null at the end
@@ -97,12 +94,7 @@ async fn nesting_up_to_the_bound_is_handled_and_deeper_is_dead_lettered_without_
     let topic = kafka.create_topic("avro-deep", 1).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let schemas = tempfile::tempdir().unwrap();
-    std::fs::write(schemas.path().join("5.avsc"), NODE).unwrap();
-    od.config.handler_extra = format!(
-        "format = \"avro\"\n\n[schema_registry]\nschemas_dir = {}\n",
-        serde_json::to_string(schemas.path().to_str().unwrap()).unwrap()
-    );
+    let _schemas = local_schema(&mut od, "avro", 5, NODE);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     let producer = kafka.producer();
     od.start();

@@ -16,22 +16,12 @@ use apache_avro::types::Value as Avro;
 use apache_avro::Schema;
 use axum::http::StatusCode;
 use axum::Router;
-use common::avro::{schema_registry_toml, Registry};
+use common::avro::{framed, schema_registry_toml, Registry, PAYLOAD_SCHEMA};
 use common::receiver::Server;
 use common::{new_event_id, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// What Debezium's AvroConverter writes for the outbox `payload` (jsonb) column.
-const PAYLOAD_SCHEMA: &str = r#"{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}"#;
-
-fn framed(id: u32, schema: &Schema, value: Avro) -> Vec<u8> {
-    let mut out = vec![0u8];
-    out.extend_from_slice(&id.to_be_bytes());
-    out.extend(apache_avro::to_avro_datum(schema, value).expect("encode"));
-    out
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_id_registered_only_for_another_topic_is_dead_lettered() {

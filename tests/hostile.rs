@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::avro::framed;
 use common::{new_event_id, Kafka};
 use fault_support::kafka::RawProducer;
 use fault_support::receiver::{Reply, ScriptedReceiver};
@@ -17,19 +18,25 @@ use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The admin address the service recorded next to its store.
-fn admin_address(od: &common::Outboxd) -> String {
-    let owner = od.config.store_path.join("outboxd.owner");
-    let text = std::fs::read_to_string(&owner).unwrap_or_else(|e| panic!("read {}: {e}", owner.display()));
-    let v: Value = serde_json::from_str(&text).expect("owner file is JSON");
-    v["admin"].as_str().unwrap_or_else(|| panic!("no admin address in {text}")).to_owned()
-}
-
 async fn readyz(admin: &str) -> (u16, Value) {
     let url = format!("http://{admin}/readyz");
     let resp = reqwest::get(&url).await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
     let status = resp.status().as_u16();
     (status, resp.json().await.expect("readyz JSON"))
+}
+
+/// Asks `/readyz` until its status is `status` and `holds` is true of its body (which
+/// is returned); fails the test after [`HANDLED_TIMEOUT`] with `what` and the last body.
+async fn readyz_until(admin: &str, what: &str, status: u16, holds: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
+    loop {
+        let (got, body) = readyz(admin).await;
+        if got == status && holds(&body) {
+            return body;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: last answer {got} {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// A receiver answered 503 with `Retry-After: 1` twice, then with
@@ -97,7 +104,7 @@ async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
     });
     od.start();
     od.wait_for_assignment().await;
-    let admin = admin_address(&od);
+    let admin = od.admin_address();
     let (status, body) = readyz(&admin).await;
     assert_eq!(status, 200, "ready before anything waits: {body}");
 
@@ -107,30 +114,17 @@ async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
     producer.send_event(&topic, "k2", &later, &json!({"n": 2})).await;
     od.wait_until("the later event of another key to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&later)).await;
 
-    let partition = format!("{topic}/0");
-    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
-    loop {
-        let (status, body) = readyz(&admin).await;
-        if status == 503 && body["stalled"].as_array().is_some_and(|a| a.iter().any(|p| p == &json!(partition))) {
-            assert_eq!(body["ready"], false, "{body}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "readyz never reported {partition} stalled: {body}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let partition = json!(format!("{topic}/0"));
+    let stalled = readyz_until(&admin, "readyz never reported the partition stalled", 503, |body| {
+        body["stalled"].as_array().is_some_and(|a| a.contains(&partition))
+    })
+    .await;
+    assert_eq!(stalled["ready"], false, "{stalled}");
 
     hold.store(false, Ordering::SeqCst);
     od.wait_until("the held event to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&head)).await;
-    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
-    loop {
-        let (status, body) = readyz(&admin).await;
-        if status == 200 {
-            assert_eq!(body["stalled"], json!([]), "{body}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "readyz stayed unready after the partition moved: {body}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let ready = readyz_until(&admin, "readyz stayed unready after the partition moved", 200, |_| true).await;
+    assert_eq!(ready["stalled"], json!([]), "{ready}");
     assert_no_panic(&od);
     od.stop();
 }
@@ -264,24 +258,6 @@ fn toggled_registry(serve: Arc<AtomicBool>) -> common::receiver::Server {
     common::receiver::Server::start("toggled-registry", app)
 }
 
-/// An Avro string in the Confluent wire format (magic byte, schema id 1, datum).
-fn avro_framed_string(text: &str) -> Vec<u8> {
-    let mut v = vec![0, 0, 0, 0, 1];
-    let n = text.len() as i64;
-    let mut zigzag = ((n << 1) ^ (n >> 63)) as u64;
-    loop {
-        let byte = (zigzag & 0x7f) as u8;
-        zigzag >>= 7;
-        if zigzag == 0 {
-            v.push(byte);
-            break;
-        }
-        v.push(byte | 0x80);
-    }
-    v.extend_from_slice(text.as_bytes());
-    v
-}
-
 /// An event waits for the schema registry on instance A while its partition moves to
 /// instance B (A's revoke gives up after `drain_timeout`). When the registry answers,
 /// both have the schema: only B, the owner, may run the event; A leaves it.
@@ -305,7 +281,7 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
 
     // One event in each partition: the sticky assignor moves one partition to B.
     let ids = [new_event_id(), new_event_id()];
-    let value = avro_framed_string("order 7 paid");
+    let value = framed(1, &apache_avro::Schema::String, apache_avro::types::Value::String("order 7 paid".into()));
     let producer = RawProducer::new(kafka.brokers());
     for (partition, id) in ids.iter().enumerate() {
         let headers = [("id", Some(id.as_bytes()))];

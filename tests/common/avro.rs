@@ -180,6 +180,23 @@ fn quote(s: &str) -> String {
 
 // ---------------------------------------------------------------- the wire format
 
+/// What Debezium's AvroConverter writes for the outbox `payload` (jsonb) column.
+pub const PAYLOAD_SCHEMA: &str = r#"{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}"#;
+
+/// The start of a Confluent-framed message part: the magic byte and the schema id.
+pub fn frame_header(id: u32) -> Vec<u8> {
+    let mut out = vec![MAGIC_BYTE];
+    out.extend_from_slice(&id.to_be_bytes());
+    out
+}
+
+/// `value` as an Avro datum of `schema`, framed with schema id `id`.
+pub fn framed(id: u32, schema: &apache_avro::Schema, value: apache_avro::types::Value) -> Vec<u8> {
+    let mut out = frame_header(id);
+    out.extend(apache_avro::to_avro_datum(schema, value).expect("encode an Avro datum"));
+    out
+}
+
 /// Splits a Confluent-framed message part into (schema id, Avro datum); `None` when it
 /// does not start with the magic byte and a 4-byte id.
 pub fn confluent_frame(bytes: &[u8]) -> Option<(u32, &[u8])> {
