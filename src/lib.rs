@@ -32,6 +32,7 @@
 //! - [`offsets`]: per-partition tracker of the next committable offset.
 //! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain. Only place that uses rdkafka.
 //! - [`handler`]: `http` (reqwest, only here) and `log`.
+//! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
 //! - [`admin`]: health, readiness, Prometheus metrics (open), the store API behind a bearer token (axum); the client `store …` uses.
 //! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).
 
@@ -43,6 +44,7 @@ pub mod config;
 pub mod engine;
 pub mod event;
 pub mod handler;
+pub mod metrics;
 pub mod offsets;
 pub mod store;
 pub mod template;

@@ -1,6 +1,6 @@
 //! The Grafana dashboard only queries metrics that outboxd exports.
 
-use outboxd::admin::names;
+use outboxd::metrics::names;
 
 #[test]
 fn dashboard_queries_only_exported_metrics() {

@@ -7,7 +7,7 @@
 
 mod auth;
 mod client;
-mod exporter;
+
 mod routes;
 
 use std::net::SocketAddr;
@@ -22,8 +22,8 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
+use crate::metrics::names;
 pub use client::AdminClient;
-pub use exporter::{install as install_metrics, names};
 
 use crate::engine::Executor;
 use crate::offsets::OffsetTracker;

@@ -13,9 +13,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
-use crate::admin::names;
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
+use crate::metrics::names;
 use crate::offsets::{describe, OffsetTracker, PartitionId};
 
 pub type Tracker = Arc<Mutex<OffsetTracker>>;

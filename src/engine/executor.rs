@@ -12,12 +12,12 @@ use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
 use super::consumer::{DeadLetterInfo, DeadLetters, DlqError};
-use crate::admin::names;
 use crate::avro;
 use crate::codec;
 use crate::config::{Body, Config, Format, HandlerConfig, OnUncertain, RetryConfig};
 use crate::event::{OutboxEvent, Payload, RawMessage};
 use crate::handler::{Handler, HandlerError, Verified};
+use crate::metrics::names;
 use crate::store::{Claim, Claimed, Record, State, Store, StoreError};
 
 /// First pause, and the longest, while the schema registry cannot be reached.

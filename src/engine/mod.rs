@@ -19,6 +19,7 @@ use tracing::{error, info, warn};
 
 use crate::admin;
 use crate::config::Config;
+use crate::metrics::names;
 use crate::offsets::OffsetTracker;
 use crate::store::{now_us, Store, StoreOptions};
 use worker::Shared;
@@ -43,7 +44,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let store = Arc::new(store);
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
     let subscriptions = config.subscriptions();
-    let prometheus = admin::install_metrics().context("setting up metrics")?;
+    let prometheus = crate::metrics::install().context("setting up metrics")?;
     let prometheus_upkeep = prometheus.clone();
     let broker_up = Arc::new(AtomicBool::new(false));
     let consumer = Arc::new(
@@ -112,7 +113,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         };
         match msg {
             Ok(raw) => {
-                metrics::counter!(admin::names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
+                metrics::counter!(names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
                 // Bytes as well as events are bounded; a message larger than the bound runs alone.
                 let size = u32::try_from(raw.size()).unwrap_or(u32::MAX).clamp(1, max_bytes);
                 let held = tokio::select! {
@@ -176,11 +177,11 @@ fn spawn_store_gauges(store: &Arc<Store>) {
         loop {
             tick.tick().await;
             for (state, n) in store.counts() {
-                metrics::gauge!(admin::names::RECORDS, "state" => state.as_str()).set(n as f64);
+                metrics::gauge!(names::RECORDS, "state" => state.as_str()).set(n as f64);
             }
-            metrics::gauge!(admin::names::COPY_BYTES).set(store.message_bytes() as f64);
+            metrics::gauge!(names::COPY_BYTES).set(store.message_bytes() as f64);
             if let Ok(bytes) = store.bytes_on_disk() {
-                metrics::gauge!(admin::names::STORE_BYTES).set(bytes as f64);
+                metrics::gauge!(names::STORE_BYTES).set(bytes as f64);
             }
         }
     });
@@ -201,7 +202,7 @@ fn spawn_stall_watch(tracker: Arc<Mutex<OffsetTracker>>, bound: std::time::Durat
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .stalled(std::time::Instant::now(), bound);
-            metrics::gauge!(admin::names::STALLED).set(stalled.len() as f64);
+            metrics::gauge!(names::STALLED).set(stalled.len() as f64);
             if stalled != reported {
                 if stalled.is_empty() {
                     info!("no partition is stalled any more");

@@ -378,7 +378,7 @@ impl Store {
         if self.messages.put(key, message)? {
             return Ok(reason);
         }
-        metrics::counter!(crate::admin::names::COPIES_NOT_KEPT).increment(1);
+        metrics::counter!(crate::metrics::names::COPIES_NOT_KEPT).increment(1);
         tracing::warn!(topic = %message.topic, partition = message.partition, offset = message.offset,
             copies_bytes = self.messages.bytes(),
             "message copy not kept: store.max_message_copy_bytes is reached (the record is kept)");

@@ -189,8 +189,8 @@ fn run(
             failed.get_or_insert_with(|| error.clone());
         }
         let took = started.elapsed();
-        metrics::histogram!(crate::admin::names::BATCH).record(waiters.len() as f64);
-        metrics::histogram!(crate::admin::names::SYNC_SECONDS).record(took.as_secs_f64());
+        metrics::histogram!(crate::metrics::names::BATCH).record(waiters.len() as f64);
+        metrics::histogram!(crate::metrics::names::SYNC_SECONDS).record(took.as_secs_f64());
         if let Ok(mut s) = stats.lock() {
             s.batches += 1;
             s.records += waiters.len() as u64;

@@ -1,4 +1,5 @@
-//! Metric names and the Prometheus recorder. Code elsewhere records through
+//! Metric names and the Prometheus recorder, a leaf that imports nothing of
+//! the crate. Code elsewhere records through
 //! the `metrics` facade (`metrics::counter!(names::HANDLED, ...)`); only this
 //! module knows the exporter.
 
