@@ -39,6 +39,7 @@ pub use http::{HttpConfig, RawVerify, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::{KafkaConfig, RawKafka};
 pub use retry::{RawRetry, RetryConfig};
 pub use schema_registry::RawSchemaRegistry;
+pub(crate) use store::DEFAULT_RETENTION;
 pub use store::{RawStore, StoreConfig};
 pub use topics::TopicMatch;
 pub use values::expand_env;
