@@ -30,6 +30,9 @@ mod store;
 mod topics;
 mod values;
 
+#[cfg(test)]
+mod doc_keys;
+
 pub use admin::{AdminConfig, RawAdmin};
 pub use handler::{
     Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnUncertain, RawDeadLetter,
