@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::admin::AdminClient;
 use crate::config::{Config, EventIdSource, HandlerSpec, RawConfig};
-use crate::store::{now_us, Owner, Record, State, Store, StoreError, StoreOptions};
+use crate::store::{now_us, Owner, Record, Role, State, Store, StoreError, StoreOptions};
 
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
@@ -325,13 +325,7 @@ async fn retry_remote(c: &AdminClient, ids: &[String]) -> anyhow::Result<()> {
 /// Runs stored copies again through the executor (the handler, retries, dead letters).
 async fn run_again(args: &StoreArgs, ids: &[String]) -> anyhow::Result<()> {
     let config = Config::load(&args.config)?;
-    let opts = StoreOptions {
-        retention: config.store.retention,
-        commit_interval: config.store.commit_interval,
-        fsync: config.store.fsync,
-        role: "store retry",
-        cache_bytes: crate::store::SMALL_CACHE_BYTES,
-    };
+    let opts = StoreOptions::command(&config.store, Role::StoreRetry);
     let path = args.path.clone().unwrap_or_else(|| config.store.path.clone());
     let store = std::sync::Arc::new(Store::open(&path, &opts)?);
     let exec = crate::engine::Executor::new(config, store.clone())?;
@@ -383,13 +377,7 @@ fn open_store(args: &StoreArgs) -> anyhow::Result<Store> {
     if !path.exists() {
         bail!("no store at {} (nothing has run with this config yet?)", path.display());
     }
-    let opts = StoreOptions {
-        retention: retention.unwrap_or(std::time::Duration::from_secs(7 * 86400)),
-        commit_interval: std::time::Duration::ZERO,
-        fsync: true,
-        role: "store",
-        cache_bytes: crate::store::SMALL_CACHE_BYTES,
-    };
+    let opts = StoreOptions::inspect(retention);
     Ok(Store::open(&path, &opts)?)
 }
 

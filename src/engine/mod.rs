@@ -29,17 +29,8 @@ const CONSUMER_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_mill
 
 /// Runs outboxd until `shutdown` resolves (or the store fails), then drains.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let store = Store::open(
-        &config.store.path,
-        &StoreOptions {
-            retention: config.store.retention,
-            commit_interval: config.store.commit_interval,
-            fsync: config.store.fsync,
-            role: "run",
-            cache_bytes: config.store.cache_bytes,
-        },
-    )
-    .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
+    let store = Store::open(&config.store.path, &StoreOptions::from(&config.store))
+        .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
     store.set_message_quota(config.store.max_message_copy_bytes);
     let store = Arc::new(store);
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));

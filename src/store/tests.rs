@@ -3,11 +3,9 @@ use crate::event::{OutboxEvent, Payload, Position};
 
 fn opts(retention: Duration) -> StoreOptions {
     StoreOptions {
-        retention,
         commit_interval: Duration::from_millis(1),
-        fsync: true,
-        role: "test",
-        cache_bytes: SMALL_CACHE_BYTES,
+        role: Role::Test,
+        ..StoreOptions::inspect(Some(retention))
     }
 }
 
