@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::admin::AdminClient;
 use crate::config::{Config, EventIdSource, HandlerSpec, RawConfig};
-use crate::store::{now_us, Owner, Record, State, Store, StoreError, StoreOptions};
+use crate::store::view::{self, plain, record_json, stats_json, table};
+use crate::store::{now_us, Owner, State, Store, StoreError, StoreOptions};
 
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
@@ -156,11 +156,7 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
             if args.json {
                 println!("{value}");
             } else {
-                let mut t = table(&["", ""]);
-                for (k, v) in value.as_object().expect("object") {
-                    t.add_row(vec![k.clone(), plain(v)]);
-                }
-                println!("{source}\n{t}");
+                println!("{source}\n{}", view::stats_table(&value));
             }
         }
         StoreCommand::Get { event_id, args } => {
@@ -174,11 +170,7 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
             if args.json {
                 println!("{value}");
             } else {
-                let mut t = table(&["field", "value"]);
-                for (k, v) in value.as_object().expect("object") {
-                    t.add_row(vec![k.clone(), plain(v)]);
-                }
-                println!("{t}");
+                println!("{}", view::record_table(&value));
             }
         }
         StoreCommand::List { state, limit, args } => {
@@ -260,7 +252,7 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
                         "{bar:40} {pos}/{len} records scanned, {per_sec}, eta {eta}",
                     )?);
                     store.scan(state, topic.as_deref(), |r| -> anyhow::Result<()> {
-                        writeln!(out, "{}", export_line(&store, &r)?)?;
+                        writeln!(out, "{}", view::export_line(&store, &r)?)?;
                         progress.inc(1);
                         Ok(())
                     })?;
@@ -278,29 +270,8 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One JSON Lines row of `store export`: the record, plus the message copy of dead and parked events.
-pub fn export_line(store: &Store, r: &Record) -> Result<Value, StoreError> {
-    let mut line = record_json(r);
-    if let Some(m) = store.message_of(r)? {
-        line["message"] = message_json(&m);
-    }
-    Ok(line)
-}
-
 fn print_records(values: &[Value]) {
-    let mut t = table(&["event_id", "state", "attempts", "topic/partition@offset", "updated_at", "outcome / reason"]);
-    for r in values {
-        let outcome = if r["outcome"].is_null() { plain(&r["reason"]) } else { plain(&r["outcome"]) };
-        t.add_row(vec![
-            plain(&r["event_id"]),
-            plain(&r["state"]),
-            plain(&r["attempts"]),
-            format!("{}/{}@{}", plain(&r["topic"]), plain(&r["partition"]), plain(&r["offset"])),
-            plain(&r["updated_at"]),
-            outcome,
-        ]);
-    }
-    println!("{t}\n{} record(s)", values.len());
+    println!("{}\n{} record(s)", view::records_table(values), values.len());
 }
 
 async fn retry_remote(c: &AdminClient, ids: &[String]) -> anyhow::Result<()> {
@@ -358,21 +329,6 @@ async fn run_again(args: &StoreArgs, ids: &[String]) -> anyhow::Result<()> {
         bail!("{failed} event(s) failed again");
     }
     Ok(())
-}
-
-fn message_json(m: &crate::event::RawMessage) -> Value {
-    let bytes = |b: &Option<Vec<u8>>| match b {
-        None => Value::Null,
-        Some(b) => match std::str::from_utf8(b) {
-            Ok(s) => json!(s),
-            Err(_) => json!({ "bytes": b }),
-        },
-    };
-    json!({
-        "topic": m.topic, "partition": m.partition, "offset": m.offset,
-        "key": bytes(&m.key), "value": bytes(&m.value),
-        "headers": m.headers.iter().map(|(k, v)| json!([k, bytes(v)])).collect::<Vec<_>>(),
-    })
 }
 
 fn open_store(args: &StoreArgs) -> anyhow::Result<Store> {
@@ -450,57 +406,4 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
     }
     println!("{t}");
     Ok(())
-}
-
-fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED);
-    if header.iter().any(|h| !h.is_empty()) {
-        t.set_header(header.to_vec());
-    }
-    t
-}
-
-fn plain(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".to_owned(),
-        other => other.to_string(),
-    }
-}
-
-pub fn stats_json(s: &crate::store::Stats) -> Value {
-    json!({
-        "claimed": s.claimed, "done": s.done, "dead": s.dead, "parked": s.parked,
-        "duplicates_suppressed": s.duplicates_suppressed,
-        "bytes_on_disk": s.bytes_on_disk,
-        "oldest": s.oldest_us.map(rfc3339), "newest": s.newest_us.map(rfc3339),
-    })
-}
-
-pub fn rfc3339(us: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_micros(us.max(0) as u64);
-    humantime::format_rfc3339_micros(t).to_string()
-}
-
-pub fn record_json(r: &Record) -> Value {
-    json!({
-        "event_id": r.event_id,
-        "state": r.state,
-        "attempts": r.attempts,
-        "topic": r.topic,
-        "partition": r.partition,
-        "offset": r.offset,
-        "key": r.key,
-        "event_type": r.event_type,
-        "first_seen": rfc3339(r.first_seen_us),
-        "claimed_at": r.claimed_at_us.map(rfc3339),
-        "done_at": r.done_at_us.map(rfc3339),
-        "updated_at": rfc3339(r.updated_at_us),
-        "outcome": r.outcome,
-        "reason": r.reason,
-        "duplicates": r.duplicates,
-        "dead_letter": r.dead_letter,
-        "expires_at": r.expires_at_us.map(rfc3339),
-    })
 }

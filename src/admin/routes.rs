@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 
 use super::{ApiError, Shared};
 use crate::engine::Executor;
-use crate::store::{State as RecordState, StoreError};
+use crate::store::{view, State as RecordState, StoreError};
 
 /// Records in one page of `/v1/events` when the request names no `limit`.
 const DEFAULT_PAGE: usize = 100;
@@ -56,7 +56,7 @@ fn join_error(e: tokio::task::JoinError) -> ApiError {
 async fn stats(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
     let store = s.exec.store.clone();
     let stats = tokio::task::spawn_blocking(move || store.stats()).await.map_err(join_error)??;
-    Ok(Json(crate::cli::stats_json(&stats)))
+    Ok(Json(view::stats_json(&stats)))
 }
 
 async fn get_event(State(s): State<Shared>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
@@ -65,7 +65,7 @@ async fn get_event(State(s): State<Shared>, Path(id): Path<String>) -> Result<Js
 
 fn record(exec: &Executor, id: &str) -> Result<Json<Value>, ApiError> {
     match exec.store.get(id)? {
-        Some(r) => Ok(Json(crate::cli::record_json(&r))),
+        Some(r) => Ok(Json(view::record_json(&r))),
         None => Err(ApiError(StatusCode::NOT_FOUND, format!("no record for event {id:?}"))),
     }
 }
@@ -104,7 +104,7 @@ async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Jso
     } else {
         None
     };
-    let records: Vec<Value> = records.iter().map(crate::cli::record_json).collect();
+    let records: Vec<Value> = records.iter().map(view::record_json).collect();
     Ok(Json(json!({"records": records, "next": next})))
 }
 
@@ -115,7 +115,7 @@ struct IdQuery {
 
 async fn forget(State(s): State<Shared>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
     let r = s.exec.store.forget(&q.id).await?;
-    Ok(Json(crate::cli::record_json(&r)))
+    Ok(Json(view::record_json(&r)))
 }
 
 async fn resolve(State(s): State<Shared>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
@@ -135,7 +135,7 @@ async fn export(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<R
     let store = s.exec.store.clone();
     tokio::task::spawn_blocking(move || {
         let sent = store.scan(state, q.topic.as_deref(), |r| -> Result<(), StoreError> {
-            let line = crate::cli::export_line(&store, &r)?;
+            let line = view::export_line(&store, &r)?;
             // A client that went away ends the scan.
             tx.blocking_send(Ok(format!("{line}\n"))).map_err(|_| StoreError::NotFound("export client".into()))
         });
@@ -168,7 +168,7 @@ async fn retry(State(r): State<Arc<Retries>>, Query(q): Query<IdQuery>) -> Resul
 
 async fn rerun(exec: &Executor, id: &str) -> Result<Json<Value>, ApiError> {
     match exec.rerun(id).await? {
-        Some(r) => Ok(Json(crate::cli::record_json(&r))),
+        Some(r) => Ok(Json(view::record_json(&r))),
         None => Ok(Json(json!({"event_id": id, "state": "rerun", "note": "recorded under its decoded event id"}))),
     }
 }

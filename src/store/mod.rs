@@ -8,6 +8,7 @@ mod messages;
 mod owner;
 mod record;
 mod sync;
+pub mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
