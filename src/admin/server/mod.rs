@@ -1,7 +1,7 @@
 //! The admin HTTP server of a running outboxd: `/healthz`, `/readyz`,
 //! `/metrics` (Prometheus), open to anyone who can reach the port, and the
-//! store API (`/v1/*`, [`routes`]) that `outboxd store …` uses while the
-//! service holds the database, behind one layer ([`auth`]) that requires a
+//! store API (`/v1/*`, `routes`) that `outboxd store …` uses while the
+//! service holds the database, behind one layer (`auth`) that requires a
 //! bearer token and refuses browsers and foreign `Host` headers. axum is
 //! used only here (and in the demo receiver).
 
@@ -66,7 +66,8 @@ pub async fn serve(
         &state.exec.config.admin.allowed_hosts,
     );
     let state = Arc::new(state);
-    let api = routes::router(state.clone()).layer(axum::middleware::from_fn_with_state(Arc::new(guard), auth::check));
+    let api =
+        routes::router(state.exec.clone()).layer(axum::middleware::from_fn_with_state(Arc::new(guard), auth::check));
     let app = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
