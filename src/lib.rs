@@ -37,7 +37,7 @@
 //!   written once against [`ops::StoreApi`]: on the store itself, or through a running service.
 //! - [`admin`]: [`admin::server`]: health, readiness, Prometheus metrics (open), the store API behind a bearer
 //!   token (axum), answered by [`ops`]; [`admin::client`]: that API's client, which `store …` uses.
-//! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).
+//! - [`cli`]: `run`, `check-config`, `store …`: parses arguments, calls [`ops`], prints.
 
 pub mod admin;
 pub mod avro;
