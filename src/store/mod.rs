@@ -9,6 +9,7 @@ mod options;
 mod owner;
 mod record;
 mod sync;
+pub mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
