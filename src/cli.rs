@@ -48,7 +48,7 @@ pub struct ConfigArg {
 
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// Config file whose [store].path is used.
+    /// Config file whose store.path is used.
     #[arg(long, short, default_value = "outboxd.toml", env = "OUTBOXD_CONFIG")]
     pub config: PathBuf,
     /// The store directory (instead of reading it from the config).
