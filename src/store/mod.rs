@@ -23,6 +23,7 @@ mod repair;
 mod slices;
 mod sync;
 mod varint;
+pub mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

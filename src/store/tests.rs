@@ -398,7 +398,7 @@ async fn each_scope_of_an_id_keeps_its_own_message_copy() {
     let mut values = Vec::new();
     store
         .scan(None, None, |r| -> Result<(), StoreError> {
-            values.push(crate::cli::export_line(&store, &r)?["message"]["value"].clone());
+            values.push(super::view::export_line(&store, &r)?["message"]["value"].clone());
             Ok(())
         })
         .unwrap();

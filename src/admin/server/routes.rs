@@ -1,6 +1,7 @@
 //! The store API under `/v1`: reads (stats, one record, pages of records,
-//! export) and repairs (forget, resolve, retry, gc). Every route here sits
-//! behind [`super::auth::check`]; none checks credentials itself.
+//! export) and repairs (forget, resolve, retry, gc), answered by
+//! [`ops::Local`] on the service's store. Every route here sits behind
+//! [`super::auth::check`]; none checks credentials itself.
 
 use std::sync::Arc;
 
@@ -13,8 +14,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-use super::{ApiError, Shared};
+use super::ApiError;
 use crate::engine::Executor;
+use crate::ops::{self, Local};
 use crate::store::{State as RecordState, StoreError};
 
 /// Records in one page of `/v1/events` when the request names no `limit`.
@@ -35,8 +37,9 @@ struct Retries {
     turns: Arc<Semaphore>,
 }
 
-pub(super) fn router(admin: Shared) -> Router {
-    let retries = Retries { exec: admin.exec.clone(), turns: Arc::new(Semaphore::new(MAX_ADMIN_RETRIES)) };
+pub(super) fn router(exec: Arc<Executor>) -> Router {
+    let local = Local::with_executor(exec.clone());
+    let retries = Retries { exec, turns: Arc::new(Semaphore::new(MAX_ADMIN_RETRIES)) };
     Router::new()
         .route("/stats", get(stats))
         .route("/events", get(list))
@@ -46,26 +49,25 @@ pub(super) fn router(admin: Shared) -> Router {
         .route("/retry", post(retry).with_state(Arc::new(retries)))
         .route("/gc", post(gc))
         .route("/export", get(export))
-        .with_state(admin)
+        .with_state(local)
 }
 
 fn join_error(e: tokio::task::JoinError) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
-async fn stats(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
-    let store = s.exec.store.clone();
-    let stats = tokio::task::spawn_blocking(move || store.stats()).await.map_err(join_error)??;
-    Ok(Json(crate::cli::stats_json(&stats)))
+async fn stats(State(l): State<Local>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(tokio::task::spawn_blocking(move || l.stats()).await.map_err(join_error)??))
 }
 
-async fn get_event(State(s): State<Shared>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    record(&s.exec, &id)
+async fn get_event(State(l): State<Local>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    found(&id, l.get(&id)?)
 }
 
-fn record(exec: &Executor, id: &str) -> Result<Json<Value>, ApiError> {
-    match exec.store.get(id)? {
-        Some(r) => Ok(Json(crate::cli::record_json(&r))),
+/// The record, or a 404 naming the event.
+fn found(id: &str, record: Option<Value>) -> Result<Json<Value>, ApiError> {
+    match record {
+        Some(r) => Ok(Json(r)),
         None => Err(ApiError(StatusCode::NOT_FOUND, format!("no record for event {id:?}"))),
     }
 }
@@ -89,23 +91,13 @@ impl ListQuery {
 
 /// One page of records in id order: `{"records": [...], "next": ID | null}`.
 /// `next` is set when more records follow; ask again with `?after=ID`.
-async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
+async fn list(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
     let state = q.state_filter()?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
-    let store = s.exec.store.clone();
-    // One more than the page tells whether there is a next page.
-    let mut records =
-        tokio::task::spawn_blocking(move || store.list_after(state, q.topic.as_deref(), q.after.as_deref(), limit + 1))
-            .await
-            .map_err(join_error)??;
-    let next = if records.len() > limit {
-        records.truncate(limit);
-        records.last().map(crate::store::page_cursor)
-    } else {
-        None
-    };
-    let records: Vec<Value> = records.iter().map(crate::cli::record_json).collect();
-    Ok(Json(json!({"records": records, "next": next})))
+    let page = tokio::task::spawn_blocking(move || l.page(state, q.topic.as_deref(), q.after.as_deref(), limit))
+        .await
+        .map_err(join_error)??;
+    Ok(Json(json!({"records": page.records, "next": page.next})))
 }
 
 #[derive(Deserialize)]
@@ -113,29 +105,25 @@ struct IdQuery {
     id: String,
 }
 
-async fn forget(State(s): State<Shared>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
-    let r = s.exec.store.forget(&q.id).await?;
-    Ok(Json(crate::cli::record_json(&r)))
+async fn forget(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(l.forget(&q.id).await?))
 }
 
-async fn resolve(State(s): State<Shared>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
-    s.exec.store.resolve_done(&q.id, "resolved by hand: done".to_owned()).await?;
-    record(&s.exec, &q.id)
+async fn resolve(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    let record = l.resolve_done(&q.id).await?;
+    found(&q.id, record)
 }
 
-async fn gc(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
-    let removed = s.exec.store.gc(crate::store::now_us()).await?;
-    Ok(Json(json!({"removed": removed})))
+async fn gc(State(l): State<Local>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!({"removed": l.gc().await?})))
 }
 
 /// JSON Lines of records (with message copies), streamed while the store is scanned.
-async fn export(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
+async fn export(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
     let state = q.state_filter()?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(EXPORT_BUFFER);
-    let store = s.exec.store.clone();
     tokio::task::spawn_blocking(move || {
-        let sent = store.scan(state, q.topic.as_deref(), |r| -> Result<(), StoreError> {
-            let line = crate::cli::export_line(&store, &r)?;
+        let sent = l.export(state, q.topic.as_deref(), |line| -> Result<(), StoreError> {
             // A client that went away ends the scan.
             tx.blocking_send(Ok(format!("{line}\n"))).map_err(|_| StoreError::NotFound("export client".into()))
         });
@@ -157,18 +145,11 @@ async fn retry(State(r): State<Arc<Retries>>, Query(q): Query<IdQuery>) -> Resul
     let exec = r.exec.clone();
     let run = tokio::spawn(async move {
         let _turn = turn;
-        let answer = rerun(&exec, &q.id).await;
+        let answer = ops::rerun(&exec, &q.id).await.map_err(ApiError::from);
         if let Err(e) = &answer {
             tracing::warn!(event_id = %q.id, error = %e.1, "admin retry failed");
         }
-        answer
+        answer.map(|r| Json(r.to_json(&q.id)))
     });
     run.await.map_err(join_error)?
-}
-
-async fn rerun(exec: &Executor, id: &str) -> Result<Json<Value>, ApiError> {
-    match exec.rerun(id).await? {
-        Some(r) => Ok(Json(crate::cli::record_json(&r))),
-        None => Ok(Json(json!({"event_id": id, "state": "rerun", "note": "recorded under its decoded event id"}))),
-    }
 }
