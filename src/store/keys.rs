@@ -101,41 +101,25 @@ pub fn past(prefix: &[u8]) -> Vec<u8> {
     vec![0xFF; prefix.len() + 1]
 }
 
-/// Where a page starts, as a record names it: its event key and scope text
-/// (`None`: a legacy record).
+/// In a cursor, the scope of a legacy record (no scope text can be this).
+const LEGACY_CURSOR: &str = "\u{1}";
+
+/// Where a page starts, as a record names it: `event id 0x00 scope` (the form
+/// earlier versions used too), so a cursor starts with the id of the last record
+/// of its page.
 pub fn cursor(id: &str, scope: Option<&str>) -> String {
-    let scope = scope.map_or_else(|| "-".to_owned(), |s| hex(s.as_bytes()));
-    format!("c1.{}.{scope}", hex(&event_key(id)))
+    format!("{id}\0{}", scope.unwrap_or(LEGACY_CURSOR))
 }
 
 /// A cursor read back: the event key and the scope text (`None`: a legacy
 /// record), or just the event key when the cursor is a bare event id (then the
-/// page starts past every record of that id). Also reads the cursors of
-/// earlier versions (`id 0x00 scope`).
+/// page starts past every record of that id).
 pub fn parse_cursor(cursor: &str) -> (Vec<u8>, Option<Option<String>>) {
-    let mut parts = cursor.split('.');
-    if let (Some("c1"), Some(key), Some(scope), None) = (parts.next(), parts.next(), parts.next(), parts.next()) {
-        let scope =
-            if scope == "-" { Some(None) } else { unhex(scope).and_then(|b| String::from_utf8(b).ok()).map(Some) };
-        if let (Some(key), Some(scope)) = (unhex(key), scope) {
-            return (key, Some(scope));
-        }
-    }
     match cursor.rsplit_once('\0') {
+        Some((id, LEGACY_CURSOR)) => (event_key(id), Some(None)),
         Some((id, scope)) => (event_key(id), Some(Some(scope.to_owned()))),
         None => (event_key(cursor), None),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 /// The 16 bytes of a UUID in canonical text form, and whether it is upper case.
@@ -209,11 +193,12 @@ mod tests {
     }
 
     #[test]
-    fn a_cursor_names_the_record_and_old_cursors_and_bare_ids_still_work() {
-        let (key, scope) = parse_cursor(&cursor("42", Some("orders")));
-        assert_eq!((key, scope), (event_key("42"), Some(Some("orders".to_owned()))));
-        assert_eq!(parse_cursor(&cursor("42", None)).1, Some(None));
-        assert_eq!(parse_cursor("42\0orders"), (event_key("42"), Some(Some("orders".to_owned()))));
+    fn a_cursor_names_the_record_and_bare_ids_still_work() {
+        let c = cursor("a\0b", Some("orders"));
+        assert!(c.starts_with("a\0b"), "a cursor starts with the event id");
+        assert_eq!(parse_cursor(&c), (event_key("a\0b"), Some(Some("orders".to_owned()))));
+        assert_eq!(parse_cursor(&cursor("42", Some(""))).1, Some(Some(String::new())));
+        assert_eq!(parse_cursor(&cursor("42", None)), (event_key("42"), Some(None)));
         assert_eq!(parse_cursor("e2"), (event_key("e2"), None));
     }
 }
