@@ -30,7 +30,8 @@
 //!   log and of new blob files; a failed sync fails every later wait), expiry index, message copies within a
 //!   quota. Only place that uses sled.
 //! - [`offsets`]: per-partition tracker of the next committable offset.
-//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain. Only place that uses rdkafka.
+//! - [`kafka`]: the consumer and its rebalance handling, the dead-letter producer, client options. Only place that uses rdkafka.
+//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain.
 //! - [`handler`]: `http` (reqwest, only here) and `log`.
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
 //! - [`admin`]: health, readiness, Prometheus metrics (open), the store API behind a bearer token (axum); the client `store …` uses.
@@ -44,6 +45,7 @@ pub mod config;
 pub mod engine;
 pub mod event;
 pub mod handler;
+pub mod kafka;
 pub mod metrics;
 pub mod offsets;
 pub mod store;

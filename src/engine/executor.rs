@@ -11,12 +11,12 @@ use backon::BackoffBuilder;
 use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
-use super::consumer::{DeadLetterInfo, DeadLetters, DlqError};
 use crate::avro;
 use crate::codec;
 use crate::config::{Body, Config, Format, HandlerConfig, OnUncertain, RetryConfig};
 use crate::event::{OutboxEvent, Payload, RawMessage};
 use crate::handler::{Handler, HandlerError, Verified};
+use crate::kafka::{DeadLetterInfo, DeadLetters, DlqError};
 use crate::metrics::names;
 use crate::store::{Claim, Claimed, Record, State, Store, StoreError};
 

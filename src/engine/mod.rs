@@ -1,11 +1,10 @@
 //! The poll loop: bounded read-ahead, dispatch to per-key chains, periodic
 //! retention, and a drain on shutdown that commits only finished offsets.
 
-mod consumer;
 mod executor;
 mod worker;
 
-pub use consumer::validate_options as validate_kafka_options;
+pub use crate::kafka::validate_options as validate_kafka_options;
 pub use executor::Executor;
 
 use std::collections::HashMap;
@@ -19,6 +18,7 @@ use tracing::{error, info, warn};
 
 use crate::admin;
 use crate::config::Config;
+use crate::kafka::Consumer;
 use crate::metrics::names;
 use crate::offsets::OffsetTracker;
 use crate::store::{now_us, Store, StoreOptions};
@@ -48,7 +48,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let prometheus_upkeep = prometheus.clone();
     let broker_up = Arc::new(AtomicBool::new(false));
     let consumer = Arc::new(
-        consumer::build(&config.kafka, &subscriptions, tracker.clone(), broker_up.clone())
+        Consumer::build(&config.kafka, &subscriptions, tracker.clone(), broker_up.clone())
             .context("creating the Kafka consumer")?,
     );
     let max_in_flight = config.store.max_in_flight;
@@ -109,7 +109,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         let msg = tokio::select! {
             () = &mut shutdown => break None,
             _ = fatal_rx.changed() => break fatal_rx.borrow().clone(),
-            m = consumer.recv() => m.map(|m| consumer::to_raw(&m)),
+            m = consumer.recv() => m,
         };
         match msg {
             Ok(raw) => {
@@ -147,7 +147,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
         }
     }
-    consumer::commit_now(&consumer, &tracker);
+    consumer.commit_now(&tracker);
     let closed = store.close().await;
     let _ = admin_stop.send(());
     let c = &shared.exec.counters;

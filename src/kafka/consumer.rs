@@ -1,15 +1,13 @@
-//! The Kafka edge: building the consumer, rebalance callbacks, turning
-//! messages into [`RawMessage`]s, storing and committing offsets. rdkafka is
-//! used only here (and in the poll loop that calls `recv`).
+//! The consumer: building and subscribing it, rebalance callbacks that keep the
+//! offset tracker in step, turning messages into [`RawMessage`]s, storing and
+//! committing offsets.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{info, warn};
 
@@ -18,14 +16,14 @@ use crate::event::RawMessage;
 use crate::metrics::names;
 use crate::offsets::{describe, OffsetTracker, PartitionId};
 
+/// The offset tracker, shared by the consumer's callbacks, the engine and the admin server.
 pub type Tracker = Arc<Mutex<OffsetTracker>>;
-pub type KafkaConsumer = StreamConsumer<Ctx>;
 
 /// Keeps the offset tracker in step with assignments.
-pub struct Ctx {
+struct Ctx {
     tracker: Tracker,
     /// Whether librdkafka's last statistics showed a broker connection up (readiness).
-    pub broker_up: Arc<AtomicBool>,
+    broker_up: Arc<AtomicBool>,
     /// How long a revoke waits for running events of the revoked partitions.
     drain_timeout: Duration,
 }
@@ -128,7 +126,7 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<PartitionId> {
     tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
 }
 
-pub fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
+fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     for ((topic, partition), offset) in offsets {
         // An offset from our own tracker is always valid for the list.
@@ -137,146 +135,66 @@ pub fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
     tpl
 }
 
-/// Why an event went to the dead-letter topic, added to the message as `outboxd.*` headers.
-pub struct DeadLetterInfo<'a> {
-    pub error: &'a str,
-    pub attempts: u32,
+/// Why the consumer gave no message (librdkafka retries by itself; the poll loop pauses and polls again).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RecvError(String);
+
+/// The subscribed consumer. Offsets are stored by us only after an event is
+/// durably finished; librdkafka commits what was stored.
+pub struct Consumer {
+    inner: StreamConsumer<Ctx>,
 }
 
-/// Produces dead letters: the original key, value and headers plus the reason.
-pub struct DeadLetters {
-    producer: FutureProducer,
-}
-
-impl DeadLetters {
-    pub fn build(kafka: &KafkaConfig) -> anyhow::Result<DeadLetters> {
-        let mut cc = ClientConfig::new();
-        cc.set("bootstrap.servers", &kafka.brokers).set("client.id", "outboxd-dlq");
-        for (k, v) in &kafka.options {
-            // Security and connection settings apply to the producer too; consumer-only
-            // settings would only produce warnings.
-            if k.starts_with("security.")
-                || k.starts_with("ssl.")
-                || k.starts_with("sasl.")
-                || k.starts_with("socket.")
-                || k.starts_with("broker.")
-                || k == "client.dns.lookup"
-            {
-                cc.set(k, v);
-            }
-        }
-        // The broker (topic max.message.bytes) decides how large a dead letter may be,
-        // not librdkafka's 1 MB default: a large poison message must still get out.
-        cc.set("enable.idempotence", "true").set("acks", "all").set("message.max.bytes", "104857600");
-        Ok(DeadLetters { producer: cc.create()? })
+impl Consumer {
+    /// Builds and subscribes the consumer. Assignments and revokes update
+    /// `tracker`; librdkafka's statistics keep `broker_up` (readiness) current.
+    pub fn build(
+        kafka: &KafkaConfig,
+        subscriptions: &[String],
+        tracker: Tracker,
+        broker_up: Arc<AtomicBool>,
+    ) -> anyhow::Result<Consumer> {
+        let inner: StreamConsumer<Ctx> = super::options::consumer(kafka).create_with_context(Ctx {
+            tracker,
+            broker_up,
+            drain_timeout: kafka.drain_timeout,
+        })?;
+        let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
+        inner.subscribe(&topics)?;
+        Ok(Consumer { inner })
     }
 
-    /// Sends and waits for the broker's acknowledgement; returns `topic/partition@offset`.
-    pub async fn send(&self, topic: &str, msg: &RawMessage, info: &DeadLetterInfo<'_>) -> Result<String, DlqError> {
-        let mut headers = OwnedHeaders::new_with_capacity(msg.headers.len() + 6);
-        for (k, v) in &msg.headers {
-            headers = headers.insert(Header { key: k, value: v.as_deref() });
+    /// The next message. Rebalance callbacks run inside this call.
+    pub async fn recv(&self) -> Result<RawMessage, RecvError> {
+        match self.inner.recv().await {
+            Ok(m) => Ok(to_raw(&m)),
+            Err(e) => Err(RecvError(e.to_string())),
         }
-        let failed_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
-        let attempts = info.attempts.to_string();
-        let partition = msg.partition.to_string();
-        let offset = msg.offset.to_string();
-        for (k, v) in [
-            ("outboxd.error", info.error),
-            ("outboxd.attempts", attempts.as_str()),
-            ("outboxd.source.topic", msg.topic.as_str()),
-            ("outboxd.source.partition", partition.as_str()),
-            ("outboxd.source.offset", offset.as_str()),
-            ("outboxd.failed_at", failed_at.as_str()),
-        ] {
-            headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+    }
+
+    /// Hands the next offset to commit to librdkafka (committed on its interval).
+    pub fn store_offset(&self, partition: &PartitionId, next: i64) {
+        if let Err(error) = self.inner.store_offsets(&to_tpl(&[(partition.clone(), next)])) {
+            // Happens when the partition was revoked meanwhile; its next owner re-reads.
+            warn!(%error, topic = %partition.0, partition = partition.1, next, "could not store offset");
         }
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
-        if let Some(key) = &msg.key {
-            record = record.key(key.as_slice());
+    }
+
+    /// Commits every finished offset now (shutdown).
+    pub fn commit_now(&self, tracker: &Tracker) {
+        let finished = tracker.lock().expect("offset tracker lock").committable();
+        if finished.is_empty() {
+            return;
         }
-        if let Some(value) = &msg.value {
-            record = record.payload(value.as_slice());
-        }
-        match self.producer.send(record, rdkafka::util::Timeout::Never).await {
-            Ok(delivery) => Ok(format!("{topic}/{}@{}", delivery.partition, delivery.offset)),
-            Err((error, _)) => {
-                use rdkafka::types::RDKafkaErrorCode as C;
-                let rejected = matches!(
-                    error.rdkafka_error_code(),
-                    Some(C::MessageSizeTooLarge | C::InvalidRecord | C::InvalidMessage | C::InvalidMessageSize)
-                );
-                Err(if rejected {
-                    DlqError::Rejected(error.to_string())
-                } else {
-                    DlqError::Transient(error.to_string())
-                })
-            }
+        match self.inner.commit(&to_tpl(&finished), CommitMode::Sync) {
+            Ok(()) => info!(partitions = finished.len(), "final offsets committed"),
+            Err(error) => warn!(%error, "final commit failed; finished events will be redelivered and suppressed"),
         }
     }
 }
 
-/// Why a dead letter was not produced.
-#[derive(Debug)]
-pub enum DlqError {
-    /// Worth retrying (broker down, leader moving, ...): the offset waits.
-    Transient(String),
-    /// The broker will never take this message (e.g. larger than the topic allows).
-    Rejected(String),
-}
-
-/// Lets librdkafka check `kafka.options` (names, values, files such as CA
-/// certificates) by creating a client that is never used; nothing is sent.
-pub fn validate_options(kafka: &KafkaConfig) -> anyhow::Result<()> {
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &kafka.brokers).set("group.id", &kafka.group_id);
-    for (k, v) in &kafka.options {
-        cc.set(k, v);
-    }
-    let _: BaseConsumer = cc.create().map_err(|e| anyhow::anyhow!("kafka.options: librdkafka rejects them: {e}"))?;
-    Ok(())
-}
-
-/// Builds and subscribes the consumer. Offsets are stored by us only after an
-/// event is durably finished; librdkafka commits what was stored.
-pub fn build(
-    kafka: &KafkaConfig,
-    subscriptions: &[String],
-    tracker: Tracker,
-    broker_up: Arc<AtomicBool>,
-) -> anyhow::Result<KafkaConsumer> {
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &kafka.brokers)
-        .set("group.id", &kafka.group_id)
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false")
-        .set("client.id", "outboxd")
-        // Lag, committed offsets and broker state for /metrics and /readyz.
-        .set("statistics.interval.ms", "2000")
-        // Only the partitions that move are revoked; the others keep working.
-        .set("partition.assignment.strategy", "cooperative-sticky")
-        // At most max_in_flight events run at once; librdkafka's default prefetch
-        // (up to 64 MiB and 100,000 messages per partition) only holds memory.
-        .set("queued.max.messages.kbytes", "16384")
-        .set("queued.min.messages", "10000")
-        // ... and once it is full, fetch again soon instead of after librdkafka's 1 s
-        // (a 1 s pause cost a third of the drain rate with the smaller prefetch).
-        .set("fetch.queue.backoff.ms", "20");
-    for (k, v) in &kafka.options {
-        cc.set(k, v);
-    }
-    // Never overridable: these carry invariant 3.
-    cc.set("enable.auto.offset.store", "false")
-        .set("enable.auto.commit", "true")
-        .set("auto.commit.interval.ms", kafka.commit_interval.as_millis().max(1).to_string());
-    let consumer: KafkaConsumer =
-        cc.create_with_context(Ctx { tracker, broker_up, drain_timeout: kafka.drain_timeout })?;
-    let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics)?;
-    Ok(consumer)
-}
-
-pub fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
+fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
     RawMessage {
         topic: m.topic().to_owned(),
         partition: m.partition(),
@@ -288,26 +206,6 @@ pub fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
             .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
             .unwrap_or_default(),
         timestamp_ms: m.timestamp().to_millis(),
-    }
-}
-
-/// Hands the next offset to commit to librdkafka (committed on its interval).
-pub fn store_offset(consumer: &KafkaConsumer, partition: &PartitionId, next: i64) {
-    if let Err(error) = consumer.store_offsets(&to_tpl(&[(partition.clone(), next)])) {
-        // Happens when the partition was revoked meanwhile; its next owner re-reads.
-        warn!(%error, topic = %partition.0, partition = partition.1, next, "could not store offset");
-    }
-}
-
-/// Commits every finished offset now (shutdown).
-pub fn commit_now(consumer: &KafkaConsumer, tracker: &Tracker) {
-    let finished = tracker.lock().expect("offset tracker lock").committable();
-    if finished.is_empty() {
-        return;
-    }
-    match consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
-        Ok(()) => info!(partitions = finished.len(), "final offsets committed"),
-        Err(error) => warn!(%error, "final commit failed; finished events will be redelivered and suppressed"),
     }
 }
 
@@ -332,7 +230,7 @@ mod tests {
             g
         };
         let ctx = Ctx { tracker: tracker.clone(), broker_up: Arc::default(), drain_timeout: Duration::from_secs(3) };
-        let consumer: BaseConsumer<Ctx> = ClientConfig::new()
+        let consumer: BaseConsumer<Ctx> = rdkafka::config::ClientConfig::new()
             .set("bootstrap.servers", "127.0.0.1:9")
             .set("group.id", "revoke-test")
             // Nothing listens there: the commit on revoke fails after this instead of 45 s.
