@@ -24,7 +24,7 @@
 //! ## Where things live
 //! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
 //! - [`template`]: URL templates; event data only in path and query, percent-encoded.
-//! - [`event`] / [`codec`]: Kafka message → [`event::OutboxEvent`] (all Debezium JSON/text shapes).
+//! - [`event`] / [`codec`]: the one decoder, Kafka message → [`event::OutboxEvent`] (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
 //! - [`avro`]: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
 //! - [`store`]: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
 //!   log and of new blob files; a failed sync fails every later wait), expiry index, message copies within a

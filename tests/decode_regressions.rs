@@ -5,11 +5,13 @@
 //!
 //! Knobs: `OUTBOXD_DECODE_CASES` (default 20000), `OUTBOXD_DECODE_SEED`.
 
-use outboxd::codec::{decode, decode_text, decode_value, DecodeError, MAX_EVENT_ID_LEN};
-use outboxd::config::EventIdSource;
-use outboxd::event::{Payload, RawMessage};
+use outboxd::avro::{AvroError, Part};
+use outboxd::codec::{DecodeError, Decoder, Layout, MAX_EVENT_ID_LEN};
+use outboxd::config::{Body, EventIdSource, Format};
+use outboxd::event::{OutboxEvent, Payload, RawMessage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use serde_json::json;
 
 fn msg(key: Option<&[u8]>, headers: &[(&str, Option<&[u8]>)], value: Option<&[u8]>) -> RawMessage {
     RawMessage {
@@ -27,8 +29,30 @@ fn header_id() -> EventIdSource {
     EventIdSource::Header("id".into())
 }
 
-fn dec(m: &RawMessage) -> Result<outboxd::event::OutboxEvent, DecodeError> {
+/// Through the one decoder, as a handler entry with `layout` reads it. No registry:
+/// a JSON message never awaits, an Avro-framed one is an error.
+fn decode_as(m: &RawMessage, layout: &Layout) -> Result<OutboxEvent, DecodeError> {
+    futures::executor::block_on(Decoder::default().decode(m, layout))
+}
+
+fn decode(m: &RawMessage, source: &EventIdSource, event_type_header: &str) -> Result<OutboxEvent, DecodeError> {
+    let layout =
+        Layout { event_id: source.clone(), event_type_header: event_type_header.to_owned(), ..Layout::default() };
+    decode_as(m, &layout)
+}
+
+fn dec(m: &RawMessage) -> Result<OutboxEvent, DecodeError> {
     decode(m, &header_id(), "eventType")
+}
+
+/// The decoded payload of a message with id `e` and this value.
+fn payload_of(value: Option<&[u8]>) -> Payload {
+    dec(&msg(None, &[("id", Some(b"e"))], value)).expect("decodes").payload
+}
+
+/// The aggregate id a key decodes to.
+fn key_of(key: &[u8]) -> Option<String> {
+    dec(&msg(Some(key), &[("id", Some(b"e"))], None)).expect("decodes").aggregate_id
 }
 
 /// The promises a decoded event keeps, whatever the input.
@@ -60,7 +84,10 @@ fn json_nested_ten_thousand_deep_is_text_not_a_crash() {
     let ev = dec(&msg(Some(b"k"), &[("id", Some(b"e1"))], Some(deep.as_bytes()))).expect("decodes");
     assert!(matches!(ev.payload, Payload::Text(_)), "{:?}", ev.payload);
     let deep_obj = "{\"a\":".repeat(10_000) + "1" + &"}".repeat(10_000);
-    assert!(dec(&msg(None, &[("id", Some(b"e1"))], Some(deep_obj.as_bytes()))).is_ok());
+    let ev = dec(&msg(None, &[("id", Some(b"e1"))], Some(deep_obj.as_bytes()))).expect("decodes");
+    assert_eq!(ev.id, "e1");
+    assert_eq!(ev.aggregate_id, None);
+    assert_eq!(ev.payload, Payload::Text(deep_obj));
 }
 
 #[test]
@@ -74,9 +101,9 @@ fn debezium_json_string_nested_too_deep_is_a_decode_error() {
 #[test]
 fn deeply_nested_key_and_header_are_plain_text() {
     let deep = "{".repeat(5_000);
-    assert_eq!(decode_text(deep.as_bytes()), deep);
+    assert_eq!(key_of(deep.as_bytes()).as_deref(), Some(deep.as_str()));
     let deep_str = "\"".repeat(5_000);
-    let _ = decode_text(deep_str.as_bytes());
+    assert_eq!(key_of(deep_str.as_bytes()).as_deref(), Some(deep_str.as_str()));
     let ev = dec(&msg(Some(deep.as_bytes()), &[("id", Some(deep.as_bytes()[..100].as_ref()))], None)).unwrap();
     assert_eq!(ev.id, "{".repeat(100));
 }
@@ -104,7 +131,7 @@ fn bad_ids_are_errors_with_reasons() {
         DecodeError::IdTooLong(MAX_EVENT_ID_LEN + 1)
     );
     let exact = vec![b'x'; MAX_EVENT_ID_LEN];
-    assert!(dec(&msg(None, &[("id", Some(&exact))], None)).is_ok());
+    assert_eq!(dec(&msg(None, &[("id", Some(&exact))], None)).unwrap().id, "x".repeat(MAX_EVENT_ID_LEN));
     // A JSON-quoted id whose unquoted text is long enough is measured after unquoting.
     let quoted = format!("\"{}\"", "y".repeat(MAX_EVENT_ID_LEN));
     assert_eq!(dec(&msg(None, &[("id", Some(quoted.as_bytes()))], None)).unwrap().id.len(), MAX_EVENT_ID_LEN);
@@ -166,12 +193,69 @@ fn field_ids_on_hostile_values() {
 }
 
 #[test]
-fn decode_value_on_edge_cases() {
-    assert_eq!(decode_value(None).unwrap(), Payload::Null);
-    assert_eq!(decode_value(Some(b"")).unwrap(), Payload::Text(String::new()));
-    assert!(decode_value(Some(b"\"\\ud800\"")).is_ok(), "a lone surrogate escape must not panic");
-    assert!(decode_value(Some(b"1e999999")).is_ok());
-    assert!(decode_value(Some(b"\"{\\\"a\\\":1}\"")).is_ok());
+fn values_on_edge_cases() {
+    assert_eq!(payload_of(None), Payload::Null);
+    assert_eq!(payload_of(Some(b"")), Payload::Text(String::new()));
+    // A lone surrogate escape is not JSON serde_json accepts: it stays text, and does not panic.
+    assert_eq!(payload_of(Some(b"\"\\ud800\"")), Payload::Text("\"\\ud800\"".to_owned()));
+    assert_eq!(payload_of(Some(b"1e999999")), Payload::Text("1e999999".to_owned()));
+    assert_eq!(payload_of(Some(b"\"{\\\"a\\\":1}\"")), Payload::Json(json!({"a": 1})));
+}
+
+#[test]
+fn a_debezium_message_decodes_to_every_field() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let value = br#"{"schema":{"type":"string","name":"io.debezium.data.Json"},"payload":"{\"total\":10}"}"#;
+    let mut m = msg(
+        Some(br#""order-7""#),
+        &[("id", Some(b"5f0c")), ("eventType", Some(b"OrderCreated")), ("traceparent", Some(tp.as_bytes()))],
+        Some(value),
+    );
+    m.partition = 3;
+    m.offset = 41;
+    m.timestamp_ms = Some(1_700_000_000_000);
+    let ev = dec(&m).unwrap();
+    assert_eq!(ev.id, "5f0c");
+    assert_eq!(ev.aggregate_id.as_deref(), Some("order-7"));
+    assert_eq!(ev.event_type.as_deref(), Some("OrderCreated"));
+    assert_eq!(ev.payload, Payload::Json(json!({"total": 10})));
+    assert_eq!(ev.traceparent.as_deref(), Some(tp));
+    assert_eq!(ev.timestamp_ms, Some(1_700_000_000_000));
+    assert_eq!((ev.position.topic.as_str(), ev.position.partition, ev.position.offset), ("outbox.event.t", 3, 41));
+}
+
+#[test]
+fn the_layout_chooses_format_event_type_header_and_body() {
+    let m = msg(Some(b"k"), &[("id", Some(b"e")), ("type", Some(b"Shipped"))], Some(br#"{"a":1}"#));
+    let raw = Layout { format: Format::Raw, event_type_header: "type".into(), ..Layout::default() };
+    let ev = decode_as(&m, &raw).unwrap();
+    assert_eq!(ev.payload, Payload::Bytes(br#"{"a":1}"#.to_vec()));
+    assert_eq!(ev.event_type.as_deref(), Some("Shipped"));
+    // body = "raw": decoded as JSON (an id field can be read), sent as the original bytes.
+    let body_raw = Layout { event_id: EventIdSource::Field("a".into()), body: Body::Raw, ..Layout::default() };
+    let ev = decode_as(&m, &body_raw).unwrap();
+    assert_eq!(ev.id, "1");
+    assert_eq!(ev.payload, Payload::Bytes(br#"{"a":1}"#.to_vec()));
+    assert_eq!(ev.event_type, None, "eventType is not the configured header here");
+}
+
+#[test]
+fn avro_without_its_framing_or_without_a_registry_is_dead_not_waiting() {
+    let avro = Layout { format: Format::Avro, ..Layout::default() };
+    let e = decode_as(&msg(None, &[("id", Some(b"e"))], Some(b"{}")), &avro).unwrap_err();
+    assert_eq!(e, DecodeError::NotAvro);
+    assert!(!e.is_transient());
+    let framed = [0u8, 0, 0, 0, 7, 2, b'a'];
+    let e = dec(&msg(None, &[("id", Some(b"e"))], Some(&framed))).unwrap_err();
+    assert_eq!(e, DecodeError::Avro { part: Part::Value, error: AvroError::NoRegistry(7) });
+    assert!(!e.is_transient());
+    let e = dec(&msg(Some(&framed), &[("id", Some(b"e"))], Some(b"{}"))).unwrap_err();
+    assert_eq!(e, DecodeError::Avro { part: Part::Key, error: AvroError::NoRegistry(7) });
+    assert!(e.to_string().starts_with("key: "), "{e}");
+    // With format = "json" a framed key is only text.
+    let json_fmt = Layout { format: Format::Json, ..Layout::default() };
+    let ev = decode_as(&msg(Some(&framed), &[("id", Some(b"e"))], None), &json_fmt).unwrap();
+    assert_eq!(ev.aggregate_id.as_deref(), Some("\0\0\0\0\u{7}\u{2}a"));
 }
 
 // ------------------------------------------------------------------ property test
@@ -291,9 +375,6 @@ fn random_messages_never_panic_and_keep_the_promises() {
             ok += 1;
         } else {
             err += 1;
-        }
-        if let Some(k) = &key {
-            let _ = decode_text(k);
         }
     }
     eprintln!("random decode: {ok} decoded, {err} rejected");

@@ -2,7 +2,7 @@
 //!
 //! Both read outboxd's own config file (brokers, group, topics, handler,
 //! `store.max_in_flight`, `kafka.commit_interval`, `kafka.options`) and run each
-//! message through outboxd's decoder and handler (`outboxd::codec::decode`,
+//! message through outboxd's decoder and handler (`outboxd::codec::Decoder`,
 //! `outboxd::handler::Handler`), so the only difference to outboxd is what
 //! happens around the handler:
 //!
@@ -193,7 +193,7 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
 
 async fn process(shared: &Shared, raw: &RawMessage, generation: u64) -> anyhow::Result<()> {
     let hc = shared.config.handler_for(&raw.topic).context("no handler for topic")?;
-    match outboxd::codec::decode(raw, &hc.event_id, &hc.event_type_header) {
+    match outboxd::codec::Decoder::default().decode(raw, &outboxd::codec::Layout::from(hc)).await {
         Err(e) => eprintln!("undecodable {}/{}@{}: {e}", raw.topic, raw.partition, raw.offset),
         Ok(event) => match &shared.pg {
             None => {

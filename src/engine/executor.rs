@@ -12,9 +12,9 @@ use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
 use crate::avro;
-use crate::codec;
-use crate::config::{Body, Config, Format, HandlerConfig, OnUncertain, RetryConfig};
-use crate::event::{OutboxEvent, Payload, RawMessage};
+use crate::codec::{DecodeError, Decoder, Layout};
+use crate::config::{Config, HandlerConfig, OnUncertain, RetryConfig};
+use crate::event::{OutboxEvent, RawMessage};
 use crate::handler::{Handler, HandlerError, Verified};
 use crate::kafka::{DeadLetterInfo, DeadLetters, DlqError};
 use crate::metrics::names;
@@ -56,8 +56,10 @@ pub struct Executor {
     handlers: Vec<Handler>,
     /// Present when some handler has a dead-letter topic.
     dead_letters: Option<DeadLetters>,
-    /// Writer schemas for Avro values, when `[schema_registry]` is configured.
-    registry: Option<avro::Registry>,
+    /// How each handler's messages are read; parallel to `config.handlers`.
+    layouts: Vec<Layout>,
+    /// The one decoder (with the schema registry, when `[schema_registry]` is configured).
+    decoder: Decoder,
     /// Event ids being worked on in this process: a second delivery of the
     /// same id (at another offset or key) waits instead of running twice.
     live: Mutex<HashMap<String, Arc<Semaphore>>>,
@@ -76,12 +78,14 @@ impl Executor {
         };
         let (fatal, _) = tokio::sync::watch::channel(None);
         let registry = config.schema_registry.clone().map(avro::Registry::new).transpose()?;
+        let layouts = config.handlers.iter().map(Layout::from).collect();
         Ok(Executor {
             config,
             store,
             handlers,
             dead_letters,
-            registry,
+            layouts,
+            decoder: Decoder::new(registry),
             live: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             fatal,
@@ -116,23 +120,12 @@ impl Executor {
             self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await?;
             return Ok(Executed::Final);
         };
-        let decoded = match self.read_value(hc, msg).await {
-            Ok((payload, key)) => {
-                codec::decode_with(msg, payload, key, &hc.event_id, &hc.event_type_header).map_err(|e| e.to_string())
-            }
-            Err(reason) => Err(reason),
-        };
-        match decoded {
+        match self.decode(hc, msg).await {
             Err(reason) => {
-                self.undecodable(Some(hc), msg, reason).await?;
+                self.undecodable(Some(hc), msg, reason.to_string()).await?;
                 Ok(Executed::Final)
             }
-            Ok(mut event) => {
-                if hc.body == Body::Raw {
-                    event.payload = msg.value.clone().map_or(Payload::Null, Payload::Bytes);
-                }
-                self.handle(hc, &self.handlers[hc.index], event, msg, owned).await
-            }
+            Ok(event) => self.handle(hc, &self.handlers[hc.index], event, msg, owned).await,
         }
     }
 
@@ -165,69 +158,32 @@ impl Executor {
         self.store.record_undecodable(&id, msg, reason, dlq).await
     }
 
-    /// The value and key as the handler's `format` says. A registry that cannot
-    /// be reached makes the event wait (its offset does not move); an Avro value
-    /// that cannot be decoded is an error for the dead-letter path.
-    async fn read_value(&self, hc: &HandlerConfig, msg: &RawMessage) -> Result<(Payload, Option<String>), String> {
-        let value = msg.value.as_deref();
-        let framed = value.and_then(avro::framing).is_some();
-        let payload = match hc.format {
-            Format::Raw => value.map_or(Payload::Null, |v| Payload::Bytes(v.to_vec())),
-            Format::Avro if !framed => {
-                return Err("format = \"avro\" but the value is not in the Confluent wire format".to_owned())
-            }
-            Format::Avro | Format::Auto if framed => {
-                let value = value.unwrap_or_default();
-                Payload::Json(self.avro_json(value, &msg.topic, avro::Part::Value).await.map_err(|e| e.to_string())?)
-            }
-            _ => codec::decode_value(value).map_err(|e| e.to_string())?,
-        };
-        let key = match msg.key.as_deref() {
-            Some(k) if avro::framing(k).is_some() && matches!(hc.format, Format::Auto | Format::Avro) => {
-                match self.avro_json(k, &msg.topic, avro::Part::Key).await.map_err(|e| format!("key: {e}"))? {
-                    serde_json::Value::String(s) => Some(s),
-                    other => Some(other.to_string()),
-                }
-            }
-            Some(k) => Some(codec::decode_text(k)),
-            None => None,
-        };
-        Ok((payload, key))
-    }
-
-    /// Decodes an Avro-framed value, waiting (with backoff) while the registry is
-    /// unreachable, or refuses us (401/403) or answers garbage. The latter two are
-    /// configuration errors, not the event's: it waits rather than being
-    /// dead-lettered, and every retry logs at error level with the status and
-    /// counts in `outboxd_schema_registry_errors_total{reason}`. A schema id not
-    /// registered for `part` of `topic` is an error (dead letter).
-    async fn avro_json(
-        &self,
-        framed: &[u8],
-        topic: &str,
-        part: avro::Part,
-    ) -> Result<serde_json::Value, avro::AvroError> {
-        let id = avro::framing(framed).ok_or(avro::AvroError::NotFramed)?;
-        let Some(registry) = &self.registry else {
-            return Err(avro::AvroError::NoRegistry(id));
-        };
+    /// Decodes as the handler's entry says. While the schema registry cannot
+    /// answer (unreachable, or it refuses us (401/403) or answers garbage) the
+    /// event waits, with backoff: the latter two are configuration errors, not
+    /// the event's, so it waits rather than being dead-lettered, and every retry
+    /// logs at error level with the status and counts in
+    /// `outboxd_schema_registry_errors_total{reason}`. Any other error is for
+    /// the dead-letter path.
+    async fn decode(&self, hc: &HandlerConfig, msg: &RawMessage) -> Result<OutboxEvent, DecodeError> {
+        let layout = &self.layouts[hc.index];
         let mut pause = REGISTRY_RETRY_INITIAL;
         loop {
-            match registry.schema(id, topic, part).await {
-                Ok(schema) => return schema.decode(framed),
-                Err(e) if e.is_transient() && !self.stopped() => {
-                    let reason = e.registry_reason().unwrap_or("unavailable");
+            match self.decoder.decode(msg, layout).await {
+                Err(DecodeError::Registry { error, schema_id, .. }) if !self.stopped() => {
+                    let reason = error.registry_reason().unwrap_or("unavailable");
                     metrics::counter!(names::SCHEMA_REGISTRY_ERRORS, "reason" => reason).increment(1);
-                    if e.needs_operator() {
-                        error!(error = %e, reason, schema_id = id, topic, ?pause,
+                    let topic = &msg.topic;
+                    if error.needs_operator() {
+                        error!(error = %error, reason, schema_id, topic, ?pause,
                             "the schema registry refuses or garbles the schema lookup; fix [schema_registry] (the event and its offset wait)");
                     } else {
-                        warn!(error = %e, schema_id = id, topic, ?pause, "waiting for the schema registry (the event and its offset wait)");
+                        warn!(error = %error, schema_id, topic, ?pause, "waiting for the schema registry (the event and its offset wait)");
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(REGISTRY_RETRY_MAX);
                 }
-                Err(e) => return Err(e),
+                other => return other,
             }
         }
     }
