@@ -32,7 +32,7 @@
 //! - [`offsets`]: per-partition tracker of the next committable offset.
 //! - [`kafka`]: the consumer and its rebalance handling, the dead-letter producer, client options. Only place that uses rdkafka.
 //! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain.
-//! - [`handler`]: `http` (reqwest, only here) and `log`.
+//! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest, only here), `log`, closures.
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
 //! - [`admin`]: health, readiness, Prometheus metrics (open), the store API behind a bearer token (axum); the client `store …` uses.
 //! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).

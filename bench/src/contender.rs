@@ -88,7 +88,7 @@ fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
 
 struct Shared {
     config: Config,
-    handler: Handler,
+    handler: std::sync::Arc<dyn Handler>,
     consumer: Arc<Kc>,
     tracker: Tracker,
     pg: Option<(deadpool_postgres::Pool, String, String)>,
@@ -97,7 +97,7 @@ struct Shared {
 pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
     anyhow::ensure!(config.handlers.len() == 1, "the contenders take a config with exactly one handler");
-    let handler = Handler::build(&config.handlers[0])?;
+    let handler = outboxd::handler::build(&config.handlers[0])?;
     let track_offsets = matches!(dedup, Dedup::Pg { .. });
 
     let pg = match &dedup {

@@ -7,15 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backon::BackoffBuilder;
 use tokio::sync::Semaphore;
 use tracing::{error, info, warn};
 
+use super::retry::{backoff, next_delay};
 use crate::avro;
 use crate::codec::{DecodeError, Decoder, Layout};
-use crate::config::{Config, HandlerConfig, OnUncertain, RetryConfig};
+use crate::config::{Config, HandlerConfig, OnUncertain};
 use crate::event::{OutboxEvent, RawMessage};
-use crate::handler::{Handler, HandlerError, Verified};
+use crate::handler::{self, Handler, HandlerError, Verified};
 use crate::kafka::{DeadLetterInfo, DeadLetters, DlqError};
 use crate::metrics::names;
 use crate::store::{Claim, Claimed, Record, State, Store, StoreError};
@@ -53,7 +53,11 @@ pub struct Executor {
     pub config: Config,
     pub store: Arc<Store>,
     /// Parallel to `config.handlers`.
-    handlers: Vec<Handler>,
+    handlers: Vec<Arc<dyn Handler>>,
+    /// Handlers given by an embedding program, by topic: they run instead of
+    /// the configured kind; the topic's `[[handlers]]` entry still says how its
+    /// events are read, retried and dead-lettered.
+    custom: HashMap<String, Arc<dyn Handler>>,
     /// Present when some handler has a dead-letter topic.
     dead_letters: Option<DeadLetters>,
     /// How each handler's messages are read; parallel to `config.handlers`.
@@ -70,7 +74,24 @@ pub struct Executor {
 
 impl Executor {
     pub fn new(config: Config, store: Arc<Store>) -> anyhow::Result<Executor> {
-        let handlers = config.handlers.iter().map(Handler::build).collect::<anyhow::Result<Vec<_>>>()?;
+        Executor::with_handlers(config, store, HashMap::new())
+    }
+
+    /// With `custom` handlers by topic, given by an embedding program. Each topic must be
+    /// covered by a `[[handlers]]` entry.
+    pub fn with_handlers(
+        config: Config,
+        store: Arc<Store>,
+        custom: HashMap<String, Arc<dyn Handler>>,
+    ) -> anyhow::Result<Executor> {
+        for topic in custom.keys() {
+            anyhow::ensure!(
+                config.handler_for(topic).is_some(),
+                "a handler is given for topic {topic:?}, but no [[handlers]] entry covers it \
+                 (the entry says how its events are read, retried and dead-lettered)"
+            );
+        }
+        let handlers = config.handlers.iter().map(handler::build).collect::<anyhow::Result<Vec<_>>>()?;
         let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
             Some(DeadLetters::build(&config.kafka)?)
         } else {
@@ -83,6 +104,7 @@ impl Executor {
             config,
             store,
             handlers,
+            custom,
             dead_letters,
             layouts,
             decoder: Decoder::new(registry),
@@ -125,7 +147,10 @@ impl Executor {
                 self.undecodable(Some(hc), msg, reason.to_string()).await?;
                 Ok(Executed::Final)
             }
-            Ok(event) => self.handle(hc, &self.handlers[hc.index], event, msg, owned).await,
+            Ok(event) => {
+                let handler = self.custom.get(&msg.topic).unwrap_or(&self.handlers[hc.index]);
+                self.handle(hc, handler.as_ref(), event, msg, owned).await
+            }
         }
     }
 
@@ -240,7 +265,7 @@ impl Executor {
     async fn handle(
         &self,
         hc: &HandlerConfig,
-        handler: &Handler,
+        handler: &dyn Handler,
         event: OutboxEvent,
         msg: &RawMessage,
         owned: &Ownership<'_>,
@@ -260,7 +285,7 @@ impl Executor {
     async fn claim_and_run(
         &self,
         hc: &HandlerConfig,
-        handler: &Handler,
+        handler: &dyn Handler,
         event: &OutboxEvent,
         msg: &RawMessage,
     ) -> Result<(), StoreError> {
@@ -344,7 +369,7 @@ impl Executor {
     }
 
     /// Asks the receiver about an uncertain event, retrying the lookup like the handler.
-    async fn verify(&self, hc: &HandlerConfig, handler: &Handler, event: &OutboxEvent) -> Result<Verified, String> {
+    async fn verify(&self, hc: &HandlerConfig, handler: &dyn Handler, event: &OutboxEvent) -> Result<Verified, String> {
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);
         loop {
@@ -387,33 +412,6 @@ impl Executor {
     }
 }
 
-/// The exponential schedule (backon), without its own jitter: full jitter is applied per delay.
-fn backoff(retry: &RetryConfig) -> impl Iterator<Item = Duration> {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(retry.initial_backoff)
-        .with_max_delay(retry.max_backoff)
-        .with_factor(retry.multiplier)
-        .with_max_times(retry.max_attempts.saturating_sub(1) as usize)
-        .build()
-}
-
-/// Full jitter (uniform in `0..=delay`), at least the receiver's `Retry-After`;
-/// `None` when attempts are used up or waiting would pass `max_elapsed`.
-/// A receiver may send any `Retry-After` (up to `u64::MAX` seconds): the sum is
-/// checked, so an absurd one ends the retries instead of overflowing.
-fn next_delay(
-    delays: &mut impl Iterator<Item = Duration>,
-    retry_after: Option<Duration>,
-    started: Instant,
-    retry: &RetryConfig,
-) -> Option<Duration> {
-    let ceiling = delays.next()?;
-    let jittered = ceiling.mul_f64(rand::random::<f64>());
-    let delay = retry_after.map_or(jittered, |ra| ra.max(jittered));
-    let resumes_after = started.elapsed().checked_add(delay)?;
-    (resumes_after <= retry.max_elapsed).then_some(delay)
-}
-
 /// Debug builds only (compiled out of release builds): a bug to contain, for the
 /// tests that check a panic cannot stall a key or a partition.
 #[cfg(debug_assertions)]
@@ -452,43 +450,5 @@ async fn live_guard<'a>(exec: &'a Executor, id: &str) -> LiveGuard<'a> {
         };
         // Closed (never granted) when the holder finishes.
         let _ = busy.acquire().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn retry(max_elapsed: Duration) -> RetryConfig {
-        RetryConfig {
-            max_attempts: 5,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(100),
-            multiplier: 2.0,
-            max_elapsed,
-        }
-    }
-
-    #[test]
-    fn an_absurd_retry_after_ends_the_retries_instead_of_overflowing() {
-        let r = retry(Duration::from_secs(60));
-        let mut delays = backoff(&r);
-        let huge = Some(Duration::from_secs(u64::MAX));
-        assert_eq!(next_delay(&mut delays, huge, Instant::now(), &r), None);
-    }
-
-    #[test]
-    fn a_retry_after_beyond_max_elapsed_ends_the_retries() {
-        let r = retry(Duration::from_secs(60));
-        let mut delays = backoff(&r);
-        assert_eq!(next_delay(&mut delays, Some(Duration::from_secs(61)), Instant::now(), &r), None);
-    }
-
-    #[test]
-    fn a_retry_after_within_max_elapsed_is_the_least_pause() {
-        let r = retry(Duration::from_secs(60));
-        let mut delays = backoff(&r);
-        let d = next_delay(&mut delays, Some(Duration::from_secs(2)), Instant::now(), &r).expect("a retry");
-        assert_eq!(d, Duration::from_secs(2));
     }
 }

@@ -2,6 +2,9 @@
 //! retention, and a drain on shutdown that commits only finished offsets.
 
 mod executor;
+#[cfg(test)]
+mod policy_tests;
+mod retry;
 mod worker;
 
 pub use crate::kafka::validate_options as validate_kafka_options;
