@@ -34,10 +34,12 @@
 //! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain.
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest, only here), `log`, closures.
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
+//! - [`app`]: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //! - [`admin`]: health, readiness, Prometheus metrics (open), the store API behind a bearer token (axum); the client `store …` uses.
 //! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).
 
 pub mod admin;
+pub mod app;
 pub mod avro;
 pub mod cli;
 pub mod codec;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::retry::{backoff, next_delay};
@@ -69,7 +70,9 @@ pub struct Executor {
     live: Mutex<HashMap<String, Arc<Semaphore>>>,
     pub counters: Counters,
     /// Set when the store fails: nothing more runs and no offset moves.
-    fatal: tokio::sync::watch::Sender<Option<String>>,
+    failure: std::sync::OnceLock<String>,
+    /// Cancelled with the failure, so that the service stops and drains.
+    shutdown: CancellationToken,
 }
 
 impl Executor {
@@ -97,7 +100,6 @@ impl Executor {
         } else {
             None
         };
-        let (fatal, _) = tokio::sync::watch::channel(None);
         let registry = config.schema_registry.clone().map(avro::Registry::new).transpose()?;
         let layouts = config.handlers.iter().map(Layout::from).collect();
         Ok(Executor {
@@ -110,22 +112,31 @@ impl Executor {
             decoder: Decoder::new(registry),
             live: Mutex::new(HashMap::new()),
             counters: Counters::default(),
-            fatal,
+            failure: std::sync::OnceLock::new(),
+            shutdown: CancellationToken::new(),
         })
     }
 
-    /// Stops all further work (a store failure).
+    /// A store failure cancels `shutdown` (besides stopping all further work here).
+    pub fn cancels(mut self, shutdown: CancellationToken) -> Executor {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Stops all further work (a store failure) and cancels the shutdown token.
+    /// The first failure is the one reported.
     pub fn fail(&self, reason: String) {
-        self.fatal.send_replace(Some(reason));
+        let _ = self.failure.set(reason);
+        self.shutdown.cancel();
     }
 
     pub fn stopped(&self) -> bool {
-        self.fatal.borrow().is_some()
+        self.failure.get().is_some()
     }
 
-    /// Resolves with the reason once [`Executor::fail`] was called.
-    pub fn failure(&self) -> tokio::sync::watch::Receiver<Option<String>> {
-        self.fatal.subscribe()
+    /// Why [`Executor::fail`] was called, if it was.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.get().cloned()
     }
 
     /// Runs one message until its event is durably final (or the store fails).
