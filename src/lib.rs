@@ -52,3 +52,5 @@ pub mod metrics;
 pub mod offsets;
 pub mod store;
 pub mod template;
+
+pub use app::App;

@@ -87,13 +87,7 @@ impl Executor {
         store: Arc<Store>,
         custom: HashMap<String, Arc<dyn Handler>>,
     ) -> anyhow::Result<Executor> {
-        for topic in custom.keys() {
-            anyhow::ensure!(
-                config.handler_for(topic).is_some(),
-                "a handler is given for topic {topic:?}, but no [[handlers]] entry covers it \
-                 (the entry says how its events are read, retried and dead-lettered)"
-            );
-        }
+        check_custom_topics(&config, &custom)?;
         let handlers = config.handlers.iter().map(handler::build).collect::<anyhow::Result<Vec<_>>>()?;
         let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
             Some(DeadLetters::build(&config.kafka)?)
@@ -421,6 +415,18 @@ impl Executor {
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
         self.store.finish_failed(claimed, state, reason, msg, dlq).await
     }
+}
+
+/// Every topic given its own handler must be covered by a `[[handlers]]` entry.
+pub fn check_custom_topics(config: &Config, custom: &HashMap<String, Arc<dyn Handler>>) -> anyhow::Result<()> {
+    for topic in custom.keys() {
+        anyhow::ensure!(
+            config.handler_for(topic).is_some(),
+            "a handler is given for topic {topic:?}, but no [[handlers]] entry covers it \
+             (the entry says how its events are read, retried and dead-lettered)"
+        );
+    }
+    Ok(())
 }
 
 /// Debug builds only (compiled out of release builds): a bug to contain, for the

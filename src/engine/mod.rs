@@ -9,7 +9,7 @@ mod retry;
 mod worker;
 
 pub use crate::kafka::validate_options as validate_kafka_options;
-pub use executor::{Counters, Executor};
+pub use executor::{check_custom_topics, Counters, Executor};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -111,3 +111,15 @@ where
         (self.0)(event.clone()).await
     }
 }
+
+/// A shared handler (e.g. one `Arc<dyn Handler>` for several topics) is a handler.
+#[async_trait]
+impl<H: Handler + ?Sized> Handler for Arc<H> {
+    async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
+        (**self).handle(event).await
+    }
+
+    async fn verify(&self, event: &OutboxEvent) -> Result<Verified, HandlerError> {
+        (**self).verify(event).await
+    }
+}
