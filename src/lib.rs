@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! consumer ─► decode ─► claim id (durable) ─► handler ─► record done (durable) ─► store offset
-//!   engine     codec        store                handler      store                 offsets
+//!   kafka      codec        store                handler      store                 offsets
 //! ```
 //!
 //! **Guarantee.** A handler runs only after its event id is durably claimed; an
@@ -35,6 +35,7 @@
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest, only here), `log`, closures.
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
 //! - [`app`]: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
+//!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
 //! - [`admin`]: health, readiness, Prometheus metrics (open), the store API behind a bearer token (axum); the client `store …` uses.
 //! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).
 

@@ -79,9 +79,13 @@ impl DecodeError {
 /// `event_id`, `event_type_header` and `body`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
+    /// Auto (Avro when the value has the Confluent framing), JSON, Avro, or raw bytes.
     pub format: Format,
+    /// Where the event id (the dedup key) is: a header, or a field of the value.
     pub event_id: EventIdSource,
+    /// The header whose value becomes [`OutboxEvent::event_type`].
     pub event_type_header: String,
+    /// What the handler gets as the payload: the decoded value, or its original bytes.
     pub body: Body,
 }
 

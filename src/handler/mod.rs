@@ -20,7 +20,8 @@ pub use async_trait::async_trait;
 pub use http::HttpHandler;
 pub use log::LogHandler;
 
-/// What the handler reports on success, kept in the store (e.g. `http 201`).
+/// What the handler reports on success, kept in the store as the record's
+/// outcome (e.g. `http 201`) and shown by `outboxd store get`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome(pub String);
 
@@ -39,6 +40,7 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
+    /// A retryable failure without a `Retry-After`.
     pub fn retryable(reason: impl Into<String>) -> HandlerError {
         HandlerError::Retryable { reason: reason.into(), retry_after: None }
     }
@@ -98,7 +100,8 @@ where
     FnHandler(f)
 }
 
-/// See [`from_fn`].
+/// A [`Handler`] made of an async closure; see [`from_fn`]. It has no `verify`
+/// lookup: under `on_uncertain = "verify"` an uncertain event runs again.
 pub struct FnHandler<F>(F);
 
 #[async_trait]
