@@ -22,8 +22,8 @@
 //! `OUTBOXD_FAULT_SEED` (replays the random choices of an earlier run).
 //! The scenarios run one at a time (they would otherwise compete for 2 cores).
 
-mod common;
-mod fault_support;
+use crate::common;
+use crate::fault_support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;

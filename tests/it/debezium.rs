@@ -15,7 +15,7 @@
 //! Measured figures (rows, messages, duplicates, latency percentiles) are printed to
 //! stderr: run with `--nocapture` to see them.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! `<id>.avsc` files (installations without a registry), on the real broker.
 //! The registry path runs end to end with Debezium in tests/avro.rs.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

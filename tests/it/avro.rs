@@ -24,7 +24,7 @@
 //! schema `"string"` and the aggregate id. Headers stay plain text
 //! (SimpleHeaderConverter).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

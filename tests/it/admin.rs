@@ -4,7 +4,7 @@
 //! for every `/v1` route, no browsers, no foreign `Host`, every record reachable
 //! page by page, and retries that finish when their client leaves.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

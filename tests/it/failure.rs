@@ -3,8 +3,8 @@
 //! unknown-outcome policies (retry / verify / park), `outboxd store retry|resolve|export`,
 //! and bad input. Each test uses its own topics and consumer group.
 
-mod common;
-mod fault_support;
+use crate::common;
+use crate::fault_support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

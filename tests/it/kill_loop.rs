@@ -5,7 +5,7 @@
 //! Size knobs: `OUTBOXD_KILL_LOOP_EVENTS` (default 5000), `OUTBOXD_KILL_LOOP_KILLS`
 //! (default 10); `OUTBOXD_KILL_LOOP_SEED` replays the kill moments of an earlier run.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

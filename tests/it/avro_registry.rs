@@ -6,7 +6,7 @@
 //! dead-lettering its events. Needs Kafka and the registry of the local stack; does
 //! not stop or start either.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Black-box tests of outboxd's delivery guarantees against a real Kafka broker and a
 //! real HTTP receiver (see tests/common). Each test uses its own topics and group.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};

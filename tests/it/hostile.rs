@@ -2,8 +2,8 @@
 //! answers absurdly, a partition that cannot move, a URL that carries a secret.
 //! Each test names what outboxd must not do: stall, crash, or leak.
 
-mod common;
-mod fault_support;
+use crate::common;
+use crate::fault_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
