@@ -11,9 +11,10 @@
 //! without it. `registry_outage_makes_events_wait_then_flow` stops and starts the
 //! registry with `scripts/stack`, so it needs the stack of this work tree.
 //!
-//! Like tests/debezium.rs, the tests run one at a time ([`SERIAL`]) and take the stack's
-//! turn ([`StackTurn`]) from other test processes: they add connectors to the one Connect
-//! worker and stop the shared registry. Each uses its own table, publication, slot,
+//! Like the Debezium tests, the tests run one at a time ([`turns::CONNECT`], shared with
+//! them) and take the stack's turn ([`StackTurn`]) from other test processes: they add
+//! connectors to the one Connect worker and stop the shared registry (holding
+//! [`turns::REGISTRY`] while it is down). Each uses its own table, publication, slot,
 //! connector, topic (so its own registry subject), consumer group and store, and leaves
 //! Connect with `outbox-connector` RUNNING, the registry running, and nothing of its own.
 //!
@@ -38,12 +39,8 @@ use common::debezium::{
     sweep_leftovers, wait_all_answered, wait_committed_to_end, Connect, OutboxRow, Pg, Scratch, StackTurn,
     MAIN_CONNECTOR,
 };
-use common::{unique_name, Kafka, Message, Outboxd, Receiver, POLL_EVERY};
+use common::{turns, unique_name, Kafka, Message, Outboxd, Receiver, POLL_EVERY};
 use serde_json::{json, Value};
-
-/// One test at a time: they add connectors to the one Connect worker and stop the
-/// registry.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Bound for "every event reached the receiver" (Debezium → Kafka → outboxd).
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
@@ -66,7 +63,9 @@ struct Stack {
 }
 
 async fn stack() -> Stack {
-    let turn = SERIAL.lock().await;
+    // One test at a time: they add connectors to the one Connect worker and stop the
+    // registry.
+    let turn = turns::CONNECT.lock().await;
     let process_turn = StackTurn::take(Duration::from_secs(300)).await;
     let pg = Pg::connect();
     let connect = Connect::connect().await;
@@ -512,7 +511,7 @@ async fn registry_outage_makes_events_wait_then_flow() {
 
     // Registry down. Connect still writes, and the warm outboxd still handles.
     let mut outage = RegistryOutage::default();
-    let stopped_in = outage.stop();
+    let stopped_in = outage.stop().await;
     assert!(st.registry.schema_by_id(1).await.is_err(), "the registry still answers after `down registry`");
     let during: Vec<OutboxRow> = (0..8)
         .map(|i| {

@@ -4,7 +4,7 @@
 //! its topic's subject (`GET /schemas/ids/{id}/versions`); and a registry that refuses
 //! our credentials (a stand-in on 127.0.0.1) stalls the partition loudly instead of
 //! dead-lettering its events. Needs Kafka and the registry of the local stack; does
-//! not stop or start either.
+//! not stop or start either, and holds the registry's turn while it uses it.
 
 use crate::common;
 
@@ -18,13 +18,15 @@ use axum::http::StatusCode;
 use axum::Router;
 use common::avro::{framed, schema_registry_toml, Registry, PAYLOAD_SCHEMA};
 use common::receiver::Server;
-use common::{new_event_id, Kafka, Outboxd, Receiver};
+use common::{new_event_id, turns, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_id_registered_only_for_another_topic_is_dead_lettered() {
+    // The stack's registry must stay up meanwhile (a pipeline test stops it).
+    let _registry_up = turns::REGISTRY.read().await;
     let registry = Registry::connect().await;
     let kafka = Kafka::connect();
     let orders = kafka.create_topic("avro-subject-orders", 1).await;

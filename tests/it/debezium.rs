@@ -4,8 +4,8 @@
 //! PostgreSQL, Kafka Connect with `outbox-connector`) and fail, saying so, without it.
 //!
 //! The tests share one Connect worker and some kill it or add connectors to it, so they
-//! run one at a time ([`SERIAL`]), also against other processes running this binary on
-//! the same machine ([`StackTurn`]). Each uses its own aggregatetype (so its own topic),
+//! run one at a time, also with the Avro pipeline tests ([`turns::CONNECT`]), and
+//! against other processes running this binary on the same machine ([`StackTurn`]). Each uses its own aggregatetype (so its own topic),
 //! consumer group and store, and leaves Connect running with `outbox-connector` RUNNING
 //! and no connector, slot, publication, table or outbox row of its own behind.
 //! `debezium_crash_replays_are_suppressed` kills and restarts Connect through
@@ -27,11 +27,8 @@ use common::debezium::{
     wait_all_answered, wait_committed_to_end, Connect, ConnectCrash, OutboxRow, Pg, Scratch, StackTurn, MAIN_CONNECTOR,
     MAIN_TABLE,
 };
-use common::{unique_name, wait_until, Kafka, Message, Outboxd, Receiver};
+use common::{turns, unique_name, wait_until, Kafka, Message, Outboxd, Receiver};
 use serde_json::{json, Value};
-
-/// One test at a time: they kill, restart and reconfigure the one Connect worker.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Bound for "every event reached the receiver" (Debezium → Kafka → outboxd).
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
@@ -51,7 +48,8 @@ struct Stack {
 }
 
 async fn stack() -> Stack {
-    let turn = SERIAL.lock().await;
+    // One test at a time: they kill, restart and reconfigure the one Connect worker.
+    let turn = turns::CONNECT.lock().await;
     let process_turn = StackTurn::take(Duration::from_secs(300)).await;
     let pg = Pg::connect();
     let connect = Connect::connect().await;

@@ -145,8 +145,8 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
     let suffix: u32 = rand::random();
     let (path_var, code_var) = (format!("OUTBOXD_IT_HOOK_{suffix:08x}"), format!("OUTBOXD_IT_CODE_{suffix:08x}"));
     let (path_secret, code_secret) = (format!("hookpath{suffix:08x}s3cr3t"), format!("codek3y{suffix:08x}"));
-    std::env::set_var(&path_var, &path_secret);
-    std::env::set_var(&code_var, &code_secret);
+    od.config.env.insert(path_var.clone(), path_secret.clone());
+    od.config.env.insert(code_var.clone(), code_secret.clone());
     od.config.url = format!("http://127.0.0.1:{closed}/hooks/${{{path_var}}}/{{event_id}}?code=${{{code_var}}}");
     od.config.max_attempts = 2;
     od.config.initial_backoff = "10ms".into();
@@ -367,8 +367,8 @@ async fn a_panic_while_handling_one_event_does_not_stall_its_key_or_partition() 
     let rx = ScriptedReceiver::start();
     let mut od = outboxd_for(&kafka, &[&topic], &rx);
     let (doomed, next) = (new_event_id(), new_event_id());
-    // Only the child reads it, and only for this id: other tests are unaffected.
-    std::env::set_var("OUTBOXD_DEBUG_PANIC_ON_EVENT", &doomed);
+    // Only this outboxd gets it, and only for this id: other tests are unaffected.
+    od.config.env.insert("OUTBOXD_DEBUG_PANIC_ON_EVENT".into(), doomed.clone());
     let producer = RawProducer::new(kafka.brokers());
     let (partition, offset) = producer.send_event(&topic, "account-9", &doomed, &json!({"n": 1})).await;
     producer.send_event(&topic, "account-9", &next, &json!({"n": 2})).await;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::debezium::{stack_script, Connect};
+use super::turns;
 
 /// The Confluent API of the stack's registry (`scripts/stack up registry`).
 pub const DEFAULT_REGISTRY: &str = "http://127.0.0.1:18081/apis/ccompat/v7";
@@ -277,14 +278,19 @@ pub fn is_debezium_json_string(schema: &Value) -> bool {
 /// recorded) and starts it again (`scripts/stack up registry`, which waits until it
 /// answers). If the test fails while the registry is down, dropping this starts it
 /// again, so that the stack is left with the registry running.
+/// While it is down, this holds [`turns::REGISTRY`] for writing, so tests that need the
+/// registry wait.
 #[derive(Default)]
 pub struct RegistryOutage {
     down: bool,
+    turn: Option<tokio::sync::RwLockWriteGuard<'static, ()>>,
 }
 
 impl RegistryOutage {
-    /// Stops the registry; returns how long that took.
-    pub fn stop(&mut self) -> Duration {
+    /// Waits until no other test uses the registry, then stops it; returns how long the
+    /// stop took.
+    pub async fn stop(&mut self) -> Duration {
+        self.turn = Some(turns::REGISTRY.write().await);
         let t0 = Instant::now();
         self.down = true;
         stack_script(&["down", "registry"], REGISTRY_SCRIPT_TIMEOUT);
@@ -296,11 +302,13 @@ impl RegistryOutage {
         let t0 = Instant::now();
         stack_script(&["up", "registry"], REGISTRY_SCRIPT_TIMEOUT);
         self.down = false;
+        self.turn = None;
         t0.elapsed()
     }
 }
 
 impl Drop for RegistryOutage {
+    // The turn (a field) is given back after this body, with the registry up again.
     fn drop(&mut self) {
         if !self.down {
             return;

@@ -58,6 +58,10 @@ pub struct OutboxdConfig {
     pub retry_extra: String,
     /// More `[admin]` keys, e.g. `token = "..."` or `allowed_hosts = [...]`.
     pub admin_extra: String,
+    /// Environment variables of every outboxd process started for this config (the
+    /// service and one-shot commands); never the test process's own environment, which
+    /// every test running at the same time shares.
+    pub env: BTreeMap<String, String>,
 }
 
 /// A TOML basic string (JSON's escaping is valid TOML for what we write).
@@ -193,6 +197,7 @@ impl Outboxd {
             handler_extra: String::new(),
             retry_extra: String::new(),
             admin_extra: String::new(),
+            env: BTreeMap::new(),
         };
         Outboxd { config, dir, config_path, child: None, logs: Vec::new() }
     }
@@ -212,6 +217,7 @@ impl Outboxd {
         let log_path = self.dir.path().join(format!("run-{}.stderr", self.logs.len() + 1));
         let log = File::create(&log_path).expect("create the stderr file");
         let child = Command::new(BIN)
+            .envs(&self.config.env)
             .arg("run")
             .arg("--config")
             .arg(&self.config_path)
@@ -335,6 +341,7 @@ impl Outboxd {
     /// Runs `outboxd ARGS --config FILE` (one-shot commands such as `store …`).
     pub fn command(&self, args: &[&str]) -> Output {
         Command::new(BIN)
+            .envs(&self.config.env)
             .args(args)
             .arg("--config")
             .arg(&self.config_path)

@@ -18,6 +18,8 @@
 //!   the tables, publications, slots and connectors a test creates.
 //! - [`avro`]: the schema registry (Confluent API), Confluent's AvroConverter on
 //!   Connect, the Confluent wire format, and stopping/starting the registry.
+//! - [`turns`]: the locks by which tests that change the one Connect worker or the
+//!   registry take turns, now that every test runs in one process.
 #![allow(dead_code)]
 
 pub mod avro;
@@ -25,6 +27,7 @@ pub mod daemon;
 pub mod debezium;
 pub mod kafka;
 pub mod receiver;
+pub mod turns;
 
 use std::fmt::Display;
 use std::time::{Duration, Instant};
