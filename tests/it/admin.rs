@@ -4,11 +4,11 @@
 //! for every `/v1` route, no browsers, no foreign `Host`, every record reachable
 //! page by page, and retries that finish when their client leaves.
 
-use crate::common;
+use crate::harness;
 
 use std::time::Duration;
 
-use common::{new_event_id, Behaviour, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Behaviour, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -172,7 +172,7 @@ fn error_of(body: &str) -> String {
 
 /// Runs `outboxd ARGS --config FILE` with extra environment variables.
 fn command_with_env(od: &Outboxd, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    std::process::Command::new(common::daemon::BIN)
+    std::process::Command::new(harness::daemon::BIN)
         .args(args)
         .arg("--config")
         .arg(od.config_path())

@@ -25,21 +25,21 @@
 //! schema `"string"` and the aggregate id. Headers stay plain text
 //! (SimpleHeaderConverter).
 
-use crate::common;
+use crate::harness;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::avro::{
+use harness::avro::{
     assert_connect_has_avro_converter, avro_converter_overrides, avro_optional_string, avro_plain_string,
     confluent_frame, is_debezium_json_string, schema_registry_toml, Registry, RegistryOutage,
 };
-use common::debezium::{
+use harness::debezium::{
     assert_connector_alive, assert_each_called_once, connector_config, insert_sql, outbox_topic, shorten,
     sweep_leftovers, wait_all_answered, wait_committed_to_end, Connect, OutboxRow, Pg, Scratch, StackTurn,
     MAIN_CONNECTOR,
 };
-use common::{turns, unique_name, Kafka, Message, Outboxd, Receiver, POLL_EVERY};
+use harness::{turns, unique_name, Kafka, Message, Outboxd, Receiver, POLL_EVERY};
 use serde_json::{json, Value};
 
 /// Bound for "every event reached the receiver" (Debezium → Kafka → outboxd).
@@ -128,7 +128,7 @@ impl Stack {
 /// Waits until `topic` holds at least `n` messages; fails at once when `connector`
 /// FAILED.
 async fn wait_messages(
-    offsets: &common::OffsetReader,
+    offsets: &harness::OffsetReader,
     n: i64,
     connect: &Connect,
     connector: &str,
@@ -250,7 +250,7 @@ fn shape_rows(aggregatetype: &str, prefix: &str) -> Vec<OutboxRow> {
 /// the local stack (no stack needed).
 #[test]
 fn wire_format_helpers_decode_converter_output() {
-    use common::avro::avro_long;
+    use harness::avro::avro_long;
     let key = [0, 0, 0, 0, 2, 0x0e, b'o', b'r', b'd', b'e', b'r', b'-', b'1'];
     let (id, datum) = confluent_frame(&key).expect("framed");
     assert_eq!((id, avro_plain_string(datum).as_deref()), (2, Ok("order-1")));

@@ -1,15 +1,15 @@
 //! Avro values in the Confluent wire format, decoded with schemas from local
 //! `<id>.avsc` files (installations without a registry), on the real broker.
-//! The registry path runs end to end with Debezium in tests/avro.rs.
+//! The registry path runs end to end with Debezium in the `avro` module.
 
-use crate::common;
+use crate::harness;
 
 use std::time::Duration;
 
 use apache_avro::types::Value as Avro;
 use apache_avro::Schema;
-use common::avro::{frame_header, framed, PAYLOAD_SCHEMA};
-use common::{new_event_id, Kafka, Outboxd, Receiver};
+use harness::avro::{frame_header, framed, PAYLOAD_SCHEMA};
+use harness::{new_event_id, Kafka, Outboxd, Receiver};
 use outboxd::avro::MAX_DEPTH;
 use serde_json::json;
 

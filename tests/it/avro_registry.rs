@@ -6,7 +6,7 @@
 //! dead-lettering its events. Needs Kafka and the registry of the local stack; does
 //! not stop or start either, and holds the registry's turn while it uses it.
 
-use crate::common;
+use crate::harness;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,9 +16,9 @@ use apache_avro::types::Value as Avro;
 use apache_avro::Schema;
 use axum::http::StatusCode;
 use axum::Router;
-use common::avro::{framed, schema_registry_toml, Registry, PAYLOAD_SCHEMA};
-use common::receiver::Server;
-use common::{new_event_id, turns, Kafka, Outboxd, Receiver};
+use harness::avro::{framed, schema_registry_toml, Registry, PAYLOAD_SCHEMA};
+use harness::receiver::Server;
+use harness::{new_event_id, turns, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);

@@ -1,12 +1,12 @@
 //! Black-box tests of outboxd's delivery guarantees against a real Kafka broker and a
-//! real HTTP receiver (see tests/common). Each test uses its own topics and group.
+//! real HTTP receiver (see the harness module). Each test uses its own topics and group.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
-use common::{new_event_id, Behaviour, Call, Kafka, Outboxd, Produced, Receiver};
+use harness::{new_event_id, Behaviour, Call, Kafka, Outboxd, Produced, Receiver};
 use serde_json::json;
 
 /// Generous bound for "outboxd handles what it was given".

@@ -15,19 +15,19 @@
 //! Measured figures (rows, messages, duplicates, latency percentiles) are printed to
 //! stderr: run with `--nocapture` to see them.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::debezium::{
+use harness::debezium::{
     assert_each_called_once, connector_config, insert_sql, lit, outbox_topic, shorten, sweep_leftovers,
     wait_all_answered, wait_committed_to_end, Connect, ConnectCrash, OutboxRow, Pg, Scratch, StackTurn, MAIN_CONNECTOR,
     MAIN_TABLE,
 };
-use common::{turns, unique_name, wait_until, Kafka, Message, Outboxd, Receiver};
+use harness::{turns, unique_name, wait_until, Kafka, Message, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 /// Bound for "every event reached the receiver" (Debezium → Kafka → outboxd).
@@ -75,7 +75,7 @@ impl Stack {
     }
 
     /// Sum of the end offsets of `topic` (all our topics start empty).
-    fn messages_on(&self, offsets: &common::OffsetReader) -> i64 {
+    fn messages_on(&self, offsets: &harness::OffsetReader) -> i64 {
         offsets.end().values().sum()
     }
 }

@@ -3,7 +3,7 @@
 //! unknown-outcome policies (retry / verify / park), `outboxd store retry|resolve|export`,
 //! and bad input. Each test uses its own topics and consumer group.
 
-use crate::common;
+use crate::harness;
 use crate::fault_support;
 
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{new_event_id, Kafka, Message, Outboxd};
+use harness::{new_event_id, Kafka, Message, Outboxd};
 use fault_support::kafka::{alter_topic_config, RawProducer};
 use fault_support::receiver::{Reply, ScriptedReceiver};
 use fault_support::store::{self as cli, describe};
@@ -485,7 +485,7 @@ async fn kill_during_call(
         "the held call must still be in flight at the kill"
     );
     s.od.kill();
-    common::wait_until("the receiver to see the held call's connection dropped", Duration::from_secs(10), || {
+    harness::wait_until("the receiver to see the held call's connection dropped", Duration::from_secs(10), || {
         s.rx.handler_calls(&event).iter().all(|c| !c.in_flight())
     })
     .await;

@@ -14,7 +14,7 @@
 //! cause, dead letters, and the time from the last fault until the committed offsets
 //! reached the end ("drain").
 //!
-//! The receiver (tests/fault_support/receiver.rs) keeps its record of calls in the
+//! The receiver (the harness's `receiver`) keeps its record of calls in the
 //! memory of the test process, which outlives every outboxd and broker kill.
 //!
 //! Size knobs: `OUTBOXD_FAULT_EVENTS` (default 10000 per scenario, over 4 partitions;
@@ -22,7 +22,7 @@
 //! `OUTBOXD_FAULT_SEED` (replays the random choices of an earlier run).
 //! The scenarios run one at a time (they would otherwise compete for 2 cores).
 
-use crate::common;
+use crate::harness;
 use crate::fault_support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{env_usize, new_event_id, Kafka, Message, Outboxd};
+use harness::{env_usize, new_event_id, Kafka, Message, Outboxd};
 use fault_support::broker::PrivateBroker;
 use fault_support::kafka::RawProducer;
 use fault_support::receiver::{Call, Reply, ScriptedReceiver};

@@ -2,15 +2,15 @@
 //! answers absurdly, a partition that cannot move, a URL that carries a secret.
 //! Each test names what outboxd must not do: stall, crash, or leak.
 
-use crate::common;
+use crate::harness;
 use crate::fault_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::avro::framed;
-use common::{new_event_id, Kafka};
+use harness::avro::framed;
+use harness::{new_event_id, Kafka};
 use fault_support::kafka::RawProducer;
 use fault_support::receiver::{Reply, ScriptedReceiver};
 use fault_support::{all_logs, assert_no_panic, dead_letter_toml, outboxd_for};
@@ -241,7 +241,7 @@ async fn in_flight_messages_are_bounded_by_bytes_as_well_as_by_count() {
 
 /// A schema registry the test controls: 503 until `serve` is set, then the Avro
 /// schema `"string"` for every id.
-fn toggled_registry(serve: Arc<AtomicBool>) -> common::receiver::Server {
+fn toggled_registry(serve: Arc<AtomicBool>) -> harness::receiver::Server {
     use axum::extract::State;
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
@@ -255,7 +255,7 @@ fn toggled_registry(serve: Arc<AtomicBool>) -> common::receiver::Server {
         axum::Json(json!({"schema": "\"string\""})).into_response()
     }
     let app = axum::Router::new().fallback(answer).with_state(serve);
-    common::receiver::Server::start("toggled-registry", app)
+    harness::receiver::Server::start("toggled-registry", app)
 }
 
 /// An event waits for the schema registry on instance A while its partition moves to
@@ -269,7 +269,7 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     let serve = Arc::new(AtomicBool::new(false));
     let registry = toggled_registry(serve.clone());
     let registry_toml = format!("\n[schema_registry]\nurl = \"http://{}\"\ntimeout = \"2s\"\n", registry.addr);
-    let instance = |od: &mut common::Outboxd, name: &str| {
+    let instance = |od: &mut harness::Outboxd, name: &str| {
         od.config.handler_extra = format!("format = \"avro\"\n{}", fault_support::instance_header_toml(name));
         od.config.retry_extra = registry_toml.clone();
     };
@@ -289,19 +289,19 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     }
     a.start();
     a.wait_for_assignment().await;
-    common::wait_until("A to wait for the registry", HANDLED_TIMEOUT, || {
+    harness::wait_until("A to wait for the registry", HANDLED_TIMEOUT, || {
         fault_support::logged(&a, "waiting for the schema registry")
     })
     .await;
 
     b.start();
-    let moved = |b: &common::Outboxd| {
+    let moved = |b: &harness::Outboxd| {
         (0..2).find(|p| {
             let name = format!("{topic}/{p}");
             fault_support::log_lines(b, "partitions assigned").iter().any(|l| l.contains(&name))
         })
     };
-    common::wait_until("B to be assigned a partition", HANDLED_TIMEOUT, || moved(&b).is_some()).await;
+    harness::wait_until("B to be assigned a partition", HANDLED_TIMEOUT, || moved(&b).is_some()).await;
     let moved = moved(&b).expect("a moved partition");
     assert!(fault_support::logged(&a, "partitions revoked"), "A gave the partition up");
     serve.store(true, Ordering::SeqCst);
@@ -310,7 +310,7 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     b.wait_until("B to run the event of the moved partition", HANDLED_TIMEOUT, || rx.answered_ok(moved_id)).await;
     a.wait_until("A to run the event of the partition it kept", HANDLED_TIMEOUT, || rx.answered_ok(kept_id)).await;
     // A's registry wait has ended (it ran the other event): it must have left this one.
-    common::wait_until("A to run the moved event too, or to leave it", HANDLED_TIMEOUT, || {
+    harness::wait_until("A to run the moved event too, or to leave it", HANDLED_TIMEOUT, || {
         rx.handler_call_count(moved_id) > 1 || fault_support::logged(&a, "left to its new owner")
     })
     .await;

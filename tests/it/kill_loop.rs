@@ -5,12 +5,12 @@
 //! Size knobs: `OUTBOXD_KILL_LOOP_EVENTS` (default 5000), `OUTBOXD_KILL_LOOP_KILLS`
 //! (default 10); `OUTBOXD_KILL_LOOP_SEED` replays the kill moments of an earlier run.
 
-use crate::common;
+use crate::harness;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{env_usize, new_event_id, Behaviour, Kafka, Outboxd, Produced, Receiver};
+use harness::{env_usize, new_event_id, Behaviour, Kafka, Outboxd, Produced, Receiver};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -107,7 +107,7 @@ async fn kill_nine_loop_loses_nothing_and_never_repeats_after_done() {
     od.stop();
 
     let records = od.store_list(None, 1_000_000);
-    let by_id: HashMap<&str, &common::Record> = records.iter().map(|r| (r.event_id.as_str(), r)).collect();
+    let by_id: HashMap<&str, &harness::Record> = records.iter().map(|r| (r.event_id.as_str(), r)).collect();
     let calls = receiver.calls();
     let mut calls_per_id: HashMap<&str, usize> = HashMap::new();
     for c in &calls {

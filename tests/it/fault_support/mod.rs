@@ -1,5 +1,5 @@
-//! Helpers for the failure-handling tests (tests/failure.rs, tests/faults.rs), on top
-//! of tests/common:
+//! Helpers for the failure-handling tests (the `failure`, `faults` and `hostile` tests), on top
+//! of the harness:
 //!
 //! - [`receiver`]: a scripted HTTP receiver (a closure decides each answer) that records
 //!   every call, including the ones whose answer was lost.
@@ -18,7 +18,7 @@ pub mod store;
 
 use std::time::Duration;
 
-use crate::common::Outboxd;
+use crate::harness::Outboxd;
 
 /// TOML lines for `[handlers.dead_letter]`.
 pub fn dead_letter_toml(topic: &str) -> String {
@@ -94,9 +94,9 @@ pub async fn pause(d: Duration) {
 
 /// outboxd for `topics`, calling the scripted receiver at
 /// `/events/{aggregate_id}/{event_id}`, with a fresh group and store.
-pub fn outboxd_for(kafka: &crate::common::Kafka, topics: &[&str], rx: &receiver::ScriptedReceiver) -> Outboxd {
+pub fn outboxd_for(kafka: &crate::harness::Kafka, topics: &[&str], rx: &receiver::ScriptedReceiver) -> Outboxd {
     // Outboxd::new wants the shared receiver only for its URL; ours replaces it.
-    let placeholder = crate::common::Receiver::start();
+    let placeholder = crate::harness::Receiver::start();
     let mut od = Outboxd::new(kafka, topics, &placeholder);
     od.config.url = rx.events_url();
     od

@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::Value;
 
-use crate::common::receiver::Server;
+use crate::harness::receiver::Server;
 
 /// Bodies up to this size are kept (parsed as JSON when they are JSON).
 const KEEP_BODY_UP_TO: usize = 64 * 1024;

@@ -5,7 +5,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::common::Outboxd;
+use crate::harness::Outboxd;
 
 /// stdout, stderr and status of a command, for failure messages.
 pub fn describe(out: &Output) -> String {

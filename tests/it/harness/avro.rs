@@ -1,4 +1,4 @@
-//! The Avro side of the real pipeline (tests/avro.rs): the stack's schema registry
+//! The Avro side of the real pipeline (the `avro` tests): the stack's schema registry
 //! (Apicurio Registry, whose Confluent-compatible API lives under `/apis/ccompat/v7`),
 //! Confluent's `AvroConverter` on Kafka Connect, the Confluent wire format as it lies in
 //! Kafka, and [`RegistryOutage`], which stops and restarts the registry through

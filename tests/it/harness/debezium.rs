@@ -1,4 +1,4 @@
-//! The rest of the real pipeline for the end-to-end tests (tests/debezium.rs):
+//! The rest of the real pipeline for the end-to-end tests (the `debezium` tests):
 //! PostgreSQL through `psql`, Kafka Connect's REST API, Debezium connector configs
 //! derived from `debezium/connector.json`, `scripts/stack kill-connect|start-connect`,
 //! and [`Scratch`], which removes the connectors, replication slots, publications and
@@ -876,7 +876,7 @@ impl StackTurn {
     }
 }
 
-// ---------------------------------------------------------------- assertions shared by tests/debezium.rs and tests/avro.rs
+// ---------------------------------------------------------------- assertions shared by the debezium and avro tests
 
 /// A topic named as Debezium's EventRouter routes `aggregatetype` by default.
 pub fn outbox_topic(aggregatetype: &str) -> String {
