@@ -408,7 +408,7 @@ async fn admin_retry_finishes_after_its_client_goes_away() {
     assert!(gone.is_timeout(), "{gone}");
     let calls = receiver.calls_for(&id);
     assert_eq!(calls.len(), 2, "the re-execution was calling the receiver when the client left");
-    assert!(calls[1].ended.is_none(), "the receiver had not answered yet");
+    assert!(calls[1].answered.is_none(), "the receiver had not answered yet");
 
     // The receiver answers 5 s after the call started; the record is done just after.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -421,6 +421,6 @@ async fn admin_retry_finishes_after_its_client_goes_away() {
     };
     assert_eq!(last, "done", "the retry finished without its client (not stranded `claimed`)");
     let second = &receiver.calls_for(&id)[1];
-    assert_eq!((second.status, second.ended.is_some()), (Some(200), true), "the receiver's answer was awaited");
+    assert_eq!((second.status, second.answered.is_some()), (200, true), "the receiver's answer was awaited");
     od.stop();
 }

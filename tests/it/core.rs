@@ -224,7 +224,7 @@ async fn same_key_events_are_handled_in_order() {
     od.wait_for_assignment().await;
     let total = KEYS * PER_KEY;
     od.wait_until(format!("{total} answered calls"), HANDLED_TIMEOUT, || {
-        receiver.calls().iter().filter(|c| c.ended.is_some()).count() >= total
+        receiver.calls().iter().filter(|c| c.answered.is_some()).count() >= total
     })
     .await;
     od.wait_until("committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
@@ -247,7 +247,7 @@ async fn same_key_events_are_handled_in_order() {
         assert_eq!(called, expected, "key {key}: calls must arrive once each, in production order");
         for pair in key_calls.windows(2) {
             let (a, b) = (pair[0], pair[1]);
-            let a_end = a.ended.expect("answered");
+            let a_end = a.answered.expect("answered");
             assert!(
                 b.started >= a_end,
                 "key {key}: call for {} started at {} before the previous call for {} ended at {}",
@@ -263,7 +263,7 @@ async fn same_key_events_are_handled_in_order() {
     let mut edges: Vec<(SystemTime, i32)> = Vec::new();
     for c in &calls {
         edges.push((c.started, 1));
-        edges.push((c.ended.expect("answered"), -1));
+        edges.push((c.answered.expect("answered"), -1));
     }
     edges.sort(); // an end (-1) sorts before a start (+1) at the same instant
     let (mut now, mut max) = (0, 0);

@@ -3,19 +3,19 @@
 //! unknown-outcome policies (retry / verify / park), `outboxd store retry|resolve|export`,
 //! and bad input. Each test uses its own topics and consumer group.
 
-use crate::harness;
 use crate::fault_support;
+use crate::harness;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use harness::{new_event_id, Kafka, Message, Outboxd};
 use fault_support::kafka::{alter_topic_config, RawProducer};
-use fault_support::receiver::{Reply, ScriptedReceiver};
 use fault_support::store::{self as cli, describe};
-use fault_support::{dead_letter_toml, log_lines, logged, outboxd_for};
+use fault_support::{dead_letter_toml, log_lines, logged};
+use harness::receiver::{Receiver, Reply};
+use harness::{new_event_id, Kafka, Message, Outboxd};
 use serde_json::{json, Value};
 
 /// Generous bound for "outboxd handles what it was given".
@@ -25,7 +25,7 @@ const DLQ_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// A topic, its outboxd, a scripted receiver and a producer.
 struct Setup {
     kafka: Kafka,
-    rx: ScriptedReceiver,
+    rx: Receiver,
     od: Outboxd,
     topic: String,
     producer: RawProducer,
@@ -34,8 +34,8 @@ struct Setup {
 async fn setup(prefix: &str, partitions: i32) -> Setup {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(prefix, partitions).await;
-    let rx = ScriptedReceiver::start();
-    let od = outboxd_for(&kafka, &[&topic], &rx);
+    let rx = Receiver::start();
+    let od = Outboxd::new(&kafka, &[&topic], &rx);
     let producer = RawProducer::new(kafka.brokers());
     Setup { kafka, rx, od, topic, producer }
 }
@@ -190,7 +190,7 @@ async fn retryable_failures_are_retried_then_succeed() {
     assert_eq!(calls.len(), FAILURES as usize + 1, "{calls:#?}");
     for c in &calls {
         assert_eq!(c.header("Idempotency-Key"), Some(id.as_str()), "every attempt carries the same key");
-        assert_eq!(c.body, Some(json!({"mail": "welcome"})));
+        assert_eq!(c.body, json!({"mail": "welcome"}));
     }
     let statuses: Vec<u16> = calls.iter().map(|c| c.status).collect();
     assert_eq!(statuses, vec![503, 503, 503, 200]);
@@ -449,7 +449,7 @@ struct Uncertain {
 /// end.
 async fn kill_during_call(
     prefix: &str,
-    handler_extra: impl FnOnce(&ScriptedReceiver) -> String,
+    handler_extra: impl FnOnce(&Receiver) -> String,
     lookup_status: u16,
 ) -> Uncertain {
     let mut s = setup(prefix, 1).await;
@@ -498,7 +498,7 @@ async fn kill_during_call(
     Uncertain { s, event, event_offset, before, after }
 }
 
-fn verify_toml(rx: &ScriptedReceiver) -> String {
+fn verify_toml(rx: &Receiver) -> String {
     format!("on_uncertain = \"verify\"\n[handlers.verify]\nurl = {}\nmethod = \"GET\"\n", json!(rx.lookup_url()))
 }
 
@@ -819,8 +819,8 @@ async fn bad_input_never_stops_the_service() {
     // The broker's default limit is ~1 MB per message; this topic takes the 10 MB one.
     let topic = kafka.create_topic_with("bad-input", 1, &[("max.message.bytes", "12000000")]).await;
     let dlq = kafka.create_topic("bad-input-dlq", 1).await;
-    let rx = ScriptedReceiver::start();
-    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    let rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.handler_extra = dead_letter_toml(&dlq);
     let producer = RawProducer::with(kafka.brokers(), &[("message.max.bytes", "12000000")]);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
@@ -934,8 +934,8 @@ async fn oversized_undecodable_message_is_dead_lettered() {
     let big_topic = [("max.message.bytes", "12000000")];
     let topic = kafka.create_topic_with("big-src", 1, &big_topic).await;
     let dlq = kafka.create_topic_with("big-dlq", 1, &big_topic).await;
-    let rx = ScriptedReceiver::start();
-    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    let rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.handler_extra = dead_letter_toml(&dlq);
     let producer = RawProducer::with(kafka.brokers(), &[("message.max.bytes", "12000000")]);
     let offsets = kafka.offsets(&od.config.group_id, &topic);

@@ -22,8 +22,8 @@
 //! `OUTBOXD_FAULT_SEED` (replays the random choices of an earlier run).
 //! The scenarios run one at a time (they would otherwise compete for 2 cores).
 
-use crate::harness;
 use crate::fault_support;
+use crate::harness;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -31,14 +31,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use harness::{env_usize, new_event_id, Kafka, Message, Outboxd};
 use fault_support::broker::PrivateBroker;
 use fault_support::kafka::RawProducer;
-use fault_support::receiver::{Call, Reply, ScriptedReceiver};
 use fault_support::store as cli;
-use fault_support::{
-    dead_letter_toml, event_ids_logged, instance_header_toml, log_lines, log_time, outboxd_for, strip_ansi,
-};
+use fault_support::{dead_letter_toml, event_ids_logged, instance_header_toml, log_lines, log_time, strip_ansi};
+use harness::receiver::{Call, Receiver, Reply};
+use harness::{env_usize, new_event_id, Kafka, Message, Outboxd};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -161,8 +159,8 @@ fn spawn_production(
 }
 
 /// outboxd with the settings every scenario uses.
-fn fault_outboxd(kafka: &Kafka, topic: &str, rx: &ScriptedReceiver, instance: &str) -> Outboxd {
-    let mut od = outboxd_for(kafka, &[topic], rx);
+fn fault_outboxd(kafka: &Kafka, topic: &str, rx: &Receiver, instance: &str) -> Outboxd {
+    let mut od = Outboxd::new(kafka, &[topic], rx);
     od.config.handler_extra = instance_header_toml(instance);
     // Kills and 503s must not exhaust an event's attempts.
     od.config.max_attempts = 1000;
@@ -471,7 +469,7 @@ async fn sigkill_at_random_moments_loses_nothing_and_never_repeats_after_done() 
     let mut rng = StdRng::seed_from_u64(seed(name));
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("fault-kill", PARTITIONS).await;
-    let rx = ScriptedReceiver::start();
+    let rx = Receiver::start();
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=20))));
     let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
     // Static membership: a restarted process gets its partitions back at once.
@@ -550,7 +548,7 @@ async fn flaky_receiver_503s_and_timeouts_lose_nothing() {
     let mut rng = StdRng::seed_from_u64(seed(name));
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("fault-flaky", PARTITIONS).await;
-    let rx = ScriptedReceiver::start();
+    let rx = Receiver::start();
     let served_503 = Arc::new(AtomicUsize::new(0));
     let held = Arc::new(AtomicUsize::new(0));
     let (n503, nheld) = (served_503.clone(), held.clone());
@@ -626,7 +624,7 @@ async fn broker_killed_for_ten_seconds_mid_stream_loses_nothing() {
     let broker = PrivateBroker::start();
     let kafka = Kafka::connect_to(&broker.brokers());
     let topic = kafka.create_topic("fault-broker", PARTITIONS).await;
-    let rx = ScriptedReceiver::start();
+    let rx = Receiver::start();
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=5))));
     let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
     let planned = plan(n, 0, &mut rng);
@@ -700,7 +698,7 @@ async fn instance_joining_and_leaving_mid_stream_loses_nothing() {
     let mut rng = StdRng::seed_from_u64(seed(name));
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("fault-rebalance", PARTITIONS).await;
-    let rx = ScriptedReceiver::start();
+    let rx = Receiver::start();
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=10))));
     let mut a = fault_outboxd(&kafka, &topic, &rx, "a");
     let mut b = fault_outboxd(&kafka, &topic, &rx, "b");
@@ -849,7 +847,7 @@ async fn store_filesystem_full_stops_cleanly_and_resumes_after_restart() {
     let tmpfs = Tmpfs::mount(&size);
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("fault-diskfull", PARTITIONS).await;
-    let rx = ScriptedReceiver::start();
+    let rx = Receiver::start();
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=5))));
     let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
     od.config.store_path = tmpfs.path().join("store");
@@ -982,7 +980,7 @@ async fn poison_messages_go_to_the_dead_letter_topic() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("fault-poison", PARTITIONS).await;
     let dlq = kafka.create_topic("fault-poison-dlq", 1).await;
-    let rx = ScriptedReceiver::start();
+    let rx = Receiver::start();
     let planned = plan(n, 10, &mut rng);
     let rejected: Arc<HashSet<String>> =
         Arc::new(planned.iter().filter(|p| p.kind == Kind::Rejected).map(|p| p.id.clone()).collect());

@@ -2,18 +2,18 @@
 //! answers absurdly, a partition that cannot move, a URL that carries a secret.
 //! Each test names what outboxd must not do: stall, crash, or leak.
 
-use crate::harness;
 use crate::fault_support;
+use crate::harness;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::avro::framed;
-use harness::{new_event_id, Kafka};
 use fault_support::kafka::RawProducer;
-use fault_support::receiver::{Reply, ScriptedReceiver};
-use fault_support::{all_logs, assert_no_panic, dead_letter_toml, outboxd_for};
+use fault_support::{all_logs, assert_no_panic, dead_letter_toml};
+use harness::avro::framed;
+use harness::receiver::{Receiver, Reply};
+use harness::{new_event_id, Kafka, Outboxd};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -47,8 +47,8 @@ async fn readyz_until(admin: &str, what: &str, status: u16, holds: impl Fn(&Valu
 async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("hostile-retry-after", 1).await;
-    let rx = ScriptedReceiver::start();
-    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    let rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.max_attempts = 10;
     od.config.retry_extra = "max_elapsed = \"60s\"\n".into();
     let (first, second) = (new_event_id(), new_event_id());
@@ -87,8 +87,8 @@ async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
 async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("hostile-stall", 1).await;
-    let rx = ScriptedReceiver::start();
-    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    let rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.handler_timeout = "120s".into();
     od.config.kafka_extra = "stall_timeout = \"2s\"\n".into();
     let hold = Arc::new(AtomicBool::new(true));
@@ -138,8 +138,8 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("hostile-secret", 1).await;
     let dlq = kafka.create_topic("hostile-secret-dlq", 1).await;
-    let rx = ScriptedReceiver::start();
-    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    let rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     // A port nothing listens on: bind one, note it, close it.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let suffix: u32 = rand::random();
@@ -207,8 +207,8 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
 async fn in_flight_messages_are_bounded_by_bytes_as_well_as_by_count() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("hostile-bytes", 1).await;
-    let rx = ScriptedReceiver::start();
-    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    let rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.store_extra = "max_in_flight_bytes = \"1MiB\"\n".into();
     od.config.handler_timeout = "120s".into();
     let hold = Arc::new(AtomicBool::new(true));
@@ -265,7 +265,7 @@ fn toggled_registry(serve: Arc<AtomicBool>) -> harness::receiver::Server {
 async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_owner() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("hostile-moved", 2).await;
-    let rx = ScriptedReceiver::start();
+    let rx = Receiver::start();
     let serve = Arc::new(AtomicBool::new(false));
     let registry = toggled_registry(serve.clone());
     let registry_toml = format!("\n[schema_registry]\nurl = \"http://{}\"\ntimeout = \"2s\"\n", registry.addr);
@@ -273,9 +273,9 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
         od.config.handler_extra = format!("format = \"avro\"\n{}", fault_support::instance_header_toml(name));
         od.config.retry_extra = registry_toml.clone();
     };
-    let mut a = outboxd_for(&kafka, &[&topic], &rx);
+    let mut a = Outboxd::new(&kafka, &[&topic], &rx);
     instance(&mut a, "a");
-    let mut b = outboxd_for(&kafka, &[&topic], &rx);
+    let mut b = Outboxd::new(&kafka, &[&topic], &rx);
     b.config.group_id = a.config.group_id.clone();
     instance(&mut b, "b");
 
@@ -333,8 +333,8 @@ async fn equal_ids_from_two_tables_are_two_events_unless_the_scope_is_shared() {
     for (scope, expected_calls) in [("topic", 2), ("shared", 1)] {
         let orders = kafka.create_topic("hostile-scope-orders", 1).await;
         let invoices = kafka.create_topic("hostile-scope-invoices", 1).await;
-        let rx = ScriptedReceiver::start();
-        let mut od = outboxd_for(&kafka, &[&orders, &invoices], &rx);
+        let rx = Receiver::start();
+        let mut od = Outboxd::new(&kafka, &[&orders, &invoices], &rx);
         od.config.url = format!("{}/events/{{topic}}/{{event_id}}", rx.base_url());
         od.config.handler_extra = format!("event_id = {{ field = \"after.id\" }}\ndedup_scope = \"{scope}\"\n");
         let producer = RawProducer::new(kafka.brokers());
@@ -364,8 +364,8 @@ async fn equal_ids_from_two_tables_are_two_events_unless_the_scope_is_shared() {
 async fn a_panic_while_handling_one_event_does_not_stall_its_key_or_partition() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic("hostile-panic", 1).await;
-    let rx = ScriptedReceiver::start();
-    let mut od = outboxd_for(&kafka, &[&topic], &rx);
+    let rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     let (doomed, next) = (new_event_id(), new_event_id());
     // Only this outboxd gets it, and only for this id: other tests are unaffected.
     od.config.env.insert("OUTBOXD_DEBUG_PANIC_ON_EVENT".into(), doomed.clone());

@@ -1,8 +1,6 @@
 //! Helpers for the failure-handling tests (the `failure`, `faults` and `hostile` tests), on top
 //! of the harness:
 //!
-//! - [`receiver`]: a scripted HTTP receiver (a closure decides each answer) that records
-//!   every call, including the ones whose answer was lost.
 //! - [`kafka`]: topics with configs (message size limits), changing a topic's config,
 //!   a producer of arbitrary messages (null header values, huge values) with long
 //!   timeouts that ride out a broker restart.
@@ -13,7 +11,6 @@
 
 pub mod broker;
 pub mod kafka;
-pub mod receiver;
 pub mod store;
 
 use std::time::Duration;
@@ -90,14 +87,4 @@ pub fn assert_no_panic(od: &Outboxd) {
 /// Waits (bounded) without a condition; for pacing only.
 pub async fn pause(d: Duration) {
     tokio::time::sleep(d).await;
-}
-
-/// outboxd for `topics`, calling the scripted receiver at
-/// `/events/{aggregate_id}/{event_id}`, with a fresh group and store.
-pub fn outboxd_for(kafka: &crate::harness::Kafka, topics: &[&str], rx: &receiver::ScriptedReceiver) -> Outboxd {
-    // Outboxd::new wants the shared receiver only for its URL; ours replaces it.
-    let placeholder = crate::harness::Receiver::start();
-    let mut od = Outboxd::new(kafka, topics, &placeholder);
-    od.config.url = rx.events_url();
-    od
 }

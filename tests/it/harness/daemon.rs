@@ -188,7 +188,7 @@ impl Outboxd {
             max_in_flight: 256,
             store_extra: String::new(),
             topics: topics.iter().map(|s| s.to_string()).collect(),
-            url: format!("{}/events/{{aggregate_id}}/{{event_id}}", receiver.base_url()),
+            url: receiver.events_url(),
             method: "POST".into(),
             handler_timeout: "10s".into(),
             max_attempts: 3,
