@@ -8,7 +8,7 @@ use crate::harness;
 
 use std::time::Duration;
 
-use harness::{new_event_id, Behaviour, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -32,7 +32,7 @@ fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_what_happened() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("admin-metrics", 2).await;
+    let topic = kafka.create_topic(&unique_name("admin-metrics"), 2, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
@@ -106,7 +106,7 @@ fn run(od: &Outboxd, args: &[&str]) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_commands_answer_the_same_through_the_running_service() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("admin-store", 1).await;
+    let topic = kafka.create_topic(&unique_name("admin-store"), 1, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
@@ -184,7 +184,7 @@ fn command_with_env(od: &Outboxd, args: &[&str], env: &[(&str, &str)]) -> std::p
 
 /// A running outboxd on a fresh topic, its partitions assigned.
 async fn running(kafka: &Kafka, receiver: &Receiver, name: &str, admin_extra: &str) -> (Outboxd, String) {
-    let topic = kafka.create_topic(name, 1).await;
+    let topic = kafka.create_topic(&unique_name(name), 1, &[]).await;
     let mut od = Outboxd::new(kafka, &[&topic], receiver);
     od.config.admin_extra = admin_extra.to_owned();
     od.start();
@@ -314,7 +314,7 @@ async fn every_dead_record_is_listed_and_retried_page_by_page() {
     let receiver = Receiver::start();
     // 400 is permanent: each event is dead after its first call, and succeeds when retried.
     receiver.set_default(Behaviour::fail_first(400, 1));
-    let topic = kafka.create_topic("admin-pages", 1).await;
+    let topic = kafka.create_topic(&unique_name("admin-pages"), 1, &[]).await;
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.start();

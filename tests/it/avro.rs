@@ -280,7 +280,7 @@ async fn avro_pipeline_rows_become_side_effects() {
     let (table, publication) = scratch.create_outbox_table("avro");
     let aggregatetype = unique_name("avro-rows");
     let topic = outbox_topic(&aggregatetype);
-    st.kafka.create_topic_named(&topic, 3).await;
+    st.kafka.create_topic(&topic, 3, &[]).await;
     let receiver = Receiver::start();
     let mut od = st.outboxd(&topic, &receiver, "");
     let offsets = st.kafka.offsets(&od.config.group_id, &topic);
@@ -341,7 +341,7 @@ async fn avro_keys_are_decoded_too() {
     let (table, publication) = scratch.create_outbox_table("avrokeys");
     let aggregatetype = unique_name("avro-keys");
     let topic = outbox_topic(&aggregatetype);
-    st.kafka.create_topic_named(&topic, 3).await;
+    st.kafka.create_topic(&topic, 3, &[]).await;
     let receiver = Receiver::start();
     let mut od = st.outboxd(&topic, &receiver, "format = \"auto\"\nbody = \"json\"\n");
     let offsets = st.kafka.offsets(&od.config.group_id, &topic);
@@ -403,7 +403,7 @@ async fn avro_duplicates_are_suppressed() {
     let (table, publication) = scratch.create_outbox_table("avrodup");
     let aggregatetype = unique_name("avro-dup");
     let topic = outbox_topic(&aggregatetype);
-    st.kafka.create_topic_named(&topic, 3).await;
+    st.kafka.create_topic(&topic, 3, &[]).await;
     let rows: Vec<OutboxRow> = (0..EXISTING)
         .map(|i| {
             OutboxRow::new(&aggregatetype, &format!("item-{}", i % 7), "ItemStocked", json!({"i": i, "qty": i * 3}))
@@ -493,7 +493,7 @@ async fn registry_outage_makes_events_wait_then_flow() {
     let (table, publication) = scratch.create_outbox_table("avrodown");
     let aggregatetype = unique_name("avro-down");
     let topic = outbox_topic(&aggregatetype);
-    st.kafka.create_topic_named(&topic, 3).await;
+    st.kafka.create_topic(&topic, 3, &[]).await;
     let name = scratch.connector_name("avrodown");
     let config = st.avro_connector(&name, (&table, &publication), &scratch.sql_name("slot"), &topic, false, &[]);
     scratch.start_connector(&name, &config, CONNECTOR_TIMEOUT).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use apache_avro::types::Value as Avro;
 use apache_avro::Schema;
 use harness::avro::{frame_header, framed, PAYLOAD_SCHEMA};
-use harness::{new_event_id, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
 use outboxd::avro::MAX_DEPTH;
 use serde_json::json;
 
@@ -30,7 +30,7 @@ fn local_schema(od: &mut Outboxd, format: &str, id: u32, schema: &str) -> tempfi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_values_from_local_schemas_reach_the_receiver_as_json() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("avro-local", 1).await;
+    let topic = kafka.create_topic(&unique_name("avro-local"), 1, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     let _schemas = local_schema(&mut od, "auto", 42, PAYLOAD_SCHEMA);
@@ -48,14 +48,14 @@ async fn avro_values_from_local_schemas_reach_the_receiver_as_json() {
             &topic,
             None,
             Some(b"o-1".as_slice()),
-            &[("id", good.as_bytes()), ("eventType", b"OrderPlaced")],
+            &[("id", Some(good.as_bytes())), ("eventType", Some(b"OrderPlaced"))],
             Some(&value),
         )
         .await;
     // An unknown schema id cannot heal: dead-lettered with the reason, the partition moves on.
     let unknown = new_event_id();
     let value = framed(99, &schema, Avro::String("{}".into()));
-    producer.send_raw(&topic, None, Some(b"o-2".as_slice()), &[("id", unknown.as_bytes())], Some(&value)).await;
+    producer.send_raw(&topic, None, Some(b"o-2".as_slice()), &[("id", Some(unknown.as_bytes()))], Some(&value)).await;
     // A plain JSON event after them still flows (format = "auto").
     let plain = new_event_id();
     producer.send_event(&topic, "o-3", &plain, Some("OrderPlaced"), &json!({"plain": true})).await;
@@ -91,7 +91,7 @@ fn linked_list(id: u32, n: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nesting_up_to_the_bound_is_handled_and_deeper_is_dead_lettered_without_a_crash() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("avro-deep", 1).await;
+    let topic = kafka.create_topic(&unique_name("avro-deep"), 1, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     let _schemas = local_schema(&mut od, "avro", 5, NODE);
@@ -103,7 +103,7 @@ async fn nesting_up_to_the_bound_is_handled_and_deeper_is_dead_lettered_without_
     let (at_bound, deeper, endless) = (new_event_id(), new_event_id(), new_event_id());
     for (id, nodes) in [(&at_bound, MAX_DEPTH), (&deeper, MAX_DEPTH + 1), (&endless, 200_000)] {
         let value = linked_list(5, nodes);
-        producer.send_raw(&topic, None, Some(b"k".as_slice()), &[("id", id.as_bytes())], Some(&value)).await;
+        producer.send_raw(&topic, None, Some(b"k".as_slice()), &[("id", Some(id.as_bytes()))], Some(&value)).await;
     }
     od.wait_until("committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     od.assert_alive();

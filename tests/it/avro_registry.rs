@@ -18,7 +18,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use harness::avro::{framed, schema_registry_toml, Registry, PAYLOAD_SCHEMA};
 use harness::receiver::Server;
-use harness::{new_event_id, turns, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, turns, unique_name, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -29,8 +29,8 @@ async fn a_schema_id_registered_only_for_another_topic_is_dead_lettered() {
     let _registry_up = turns::REGISTRY.read().await;
     let registry = Registry::connect().await;
     let kafka = Kafka::connect();
-    let orders = kafka.create_topic("avro-subject-orders", 1).await;
-    let payments = kafka.create_topic("avro-subject-payments", 1).await;
+    let orders = kafka.create_topic(&unique_name("avro-subject-orders"), 1, &[]).await;
+    let payments = kafka.create_topic(&unique_name("avro-subject-payments"), 1, &[]).await;
     let subject = format!("{orders}-value");
     let id = registry.register(&subject, PAYLOAD_SCHEMA).await;
 
@@ -47,9 +47,11 @@ async fn a_schema_id_registered_only_for_another_topic_is_dead_lettered() {
     let value = framed(id, &schema, Avro::String(doc.to_string()));
     let (good, foreign) = (new_event_id(), new_event_id());
     let producer = kafka.producer();
-    producer.send_raw(&orders, None, Some(b"o-1".as_slice()), &[("id", good.as_bytes())], Some(&value)).await;
+    producer.send_raw(&orders, None, Some(b"o-1".as_slice()), &[("id", Some(good.as_bytes()))], Some(&value)).await;
     // The same bytes on another topic: that id is not registered for it.
-    producer.send_raw(&payments, None, Some(b"p-1".as_slice()), &[("id", foreign.as_bytes())], Some(&value)).await;
+    producer
+        .send_raw(&payments, None, Some(b"p-1".as_slice()), &[("id", Some(foreign.as_bytes()))], Some(&value))
+        .await;
 
     od.wait_until("committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.iter().all(|o| o.reached_end()))
         .await;
@@ -79,7 +81,7 @@ async fn a_registry_refusing_our_credentials_stalls_the_partition_loudly_and_dea
         }),
     );
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("avro-registry-401", 1).await;
+    let topic = kafka.create_topic(&unique_name("avro-registry-401"), 1, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     od.config.handler_extra = "format = \"avro\"\n".to_owned();
@@ -91,7 +93,10 @@ async fn a_registry_refusing_our_credentials_stalls_the_partition_loudly_and_dea
     let schema = Schema::parse_str(PAYLOAD_SCHEMA).unwrap();
     let event = new_event_id();
     let value = framed(7, &schema, Avro::String("{}".into()));
-    kafka.producer().send_raw(&topic, None, Some(b"o-1".as_slice()), &[("id", event.as_bytes())], Some(&value)).await;
+    kafka
+        .producer()
+        .send_raw(&topic, None, Some(b"o-1".as_slice()), &[("id", Some(event.as_bytes()))], Some(&value))
+        .await;
 
     // First pause 500 ms, then 1 s: three lookups within a few seconds.
     od.wait_until("three refused schema lookups", HANDLED_TIMEOUT, || lookups.load(Ordering::Relaxed) >= 3).await;

@@ -6,7 +6,7 @@ use crate::harness;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
-use harness::{new_event_id, Behaviour, Call, Kafka, Outboxd, Produced, Receiver};
+use harness::{new_event_id, unique_name, Behaviour, Call, Kafka, Outboxd, Produced, Receiver};
 use serde_json::json;
 
 /// Generous bound for "outboxd handles what it was given".
@@ -23,7 +23,7 @@ fn fmt_time(t: SystemTime) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redelivered_event_is_not_handled_twice() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("redeliver", 3).await;
+    let topic = kafka.create_topic(&unique_name("redeliver"), 3, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
@@ -81,7 +81,7 @@ async fn redelivered_event_is_not_handled_twice() {
 async fn crash_after_side_effect_before_commit_does_not_repeat() {
     const EVENTS: usize = 30;
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("crash", 3).await;
+    let topic = kafka.create_topic(&unique_name("crash"), 3, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     // Offsets are stored but, within this test, never committed.
@@ -137,7 +137,7 @@ async fn crash_after_side_effect_before_commit_does_not_repeat() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offset_is_not_committed_before_completion() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("uncommitted", 1).await;
+    let topic = kafka.create_topic(&unique_name("uncommitted"), 1, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     // The hang must stay a hang during the test, not a timeout and a retry.
@@ -203,7 +203,7 @@ async fn same_key_events_are_handled_in_order() {
     const KEYS: usize = 8;
     const PER_KEY: usize = 10;
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("order", 1).await;
+    let topic = kafka.create_topic(&unique_name("order"), 1, &[]).await;
     let receiver = Receiver::start();
     receiver.set_default(Behaviour::delay(Duration::from_millis(50)));
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
@@ -278,7 +278,7 @@ async fn same_key_events_are_handled_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_message_does_not_block_partition() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("undecodable", 1).await;
+    let topic = kafka.create_topic(&unique_name("undecodable"), 1, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
@@ -289,7 +289,9 @@ async fn undecodable_message_does_not_block_partition() {
         producer.send_raw(&topic, Some(0), Some(b"k-1"), &[], Some(b"\x00\x01not json\xff")).await;
     // An `id` header with a non-JSON value: outboxd may pass it on as raw bytes.
     let raw_id = new_event_id();
-    producer.send_raw(&topic, Some(0), Some(b"k-2"), &[("id", raw_id.as_bytes())], Some(b"\x00garbage\xfe")).await;
+    producer
+        .send_raw(&topic, Some(0), Some(b"k-2"), &[("id", Some(raw_id.as_bytes()))], Some(b"\x00garbage\xfe"))
+        .await;
     let good_id = new_event_id();
     producer.send_event(&topic, "k-3", &good_id, Some("Good"), &json!({"ok": true})).await;
 

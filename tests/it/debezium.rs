@@ -238,7 +238,7 @@ async fn debezium_outbox_rows_become_side_effects() {
     let st = stack().await;
     let aggregatetype = unique_name("rows");
     let topic = outbox_topic(&aggregatetype);
-    st.kafka.create_topic_named(&topic, 3).await;
+    st.kafka.create_topic(&topic, 3, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
     let offsets = st.kafka.offsets(&od.config.group_id, &topic);
@@ -359,7 +359,7 @@ async fn debezium_crash_replays_are_suppressed() {
     let st = stack().await;
     let aggregatetype = unique_name("crash");
     let topic = outbox_topic(&aggregatetype);
-    st.kafka.create_topic_named(&topic, 3).await;
+    st.kafka.create_topic(&topic, 3, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
     let offsets = st.kafka.offsets(&od.config.group_id, &topic);
@@ -475,7 +475,7 @@ async fn snapshot_reemission_is_suppressed() {
     let (table, publication) = scratch.create_outbox_table("snap");
     let aggregatetype = unique_name("snapshot");
     let topic = outbox_topic(&aggregatetype);
-    st.kafka.create_topic_named(&topic, 3).await;
+    st.kafka.create_topic(&topic, 3, &[]).await;
     let qualified = format!("public.{table}");
     let rows: Vec<OutboxRow> = (0..EXISTING)
         .map(|i| {
@@ -567,7 +567,7 @@ async fn converter_variant(
     let (table, publication) = scratch.create_outbox_table(what);
     let aggregatetype = unique_name(&format!("conv-{what}"));
     let topic = outbox_topic(&aggregatetype);
-    st.kafka.create_topic_named(&topic, 3).await;
+    st.kafka.create_topic(&topic, 3, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
     let offsets = st.kafka.offsets(&od.config.group_id, &topic);
@@ -787,7 +787,7 @@ async fn debezium_latency_is_reported() {
     let aggregatetype = unique_name("latency");
     let topic = outbox_topic(&aggregatetype);
     // The record timestamp is then the moment the broker appended the message.
-    st.kafka.create_topic_configured(&topic, 3, &[("message.timestamp.type", "LogAppendTime")]).await;
+    st.kafka.create_topic(&topic, 3, &[("message.timestamp.type", "LogAppendTime")]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
     let offsets = st.kafka.offsets(&od.config.group_id, &topic);

@@ -11,11 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use fault_support::kafka::{alter_topic_config, RawProducer};
 use fault_support::store::{self as cli, describe};
 use fault_support::{dead_letter_toml, log_lines, logged};
 use harness::receiver::{Receiver, Reply};
-use harness::{new_event_id, Kafka, Message, Outboxd};
+use harness::{new_event_id, unique_name, Kafka, Message, Outboxd, Producer};
 use serde_json::{json, Value};
 
 /// Generous bound for "outboxd handles what it was given".
@@ -28,21 +27,22 @@ struct Setup {
     rx: Receiver,
     od: Outboxd,
     topic: String,
-    producer: RawProducer,
+    producer: Producer,
 }
 
 async fn setup(prefix: &str, partitions: i32) -> Setup {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic(prefix, partitions).await;
+    let topic = kafka.create_topic(&unique_name(prefix), partitions, &[]).await;
     let rx = Receiver::start();
     let od = Outboxd::new(&kafka, &[&topic], &rx);
-    let producer = RawProducer::new(kafka.brokers());
+    let producer = kafka.producer();
     Setup { kafka, rx, od, topic, producer }
 }
 
 impl Setup {
     async fn send(&self, key: &str, id: &str, payload: &Value) -> (i32, i64) {
-        self.producer.send_event(&self.topic, key, id, payload).await
+        let produced = self.producer.send_event(&self.topic, key, id, Some("Test"), payload).await;
+        (produced.partition, produced.offset)
     }
 
     async fn wait_committed_end(&mut self) {
@@ -74,7 +74,7 @@ fn text(v: &Value, field: &str) -> String {
 async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
     let mut s = setup("dlq-src", 1).await;
     let refuse = [("message.timestamp.before.max.ms", "0")];
-    let dlq = s.kafka.create_topic_with("dlq", 1, &refuse).await;
+    let dlq = s.kafka.create_topic(&unique_name("dlq"), 1, &refuse).await;
     s.od.config.handler_extra = dead_letter_toml(&dlq);
     let bad = new_event_id();
     let after = new_event_id();
@@ -88,7 +88,7 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
     let payload = br#"{"orderId":7,"total":"9.99"}"#;
     let (partition, bad_offset) = s
         .producer
-        .send(
+        .send_raw(
             &s.topic,
             None,
             Some(b"acct-1"),
@@ -131,7 +131,7 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
     assert!(s.kafka.read_topic(&dlq, DLQ_READ_TIMEOUT).is_empty(), "the premise: no dead letter got through yet");
 
     // Let the dead-letter topic take it: the dead letter is produced, then the offset moves.
-    alter_topic_config(s.kafka.brokers(), &dlq, &[("message.timestamp.before.max.ms", "9223372036854775807")]).await;
+    s.kafka.alter_topic_config(&dlq, &[("message.timestamp.before.max.ms", "9223372036854775807")]).await;
     s.wait_committed_end().await;
     s.od.stop();
 
@@ -548,7 +548,7 @@ async fn uncertain_event_with_lookup_404_runs_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncertain_event_is_parked_for_a_person() {
     let kafka = Kafka::connect();
-    let dlq = kafka.create_topic("park-dlq", 1).await;
+    let dlq = kafka.create_topic(&unique_name("park-dlq"), 1, &[]).await;
     let dlq2 = dlq.clone();
     let mut u =
         kill_during_call("park", move |_| format!("on_uncertain = \"park\"\n{}", dead_letter_toml(&dlq2)), 500).await;
@@ -817,12 +817,12 @@ fn bad_inputs() -> Vec<Case> {
 async fn bad_input_never_stops_the_service() {
     let kafka = Kafka::connect();
     // The broker's default limit is ~1 MB per message; this topic takes the 10 MB one.
-    let topic = kafka.create_topic_with("bad-input", 1, &[("max.message.bytes", "12000000")]).await;
-    let dlq = kafka.create_topic("bad-input-dlq", 1).await;
+    let topic = kafka.create_topic(&unique_name("bad-input"), 1, &[("max.message.bytes", "12000000")]).await;
+    let dlq = kafka.create_topic(&unique_name("bad-input-dlq"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.handler_extra = dead_letter_toml(&dlq);
-    let producer = RawProducer::with(kafka.brokers(), &[("message.max.bytes", "12000000")]);
+    let producer = Producer::new(kafka.brokers(), &[("message.max.bytes", "12000000")]);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.start();
     od.wait_for_assignment().await;
@@ -831,11 +831,11 @@ async fn bad_input_never_stops_the_service() {
     let mut at: Vec<i64> = Vec::new();
     for c in &cases {
         let headers: Vec<(&str, Option<&[u8]>)> = c.headers.iter().map(|(k, v)| (*k, v.as_deref())).collect();
-        let (_, off) = producer.send(&topic, Some(0), c.key.as_deref(), &headers, c.value.as_deref()).await;
+        let (_, off) = producer.send_raw(&topic, Some(0), c.key.as_deref(), &headers, c.value.as_deref()).await;
         at.push(off);
     }
     let sentinel = new_event_id();
-    producer.send_event(&topic, "sentinel", &sentinel, &json!({"last": true})).await;
+    producer.send_event(&topic, "sentinel", &sentinel, Some("Test"), &json!({"last": true})).await;
     od.wait_until("the sentinel after all bad input", Duration::from_secs(120), || rx.answered_ok(&sentinel)).await;
     od.wait_until(format!("committed offsets to reach the end ({})", offsets.describe()), HANDLED_TIMEOUT, || {
         offsets.reached_end()
@@ -932,17 +932,17 @@ async fn bad_input_never_stops_the_service() {
 async fn oversized_undecodable_message_is_dead_lettered() {
     let kafka = Kafka::connect();
     let big_topic = [("max.message.bytes", "12000000")];
-    let topic = kafka.create_topic_with("big-src", 1, &big_topic).await;
-    let dlq = kafka.create_topic_with("big-dlq", 1, &big_topic).await;
+    let topic = kafka.create_topic(&unique_name("big-src"), 1, &big_topic).await;
+    let dlq = kafka.create_topic(&unique_name("big-dlq"), 1, &big_topic).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.handler_extra = dead_letter_toml(&dlq);
-    let producer = RawProducer::with(kafka.brokers(), &[("message.max.bytes", "12000000")]);
+    let producer = Producer::new(kafka.brokers(), &[("message.max.bytes", "12000000")]);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     let value = vec![b'z'; BIG];
-    let (_, off) = producer.send(&topic, Some(0), Some(b"k"), &[("id", Some(b""))], Some(&value)).await;
+    let (_, off) = producer.send_raw(&topic, Some(0), Some(b"k"), &[("id", Some(b""))], Some(&value)).await;
     let after = new_event_id();
-    producer.send_event(&topic, "k2", &after, &json!({})).await;
+    producer.send_event(&topic, "k2", &after, Some("Test"), &json!({})).await;
     od.start();
     od.wait_for_assignment().await;
     od.wait_until("the event after the big one", HANDLED_TIMEOUT, || rx.answered_ok(&after)).await;

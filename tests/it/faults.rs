@@ -32,11 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use fault_support::broker::PrivateBroker;
-use fault_support::kafka::RawProducer;
 use fault_support::store as cli;
 use fault_support::{dead_letter_toml, event_ids_logged, instance_header_toml, log_lines, log_time, strip_ansi};
 use harness::receiver::{Call, Receiver, Reply};
-use harness::{env_usize, new_event_id, Kafka, Message, Outboxd};
+use harness::{env_usize, new_event_id, unique_name, Kafka, Message, Outboxd, Producer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -115,7 +114,7 @@ fn spawn_production(
     pause: Duration,
 ) -> tokio::task::JoinHandle<Vec<Ev>> {
     tokio::spawn(async move {
-        let producer = RawProducer::new(&brokers);
+        let producer = Producer::new(&brokers, &[]);
         let per_batch = planned.len().div_ceil(batches.max(1));
         let mut out = Vec::with_capacity(planned.len());
         for chunk in planned.chunks(per_batch) {
@@ -127,7 +126,7 @@ fn spawn_production(
                     let (partition, offset) = match p.kind {
                         Kind::Undecodable => {
                             producer
-                                .send(
+                                .send_raw(
                                     topic,
                                     None,
                                     Some(p.key.as_bytes()),
@@ -138,7 +137,7 @@ fn spawn_production(
                         }
                         _ => {
                             producer
-                                .send(
+                                .send_raw(
                                     topic,
                                     None,
                                     Some(p.key.as_bytes()),
@@ -468,7 +467,7 @@ async fn sigkill_at_random_moments_loses_nothing_and_never_repeats_after_done() 
     let kills = env_usize("OUTBOXD_FAULT_KILLS", DEFAULT_KILLS);
     let mut rng = StdRng::seed_from_u64(seed(name));
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("fault-kill", PARTITIONS).await;
+    let topic = kafka.create_topic(&unique_name("fault-kill"), PARTITIONS, &[]).await;
     let rx = Receiver::start();
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=20))));
     let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
@@ -547,7 +546,7 @@ async fn flaky_receiver_503s_and_timeouts_lose_nothing() {
     let n = event_count();
     let mut rng = StdRng::seed_from_u64(seed(name));
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("fault-flaky", PARTITIONS).await;
+    let topic = kafka.create_topic(&unique_name("fault-flaky"), PARTITIONS, &[]).await;
     let rx = Receiver::start();
     let served_503 = Arc::new(AtomicUsize::new(0));
     let held = Arc::new(AtomicUsize::new(0));
@@ -623,7 +622,7 @@ async fn broker_killed_for_ten_seconds_mid_stream_loses_nothing() {
     // Declared first, dropped last (`scripts/stack down kafka` for the private broker).
     let broker = PrivateBroker::start();
     let kafka = Kafka::connect_to(&broker.brokers());
-    let topic = kafka.create_topic("fault-broker", PARTITIONS).await;
+    let topic = kafka.create_topic(&unique_name("fault-broker"), PARTITIONS, &[]).await;
     let rx = Receiver::start();
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=5))));
     let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
@@ -697,7 +696,7 @@ async fn instance_joining_and_leaving_mid_stream_loses_nothing() {
     let n = event_count();
     let mut rng = StdRng::seed_from_u64(seed(name));
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("fault-rebalance", PARTITIONS).await;
+    let topic = kafka.create_topic(&unique_name("fault-rebalance"), PARTITIONS, &[]).await;
     let rx = Receiver::start();
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=10))));
     let mut a = fault_outboxd(&kafka, &topic, &rx, "a");
@@ -846,7 +845,7 @@ async fn store_filesystem_full_stops_cleanly_and_resumes_after_restart() {
     let size = std::env::var("OUTBOXD_FAULT_TMPFS_SIZE").unwrap_or_else(|_| format!("{}k", (n * 4).max(8 * 1024)));
     let tmpfs = Tmpfs::mount(&size);
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("fault-diskfull", PARTITIONS).await;
+    let topic = kafka.create_topic(&unique_name("fault-diskfull"), PARTITIONS, &[]).await;
     let rx = Receiver::start();
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=5))));
     let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
@@ -978,8 +977,8 @@ async fn poison_messages_go_to_the_dead_letter_topic() {
     let n = event_count();
     let mut rng = StdRng::seed_from_u64(seed(name));
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("fault-poison", PARTITIONS).await;
-    let dlq = kafka.create_topic("fault-poison-dlq", 1).await;
+    let topic = kafka.create_topic(&unique_name("fault-poison"), PARTITIONS, &[]).await;
+    let dlq = kafka.create_topic(&unique_name("fault-poison-dlq"), 1, &[]).await;
     let rx = Receiver::start();
     let planned = plan(n, 10, &mut rng);
     let rejected: Arc<HashSet<String>> =

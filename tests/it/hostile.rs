@@ -9,11 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fault_support::kafka::RawProducer;
 use fault_support::{all_logs, assert_no_panic, dead_letter_toml};
 use harness::avro::framed;
 use harness::receiver::{Receiver, Reply};
-use harness::{new_event_id, Kafka, Outboxd};
+use harness::{new_event_id, unique_name, Kafka, Outboxd};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -46,7 +45,7 @@ async fn readyz_until(admin: &str, what: &str, status: u16, holds: impl Fn(&Valu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("hostile-retry-after", 1).await;
+    let topic = kafka.create_topic(&unique_name("hostile-retry-after"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.max_attempts = 10;
@@ -58,9 +57,9 @@ async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
         (true, _) => Reply::status(503).retry_after("18446744073709551615"),
         (false, _) => Reply::ok(),
     });
-    let producer = RawProducer::new(kafka.brokers());
-    producer.send_event(&topic, "account-1", &first, &json!({"n": 1})).await;
-    producer.send_event(&topic, "account-1", &second, &json!({"n": 2})).await;
+    let producer = kafka.producer();
+    producer.send_event(&topic, "account-1", &first, Some("Test"), &json!({"n": 1})).await;
+    producer.send_event(&topic, "account-1", &second, Some("Test"), &json!({"n": 2})).await;
 
     od.start();
     od.wait_for_assignment().await;
@@ -86,7 +85,7 @@ async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("hostile-stall", 1).await;
+    let topic = kafka.create_topic(&unique_name("hostile-stall"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.handler_timeout = "120s".into();
@@ -108,10 +107,10 @@ async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
     let (status, body) = readyz(&admin).await;
     assert_eq!(status, 200, "ready before anything waits: {body}");
 
-    let producer = RawProducer::new(kafka.brokers());
-    producer.send_event(&topic, "k1", &head, &json!({"n": 1})).await;
+    let producer = kafka.producer();
+    producer.send_event(&topic, "k1", &head, Some("Test"), &json!({"n": 1})).await;
     let later = new_event_id();
-    producer.send_event(&topic, "k2", &later, &json!({"n": 2})).await;
+    producer.send_event(&topic, "k2", &later, Some("Test"), &json!({"n": 2})).await;
     od.wait_until("the later event of another key to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&later)).await;
 
     let partition = json!(format!("{topic}/0"));
@@ -136,8 +135,8 @@ async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("hostile-secret", 1).await;
-    let dlq = kafka.create_topic("hostile-secret-dlq", 1).await;
+    let topic = kafka.create_topic(&unique_name("hostile-secret"), 1, &[]).await;
+    let dlq = kafka.create_topic(&unique_name("hostile-secret-dlq"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     // A port nothing listens on: bind one, note it, close it.
@@ -153,7 +152,7 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
     od.config.max_backoff = "20ms".into();
     od.config.handler_extra = dead_letter_toml(&dlq);
     let id = new_event_id();
-    RawProducer::new(kafka.brokers()).send_event(&topic, "k", &id, &json!({"n": 1})).await;
+    kafka.producer().send_event(&topic, "k", &id, Some("Test"), &json!({"n": 1})).await;
 
     od.start();
     od.wait_for_assignment().await;
@@ -206,7 +205,7 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_messages_are_bounded_by_bytes_as_well_as_by_count() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("hostile-bytes", 1).await;
+    let topic = kafka.create_topic(&unique_name("hostile-bytes"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     od.config.store_extra = "max_in_flight_bytes = \"1MiB\"\n".into();
@@ -214,12 +213,12 @@ async fn in_flight_messages_are_bounded_by_bytes_as_well_as_by_count() {
     let hold = Arc::new(AtomicBool::new(true));
     let hold_for_script = hold.clone();
     rx.set_script(move |_| Reply::ok().hold(&hold_for_script));
-    let producer = RawProducer::new(kafka.brokers());
+    let producer = kafka.producer();
     let filler = "x".repeat(600 * 1024);
     let mut ids = Vec::new();
     for i in 0..4 {
         let id = new_event_id();
-        producer.send_event(&topic, &format!("key-{i}"), &id, &json!({ "filler": filler })).await;
+        producer.send_event(&topic, &format!("key-{i}"), &id, Some("Test"), &json!({ "filler": filler })).await;
         ids.push(id);
     }
 
@@ -264,7 +263,7 @@ fn toggled_registry(serve: Arc<AtomicBool>) -> harness::receiver::Server {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_owner() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("hostile-moved", 2).await;
+    let topic = kafka.create_topic(&unique_name("hostile-moved"), 2, &[]).await;
     let rx = Receiver::start();
     let serve = Arc::new(AtomicBool::new(false));
     let registry = toggled_registry(serve.clone());
@@ -282,10 +281,10 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     // One event in each partition: the sticky assignor moves one partition to B.
     let ids = [new_event_id(), new_event_id()];
     let value = framed(1, &apache_avro::Schema::String, apache_avro::types::Value::String("order 7 paid".into()));
-    let producer = RawProducer::new(kafka.brokers());
+    let producer = kafka.producer();
     for (partition, id) in ids.iter().enumerate() {
         let headers = [("id", Some(id.as_bytes()))];
-        producer.send(&topic, Some(partition as i32), Some(b"order-7"), &headers, Some(&value)).await;
+        producer.send_raw(&topic, Some(partition as i32), Some(b"order-7"), &headers, Some(&value)).await;
     }
     a.start();
     a.wait_for_assignment().await;
@@ -331,16 +330,16 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
 async fn equal_ids_from_two_tables_are_two_events_unless_the_scope_is_shared() {
     let kafka = Kafka::connect();
     for (scope, expected_calls) in [("topic", 2), ("shared", 1)] {
-        let orders = kafka.create_topic("hostile-scope-orders", 1).await;
-        let invoices = kafka.create_topic("hostile-scope-invoices", 1).await;
+        let orders = kafka.create_topic(&unique_name("hostile-scope-orders"), 1, &[]).await;
+        let invoices = kafka.create_topic(&unique_name("hostile-scope-invoices"), 1, &[]).await;
         let rx = Receiver::start();
         let mut od = Outboxd::new(&kafka, &[&orders, &invoices], &rx);
         od.config.url = format!("{}/events/{{topic}}/{{event_id}}", rx.base_url());
         od.config.handler_extra = format!("event_id = {{ field = \"after.id\" }}\ndedup_scope = \"{scope}\"\n");
-        let producer = RawProducer::new(kafka.brokers());
+        let producer = kafka.producer();
         for topic in [&orders, &invoices] {
             let row = json!({"before": null, "after": {"id": "42", "table": topic}, "op": "c"});
-            producer.send(topic, None, Some(b"42"), &[], Some(&serde_json::to_vec(&row).unwrap())).await;
+            producer.send_raw(topic, None, Some(b"42"), &[], Some(&serde_json::to_vec(&row).unwrap())).await;
         }
         od.start();
         od.wait_for_assignment().await;
@@ -363,15 +362,16 @@ async fn equal_ids_from_two_tables_are_two_events_unless_the_scope_is_shared() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_while_handling_one_event_does_not_stall_its_key_or_partition() {
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("hostile-panic", 1).await;
+    let topic = kafka.create_topic(&unique_name("hostile-panic"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     let (doomed, next) = (new_event_id(), new_event_id());
     // Only this outboxd gets it, and only for this id: other tests are unaffected.
     od.config.env.insert("OUTBOXD_DEBUG_PANIC_ON_EVENT".into(), doomed.clone());
-    let producer = RawProducer::new(kafka.brokers());
-    let (partition, offset) = producer.send_event(&topic, "account-9", &doomed, &json!({"n": 1})).await;
-    producer.send_event(&topic, "account-9", &next, &json!({"n": 2})).await;
+    let producer = kafka.producer();
+    let doomed_at = producer.send_event(&topic, "account-9", &doomed, Some("Test"), &json!({"n": 1})).await;
+    let (partition, offset) = (doomed_at.partition, doomed_at.offset);
+    producer.send_event(&topic, "account-9", &next, Some("Test"), &json!({"n": 2})).await;
 
     od.start();
     od.wait_for_assignment().await;

@@ -10,7 +10,7 @@ use crate::harness;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use harness::{env_usize, new_event_id, Behaviour, Kafka, Outboxd, Produced, Receiver};
+use harness::{env_usize, new_event_id, unique_name, Behaviour, Kafka, Outboxd, Produced, Receiver};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -32,7 +32,7 @@ async fn kill_nine_loop_loses_nothing_and_never_repeats_after_done() {
     let began = Instant::now();
 
     let kafka = Kafka::connect();
-    let topic = kafka.create_topic("killloop", 3).await;
+    let topic = kafka.create_topic(&unique_name("killloop"), 3, &[]).await;
     let receiver = Receiver::start();
     receiver.set_default(Behaviour::random_delay(Duration::ZERO..=Duration::from_millis(20)));
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);

@@ -1,16 +1,12 @@
 //! Helpers for the failure-handling tests (the `failure`, `faults` and `hostile` tests), on top
 //! of the harness:
 //!
-//! - [`kafka`]: topics with configs (message size limits), changing a topic's config,
-//!   a producer of arbitrary messages (null header values, huge values) with long
-//!   timeouts that ride out a broker restart.
 //! - [`broker`]: a private Kafka broker (scripts/stack with its own state folder and
 //!   ports) for tests that SIGKILL the broker.
 //! - [`store`]: `outboxd store export|retry|resolve` and raw JSON records.
 #![allow(dead_code)]
 
 pub mod broker;
-pub mod kafka;
 pub mod store;
 
 use std::time::Duration;

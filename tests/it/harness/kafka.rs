@@ -1,10 +1,11 @@
-//! The Kafka side of the harness: broker address, topics, producing outbox-shaped
-//! messages, reading a group's committed offsets and a topic's end offsets.
+//! The Kafka side of the harness: broker address, topics (created with configs, or
+//! their configs changed), producing outbox-shaped and arbitrary messages, reading a
+//! topic, a group's committed offsets and a topic's end offsets.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -21,6 +22,11 @@ pub const DEFAULT_BROKERS: &str = "127.0.0.1:19092";
 
 /// How long one request to the broker may take before the test calls it a failure.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an admin operation (create a topic, change its config) may take.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a produced message may wait for the broker: long enough to ride out a
+/// broker restart.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The broker address the tests (and the outboxd they start) use.
 pub fn brokers() -> String {
@@ -73,29 +79,11 @@ impl Kafka {
         &self.brokers
     }
 
-    /// Creates a topic with a unique name starting with `prefix` and waits until every
-    /// partition has a leader.
-    pub async fn create_topic(&self, prefix: &str, partitions: i32) -> String {
-        self.create_topic_with(prefix, partitions, &[]).await
-    }
-
-    /// Like [`Kafka::create_topic`], with topic configs such as `max.message.bytes`.
-    pub async fn create_topic_with(&self, prefix: &str, partitions: i32, configs: &[(&str, &str)]) -> String {
-        let name = unique_name(prefix);
-        self.create_topic_configured(&name, partitions, configs).await;
-        name
-    }
-
-    /// Creates the topic `name` (which must not exist yet) and waits until every
-    /// partition has a leader. For topics whose name is dictated by someone else, e.g.
-    /// Debezium's `outbox.event.<aggregatetype>`.
-    pub async fn create_topic_named(&self, name: &str, partitions: i32) {
-        self.create_topic_configured(name, partitions, &[]).await;
-    }
-
-    /// Like [`Kafka::create_topic_named`], with topic configs such as
-    /// `("message.timestamp.type", "LogAppendTime")`.
-    pub async fn create_topic_configured(&self, name: &str, partitions: i32, configs: &[(&str, &str)]) {
+    /// Creates topic `name` (which must not exist yet; a fresh one from
+    /// [`unique_name`], or one whose name someone else dictates, e.g. Debezium's
+    /// `outbox.event.<aggregatetype>`) with topic configs such as `max.message.bytes`,
+    /// and waits until every partition has a leader. Returns the name.
+    pub async fn create_topic(&self, name: &str, partitions: i32, configs: &[(&str, &str)]) -> String {
         let name = name.to_string();
         let admin: AdminClient<DefaultClientContext> =
             client_config(&self.brokers).create().expect("create a Kafka admin client");
@@ -104,7 +92,7 @@ impl Kafka {
             new_topic = new_topic.set(k, v);
         }
         let results = admin
-            .create_topics(&[new_topic], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))))
+            .create_topics(&[new_topic], &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)))
             .await
             .unwrap_or_else(|e| panic!("create topic {name}: {e}"));
         for r in results {
@@ -127,6 +115,26 @@ impl Kafka {
             },
         )
         .await;
+        name
+    }
+
+    /// Replaces the topic's dynamic configs with `configs` (non-incremental AlterConfigs).
+    pub async fn alter_topic_config(&self, topic: &str, configs: &[(&str, &str)]) {
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(&self.brokers).create().expect("create a Kafka admin client");
+        let mut alter = AlterConfig::new(ResourceSpecifier::Topic(topic));
+        for (k, v) in configs {
+            alter = alter.set(k, v);
+        }
+        let results = admin
+            .alter_configs(&[alter], &AdminOptions::new().request_timeout(Some(ADMIN_TIMEOUT)))
+            .await
+            .unwrap_or_else(|e| panic!("alter config of {topic}: {e}"));
+        for r in results {
+            if let Err((res, code)) = r {
+                panic!("alter config of {res:?}: {code:?}");
+            }
+        }
     }
 
     /// Every message of `topic` from the beginning up to the end offsets as they are at
@@ -190,17 +198,9 @@ impl Kafka {
         out
     }
 
-    /// A producer of outbox-shaped messages.
+    /// A producer for this broker (see [`Producer::new`]).
     pub fn producer(&self) -> Producer {
-        let inner: FutureProducer = client_config(&self.brokers)
-            // Idempotence keeps the order of in-flight messages of a partition.
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            .set("message.timeout.ms", "30000")
-            .create()
-            .expect("create a Kafka producer");
-        Producer { inner }
+        Producer::new(&self.brokers, &[])
     }
 
     /// Reads what group `group` has committed for `topic` (without joining the group).
@@ -263,13 +263,32 @@ pub struct Produced {
     pub offset: i64,
 }
 
-/// Sends messages in the shape of Debezium's outbox EventRouter: key = aggregate id,
-/// header `id` = event id, optional header `eventType`, value = JSON payload.
+/// One header; `None` is a header with a null value.
+pub type RawHeader<'a> = (&'a str, Option<&'a [u8]>);
+
+/// Sends messages in the shape of Debezium's outbox EventRouter (key = aggregate id,
+/// header `id` = event id, optional header `eventType`, value = JSON payload), or any
+/// message at all (null header values, huge values, no `id`).
 pub struct Producer {
     inner: FutureProducer,
 }
 
 impl Producer {
+    /// An idempotent producer (keeps the order of a partition's in-flight messages)
+    /// with a delivery timeout long enough to ride out a broker restart, for `brokers`
+    /// (which need not be up yet), with extra settings (e.g. `message.max.bytes`).
+    pub fn new(brokers: &str, settings: &[(&str, &str)]) -> Producer {
+        let mut c = client_config(brokers);
+        c.set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", DELIVERY_TIMEOUT.as_millis().to_string());
+        for (k, v) in settings {
+            c.set(*k, *v);
+        }
+        Producer { inner: c.create().expect("create a Kafka producer") }
+    }
+
     /// Sends one outbox event and waits until the broker has it.
     pub async fn send_event(
         &self,
@@ -279,38 +298,27 @@ impl Producer {
         event_type: Option<&str>,
         payload: &Value,
     ) -> Produced {
-        let mut headers = OwnedHeaders::new().insert(Header { key: "id", value: Some(event_id.as_bytes()) });
-        if let Some(t) = event_type {
-            headers = headers.insert(Header { key: "eventType", value: Some(t.as_bytes()) });
-        }
         let value = serde_json::to_vec(payload).expect("serialize payload");
-        let record = FutureRecord::to(topic).key(key.as_bytes()).payload(&value).headers(headers);
-        let delivery = self
-            .inner
-            .send(record, Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|(e, _)| panic!("produce event {event_id} to {topic}: {e}"));
-        Produced {
-            event_id: event_id.to_string(),
-            key: key.to_string(),
-            partition: delivery.partition,
-            offset: delivery.offset,
+        let mut headers = vec![("id", Some(event_id.as_bytes()))];
+        if let Some(t) = event_type {
+            headers.push(("eventType", Some(t.as_bytes())));
         }
+        let (partition, offset) = self.send_raw(topic, None, Some(key.as_bytes()), &headers, Some(&value)).await;
+        Produced { event_id: event_id.to_string(), key: key.to_string(), partition, offset }
     }
 
-    /// Sends any message (e.g. one without an `id` header, or with a garbage value);
-    /// returns (partition, offset).
+    /// Sends any message and waits until the broker has it; returns (partition, offset).
     pub async fn send_raw(
         &self,
         topic: &str,
         partition: Option<i32>,
         key: Option<&[u8]>,
-        headers: &[(&str, &[u8])],
+        headers: &[RawHeader<'_>],
         value: Option<&[u8]>,
     ) -> (i32, i64) {
-        let mut owned = OwnedHeaders::new();
+        let mut owned = OwnedHeaders::new_with_capacity(headers.len());
         for (k, v) in headers {
-            owned = owned.insert(Header { key: k, value: Some(*v) });
+            owned = owned.insert(Header { key: k, value: *v });
         }
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(owned);
         if let Some(p) = partition {
@@ -322,12 +330,10 @@ impl Producer {
         if let Some(v) = value {
             record = record.payload(v);
         }
-        let delivery = self
-            .inner
-            .send(record, Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|(e, _)| panic!("produce a raw message to {topic}: {e}"));
-        (delivery.partition, delivery.offset)
+        match self.inner.send(record, DELIVERY_TIMEOUT).await {
+            Ok(d) => (d.partition, d.offset),
+            Err((e, _)) => panic!("produce to {topic}: {e}"),
+        }
     }
 }
 
