@@ -3,7 +3,6 @@
 //! unknown-outcome policies (retry / verify / park), `outboxd store retry|resolve|export`,
 //! and bad input. Each test uses its own topics and consumer group.
 
-use crate::fault_support;
 use crate::harness;
 
 use std::collections::HashMap;
@@ -11,9 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use fault_support::store::{self as cli, describe};
-use fault_support::{dead_letter_toml, log_lines, logged};
+use harness::daemon::dead_letter_toml;
+use harness::logs::{self, log_lines, logged};
 use harness::receiver::{Receiver, Reply};
+use harness::store::{self as cli, describe};
 use harness::{new_event_id, unique_name, Kafka, Message, Outboxd, Producer};
 use serde_json::{json, Value};
 
@@ -843,7 +843,7 @@ async fn bad_input_never_stops_the_service() {
     .await;
     od.assert_alive();
     od.stop();
-    fault_support::assert_no_panic(&od);
+    logs::assert_no_panic(&od);
 
     let records = cli::all_records(&od);
     let letters = kafka.read_topic(&dlq, DLQ_READ_TIMEOUT);

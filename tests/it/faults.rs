@@ -22,7 +22,6 @@
 //! `OUTBOXD_FAULT_SEED` (replays the random choices of an earlier run).
 //! The scenarios run one at a time (they would otherwise compete for 2 cores).
 
-use crate::fault_support;
 use crate::harness;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -31,10 +30,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use fault_support::broker::PrivateBroker;
-use fault_support::store as cli;
-use fault_support::{dead_letter_toml, event_ids_logged, instance_header_toml, log_lines, log_time, strip_ansi};
+use harness::broker::PrivateBroker;
+use harness::daemon::{dead_letter_toml, instance_header_toml};
+use harness::logs::{self, event_ids_logged, log_lines, log_time, strip_ansi};
 use harness::receiver::{Call, Receiver, Reply};
+use harness::store as cli;
 use harness::{env_usize, new_event_id, unique_name, Kafka, Message, Outboxd, Producer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -744,7 +744,7 @@ async fn instance_joining_and_leaving_mid_stream_loses_nothing() {
     assert!(a_revoked > 0, "a never logged a revoke when b joined");
     assert_eq!(a_after_leaving, 0, "a made calls after it exited");
     for (name, od) in [("a", &a), ("b", &b)] {
-        for l in fault_support::all_logs(od)
+        for l in logs::all_logs(od)
             .lines()
             .filter(|l| l.contains("revoked") || l.contains("assigned") || l.contains("commit") || l.contains("lost"))
         {
@@ -867,7 +867,7 @@ async fn store_filesystem_full_stops_cleanly_and_resumes_after_restart() {
     let filled = fill(&filler);
     let pid = od.pid();
     let stop_bound = Duration::from_secs(60);
-    while !fault_support::broker::gone(pid) {
+    while !harness::broker::gone(pid) {
         assert!(
             filled_at.elapsed() < stop_bound,
             "outboxd still runs {stop_bound:?} after its store's filesystem filled up ({filled} bytes of filler; \

@@ -2,15 +2,15 @@
 //! answers absurdly, a partition that cannot move, a URL that carries a secret.
 //! Each test names what outboxd must not do: stall, crash, or leak.
 
-use crate::fault_support;
 use crate::harness;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fault_support::{all_logs, assert_no_panic, dead_letter_toml};
 use harness::avro::framed;
+use harness::daemon::{dead_letter_toml, instance_header_toml};
+use harness::logs::{self, all_logs, assert_no_panic};
 use harness::receiver::{Receiver, Reply};
 use harness::{new_event_id, unique_name, Kafka, Outboxd};
 use serde_json::{json, Value};
@@ -269,7 +269,7 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     let registry = toggled_registry(serve.clone());
     let registry_toml = format!("\n[schema_registry]\nurl = \"http://{}\"\ntimeout = \"2s\"\n", registry.addr);
     let instance = |od: &mut harness::Outboxd, name: &str| {
-        od.config.handler_extra = format!("format = \"avro\"\n{}", fault_support::instance_header_toml(name));
+        od.config.handler_extra = format!("format = \"avro\"\n{}", instance_header_toml(name));
         od.config.retry_extra = registry_toml.clone();
     };
     let mut a = Outboxd::new(&kafka, &[&topic], &rx);
@@ -289,7 +289,7 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     a.start();
     a.wait_for_assignment().await;
     harness::wait_until("A to wait for the registry", HANDLED_TIMEOUT, || {
-        fault_support::logged(&a, "waiting for the schema registry")
+        logs::logged(&a, "waiting for the schema registry")
     })
     .await;
 
@@ -297,12 +297,12 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     let moved = |b: &harness::Outboxd| {
         (0..2).find(|p| {
             let name = format!("{topic}/{p}");
-            fault_support::log_lines(b, "partitions assigned").iter().any(|l| l.contains(&name))
+            logs::log_lines(b, "partitions assigned").iter().any(|l| l.contains(&name))
         })
     };
     harness::wait_until("B to be assigned a partition", HANDLED_TIMEOUT, || moved(&b).is_some()).await;
     let moved = moved(&b).expect("a moved partition");
-    assert!(fault_support::logged(&a, "partitions revoked"), "A gave the partition up");
+    assert!(logs::logged(&a, "partitions revoked"), "A gave the partition up");
     serve.store(true, Ordering::SeqCst);
 
     let (moved_id, kept_id) = (&ids[moved], &ids[1 - moved]);
@@ -310,7 +310,7 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     a.wait_until("A to run the event of the partition it kept", HANDLED_TIMEOUT, || rx.answered_ok(kept_id)).await;
     // A's registry wait has ended (it ran the other event): it must have left this one.
     harness::wait_until("A to run the moved event too, or to leave it", HANDLED_TIMEOUT, || {
-        rx.handler_call_count(moved_id) > 1 || fault_support::logged(&a, "left to its new owner")
+        rx.handler_call_count(moved_id) > 1 || logs::logged(&a, "left to its new owner")
     })
     .await;
     let calls = rx.handler_calls(moved_id);
@@ -379,7 +379,7 @@ async fn a_panic_while_handling_one_event_does_not_stall_its_key_or_partition() 
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.wait_until("the committed offset to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     od.assert_alive();
-    assert!(fault_support::logged(&od, "handling failed unexpectedly"), "the bug is in the log");
+    assert!(logs::logged(&od, "handling failed unexpectedly"), "the bug is in the log");
     od.stop();
 
     let failed = od.store_get(&format!("failed/{topic}/{partition}/{offset}"));

@@ -3,7 +3,6 @@
 //! Run one theme with a filter on its module path, e.g. `cargo test --test it core::`.
 //! Most modules need the local stack (`scripts/stack up`); see each module's docs.
 
-mod fault_support;
 mod harness;
 
 mod admin;

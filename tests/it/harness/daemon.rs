@@ -115,6 +115,17 @@ impl OutboxdConfig {
     }
 }
 
+/// TOML lines for `[handlers.dead_letter]` (for [`OutboxdConfig::handler_extra`]).
+pub fn dead_letter_toml(topic: &str) -> String {
+    format!("[handlers.dead_letter]\ntopic = {}\n", q(topic))
+}
+
+/// TOML line for a static header naming the instance in every call (for
+/// [`OutboxdConfig::handler_extra`]).
+pub fn instance_header_toml(name: &str) -> String {
+    format!("headers = {{ X-Outboxd-Instance = {} }}\n", q(name))
+}
+
 /// One record of `outboxd store get|list --json`.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Record {
@@ -143,6 +154,19 @@ pub struct Record {
 }
 
 impl Record {
+    /// Fails the test when a time of the record is not RFC 3339 UTC (the contract of
+    /// every time `store … --json` prints).
+    fn assert_times(&self) {
+        let times = [("claimed_at", self.claimed_at.as_deref()), ("done_at", self.done_at.as_deref())];
+        for (field, value) in times.into_iter().chain([("updated_at", Some(self.updated_at.as_str()))]) {
+            if let Some(s) = value {
+                if let Err(e) = humantime::parse_rfc3339(s) {
+                    panic!("record {}: {field} {s:?} is not RFC 3339 UTC: {e}", self.event_id);
+                }
+            }
+        }
+    }
+
     /// `done_at` as a time; fails the test when it is missing or not RFC 3339 UTC.
     pub fn done_at(&self) -> SystemTime {
         let s = self.done_at.as_deref().unwrap_or_else(|| panic!("record {} has no done_at: {self:?}", self.event_id));
@@ -372,8 +396,10 @@ impl Outboxd {
 
     pub fn store_get(&self, event_id: &str) -> Record {
         let v = self.store_json(&["get", event_id]);
-        serde_json::from_value(v.clone())
-            .unwrap_or_else(|e| panic!("`store get` record does not match the contract ({e}): {v}"))
+        let record: Record = serde_json::from_value(v.clone())
+            .unwrap_or_else(|e| panic!("`store get` record does not match the contract ({e}): {v}"));
+        record.assert_times();
+        record
     }
 
     /// `store list [--state STATE] --limit LIMIT --json`
@@ -385,23 +411,12 @@ impl Outboxd {
         }
         args.extend(["--limit", &limit]);
         let v = self.store_json(&args);
-        serde_json::from_value(v.clone()).unwrap_or_else(|e| {
+        let records: Vec<Record> = serde_json::from_value(v.clone()).unwrap_or_else(|e| {
             let shown: String = v.to_string().chars().take(2000).collect();
             panic!("`store list` output does not match the contract ({e}): {shown}")
-        })
-    }
-
-    /// `store forget ID --yes`: the event runs again when it is redelivered.
-    pub fn store_forget(&self, event_id: &str) {
-        assert!(self.child.is_none(), "stop outboxd before changing its store");
-        let out = self.command(&["store", "forget", event_id, "--yes"]);
-        assert!(
-            out.status.success(),
-            "`outboxd store forget {event_id} --yes` failed with {}\nstdout: {}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        });
+        records.iter().for_each(Record::assert_times);
+        records
     }
 
     pub fn store_stats(&self) -> Value {

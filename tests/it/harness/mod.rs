@@ -5,13 +5,17 @@
 //! see: the receiver's calls, the group's committed offsets, the logs and the
 //! `outboxd store … --json` CLI.
 //!
-//! - [`kafka`]: broker address, unique names, topics, a producer of outbox-shaped
-//!   messages, committed offsets and end offsets.
-//! - [`receiver`]: an axum HTTP server that records every call and can delay, hang
-//!   or fail them, per event id or globally.
+//! - [`kafka`]: broker address, topics and their configs, a producer of outbox-shaped
+//!   and arbitrary messages, reading a topic, committed offsets and end offsets.
+//! - [`broker`]: a private Kafka broker (`scripts/stack` with its own state folder and
+//!   ports) for tests that SIGKILL the broker.
+//! - [`receiver`]: an axum HTTP server that records every call and answers by
+//!   behaviours (delay, hang, fail), per event id or globally, or by a script.
 //! - [`daemon`]: outboxd as a child process with a generated config in a temporary
 //!   directory, its stderr in a file (printed when a test fails), kill/stop helpers and
 //!   the store CLI.
+//! - [`store`]: the store CLI commands beyond `get|list`: `export`, raw JSON records.
+//! - [`logs`]: what outboxd logged (lines, event ids, times, panics).
 //! - [`debezium`]: the rest of the real pipeline: PostgreSQL (through `psql`), Kafka
 //!   Connect's REST API, Debezium connector configs derived from
 //!   `debezium/connector.json`, `scripts/stack` (kill/start Connect), and clean-up of
@@ -20,24 +24,22 @@
 //!   Connect, the Confluent wire format, and stopping/starting the registry.
 //! - [`turns`]: the locks by which tests that change the one Connect worker or the
 //!   registry take turns, now that every test runs in one process.
-#![allow(dead_code)]
 
 pub mod avro;
+pub mod broker;
 pub mod daemon;
 pub mod debezium;
 pub mod kafka;
+pub mod logs;
 pub mod receiver;
+pub mod store;
 pub mod turns;
 
 use std::fmt::Display;
 use std::time::{Duration, Instant};
 
-// Not every test binary uses every item.
-#[allow(unused_imports)]
-pub use daemon::{Outboxd, OutboxdConfig, Record};
-#[allow(unused_imports)]
+pub use daemon::{Outboxd, Record};
 pub use kafka::{Kafka, Message, OffsetReader, Produced, Producer};
-#[allow(unused_imports)]
 pub use receiver::{Behaviour, Call, Receiver};
 
 /// How often the wait helpers look again.

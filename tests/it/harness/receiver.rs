@@ -115,9 +115,6 @@ struct Behaviours {
 /// What the script sees of a call.
 #[derive(Clone, Debug)]
 pub struct Req {
-    pub method: String,
-    /// The path as sent (percent-encoded).
-    pub path: String,
     /// `Idempotency-Key`, else the last path segment (decoded).
     pub event_id: Option<String>,
     /// 1 for the first call with this event id on this kind of path, 2 for the next...
@@ -408,11 +405,6 @@ impl Receiver {
         lock(&self.shared).calls.iter().filter(|c| c.is_handler_call() && c.in_flight()).count()
     }
 
-    /// Calls whose chosen status was `status`.
-    pub fn count_status(&self, status: u16) -> usize {
-        lock(&self.shared).calls.iter().filter(|c| c.status == status).count()
-    }
-
     /// Handler calls that carried `X-Outboxd-Instance: instance`.
     pub fn calls_from(&self, instance: &str) -> usize {
         lock(&self.shared).calls.iter().filter(|c| c.is_handler_call() && c.instance() == Some(instance)).count()
@@ -421,10 +413,6 @@ impl Receiver {
     /// How many distinct events got a handler call answered 2xx.
     pub fn ok_count(&self) -> usize {
         lock(&self.shared).ok.len()
-    }
-
-    pub fn len(&self) -> usize {
-        lock(&self.shared).calls.len()
     }
 }
 
@@ -500,8 +488,7 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, headers:
             }
             None => 1,
         };
-        let req =
-            Req { method: method.to_string(), path: path.clone(), event_id: event_id.clone(), nth, kind: kind.clone() };
+        let req = Req { event_id: event_id.clone(), nth, kind: kind.clone() };
         let script = inner.script.clone();
         // The script is cheap and never blocks; calling it under the lock keeps
         // decisions and records in one order.

@@ -1,27 +1,7 @@
-//! Helpers for the failure-handling tests (the `failure`, `faults` and `hostile` tests), on top
-//! of the harness:
-//!
-//! - [`broker`]: a private Kafka broker (scripts/stack with its own state folder and
-//!   ports) for tests that SIGKILL the broker.
-//! - [`store`]: `outboxd store export|retry|resolve` and raw JSON records.
-#![allow(dead_code)]
+//! What outboxd logged: lines with a needle, event ids, times, panics; without the
+//! colour codes outboxd writes even into a file.
 
-pub mod broker;
-pub mod store;
-
-use std::time::Duration;
-
-use crate::harness::Outboxd;
-
-/// TOML lines for `[handlers.dead_letter]`.
-pub fn dead_letter_toml(topic: &str) -> String {
-    format!("[handlers.dead_letter]\ntopic = {}\n", serde_json::to_string(topic).expect("string"))
-}
-
-/// TOML line for a static header naming the instance in every call.
-pub fn instance_header_toml(name: &str) -> String {
-    format!("headers = {{ X-Outboxd-Instance = {} }}\n", serde_json::to_string(name).expect("string"))
-}
+use super::Outboxd;
 
 /// Whether the current (last) run logged `needle`.
 pub fn logged(od: &Outboxd, needle: &str) -> bool {
@@ -78,9 +58,4 @@ pub fn log_time(line: &str) -> Option<std::time::SystemTime> {
 pub fn assert_no_panic(od: &Outboxd) {
     let log = od.log_tails(usize::MAX, usize::MAX);
     assert!(!log.contains("panicked at"), "outboxd panicked:\n{log}");
-}
-
-/// Waits (bounded) without a condition; for pacing only.
-pub async fn pause(d: Duration) {
-    tokio::time::sleep(d).await;
 }

@@ -5,7 +5,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::harness::Outboxd;
+use super::Outboxd;
 
 /// stdout, stderr and status of a command, for failure messages.
 pub fn describe(out: &Output) -> String {

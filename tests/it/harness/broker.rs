@@ -118,13 +118,6 @@ impl PrivateBroker {
     pub fn restart(&self) {
         self.stack(&["up", "kafka"]);
     }
-
-    /// The broker's own log (for failure messages).
-    pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join("kafka").join("kafka.log")).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
 }
 
 impl Drop for PrivateBroker {
