@@ -20,7 +20,8 @@
 //! Size knobs: `OUTBOXD_FAULT_EVENTS` (default 10000 per scenario, over 4 partitions;
 //! about 2.5 minutes for the whole file on 2 cores), `OUTBOXD_FAULT_KILLS` (default 20),
 //! `OUTBOXD_FAULT_SEED` (replays the random choices of an earlier run).
-//! The scenarios run one at a time (they would otherwise compete for 2 cores).
+//! The scenarios run one at a time, and not beside the kill loop ([`turns::LOAD`]): they
+//! would otherwise compete for 2 cores.
 
 use crate::harness;
 
@@ -35,7 +36,7 @@ use harness::daemon::{dead_letter_toml, instance_header_toml};
 use harness::logs::{self, event_ids_logged, log_lines, log_time, strip_ansi};
 use harness::receiver::{Call, Receiver, Reply};
 use harness::store as cli;
-use harness::{env_usize, new_event_id, unique_name, Kafka, Message, Outboxd, Producer};
+use harness::{env_usize, new_event_id, turns, unique_name, Kafka, Message, Outboxd, Producer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -45,9 +46,6 @@ const DEFAULT_EVENTS: usize = 10_000;
 const DEFAULT_KILLS: usize = 20;
 /// Bound on "all events handled" once the faults are over.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// One scenario at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn event_count() -> usize {
     env_usize("OUTBOXD_FAULT_EVENTS", DEFAULT_EVENTS).max(100)
@@ -460,7 +458,7 @@ fn good_count(planned: &[Planned]) -> usize {
 /// and restarted each time, while events keep arriving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_loses_nothing_and_never_repeats_after_done() {
-    let _serial = SERIAL.lock().await;
+    let _load = turns::LOAD.lock().await;
     let name = "sigkill";
     let began = Instant::now();
     let n = event_count();
@@ -540,7 +538,7 @@ async fn sigkill_at_random_moments_loses_nothing_and_never_repeats_after_done() 
 /// (having performed the side effect: the answer is what gets lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flaky_receiver_503s_and_timeouts_lose_nothing() {
-    let _serial = SERIAL.lock().await;
+    let _load = turns::LOAD.lock().await;
     let name = "flaky-receiver";
     let began = Instant::now();
     let n = event_count();
@@ -614,7 +612,7 @@ async fn flaky_receiver_503s_and_timeouts_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_killed_for_ten_seconds_mid_stream_loses_nothing() {
     const OUTAGE: Duration = Duration::from_secs(10);
-    let _serial = SERIAL.lock().await;
+    let _load = turns::LOAD.lock().await;
     let name = "broker-kill";
     let began = Instant::now();
     let n = event_count();
@@ -690,7 +688,7 @@ async fn broker_killed_for_ten_seconds_mid_stream_loses_nothing() {
 /// them before its offset was committed; those are counted, not failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instance_joining_and_leaving_mid_stream_loses_nothing() {
-    let _serial = SERIAL.lock().await;
+    let _load = turns::LOAD.lock().await;
     let name = "rebalance";
     let began = Instant::now();
     let n = event_count();
@@ -835,7 +833,7 @@ fn fill(path: &Path) -> u64 {
 /// exits on the first failed store write, which this test asserts.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_filesystem_full_stops_cleanly_and_resumes_after_restart() {
-    let _serial = SERIAL.lock().await;
+    let _load = turns::LOAD.lock().await;
     let name = "store-disk-full";
     let began = Instant::now();
     let n = event_count();
@@ -971,7 +969,7 @@ async fn store_filesystem_full_stops_cleanly_and_resumes_after_restart() {
 /// dead-letter topic: one dead letter per poison message, and nothing else stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_go_to_the_dead_letter_topic() {
-    let _serial = SERIAL.lock().await;
+    let _load = turns::LOAD.lock().await;
     let name = "poison";
     let began = Instant::now();
     let n = event_count();

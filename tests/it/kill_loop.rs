@@ -4,13 +4,14 @@
 //!
 //! Size knobs: `OUTBOXD_KILL_LOOP_EVENTS` (default 5000), `OUTBOXD_KILL_LOOP_KILLS`
 //! (default 10); `OUTBOXD_KILL_LOOP_SEED` replays the kill moments of an earlier run.
+//! It does not run beside the fault scenarios ([`turns::LOAD`]).
 
 use crate::harness;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use harness::{env_usize, new_event_id, unique_name, Behaviour, Kafka, Outboxd, Produced, Receiver};
+use harness::{env_usize, new_event_id, turns, unique_name, Behaviour, Kafka, Outboxd, Produced, Receiver};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -23,6 +24,7 @@ const KILL_EVERY_ABOUT: Duration = Duration::from_millis(1800);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_nine_loop_loses_nothing_and_never_repeats_after_done() {
+    let _load = turns::LOAD.lock().await;
     let events = env_usize("OUTBOXD_KILL_LOOP_EVENTS", 5000).max(1);
     let kills = env_usize("OUTBOXD_KILL_LOOP_KILLS", 10);
     let seed =
