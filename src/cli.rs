@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::admin::AdminClient;
-use crate::config::{Config, EventIdSource, HandlerSpec, RawConfig};
-use crate::store::{now_us, Owner, Record, State, Store, StoreError, StoreOptions};
+use crate::config::{Config, EventIdSource, HandlerSpec};
+use crate::ops::{self, Needs, Opened, Rerun, StoreApi};
+use crate::store::view::{self, plain, table};
+use crate::store::State;
 
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
@@ -34,7 +34,7 @@ pub enum Command {
     Run(ConfigArg),
     /// Validate the config and print the handler for each topic.
     CheckConfig(ConfigArg),
-    /// Inspect or repair the dedup store (opens it directly; stop `run` first).
+    /// Inspect or repair the dedup store (directly, or through the running service that holds it).
     #[command(subcommand)]
     Store(StoreCommand),
 }
@@ -48,7 +48,7 @@ pub struct ConfigArg {
 
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// Config file whose [store].path is used.
+    /// Config file whose store.path is used.
     #[arg(long, short, default_value = "outboxd.toml", env = "OUTBOXD_CONFIG")]
     pub config: PathBuf,
     /// The store directory (instead of reading it from the config).
@@ -123,230 +123,135 @@ pub enum StoreCommand {
     },
 }
 
-/// The store itself, or the running service that holds it.
-enum Access {
-    Direct(Box<Store>),
-    Remote(AdminClient),
-}
+impl StoreCommand {
+    fn args(&self) -> &StoreArgs {
+        match self {
+            StoreCommand::Stats(args) | StoreCommand::Gc(args) => args,
+            StoreCommand::Get { args, .. }
+            | StoreCommand::List { args, .. }
+            | StoreCommand::Forget { args, .. }
+            | StoreCommand::Retry { args, .. }
+            | StoreCommand::Resolve { args, .. }
+            | StoreCommand::Export { args, .. } => args,
+        }
+    }
 
-/// Opens the store; when a running outboxd holds it and recorded its admin
-/// address, goes through that service instead, with the token it wrote next
-/// to the address (when this user may read the owner file).
-fn access(args: &StoreArgs) -> anyhow::Result<Access> {
-    match open_store(args) {
-        Ok(store) => Ok(Access::Direct(Box::new(store))),
-        Err(e) => match e.downcast_ref::<StoreError>() {
-            Some(StoreError::Locked { path, admin: Some(addr), .. }) => {
-                // The token of the run that recorded this address, not of a later one.
-                let token = Owner::read(path).filter(|o| o.admin.as_ref() == Some(addr)).and_then(|o| o.admin_token);
-                Ok(Access::Remote(AdminClient::new(addr, token)?))
+    /// Re-runs need the handlers of the whole config.
+    fn needs(&self) -> Needs {
+        match self {
+            StoreCommand::Retry { .. } | StoreCommand::Resolve { done: false, .. } => Needs::Handlers,
+            _ => Needs::Records,
+        }
+    }
+
+    /// What can be refused before the store is opened.
+    fn check(&self) -> anyhow::Result<()> {
+        match self {
+            StoreCommand::Forget { event_id, yes: false, .. } => {
+                bail!("forgetting {event_id:?} lets its side effect run again when it is redelivered; re-run with --yes to confirm")
             }
-            _ => Err(e),
-        },
+            StoreCommand::Retry { event_id: None, all_dead: false, .. } => {
+                bail!("name an event id, or use --all-dead")
+            }
+            _ => Ok(()),
+        }
     }
 }
 
+/// Runs a `store` command on the store itself or, when a running outboxd holds
+/// it, through that service ([`ops::open`]).
 pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
+    cmd.check()?;
+    let args = cmd.args();
+    match ops::open(&args.config, args.path.as_deref(), cmd.needs())? {
+        Opened::Local(api) => store_command_on(&api, cmd).await,
+        Opened::Remote(api) => store_command_on(&api, cmd).await,
+    }
+}
+
+async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Result<()> {
     match cmd {
         StoreCommand::Stats(args) => {
-            let (value, source) = match access(&args)? {
-                Access::Direct(store) => (stats_json(&store.stats()?), format!("store {}", store.path().display())),
-                Access::Remote(c) => (c.stats().await?, format!("store of the running service at {}", c.address())),
-            };
+            let value = api.stats().await?;
             if args.json {
                 println!("{value}");
             } else {
-                let mut t = table(&["", ""]);
-                for (k, v) in value.as_object().expect("object") {
-                    t.add_row(vec![k.clone(), plain(v)]);
-                }
-                println!("{source}\n{t}");
+                println!("{}\n{}", api.source(), view::stats_table(&value));
             }
         }
         StoreCommand::Get { event_id, args } => {
-            let value = match access(&args)? {
-                Access::Direct(store) => store.get(&event_id)?.map(|r| record_json(&r)),
-                Access::Remote(c) => c.get(&event_id).await?,
-            };
-            let Some(value) = value else {
+            let Some(value) = api.get(&event_id).await? else {
                 bail!("no record for event {event_id:?}");
             };
             if args.json {
                 println!("{value}");
             } else {
-                let mut t = table(&["field", "value"]);
-                for (k, v) in value.as_object().expect("object") {
-                    t.add_row(vec![k.clone(), plain(v)]);
-                }
-                println!("{t}");
+                println!("{}", view::record_table(&value));
             }
         }
         StoreCommand::List { state, limit, args } => {
-            let values: Vec<Value> = match access(&args)? {
-                Access::Direct(store) => store.list(state, limit)?.iter().map(record_json).collect(),
-                Access::Remote(c) => c.list(state.map(State::as_str), None, limit).await?,
-            };
+            let values = api.list(state, None, limit).await?;
             if args.json {
                 println!("{}", Value::Array(values));
             } else {
-                print_records(&values);
+                println!("{}\n{} record(s)", view::records_table(&values), values.len());
             }
         }
-        StoreCommand::Forget { event_id, yes, args } => {
-            if !yes {
-                bail!("forgetting {event_id:?} lets its side effect run again when it is redelivered; re-run with --yes to confirm");
-            }
-            let r = match access(&args)? {
-                Access::Direct(store) => record_json(&store.forget(&event_id).await?),
-                Access::Remote(c) => c.repair("forget", &event_id).await?,
-            };
+        StoreCommand::Forget { event_id, .. } => {
+            let r = api.forget(&event_id).await?;
             println!("forgot {event_id} (was {}, {} attempt(s))", plain(&r["state"]), plain(&r["attempts"]));
         }
-        StoreCommand::Gc(args) => {
-            let removed = match access(&args)? {
-                Access::Direct(store) => store.gc(now_us()).await?,
-                Access::Remote(c) => c.repair("gc", "").await?["removed"].as_u64().unwrap_or(0),
-            };
+        StoreCommand::Gc(_) => {
+            let removed = api.gc().await?;
             println!("removed {removed} expired record(s)");
         }
-        StoreCommand::Retry { event_id, all_dead, topic, args } => {
-            if let Access::Remote(c) = access(&args)? {
-                let ids = match event_id {
-                    Some(id) => vec![id],
-                    None if all_dead => {
-                        let dead = c.list(Some("dead"), topic.as_deref(), usize::MAX).await?;
-                        dead.iter().filter_map(|r| r["event_id"].as_str().map(str::to_owned)).collect()
-                    }
-                    None => bail!("name an event id, or use --all-dead"),
-                };
-                return retry_remote(&c, &ids).await;
-            }
+        StoreCommand::Retry { event_id, topic, .. } => {
             let ids = match event_id {
                 Some(id) => vec![id],
-                None if all_dead => {
-                    let store = open_store(&args)?;
-                    let dead = store.list_filtered(Some(State::Dead), topic.as_deref(), usize::MAX)?;
-                    dead.into_iter().map(|r| r.event_id).collect()
-                }
-                None => bail!("name an event id, or use --all-dead"),
+                None => ops::dead_ids(api, topic.as_deref()).await?,
             };
-            run_again(&args, &ids).await?;
+            rerun(api, &ids).await?;
         }
-        StoreCommand::Resolve { event_id, done, retry: _, args } => match (access(&args)?, done) {
-            (Access::Direct(store), true) => {
-                store.resolve_done(&event_id, "resolved by hand: done".to_owned()).await?;
-                println!("{event_id}: recorded done (it will not run again)");
-            }
-            (Access::Direct(store), false) => {
-                drop(store);
-                run_again(&args, &[event_id]).await?;
-            }
-            (Access::Remote(c), true) => {
-                c.repair("resolve", &event_id).await?;
-                println!("{event_id}: recorded done (it will not run again)");
-            }
-            (Access::Remote(c), false) => retry_remote(&c, &[event_id]).await?,
-        },
-        StoreCommand::Export { state, topic, args } => {
-            use std::io::Write;
+        StoreCommand::Resolve { event_id, done: true, .. } => {
+            api.resolve_done(&event_id).await?;
+            println!("{event_id}: recorded done (it will not run again)");
+        }
+        StoreCommand::Resolve { event_id, .. } => rerun(api, &[event_id]).await?,
+        StoreCommand::Export { state, topic, .. } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             // Drawn on stderr when it is a terminal; hidden when piped or redirected.
             let progress = indicatif::ProgressBar::new_spinner()
                 .with_style(indicatif::ProgressStyle::with_template("{spinner} {pos} records exported ({per_sec})")?);
-            match access(&args)? {
-                Access::Direct(store) => {
-                    progress.set_length(store.len() as u64);
-                    progress.set_style(indicatif::ProgressStyle::with_template(
-                        "{bar:40} {pos}/{len} records scanned, {per_sec}, eta {eta}",
-                    )?);
-                    store.scan(state, topic.as_deref(), |r| -> anyhow::Result<()> {
-                        writeln!(out, "{}", export_line(&store, &r)?)?;
-                        progress.inc(1);
-                        Ok(())
-                    })?;
-                }
-                Access::Remote(c) => {
-                    let lines = c.export(state.map(State::as_str), topic.as_deref(), &mut out, &progress).await?;
-                    progress.set_position(lines);
-                }
+            if let Some(len) = api.known_len() {
+                progress.set_length(len);
+                progress.set_style(indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} records scanned, {per_sec}, eta {eta}",
+                )?);
             }
-            out.flush()?;
+            let lines = api.export(state, topic.as_deref(), &mut out, &progress).await?;
+            std::io::Write::flush(&mut out)?;
             progress.finish_and_clear();
-            eprintln!("exported {} record(s)", progress.position());
+            eprintln!("exported {lines} record(s)");
         }
     }
     Ok(())
 }
 
-/// One JSON Lines row of `store export`: the record, plus the message copy of dead and parked events.
-pub fn export_line(store: &Store, r: &Record) -> Result<Value, StoreError> {
-    let mut line = record_json(r);
-    if let Some(m) = store.message_of(r)? {
-        line["message"] = message_json(&m);
-    }
-    Ok(line)
-}
-
-fn print_records(values: &[Value]) {
-    let mut t = table(&["event_id", "state", "attempts", "topic/partition@offset", "updated_at", "outcome / reason"]);
-    for r in values {
-        let outcome = if r["outcome"].is_null() { plain(&r["reason"]) } else { plain(&r["outcome"]) };
-        t.add_row(vec![
-            plain(&r["event_id"]),
-            plain(&r["state"]),
-            plain(&r["attempts"]),
-            format!("{}/{}@{}", plain(&r["topic"]), plain(&r["partition"]), plain(&r["offset"])),
-            plain(&r["updated_at"]),
-            outcome,
-        ]);
-    }
-    println!("{t}\n{} record(s)", values.len());
-}
-
-async fn retry_remote(c: &AdminClient, ids: &[String]) -> anyhow::Result<()> {
+/// Runs stored copies again (the handler, retries, dead letters), one line per event.
+async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     let (mut done, mut failed) = (0, 0);
     for id in ids {
-        let r = c.repair("retry", id).await?;
-        if r["state"] == "done" {
-            done += 1;
-            println!("{id}: done ({})", plain(&r["outcome"]));
-        } else {
-            failed += 1;
-            println!("{id}: {} ({})", plain(&r["state"]), plain(&r["reason"]));
-        }
-    }
-    println!("{done} done, {failed} failed");
-    if failed > 0 {
-        bail!("{failed} event(s) failed again");
-    }
-    Ok(())
-}
-
-/// Runs stored copies again through the executor (the handler, retries, dead letters).
-async fn run_again(args: &StoreArgs, ids: &[String]) -> anyhow::Result<()> {
-    let config = Config::load(&args.config)?;
-    let opts = StoreOptions {
-        retention: config.store.retention,
-        commit_interval: config.store.commit_interval,
-        fsync: config.store.fsync,
-        role: "store retry",
-        cache_bytes: crate::store::SMALL_CACHE_BYTES,
-    };
-    let path = args.path.clone().unwrap_or_else(|| config.store.path.clone());
-    let store = std::sync::Arc::new(Store::open(&path, &opts)?);
-    let exec = crate::engine::Executor::new(config, store.clone())?;
-    let (mut done, mut failed) = (0, 0);
-    for id in ids {
-        match exec.rerun(id).await.with_context(|| format!("retrying {id}"))? {
-            Some(r) if r.state == State::Done => {
+        match api.rerun(id).await? {
+            Rerun::Finished(r) if r["state"] == "done" => {
                 done += 1;
-                println!("{id}: done ({})", r.outcome.unwrap_or_default());
+                println!("{id}: done ({})", text(&r["outcome"]));
             }
-            Some(r) => {
+            Rerun::Finished(r) => {
                 failed += 1;
-                println!("{id}: {} again ({})", r.state, r.reason.unwrap_or_default());
+                println!("{id}: {} again ({})", text(&r["state"]), text(&r["reason"]));
             }
-            None => {
+            Rerun::Redecoded => {
                 // An undecodable message that now decodes is recorded under its real event id.
                 done += 1;
                 println!("{id}: re-run (recorded under its decoded event id)");
@@ -358,49 +263,6 @@ async fn run_again(args: &StoreArgs, ids: &[String]) -> anyhow::Result<()> {
         bail!("{failed} event(s) failed again");
     }
     Ok(())
-}
-
-fn message_json(m: &crate::event::RawMessage) -> Value {
-    let bytes = |b: &Option<Vec<u8>>| match b {
-        None => Value::Null,
-        Some(b) => match std::str::from_utf8(b) {
-            Ok(s) => json!(s),
-            Err(_) => json!({ "bytes": b }),
-        },
-    };
-    json!({
-        "topic": m.topic, "partition": m.partition, "offset": m.offset,
-        "key": bytes(&m.key), "value": bytes(&m.value),
-        "headers": m.headers.iter().map(|(k, v)| json!([k, bytes(v)])).collect::<Vec<_>>(),
-    })
-}
-
-fn open_store(args: &StoreArgs) -> anyhow::Result<Store> {
-    let (path, retention) = match &args.path {
-        Some(p) => (p.clone(), None),
-        None => store_section(&args.config)?,
-    };
-    if !path.exists() {
-        bail!("no store at {} (nothing has run with this config yet?)", path.display());
-    }
-    let opts = StoreOptions {
-        retention: retention.unwrap_or(std::time::Duration::from_secs(7 * 86400)),
-        commit_interval: std::time::Duration::ZERO,
-        fsync: true,
-        role: "store",
-        cache_bytes: crate::store::SMALL_CACHE_BYTES,
-    };
-    Ok(Store::open(&path, &opts)?)
-}
-
-/// Only `[store]` is needed: `${VAR}`s elsewhere need not be set for `store` commands.
-fn store_section(config: &Path) -> anyhow::Result<(PathBuf, Option<std::time::Duration>)> {
-    let text = std::fs::read_to_string(config)
-        .with_context(|| format!("reading {} (or pass --path to the store directory)", config.display()))?;
-    let raw: RawConfig = toml::from_str(&text).with_context(|| format!("invalid config {}", config.display()))?;
-    let retention =
-        raw.store.retention.as_deref().map(humantime::parse_duration).transpose().context("store.retention")?;
-    Ok((raw.store.path, retention))
 }
 
 pub fn check_config(path: &Path) -> anyhow::Result<()> {
@@ -450,57 +312,4 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
     }
     println!("{t}");
     Ok(())
-}
-
-fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED);
-    if header.iter().any(|h| !h.is_empty()) {
-        t.set_header(header.to_vec());
-    }
-    t
-}
-
-fn plain(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".to_owned(),
-        other => other.to_string(),
-    }
-}
-
-pub fn stats_json(s: &crate::store::Stats) -> Value {
-    json!({
-        "claimed": s.claimed, "done": s.done, "dead": s.dead, "parked": s.parked,
-        "duplicates_suppressed": s.duplicates_suppressed,
-        "bytes_on_disk": s.bytes_on_disk,
-        "oldest": s.oldest_us.map(rfc3339), "newest": s.newest_us.map(rfc3339),
-    })
-}
-
-pub fn rfc3339(us: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_micros(us.max(0) as u64);
-    humantime::format_rfc3339_micros(t).to_string()
-}
-
-pub fn record_json(r: &Record) -> Value {
-    json!({
-        "event_id": r.event_id,
-        "state": r.state,
-        "attempts": r.attempts,
-        "topic": r.topic,
-        "partition": r.partition,
-        "offset": r.offset,
-        "key": r.key,
-        "event_type": r.event_type,
-        "first_seen": rfc3339(r.first_seen_us),
-        "claimed_at": r.claimed_at_us.map(rfc3339),
-        "done_at": r.done_at_us.map(rfc3339),
-        "updated_at": rfc3339(r.updated_at_us),
-        "outcome": r.outcome,
-        "reason": r.reason,
-        "duplicates": r.duplicates,
-        "dead_letter": r.dead_letter,
-        "expires_at": r.expires_at_us.map(rfc3339),
-    })
 }

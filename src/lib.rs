@@ -28,7 +28,7 @@
 //! - [`avro`]: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
 //! - [`store`]: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
 //!   log and of new blob files; a failed sync fails every later wait), expiry index, message copies within a
-//!   quota. Only place that uses sled.
+//!   quota. Only place that uses sled. [`store::view`]: records, stats and message copies as JSON and tables.
 //! - [`offsets`]: per-partition tracker of the next committable offset.
 //! - [`kafka`]: the consumer and its rebalance handling, the dead-letter producer, client options. Only place that uses rdkafka.
 //! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain.
@@ -36,8 +36,11 @@
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
 //! - [`app`]: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
-//! - [`admin`]: health, readiness, Prometheus metrics (open), the store API behind a bearer token (axum); the client `store …` uses.
-//! - [`cli`]: `run`, `check-config`, `store …` (directly, or through a running service's admin API).
+//! - [`ops`]: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export),
+//!   written once against [`ops::StoreApi`]: on the store itself, or through a running service.
+//! - [`admin`]: [`admin::server`]: health, readiness, Prometheus metrics (open), the store API behind a bearer
+//!   token (axum), answered by [`ops`]; [`admin::client`]: that API's client, which `store …` uses.
+//! - [`cli`]: `run`, `check-config`, `store …`: parses arguments, calls [`ops`], prints.
 
 pub mod admin;
 pub mod app;
@@ -51,6 +54,7 @@ pub mod handler;
 pub mod kafka;
 pub mod metrics;
 pub mod offsets;
+pub mod ops;
 pub mod store;
 pub mod template;
 

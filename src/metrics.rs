@@ -29,7 +29,7 @@ pub mod names {
     pub const SYNC_SECONDS: &str = "outboxd_store_sync_seconds";
     /// A bug hit while handling one message: it was recorded dead and its chain went on.
     pub const PANICS: &str = "outboxd_event_panics_total";
-    /// Partitions with waiting events whose committable offset has not moved for `stalled_after`.
+    /// Partitions with waiting events whose committable offset has not moved for `kafka.stall_timeout`.
     pub const STALLED: &str = "outboxd_partitions_stalled";
     /// Message copies of failed events not kept because `store.max_message_copy_bytes` was reached.
     pub const COPIES_NOT_KEPT: &str = "outboxd_message_copies_not_kept_total";
@@ -79,6 +79,11 @@ fn describe() {
     );
     describe_gauge!(
         names::STALLED,
-        "Partitions with waiting events whose offset has not moved for admin.stalled_after."
+        "Partitions with waiting events whose offset has not moved for kafka.stall_timeout."
     );
+    describe_counter!(
+        names::COPIES_NOT_KEPT,
+        "Message copies of failed events not kept because store.max_message_copy_bytes was reached."
+    );
+    describe_gauge!(names::COPY_BYTES, Unit::Bytes, "Bytes of message copies of failed events kept in the store.");
 }

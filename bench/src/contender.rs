@@ -132,7 +132,7 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
         .set("client.id", "bench-contender")
-        // outboxd's prefetch defaults (src/engine/consumer.rs), so every contender fetches alike.
+        // outboxd's prefetch defaults (src/kafka/options.rs), so every contender fetches alike.
         .set("queued.max.messages.kbytes", "16384")
         .set("queued.min.messages", "10000")
         .set("fetch.queue.backoff.ms", "20");

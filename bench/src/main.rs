@@ -264,7 +264,7 @@ impl Bench {
         Ok((file, admin_port))
     }
 
-    async fn spawn(&self, who: Contender, config: &Path, table: &str, log: &str) -> anyhow::Result<ChildProc> {
+    fn spawn(&self, who: Contender, config: &Path, table: &str, log: &str) -> anyhow::Result<ChildProc> {
         let mut cmd = match who {
             Contender::Naive => {
                 let mut c = tokio::process::Command::new(self.bin.join("naive"));
@@ -289,7 +289,7 @@ impl Bench {
                 cmd.env(k, v);
             }
         }
-        ChildProc::spawn(cmd, who.name()).await
+        ChildProc::spawn(cmd, who.name())
     }
 
     async fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {
@@ -360,7 +360,7 @@ struct Marks {
 }
 
 impl ChildProc {
-    async fn spawn(mut cmd: tokio::process::Command, name: &'static str) -> anyhow::Result<ChildProc> {
+    fn spawn(mut cmd: tokio::process::Command, name: &'static str) -> anyhow::Result<ChildProc> {
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
         let spawned = Instant::now();
         let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
@@ -912,7 +912,7 @@ async fn drain_run(
     let table = format!("processed_events_{}_{}_{rep}", b.run_id.replace('-', "_"), hk.name());
     let pg0 = pg_server_ticks();
     let n0 = Noise::now();
-    let mut child = b.spawn(who, &cfg, &table, QUIET_LOG).await?;
+    let mut child = b.spawn(who, &cfg, &table, QUIET_LOG)?;
     let t0 = child.wait_assigned().await?;
     let watch = GroupWatch::new(&b.args.brokers, &group, topic, PARTITIONS)?;
     let mut committed;
@@ -998,7 +998,7 @@ async fn latency_run(b: &Bench, who: Contender, rep: usize) -> anyhow::Result<La
         drain_timeout: "10s",
     })?;
     let table = format!("processed_events_{}_lat_{rep}", b.run_id.replace('-', "_"));
-    let mut child = b.spawn(who, &cfg, &table, QUIET_LOG).await?;
+    let mut child = b.spawn(who, &cfg, &table, QUIET_LOG)?;
     child.wait_assigned().await?;
     // Let the consumer's fetchers and the receiver connection settle.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -1079,7 +1079,7 @@ async fn slow_run(b: &Bench, who: Contender, mif: usize, topic: &str, label: &st
     })?;
     let _ = admin;
     b.recv.reset(SLOW_RECEIVER_MS);
-    let mut child = b.spawn(who, &cfg, "unused", QUIET_LOG).await?;
+    let mut child = b.spawn(who, &cfg, "unused", QUIET_LOG)?;
     child.wait_assigned().await?;
     let t0 = Instant::now();
     while b.recv.calls() == 0 {
@@ -1150,7 +1150,7 @@ async fn load_store(
     topic: &str,
     total: i64,
 ) -> anyhow::Result<(f64, f64, u64, u64)> {
-    let mut child = b.spawn(Contender::Outboxd, cfg, "", QUIET_LOG).await?;
+    let mut child = b.spawn(Contender::Outboxd, cfg, "", QUIET_LOG)?;
     let t0 = child.wait_assigned().await?;
     let watch = GroupWatch::new(&b.args.brokers, group, topic, PARTITIONS)?;
     let mut last_print = Instant::now();
@@ -1190,7 +1190,7 @@ async fn outboxd_cmd(b: &Bench, args: &[&str]) -> anyhow::Result<(f64, std::proc
 
 /// Time from process start to the store open / partitions assigned / first event handled.
 async fn cold_start(b: &Bench, cfg: &Path) -> anyhow::Result<(f64, f64, f64, u64)> {
-    let mut child = b.spawn(Contender::Outboxd, cfg, "", "info").await?;
+    let mut child = b.spawn(Contender::Outboxd, cfg, "", "info")?;
     let handled = child.wait_mark(|m| m.handled, "event handled", Duration::from_secs(300)).await?;
     let (rss, _) = child.rss();
     let r = {

@@ -151,14 +151,7 @@ impl App {
 
 /// The store, opened for the service.
 fn open_store(config: &Config) -> anyhow::Result<Arc<Store>> {
-    let options = StoreOptions {
-        retention: config.store.retention,
-        commit_interval: config.store.commit_interval,
-        fsync: config.store.fsync,
-        role: "run",
-        cache_bytes: config.store.cache_bytes,
-    };
-    let store = Store::open(&config.store.path, &options)
+    let store = Store::open(&config.store.path, &StoreOptions::from(&config.store))
         .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
     store.set_message_quota(config.store.max_message_copy_bytes);
     Ok(Arc::new(store))

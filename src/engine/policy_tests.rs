@@ -10,7 +10,7 @@ use super::executor::Executor;
 use crate::config::Config;
 use crate::event::{OutboxEvent, RawMessage};
 use crate::handler::{async_trait, Handler, HandlerError, Outcome, Verified};
-use crate::store::{Claim, Record, State, Store, StoreOptions};
+use crate::store::{Claim, Record, Role, State, Store, StoreOptions};
 
 const TOPIC: &str = "t";
 
@@ -98,7 +98,7 @@ fn fixture(entry: Entry, handler: Arc<Scripted>) -> Fixture {
         retention: Duration::from_secs(3600),
         commit_interval: Duration::from_millis(1),
         fsync: false,
-        role: "test",
+        role: Role::Test,
         cache_bytes: crate::store::SMALL_CACHE_BYTES,
     };
     let store = Arc::new(Store::open(&config.store.path, &opts).unwrap());

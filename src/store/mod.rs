@@ -5,9 +5,11 @@
 mod counts;
 mod keys;
 mod messages;
+mod options;
 mod owner;
 mod record;
 mod sync;
+pub mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -21,6 +23,7 @@ pub use keys::UNDECODABLE_SCOPE;
 pub fn page_cursor(r: &Record) -> String {
     keys::cursor(&r.store_key())
 }
+pub use options::{Role, StoreOptions, SMALL_CACHE_BYTES};
 pub use owner::Owner;
 pub use record::{now_us, Record, State};
 pub use sync::SyncStats;
@@ -61,23 +64,6 @@ pub enum StoreError {
     #[error("no stored copy of the message of event {0:?}")]
     NoMessage(String),
 }
-
-/// How the store is opened.
-#[derive(Debug, Clone)]
-pub struct StoreOptions {
-    pub retention: Duration,
-    /// Group-commit window.
-    pub commit_interval: Duration,
-    /// fdatasync after flush (power-loss safe) or not (process-crash safe only).
-    pub fsync: bool,
-    /// Who opens it, recorded for `store` commands that find it locked.
-    pub role: &'static str,
-    /// sled's page cache (its default, 1 GiB, dominates outboxd's memory).
-    pub cache_bytes: u64,
-}
-
-/// Page cache for commands that open the store briefly.
-pub const SMALL_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Counts for `outboxd store stats`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -193,7 +179,7 @@ impl Store {
             messages,
             retention: opts.retention,
             counts,
-            service: opts.role == "run",
+            service: opts.role.is_service(),
             legacy_keys,
             sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval, Box::new(persist)),
             db,

@@ -12,6 +12,8 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use super::Role;
+
 const OWNER_FILE: &str = "outboxd.owner";
 /// Only the user running outboxd (and root) may read the admin credential.
 const OWNER_FILE_MODE: u32 = 0o600;
@@ -21,6 +23,7 @@ const ADMIN_TOKEN_BYTES: usize = 32;
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Owner {
     pub pid: u32,
+    /// [`Role::as_str`] of the holder; text, so that any version can read it.
     pub role: String,
     pub started_at: String,
     /// The running service's admin address, where `outboxd store` can ask instead.
@@ -72,10 +75,10 @@ pub struct OwnerFile {
 }
 
 impl OwnerFile {
-    pub fn write(dir: &Path, role: &str) -> std::io::Result<OwnerFile> {
+    pub fn write(dir: &Path, role: Role) -> std::io::Result<OwnerFile> {
         let owner = Owner {
             pid: std::process::id(),
-            role: role.to_owned(),
+            role: role.as_str().to_owned(),
             started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             admin: None,
             admin_token: None,
@@ -146,7 +149,7 @@ mod tests {
     #[test]
     fn owner_file_is_readable_by_its_user_only_and_carries_a_fresh_token() {
         let dir = tempfile::tempdir().unwrap();
-        let mut file = OwnerFile::write(dir.path(), "run").unwrap();
+        let mut file = OwnerFile::write(dir.path(), Role::Run).unwrap();
         assert_eq!(mode(&dir.path().join(OWNER_FILE)), 0o600);
         assert!(Owner::read(dir.path()).unwrap().admin_token.is_none(), "no token before an admin address");
 
@@ -160,7 +163,7 @@ mod tests {
         assert_eq!(file.admin_token(), Some(token.as_str()));
         assert!(!format!("{owner:?} {owner}").contains(&token), "neither Debug nor Display shows the token");
 
-        let mut next = OwnerFile::write(dir.path(), "run").unwrap();
+        let mut next = OwnerFile::write(dir.path(), Role::Run).unwrap();
         next.set_admin("127.0.0.1:9464").unwrap();
         assert_ne!(next.admin_token(), Some(token.as_str()), "every run has its own token");
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -173,7 +176,7 @@ mod tests {
         let path = dir.path().join(OWNER_FILE);
         std::fs::write(&path, "{}").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let mut file = OwnerFile::write(dir.path(), "run").unwrap();
+        let mut file = OwnerFile::write(dir.path(), Role::Run).unwrap();
         file.set_admin("127.0.0.1:1").unwrap();
         assert_eq!(mode(&path), 0o600);
     }

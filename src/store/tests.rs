@@ -3,11 +3,9 @@ use crate::event::{OutboxEvent, Payload, Position};
 
 fn opts(retention: Duration) -> StoreOptions {
     StoreOptions {
-        retention,
         commit_interval: Duration::from_millis(1),
-        fsync: true,
-        role: "test",
-        cache_bytes: SMALL_CACHE_BYTES,
+        role: Role::Test,
+        ..StoreOptions::inspect(Some(retention))
     }
 }
 
@@ -409,7 +407,7 @@ async fn each_scope_of_an_id_keeps_its_own_message_copy() {
     let mut values = Vec::new();
     store
         .scan(None, None, |r| -> Result<(), StoreError> {
-            values.push(crate::cli::export_line(&store, &r)?["message"]["value"].clone());
+            values.push(super::view::export_line(&store, &r)?["message"]["value"].clone());
             Ok(())
         })
         .unwrap();

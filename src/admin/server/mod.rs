@@ -1,0 +1,120 @@
+//! The admin HTTP server of a running outboxd: `/healthz`, `/readyz`,
+//! `/metrics` (Prometheus), open to anyone who can reach the port, and the
+//! store API (`/v1/*`, `routes`) that `outboxd store …` uses while the
+//! service holds the database, behind one layer (`auth`) that requires a
+//! bearer token and refuses browsers and foreign `Host` headers. axum is
+//! used only here (and in the demo receiver).
+
+mod auth;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+
+use crate::metrics::names;
+
+use crate::engine::Executor;
+use crate::offsets::OffsetTracker;
+use crate::store::StoreError;
+
+/// What the admin endpoints look at.
+pub struct AdminState {
+    pub exec: Arc<Executor>,
+    pub tracker: Arc<std::sync::Mutex<OffsetTracker>>,
+    pub draining: Arc<AtomicBool>,
+    pub broker_up: Arc<AtomicBool>,
+    /// A partition whose events wait longer than this without its offset moving is stalled.
+    pub stall_timeout: std::time::Duration,
+    pub prometheus: PrometheusHandle,
+    /// `[admin] token`: accepted by the store API besides this run's token.
+    pub token: Option<String>,
+}
+
+type Shared = Arc<AdminState>;
+
+/// Binds the listener (so a taken port fails start-up, not later).
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        anyhow::anyhow!("admin.listen: cannot listen on {addr}: {e} (set [admin] listen to another port, or \"off\")")
+    })
+}
+
+/// Serves until `shutdown`. The store API accepts `[admin] token` and the
+/// token the store wrote into its owner file with the admin address
+/// ([`crate::store::Store::advertise_admin`]); with neither, it refuses everything.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let run_token = state.exec.store.admin_token();
+    if run_token.is_none() && state.token.is_none() {
+        tracing::warn!("no admin token: the store API (/v1) refuses every request (the owner file could not be written and [admin] token is not set)");
+    }
+    let guard = auth::Guard::new(
+        state.token.clone().into_iter().chain(run_token),
+        listener.local_addr()?,
+        &state.exec.config.admin.allowed_hosts,
+    );
+    let state = Arc::new(state);
+    let api =
+        routes::router(state.exec.clone()).layer(axum::middleware::from_fn_with_state(Arc::new(guard), auth::check));
+    let app = Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+        .nest("/v1", api);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+/// An error answer: `{"error": "..."}` with its status.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({"error": self.1}))).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        let status = match e {
+            StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+            StoreError::WrongState { .. } | StoreError::NoMessage(_) => StatusCode::CONFLICT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+async fn readyz(State(s): State<Shared>) -> Response {
+    let (partitions, stalled) = {
+        let tracker = s.tracker.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (tracker.assigned(), tracker.stalled(std::time::Instant::now(), s.stall_timeout))
+    };
+    let broker = s.broker_up.load(Ordering::Relaxed);
+    let draining = s.draining.load(Ordering::Relaxed);
+    let store_ok = !s.exec.stopped();
+    let ready = store_ok && broker && partitions > 0 && !draining && stalled.is_empty();
+    let stalled: Vec<String> = stalled.iter().map(crate::offsets::name).collect();
+    let body = json!({"ready": ready, "store": store_ok, "broker": broker, "partitions": partitions,
+        "draining": draining, "stalled": stalled});
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(body)).into_response()
+}
+
+async fn metrics(State(s): State<Shared>) -> String {
+    let in_flight = s.tracker.lock().expect("offset tracker lock").unfinished();
+    metrics::gauge!(names::IN_FLIGHT).set(in_flight as f64);
+    s.prometheus.render()
+}

@@ -1,0 +1,155 @@
+//! The store API under `/v1`: reads (stats, one record, pages of records,
+//! export) and repairs (forget, resolve, retry, gc), answered by
+//! [`ops::Local`] on the service's store. Every route here sits behind
+//! [`super::auth::check`]; none checks credentials itself.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+use super::ApiError;
+use crate::engine::Executor;
+use crate::ops::{self, Local};
+use crate::store::{State as RecordState, StoreError};
+
+/// Records in one page of `/v1/events` when the request names no `limit`.
+const DEFAULT_PAGE: usize = 100;
+/// Largest page of `/v1/events` (a record is ~0.5 kB of JSON): a larger
+/// `limit` gets this many and a `next` cursor to go on from.
+const MAX_PAGE: usize = 10_000;
+/// Records still buffered for an export response before the scan waits for the client.
+const EXPORT_BUFFER: usize = 1024;
+/// Admin retries re-executing at once (each may hold a handler call for its
+/// whole retry schedule); further `/v1/retry` requests wait for a turn.
+const MAX_ADMIN_RETRIES: usize = 4;
+
+/// What `/v1/retry` needs: the executor, and a turn to run in.
+struct Retries {
+    exec: Arc<Executor>,
+    /// One permit per running admin retry, held by its task until it ends.
+    turns: Arc<Semaphore>,
+}
+
+pub(super) fn router(exec: Arc<Executor>) -> Router {
+    let local = Local::with_executor(exec.clone());
+    let retries = Retries { exec, turns: Arc::new(Semaphore::new(MAX_ADMIN_RETRIES)) };
+    Router::new()
+        .route("/stats", get(stats))
+        .route("/events", get(list))
+        .route("/events/{*id}", get(get_event))
+        .route("/forget", post(forget))
+        .route("/resolve", post(resolve))
+        .route("/retry", post(retry).with_state(Arc::new(retries)))
+        .route("/gc", post(gc))
+        .route("/export", get(export))
+        .with_state(local)
+}
+
+fn join_error(e: tokio::task::JoinError) -> ApiError {
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+async fn stats(State(l): State<Local>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(tokio::task::spawn_blocking(move || l.stats()).await.map_err(join_error)??))
+}
+
+async fn get_event(State(l): State<Local>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    found(&id, l.get(&id)?)
+}
+
+/// The record, or a 404 naming the event.
+fn found(id: &str, record: Option<Value>) -> Result<Json<Value>, ApiError> {
+    match record {
+        Some(r) => Ok(Json(r)),
+        None => Err(ApiError(StatusCode::NOT_FOUND, format!("no record for event {id:?}"))),
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+    topic: Option<String>,
+    /// Page size (`/v1/events` only).
+    limit: Option<usize>,
+    /// Cursor: records after this event id (`/v1/events` only).
+    after: Option<String>,
+}
+
+impl ListQuery {
+    /// `?state=`, or a 400 naming the states there are.
+    fn state_filter(&self) -> Result<Option<RecordState>, ApiError> {
+        self.state.as_deref().map(str::parse).transpose().map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
+    }
+}
+
+/// One page of records in id order: `{"records": [...], "next": ID | null}`.
+/// `next` is set when more records follow; ask again with `?after=ID`.
+async fn list(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
+    let state = q.state_filter()?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
+    let page = tokio::task::spawn_blocking(move || l.page(state, q.topic.as_deref(), q.after.as_deref(), limit))
+        .await
+        .map_err(join_error)??;
+    Ok(Json(json!({"records": page.records, "next": page.next})))
+}
+
+#[derive(Deserialize)]
+struct IdQuery {
+    id: String,
+}
+
+async fn forget(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(l.forget(&q.id).await?))
+}
+
+async fn resolve(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    let record = l.resolve_done(&q.id).await?;
+    found(&q.id, record)
+}
+
+async fn gc(State(l): State<Local>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!({"removed": l.gc().await?})))
+}
+
+/// JSON Lines of records (with message copies), streamed while the store is scanned.
+async fn export(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
+    let state = q.state_filter()?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(EXPORT_BUFFER);
+    tokio::task::spawn_blocking(move || {
+        let sent = l.export(state, q.topic.as_deref(), |line| -> Result<(), StoreError> {
+            // A client that went away ends the scan.
+            tx.blocking_send(Ok(format!("{line}\n"))).map_err(|_| StoreError::NotFound("export client".into()))
+        });
+        if let Err(e) = sent {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    Ok(([("content-type", "application/x-ndjson")], axum::body::Body::from_stream(stream)).into_response())
+}
+
+/// Runs a dead or parked event again from its stored copy, in the service,
+/// and answers with the final record. The run is a task of its own: axum
+/// drops this handler when the client goes away, and a re-execution dropped
+/// between its claim and its outcome would leave the record `claimed`, with
+/// no Kafka delivery left to finish it.
+async fn retry(State(r): State<Arc<Retries>>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+    let turn = r.turns.clone().acquire_owned().await.expect("the retry semaphore is never closed");
+    let exec = r.exec.clone();
+    let run = tokio::spawn(async move {
+        let _turn = turn;
+        let answer = ops::rerun(&exec, &q.id).await.map_err(ApiError::from);
+        if let Err(e) = &answer {
+            tracing::warn!(event_id = %q.id, error = %e.1, "admin retry failed");
+        }
+        answer.map(|r| Json(r.to_json(&q.id)))
+    });
+    run.await.map_err(join_error)?
+}

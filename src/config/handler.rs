@@ -1,0 +1,274 @@
+//! `[[handlers]]`: which topics, what runs (`kind`), where the event id is, and
+//! what happens on failure (retry, dead letter) and on an uncertain outcome
+//! (`on_uncertain`, `verify`). Validation runs in named steps, in the order
+//! their errors are reported.
+
+use std::collections::BTreeMap;
+
+use anyhow::bail;
+use serde::Deserialize;
+
+use super::http::{HttpConfig, RawVerify, StatusMatch};
+use super::retry::{RawRetry, RetryConfig};
+use super::topics::TopicMatch;
+
+const DEFAULT_EVENT_ID_HEADER: &str = "id";
+/// Where Debezium puts it with `table.fields.additional.placement=type:header:eventType`.
+const DEFAULT_EVENT_TYPE_HEADER: &str = "eventType";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HandlerKind {
+    Http,
+    Log,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHandler {
+    pub topics: Option<Vec<String>>,
+    pub topic_pattern: Option<String>,
+    pub kind: HandlerKind,
+    pub url: Option<String>,
+    pub method: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Header carrying the event id to the receiver; `""` turns it off.
+    pub idempotency_header: Option<String>,
+    pub timeout: Option<String>,
+    pub event_id: Option<EventIdSource>,
+    /// Kafka header holding the event type (Debezium: `table.fields.additional.placement`).
+    pub event_type_header: Option<String>,
+    pub retry: Option<RawRetry>,
+    /// HTTP statuses that count as success / permanent failure / retry, overriding the defaults.
+    #[serde(default)]
+    pub success_on: Vec<StatusMatch>,
+    #[serde(default)]
+    pub fail_on: Vec<StatusMatch>,
+    #[serde(default)]
+    pub retry_on: Vec<StatusMatch>,
+    pub dead_letter: Option<RawDeadLetter>,
+    /// What to do with an event found `claimed` (an earlier attempt's outcome is unknown).
+    pub on_uncertain: Option<OnUncertain>,
+    /// Which records a duplicate is looked up in: `topic` (default) or `shared`.
+    pub dedup_scope: Option<DedupScope>,
+    pub verify: Option<RawVerify>,
+    pub format: Option<Format>,
+    pub body: Option<Body>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDeadLetter {
+    pub topic: String,
+}
+
+/// How a handler reads message values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// Avro when the value has the Confluent framing, else JSON or text.
+    #[default]
+    Auto,
+    Json,
+    Avro,
+    /// The bytes as they are.
+    Raw,
+}
+
+/// What the handler sends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Body {
+    /// The decoded value as JSON (JSON when it is JSON).
+    #[default]
+    Json,
+    /// The original value bytes.
+    Raw,
+}
+
+/// The policy for an event whose earlier attempt may or may not have happened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnUncertain {
+    /// Run again with the same idempotency key.
+    #[default]
+    Retry,
+    /// Ask the receiver first (`verify.url`): 2xx = it happened, 404 = run it.
+    Verify,
+    /// Never re-run automatically: record `parked`, dead-letter it, let a person decide.
+    Park,
+}
+
+/// Where an event id is unique, so where its record is looked up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DedupScope {
+    /// Per topic: equal ids of different topics (rows of different tables read with
+    /// `event_id = { field = "after.id" }`) are different events. Debezium re-emits
+    /// an event on the topic it was routed to, so a replay is still caught.
+    #[default]
+    Topic,
+    /// One scope for all of this handler's topics, and all other `shared` handlers:
+    /// for pipelines that move an event to another topic (a changed routing).
+    Shared,
+}
+
+impl DedupScope {
+    /// The store's scope for an event consumed from `topic`.
+    pub fn of(self, topic: &str) -> &str {
+        match self {
+            DedupScope::Topic => topic,
+            DedupScope::Shared => "",
+        }
+    }
+}
+
+/// Where the event id (the dedup key) is found.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum EventIdSource {
+    /// A Kafka header (Debezium's EventRouter puts the outbox `id` column in header `id`).
+    Header(String),
+    /// A dotted path into the JSON value, e.g. `after.id` for raw change events.
+    Field(String),
+}
+
+impl Default for EventIdSource {
+    fn default() -> Self {
+        EventIdSource::Header(DEFAULT_EVENT_ID_HEADER.to_owned())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum HandlerSpec {
+    Http(Box<HttpConfig>),
+    Log,
+}
+
+#[derive(Debug, Clone)]
+pub struct HandlerConfig {
+    /// Position in the file, for messages (`handlers[2]`).
+    pub index: usize,
+    pub topics: TopicMatch,
+    pub spec: HandlerSpec,
+    pub event_id: EventIdSource,
+    pub event_type_header: String,
+    pub retry: RetryConfig,
+    /// Where dead events go; without one, `dead` records keep the message for export.
+    pub dead_letter_topic: Option<String>,
+    pub on_uncertain: OnUncertain,
+    pub dedup_scope: DedupScope,
+    pub format: Format,
+    pub body: Body,
+}
+
+impl RawHandler {
+    pub(super) fn validate(self, index: usize, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<HandlerConfig> {
+        let at = format!("handlers[{index}]");
+        let topics = TopicMatch::from_raw(&at, self.topics.as_deref(), self.topic_pattern.as_deref())?;
+        self.check_http_only_fields(&at)?;
+        let on_uncertain = self.uncertain_policy(&at)?;
+        let dead_letter_topic = self.dead_letter_topic(&at)?;
+        let spec = match self.kind {
+            HandlerKind::Log => HandlerSpec::Log,
+            HandlerKind::Http => HandlerSpec::Http(Box::new(HttpConfig::from_raw(&at, &self, env)?)),
+        };
+        let event_id = event_id(&at, self.event_id)?;
+        let retry = self.retry.unwrap_or_default().validate(&at)?;
+        Ok(HandlerConfig {
+            index,
+            topics,
+            spec,
+            event_id,
+            event_type_header: self.event_type_header.unwrap_or_else(|| DEFAULT_EVENT_TYPE_HEADER.to_owned()),
+            retry,
+            dead_letter_topic,
+            on_uncertain,
+            dedup_scope: self.dedup_scope.unwrap_or_default(),
+            format: self.format.unwrap_or_default(),
+            body: self.body.unwrap_or_default(),
+        })
+    }
+
+    /// The http fields mean nothing to another kind: setting one is a mistake.
+    fn check_http_only_fields(&self, at: &str) -> anyhow::Result<()> {
+        if self.kind == HandlerKind::Http {
+            return Ok(());
+        }
+        let set = [
+            ("url", self.url.is_some()),
+            ("method", self.method.is_some()),
+            ("headers", !self.headers.is_empty()),
+            ("idempotency_header", self.idempotency_header.is_some()),
+            ("timeout", self.timeout.is_some()),
+            ("success_on", !self.success_on.is_empty()),
+            ("fail_on", !self.fail_on.is_empty()),
+            ("retry_on", !self.retry_on.is_empty()),
+            ("verify", self.verify.is_some()),
+        ];
+        match set.iter().find(|(_, set)| *set) {
+            Some((name, _)) => bail!("{at}.{name}: only valid for kind = \"http\""),
+            None => Ok(()),
+        }
+    }
+
+    /// `verify` goes with `on_uncertain = "verify"`, both ways.
+    fn uncertain_policy(&self, at: &str) -> anyhow::Result<OnUncertain> {
+        let on_uncertain = self.on_uncertain.unwrap_or_default();
+        if on_uncertain == OnUncertain::Verify && self.verify.is_none() {
+            bail!("{at}.verify: on_uncertain = \"verify\" needs [{at}.verify] url = \"...\"");
+        }
+        if self.verify.is_some() && on_uncertain != OnUncertain::Verify {
+            bail!("{at}.verify: only used with on_uncertain = \"verify\"");
+        }
+        Ok(on_uncertain)
+    }
+
+    fn dead_letter_topic(&self, at: &str) -> anyhow::Result<Option<String>> {
+        match &self.dead_letter {
+            Some(d) if d.topic.trim().is_empty() => bail!("{at}.dead_letter.topic: must not be empty"),
+            Some(d) => Ok(Some(d.topic.clone())),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Unset: header `id`, as Debezium's EventRouter writes it.
+fn event_id(at: &str, raw: Option<EventIdSource>) -> anyhow::Result<EventIdSource> {
+    let event_id = raw.unwrap_or_default();
+    match &event_id {
+        EventIdSource::Header(h) | EventIdSource::Field(h) if h.trim().is_empty() => {
+            bail!("{at}.event_id: must name a header or a field")
+        }
+        _ => Ok(event_id),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{err, parse};
+    use super::EventIdSource;
+
+    #[test]
+    fn http_fields_on_log_handler_are_rejected() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nurl=\"http://h/\"\n");
+        assert!(e.contains("handlers[0].url: only valid for kind = \"http\""), "{e}");
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\ntimeout=\"1s\"\nverify={ url = \"http://h/\" }\n");
+        assert!(e.contains("handlers[0].timeout: only valid"), "the first field in declaration order: {e}");
+    }
+
+    #[test]
+    fn event_id_field_source_parses() {
+        let c = parse("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nevent_id = { field = \"after.id\" }\n").unwrap();
+        assert_eq!(c.handlers[0].event_id, EventIdSource::Field("after.id".into()));
+    }
+
+    #[test]
+    fn empty_event_id_and_dead_letter_topic_name_the_field() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nevent_id = { header = \" \" }\n");
+        assert!(e.contains("handlers[0].event_id: must name"), "{e}");
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\ndead_letter = { topic = \"\" }\n");
+        assert!(e.contains("handlers[0].dead_letter.topic: must not be empty"), "{e}");
+    }
+}

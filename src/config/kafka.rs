@@ -1,0 +1,128 @@
+//! `[kafka]`: brokers, group, commit and drain timing, librdkafka pass-through.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::bail;
+use serde::Deserialize;
+
+use super::values::{duration, expand_env};
+
+/// Offsets are committed this often; a crash re-delivers at most this much,
+/// and the dedup store absorbs it.
+const DEFAULT_OFFSET_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// Below the default `session.timeout.ms` (45 s) so a drain never costs the
+/// group its member.
+const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// librdkafka's default `session.timeout.ms`.
+const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
+/// Set by outboxd itself: offsets are stored only after events are durably finished.
+const RESERVED_OPTIONS: [&str; 3] = ["enable.auto.offset.store", "group.id", "bootstrap.servers"];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKafka {
+    pub brokers: String,
+    pub group_id: String,
+    /// How often finished offsets are committed (librdkafka auto-commit of stored offsets).
+    pub commit_interval: Option<String>,
+    /// How long SIGINT/SIGTERM waits for in-flight events before giving up on them.
+    pub drain_timeout: Option<String>,
+    /// A partition whose events wait while its offset has not moved for this long is
+    /// reported stalled (`/readyz`, `outboxd_partitions_stalled`).
+    pub stall_timeout: Option<String>,
+    /// Passed to librdkafka as-is.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    pub group_id: String,
+    pub commit_interval: Duration,
+    pub drain_timeout: Duration,
+    /// `None`: derived from the handlers (see `Config::stall_timeout`).
+    pub stall_timeout: Option<Duration>,
+    pub options: BTreeMap<String, String>,
+}
+
+impl RawKafka {
+    pub(super) fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<KafkaConfig> {
+        if self.brokers.trim().is_empty() {
+            bail!("kafka.brokers: must not be empty");
+        }
+        if self.group_id.trim().is_empty() {
+            bail!("kafka.group_id: must not be empty");
+        }
+        for reserved in RESERVED_OPTIONS {
+            if self.options.contains_key(reserved) {
+                bail!("kafka.options.\"{reserved}\": set by outboxd itself (offsets are stored only after events are durably finished)");
+            }
+        }
+        let mut options = BTreeMap::new();
+        for (key, v) in self.options {
+            let field = format!("kafka.options.\"{key}\"");
+            options.insert(key, expand_env(&field, &v, env)?);
+        }
+        let kafka = KafkaConfig {
+            brokers: self.brokers,
+            group_id: self.group_id,
+            commit_interval: duration(
+                "kafka.commit_interval",
+                self.commit_interval.as_deref(),
+                DEFAULT_OFFSET_COMMIT_INTERVAL,
+            )?,
+            drain_timeout: duration("kafka.drain_timeout", self.drain_timeout.as_deref(), DEFAULT_DRAIN_TIMEOUT)?,
+            stall_timeout: self
+                .stall_timeout
+                .as_deref()
+                .map(|v| duration("kafka.stall_timeout", Some(v), Duration::ZERO))
+                .transpose()?,
+            options,
+        };
+        if kafka.stall_timeout.is_some_and(|t| t.is_zero()) {
+            bail!("kafka.stall_timeout: must be greater than 0");
+        }
+        if kafka.commit_interval.is_zero() {
+            bail!("kafka.commit_interval: must be greater than 0");
+        }
+        let session_timeout = match kafka.options.get("session.timeout.ms") {
+            None => DEFAULT_SESSION_TIMEOUT,
+            Some(ms) => Duration::from_millis(ms.trim().parse().map_err(|_| {
+                anyhow::anyhow!("kafka.options.\"session.timeout.ms\": not a number of milliseconds: {ms:?}")
+            })?),
+        };
+        if kafka.drain_timeout >= session_timeout {
+            bail!(
+                "kafka.drain_timeout: {} must be shorter than session.timeout.ms ({}), or the group evicts outboxd while it drains",
+                humantime::format_duration(kafka.drain_timeout),
+                humantime::format_duration(session_timeout)
+            );
+        }
+        Ok(kafka)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::env;
+    use super::super::Config;
+
+    #[test]
+    fn offset_store_option_cannot_be_overridden() {
+        let e = Config::parse(
+            "[kafka]\nbrokers=\"b\"\ngroup_id=\"g\"\n[kafka.options]\n\"enable.auto.offset.store\"=\"true\"\n[store]\npath=\"p\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n",
+            &env,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("enable.auto.offset.store"));
+    }
+
+    #[test]
+    fn drain_timeout_must_be_shorter_than_the_session_timeout() {
+        let text = "[kafka]\nbrokers=\"b\"\ngroup_id=\"g\"\ndrain_timeout=\"10s\"\n[kafka.options]\n\"session.timeout.ms\"=\"6000\"\n[store]\npath=\"p\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n";
+        let e = format!("{:#}", Config::parse(text, &env).unwrap_err());
+        assert!(e.contains("kafka.drain_timeout") && e.contains("session.timeout.ms"), "{e}");
+    }
+}

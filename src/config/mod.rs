@@ -1,0 +1,223 @@
+//! Configuration: plain serde data, named defaults, then `validate()` which
+//! turns it into the resolved form the engine uses. Every error names the
+//! field it is about (`handlers[1].url: ...`).
+//!
+//! One file per section, each with its `Raw*` (the file as written), its
+//! resolved form, its defaults and its checks:
+//! - `kafka`: `[kafka]`, brokers, group, commit and drain timing, librdkafka options;
+//! - `store`: `[store]`, the dedup store, retention, group commit, in-flight bounds;
+//! - `admin`: `[admin]`, the admin server's address, token and allowed `Host`s;
+//! - `schema_registry`: `[schema_registry]`, Avro schemas and decoding limits;
+//! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts;
+//! - `values`: durations, sizes and `${VAR}`, shared by all of them.
+//!
+//! Everything other modules use is re-exported here (`crate::config::HandlerConfig`).
+//! The reference for users is `docs/configuration.md`; a test keeps it complete.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+mod admin;
+mod handler;
+mod http;
+mod kafka;
+mod retry;
+mod schema_registry;
+mod store;
+mod topics;
+mod values;
+
+#[cfg(test)]
+mod doc_keys;
+
+pub use admin::{AdminConfig, RawAdmin};
+pub use handler::{
+    Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnUncertain, RawDeadLetter,
+    RawHandler,
+};
+pub use http::{HttpConfig, RawVerify, StatusMatch, StatusRules, VerifyConfig};
+pub use kafka::{KafkaConfig, RawKafka};
+pub use retry::{RawRetry, RetryConfig};
+pub use schema_registry::RawSchemaRegistry;
+pub(crate) use store::DEFAULT_RETENTION;
+pub use store::{RawStore, StoreConfig};
+pub use topics::TopicMatch;
+pub use values::expand_env;
+
+/// Added to the longest legitimate wait of a partition's head event (see
+/// [`Config::stall_timeout`]): time for the dead letter and the record.
+const STALL_MARGIN: Duration = Duration::from_secs(60);
+
+/// The file as written by the user.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub kafka: RawKafka,
+    pub store: RawStore,
+    pub admin: Option<RawAdmin>,
+    pub schema_registry: Option<RawSchemaRegistry>,
+    #[serde(default)]
+    pub handlers: Vec<RawHandler>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub store: StoreConfig,
+    pub admin: AdminConfig,
+    pub schema_registry: Option<crate::avro::RegistryOptions>,
+    pub handlers: Vec<HandlerConfig>,
+}
+
+impl Config {
+    /// Reads, parses and validates the file; `${VAR}` comes from `env`.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+        Config::parse(&text, &|name| std::env::var(name).ok())
+            .with_context(|| format!("invalid config {}", path.display()))
+    }
+
+    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+        let raw: RawConfig = toml::from_str(text)?;
+        raw.validate(env)
+    }
+
+    /// The handler for a topic, if any.
+    pub fn handler_for(&self, topic: &str) -> Option<&HandlerConfig> {
+        self.handlers.iter().find(|h| h.topics.matches(topic))
+    }
+
+    /// How long a partition may wait without its offset moving before it is reported
+    /// stalled. By default the longest an event at the head of a partition can
+    /// legitimately take (a handler's `retry.max_elapsed` plus one more attempt's
+    /// `timeout`), and a minute for the dead letter and the record.
+    pub fn stall_timeout(&self) -> Duration {
+        self.kafka.stall_timeout.unwrap_or_else(|| {
+            let longest = self
+                .handlers
+                .iter()
+                .map(|h| {
+                    let attempt = match &h.spec {
+                        HandlerSpec::Http(http) => http.timeout,
+                        HandlerSpec::Log => Duration::ZERO,
+                    };
+                    h.retry.max_elapsed.saturating_add(attempt)
+                })
+                .max()
+                .unwrap_or_default();
+            longest.saturating_add(STALL_MARGIN)
+        })
+    }
+
+    /// Every subscription entry of every handler.
+    pub fn subscriptions(&self) -> Vec<String> {
+        let mut subs: Vec<String> = self.handlers.iter().flat_map(|h| h.topics.subscription()).collect();
+        subs.sort();
+        subs.dedup();
+        subs
+    }
+}
+
+impl RawConfig {
+    /// Each section in file order, then the checks across sections.
+    pub fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+        let kafka = self.kafka.validate(env)?;
+        let store = self.store.validate()?;
+        let admin = admin::validate(self.admin, env)?;
+        let schema_registry = self.schema_registry.map(|r| r.validate(&store.path, env)).transpose()?;
+
+        if self.handlers.is_empty() {
+            bail!("handlers: at least one [[handlers]] entry is required");
+        }
+        let mut handlers = Vec::with_capacity(self.handlers.len());
+        for (index, h) in self.handlers.into_iter().enumerate() {
+            handlers.push(h.validate(index, env)?);
+        }
+        topics::check_overlaps(&handlers)?;
+        if let Some(h) = handlers.iter().find(|h| h.format == Format::Avro) {
+            if schema_registry.is_none() {
+                bail!("handlers[{}].format: \"avro\" needs a [schema_registry] section (url or schemas_dir)", h.index);
+            }
+        }
+        Ok(Config { kafka, store, admin, schema_registry, handlers })
+    }
+}
+
+/// What the tests of every section start from.
+#[cfg(test)]
+mod testing {
+    use super::Config;
+
+    pub fn env(name: &str) -> Option<String> {
+        (name == "TOKEN").then(|| "s3cret".to_owned())
+    }
+
+    pub const BASE: &str = r#"
+[kafka]
+brokers = "127.0.0.1:9092"
+group_id = "outboxd"
+[store]
+path = "./data"
+"#;
+
+    /// `BASE` followed by `handlers`.
+    pub fn parse(handlers: &str) -> anyhow::Result<Config> {
+        Config::parse(&format!("{BASE}{handlers}"), &env)
+    }
+
+    pub fn err(handlers: &str) -> String {
+        format!("{:#}", parse(handlers).expect_err("config should be rejected"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::testing::{err, parse};
+    use super::*;
+
+    #[test]
+    fn full_example_parses_with_defaults() {
+        let c = parse(
+            r#"
+[[handlers]]
+topics = ["outbox.event.order"]
+kind = "http"
+url = "http://127.0.0.1:8080/orders/{aggregate_id}/events"
+headers = { Authorization = "Bearer ${TOKEN}" }
+timeout = "10s"
+
+[[handlers]]
+topic_pattern = "^outbox\\.event\\.cust.*"
+kind = "log"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.store.retention, Duration::from_secs(7 * 86400));
+        assert_eq!(c.store.max_in_flight, 256);
+        assert!(c.store.fsync);
+        let HandlerSpec::Http(http) = &c.handlers[0].spec else { panic!("http expected") };
+        assert_eq!(http.headers, vec![("Authorization".to_owned(), "Bearer s3cret".to_owned())]);
+        assert_eq!(http.idempotency_header.as_deref(), Some("Idempotency-Key"));
+        assert_eq!(c.handlers[0].event_id, EventIdSource::Header("id".into()));
+        assert_eq!(c.handler_for("outbox.event.customer").unwrap().index, 1);
+        assert!(c.handler_for("other").is_none());
+    }
+
+    #[test]
+    fn unknown_key_is_rejected() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nurll=\"x\"\n");
+        assert!(e.contains("unknown field `urll`"), "{e}");
+    }
+
+    #[test]
+    fn stall_timeout_defaults_to_the_longest_handler_wait_plus_a_minute() {
+        let c = parse("[[handlers]]\ntopics=[\"a\"]\nkind=\"http\"\nurl=\"http://h/\"\ntimeout=\"30s\"\n").unwrap();
+        assert_eq!(c.stall_timeout(), Duration::from_secs(20 * 60 + 30 + 60));
+    }
+}

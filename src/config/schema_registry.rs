@@ -1,0 +1,122 @@
+//! `[schema_registry]`: where Avro writer schemas come from (a Confluent-compatible
+//! registry, local `.avsc` files, or both) and the limits on decoding.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::bail;
+use serde::Deserialize;
+
+use super::values::{duration, expand_env, parse_size};
+
+/// Default time a registry request may take before it counts as unavailable.
+const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest allocation apache-avro may make for one string, bytes value or
+/// collection. Its own default (512 MiB) lets one hostile length prefix take
+/// that much memory; 16 MiB is far above Kafka's default message size (1 MB).
+/// Raise it together with the topic's `max.message.bytes`.
+const DEFAULT_MAX_ALLOCATION_BYTES: u64 = 16 << 20;
+/// Fetched schemas are kept under the store directory unless `cache_dir` says otherwise.
+const DEFAULT_CACHE_SUBDIR: &str = "schemas";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSchemaRegistry {
+    /// A Confluent-compatible registry (`GET /schemas/ids/{id}`).
+    pub url: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// PEM CA for a registry behind TLS with a private CA (system roots otherwise).
+    pub ca_file: Option<PathBuf>,
+    pub timeout: Option<String>,
+    /// Fetched schemas kept across restarts (default: `schemas/` in the store directory).
+    pub cache_dir: Option<PathBuf>,
+    /// `<id>.avsc` files, instead of or before the registry.
+    pub schemas_dir: Option<PathBuf>,
+    /// Largest single allocation while decoding an Avro value (`"16MiB"`).
+    pub max_allocation_bytes: Option<String>,
+    /// Accept a registry schema id only when it is registered under the topic's
+    /// subject (`<topic>-value`/`-key`, or `<topic>-<record name>`). Default true;
+    /// false for RecordNameStrategy, whose subjects do not name the topic.
+    pub check_subjects: Option<bool>,
+}
+
+impl RawSchemaRegistry {
+    pub(super) fn validate(
+        self,
+        store_path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<crate::avro::RegistryOptions> {
+        let url = self.url.map(|u| expand_env("schema_registry.url", &u, env)).transpose()?;
+        if let Some(u) = &url {
+            let parsed = url::Url::parse(u).map_err(|e| anyhow::anyhow!("schema_registry.url: {e}"))?;
+            if parsed.scheme() != "http" && parsed.scheme() != "https" {
+                bail!("schema_registry.url: scheme must be http or https");
+            }
+        }
+        if url.is_none() && self.schemas_dir.is_none() {
+            bail!("schema_registry: set url, schemas_dir, or both");
+        }
+        let password = self.password.map(|p| expand_env("schema_registry.password", &p, env)).transpose()?;
+        let username = self.username.map(|u| expand_env("schema_registry.username", &u, env)).transpose()?;
+        if password.is_some() && username.is_none() {
+            bail!("schema_registry.username: required with a password");
+        }
+        let max_allocation_bytes = match self.max_allocation_bytes.as_deref() {
+            None => DEFAULT_MAX_ALLOCATION_BYTES,
+            Some(text) => parse_size(text).filter(|n| *n > 0).ok_or_else(|| {
+                anyhow::anyhow!("schema_registry.max_allocation_bytes: {text:?} is not a size such as \"16MiB\"")
+            })?,
+        };
+        Ok(crate::avro::RegistryOptions {
+            url: url.map(|u| u.trim_end_matches('/').to_owned()),
+            username,
+            password,
+            ca_file: self.ca_file,
+            timeout: duration("schema_registry.timeout", self.timeout.as_deref(), DEFAULT_REGISTRY_TIMEOUT)?,
+            cache_dir: Some(self.cache_dir.unwrap_or_else(|| store_path.join(DEFAULT_CACHE_SUBDIR))),
+            schemas_dir: self.schemas_dir,
+            max_allocation_bytes: usize::try_from(max_allocation_bytes).unwrap_or(usize::MAX),
+            check_subjects: self.check_subjects.unwrap_or(true),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::super::testing::{env, err, BASE};
+    use super::super::{Body, Config, Format};
+
+    #[test]
+    fn avro_format_needs_a_registry() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nformat=\"avro\"\n");
+        assert!(e.contains("handlers[0].format") && e.contains("schema_registry"), "{e}");
+        let c = Config::parse(
+            &format!("{BASE}[schema_registry]\nurl=\"http://127.0.0.1:18081/\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nformat=\"avro\"\nbody=\"raw\"\n"),
+            &env,
+        )
+        .unwrap();
+        let r = c.schema_registry.unwrap();
+        assert_eq!(r.url.as_deref(), Some("http://127.0.0.1:18081"));
+        assert_eq!(r.cache_dir, Some(PathBuf::from("./data/schemas")));
+        assert_eq!((c.handlers[0].format, c.handlers[0].body), (Format::Avro, Body::Raw));
+    }
+
+    #[test]
+    fn avro_allocation_limit_and_subject_check_have_safe_defaults() {
+        let registry = |extra: &str| {
+            let text = format!("{BASE}[schema_registry]\nurl=\"http://127.0.0.1:18081\"\n{extra}[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n");
+            Config::parse(&text, &env).map(|c| c.schema_registry.unwrap())
+        };
+        assert_eq!(registry("").unwrap().max_allocation_bytes, 16 << 20);
+        assert!(registry("").unwrap().check_subjects, "schema ids are checked against topics by default");
+        assert!(!registry("check_subjects = false\n").unwrap().check_subjects);
+        assert_eq!(registry("max_allocation_bytes = \"64MiB\"\n").unwrap().max_allocation_bytes, 64 << 20);
+        for bad in ["\"lots\"", "\"0\""] {
+            let e = registry(&format!("max_allocation_bytes = {bad}\n")).unwrap_err();
+            assert!(format!("{e:#}").contains("schema_registry.max_allocation_bytes"), "{e:#}");
+        }
+    }
+}

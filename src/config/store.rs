@@ -1,0 +1,147 @@
+//! `[store]`: where the dedup store lives, how long records are kept, group
+//! commit, and the bounds on what is held in flight.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use serde::Deserialize;
+
+use super::values::{duration, parse_size};
+
+/// Done/dead records are kept this long; a redelivery older than that runs again.
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Group-commit window: a few ms batches hundreds of records per fdatasync.
+const DEFAULT_STORE_COMMIT_INTERVAL: Duration = Duration::from_millis(2);
+/// sled's page cache: its own default (1 GiB) made outboxd's RSS grow with the store.
+const DEFAULT_STORE_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// Events handled at once across keys; also bounds what is read ahead.
+const DEFAULT_MAX_IN_FLIGHT: usize = 256;
+/// How often expired records are removed.
+const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(600);
+/// Message bytes held in flight: a few huge messages (a poison flood of 100 MB
+/// values) must not exhaust memory, while 256 ordinary events fit many times over.
+const DEFAULT_MAX_IN_FLIGHT_BYTES: u32 = 256 * 1024 * 1024;
+/// Disk for copies of failed messages (for `store export`/`retry`): a poison flood
+/// of large messages must not fill the disk and stop the service; past it the
+/// records are still kept (and the dead-letter topic has the messages).
+const DEFAULT_MAX_MESSAGE_COPY_BYTES: u64 = 1024 * 1024 * 1024;
+/// Upper bound on `max_in_flight`: each in-flight event holds its payload in memory.
+const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub path: PathBuf,
+    pub retention: Option<String>,
+    pub commit_interval: Option<String>,
+    pub max_in_flight: Option<usize>,
+    /// Bytes of consumed messages (key, value, headers) held in flight, e.g. "256MiB".
+    pub max_in_flight_bytes: Option<String>,
+    /// Disk kept for message copies of failed events, e.g. "1GiB".
+    pub max_message_copy_bytes: Option<String>,
+    pub gc_interval: Option<String>,
+    /// `true` (default): fdatasync before a claim or completion counts.
+    /// `false` survives a process crash but not a power loss.
+    pub fsync: Option<bool>,
+    /// Size of the store's page cache, e.g. "64MiB".
+    pub cache_size: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    pub cache_bytes: u64,
+    pub retention: Duration,
+    pub commit_interval: Duration,
+    pub max_in_flight: usize,
+    /// At most this many message bytes in flight (a larger message runs alone).
+    pub max_in_flight_bytes: u32,
+    /// Past this, failed events are recorded without their message copy.
+    pub max_message_copy_bytes: u64,
+    pub gc_interval: Duration,
+    pub fsync: bool,
+}
+
+impl RawStore {
+    pub(super) fn validate(self) -> anyhow::Result<StoreConfig> {
+        if self.path.as_os_str().is_empty() {
+            bail!("store.path: must not be empty");
+        }
+        let max_in_flight = self.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+        if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT_LIMIT {
+            bail!("store.max_in_flight: must be between 1 and {MAX_IN_FLIGHT_LIMIT}, got {max_in_flight}");
+        }
+        let max_in_flight_bytes = match self.max_in_flight_bytes.as_deref() {
+            None => DEFAULT_MAX_IN_FLIGHT_BYTES,
+            Some(text) => parse_size(text)
+                .filter(|n| (1..=u64::from(u32::MAX)).contains(n))
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "store.max_in_flight_bytes: {text:?} is not a size between 1 byte and 4GiB such as \"256MiB\""
+                    )
+                })?,
+        };
+        let max_message_copy_bytes = match self.max_message_copy_bytes.as_deref() {
+            None => DEFAULT_MAX_MESSAGE_COPY_BYTES,
+            Some(text) => parse_size(text).ok_or_else(|| {
+                anyhow::anyhow!("store.max_message_copy_bytes: {text:?} is not a size such as \"1GiB\"")
+            })?,
+        };
+        let cache_bytes = match self.cache_size.as_deref() {
+            None => DEFAULT_STORE_CACHE_BYTES,
+            Some(text) => parse_size(text).ok_or_else(|| {
+                anyhow::anyhow!("store.cache_size: {text:?} is not a size such as \"64MiB\" or \"1GiB\"")
+            })?,
+        };
+        let store = StoreConfig {
+            cache_bytes,
+            path: self.path,
+            retention: duration("store.retention", self.retention.as_deref(), DEFAULT_RETENTION)?,
+            commit_interval: duration(
+                "store.commit_interval",
+                self.commit_interval.as_deref(),
+                DEFAULT_STORE_COMMIT_INTERVAL,
+            )?,
+            max_in_flight,
+            max_in_flight_bytes,
+            max_message_copy_bytes,
+            gc_interval: duration("store.gc_interval", self.gc_interval.as_deref(), DEFAULT_GC_INTERVAL)?,
+            fsync: self.fsync.unwrap_or(true),
+        };
+        if store.retention.is_zero() {
+            bail!("store.retention: must be greater than 0");
+        }
+        if store.gc_interval.is_zero() {
+            bail!("store.gc_interval: must be greater than 0");
+        }
+        Ok(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{env, BASE};
+    use super::super::Config;
+
+    #[test]
+    fn bad_duration_names_the_field() {
+        let e = Config::parse(
+            &format!("{BASE}retention = \"7 fortnights\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+            &env,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("store.retention"), "{e:#}");
+    }
+
+    #[test]
+    fn bad_cache_size_names_the_field() {
+        let e = Config::parse(
+            &format!("{BASE}cache_size = \"1 parsec\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+            &env,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("store.cache_size"));
+    }
+}

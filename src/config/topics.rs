@@ -1,0 +1,110 @@
+//! Which topics a handler takes (`topics` or `topic_pattern`), and the rule that
+//! each topic has exactly one handler.
+
+use anyhow::bail;
+use regex::Regex;
+
+use super::HandlerConfig;
+
+#[derive(Debug, Clone)]
+pub enum TopicMatch {
+    Exact(Vec<String>),
+    Pattern(Regex),
+}
+
+impl TopicMatch {
+    pub fn matches(&self, topic: &str) -> bool {
+        match self {
+            TopicMatch::Exact(topics) => topics.iter().any(|t| t == topic),
+            TopicMatch::Pattern(re) => re.is_match(topic),
+        }
+    }
+
+    /// The librdkafka subscription: exact names, or `^regex`.
+    pub fn subscription(&self) -> Vec<String> {
+        match self {
+            TopicMatch::Exact(topics) => topics.clone(),
+            TopicMatch::Pattern(re) => {
+                let s = re.as_str();
+                vec![if s.starts_with('^') { s.to_owned() } else { format!("^{s}") }]
+            }
+        }
+    }
+
+    /// `handlers[i].topics` or `.topic_pattern`: exactly one of them, each well formed.
+    pub(super) fn from_raw(at: &str, topics: Option<&[String]>, pattern: Option<&str>) -> anyhow::Result<TopicMatch> {
+        match (topics, pattern) {
+            (Some(_), Some(_)) => bail!("{at}: set either topics or topic_pattern, not both"),
+            (None, None) => bail!("{at}: one of topics or topic_pattern is required"),
+            (Some(t), None) => {
+                if t.is_empty() || t.iter().any(|s| s.trim().is_empty()) {
+                    bail!("{at}.topics: must list at least one non-empty topic name");
+                }
+                if let Some(bad) = t.iter().find(|s| s.starts_with('^')) {
+                    bail!("{at}.topics: {bad:?} looks like a pattern; use topic_pattern for regular expressions");
+                }
+                Ok(TopicMatch::Exact(t.to_vec()))
+            }
+            (None, Some(p)) => {
+                // librdkafka matches subscriptions with its own small regex engine.
+                if p.contains("(?") {
+                    bail!("{at}.topic_pattern: (?...) groups and flags are not supported by librdkafka's regex engine; use plain (a|b) groups");
+                }
+                let re = Regex::new(p).map_err(|e| anyhow::anyhow!("{at}.topic_pattern: {e}"))?;
+                Ok(TopicMatch::Pattern(re))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for TopicMatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TopicMatch::Exact(t) => write!(f, "{}", t.join(", ")),
+            TopicMatch::Pattern(re) => write!(f, "/{}/", re.as_str()),
+        }
+    }
+}
+
+/// A topic claimed by two handlers is ambiguous: refuse it.
+pub(super) fn check_overlaps(handlers: &[HandlerConfig]) -> anyhow::Result<()> {
+    for (i, a) in handlers.iter().enumerate() {
+        for b in &handlers[i + 1..] {
+            let clash = match (&a.topics, &b.topics) {
+                (TopicMatch::Exact(ta), _) => ta.iter().find(|t| b.topics.matches(t)),
+                (_, TopicMatch::Exact(tb)) => tb.iter().find(|t| a.topics.matches(t)),
+                (TopicMatch::Pattern(pa), TopicMatch::Pattern(pb)) => {
+                    if pa.as_str() == pb.as_str() {
+                        bail!("handlers[{}].topic_pattern: same pattern as handlers[{}]", b.index, a.index);
+                    }
+                    None
+                }
+            };
+            if let Some(topic) = clash {
+                bail!(
+                    "handlers[{}].topics: topic {topic:?} is also claimed by handlers[{}]; each topic needs exactly one handler",
+                    b.index,
+                    a.index
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::err;
+
+    #[test]
+    fn topic_claimed_twice_names_both_handlers() {
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n[[handlers]]\ntopic_pattern=\"^a$\"\nkind=\"log\"\n");
+        assert!(e.contains("handlers[1].topics") && e.contains("handlers[0]"), "{e}");
+    }
+
+    #[test]
+    fn pattern_that_librdkafka_cannot_compile_is_rejected() {
+        let e = err("[[handlers]]\ntopic_pattern=\"^outbox\\\\.(?:a|b)$\"\nkind=\"log\"\n");
+        assert!(e.contains("handlers[0].topic_pattern") && e.contains("librdkafka"), "{e}");
+    }
+}

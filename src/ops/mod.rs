@@ -1,0 +1,137 @@
+//! The store operations a person runs (stats, get, list, forget, resolve,
+//! re-run, gc, export), written once against [`StoreApi`]. Its two sides:
+//! [`Local`] works on the store itself and re-runs events through the
+//! [`Executor`](crate::engine::Executor); [`Remote`] asks a running service
+//! through its admin API. `outboxd store …` gets one from [`open`]; the admin
+//! server answers `/v1` with [`Local`]. Answers are the JSON views of
+//! [`crate::store::view`], so both sides print alike.
+
+mod local;
+mod remote;
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::admin::client::AdminClient;
+use crate::store::{Owner, State, StoreError};
+
+pub use local::{rerun, Local, Page};
+pub use remote::Remote;
+
+/// What a re-run came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rerun {
+    /// It ran and ended in this record (its JSON view): `done`, or `dead` or `parked` again.
+    Finished(Value),
+    /// The stored message of an undecodable record now decodes: it ran, and
+    /// is recorded under its decoded event id.
+    Redecoded,
+}
+
+impl Rerun {
+    /// The answer of `/v1/retry` for event `id`.
+    pub fn to_json(&self, id: &str) -> Value {
+        match self {
+            Rerun::Finished(record) => record.clone(),
+            Rerun::Redecoded => {
+                json!({"event_id": id, "state": "rerun", "note": "recorded under its decoded event id"})
+            }
+        }
+    }
+
+    /// Reads an answer of `/v1/retry`.
+    pub fn from_json(answer: Value) -> Rerun {
+        if answer["state"] == "rerun" {
+            Rerun::Redecoded
+        } else {
+            Rerun::Finished(answer)
+        }
+    }
+}
+
+/// The store operations, on the store itself ([`Local`]) or through a running
+/// service ([`Remote`]). Records come back as their JSON views
+/// ([`crate::store::view::record_json`]).
+// Callers are generic over the implementation and await on their own task;
+// no caller needs the futures to be `Send`, so the `async fn`s need no bound.
+#[allow(async_fn_in_trait)]
+pub trait StoreApi {
+    /// Where the answers come from, as `store stats` names it.
+    fn source(&self) -> String;
+    /// Records in the store, when known without a scan (for a progress bar).
+    fn known_len(&self) -> Option<u64>;
+    /// Counts per state, duplicates suppressed, size on disk, oldest/newest.
+    async fn stats(&self) -> anyhow::Result<Value>;
+    /// One record, if there is one.
+    async fn get(&self, id: &str) -> anyhow::Result<Option<Value>>;
+    /// Up to `limit` records in id order (`usize::MAX`: all), optionally of one state and topic.
+    async fn list(&self, state: Option<State>, topic: Option<&str>, limit: usize) -> anyhow::Result<Vec<Value>>;
+    /// Removes a record, so the event runs again when it is redelivered; answers the record as it was.
+    async fn forget(&self, id: &str) -> anyhow::Result<Value>;
+    /// Records a parked (or dead) event `done` by hand: it will not run again.
+    async fn resolve_done(&self, id: &str) -> anyhow::Result<()>;
+    /// Runs a dead or parked event again from its stored copy, through its handler.
+    async fn rerun(&self, id: &str) -> anyhow::Result<Rerun>;
+    /// Removes expired done/dead records now; answers how many.
+    async fn gc(&self) -> anyhow::Result<u64>;
+    /// Writes records (with the message copies of dead and parked events) as
+    /// JSON Lines to `out`, moving `progress` along; answers how many.
+    async fn export(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        out: &mut dyn std::io::Write,
+        progress: &indicatif::ProgressBar,
+    ) -> anyhow::Result<u64>;
+}
+
+/// What a command needs of the config besides the store's place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// Reads and repairs that run no handler: only `[store]` is read, so
+    /// `${VAR}`s elsewhere in the config need not be set.
+    Records,
+    /// Re-runs: the whole config (handlers, dead-letter topics).
+    Handlers,
+}
+
+/// The store, opened here, or the running service that holds it.
+pub enum Opened {
+    Local(Local),
+    Remote(Remote),
+}
+
+/// Opens the store at `path`, or at `[store] path` of `config`; when a running
+/// outboxd holds it and recorded its admin address, goes through that service
+/// instead, with the token it wrote next to the address (when this user may
+/// read the owner file).
+pub fn open(config: &Path, path: Option<&Path>, needs: Needs) -> anyhow::Result<Opened> {
+    match local::open_store(config, path) {
+        Ok(store) => match needs {
+            Needs::Records => Ok(Opened::Local(Local::new(store.into()))),
+            Needs::Handlers => {
+                // Opened again with the config's settings and handlers.
+                drop(store);
+                Ok(Opened::Local(Local::for_reruns(config, path)?))
+            }
+        },
+        Err(e) => match e.downcast_ref::<StoreError>() {
+            Some(StoreError::Locked { path, admin: Some(addr), .. }) => {
+                // The token of the run that recorded this address, not of a later one.
+                let token = Owner::read(path).filter(|o| o.admin.as_ref() == Some(addr)).and_then(|o| o.admin_token);
+                Ok(Opened::Remote(Remote::new(AdminClient::new(addr, token)?)))
+            }
+            _ => Err(e),
+        },
+    }
+}
+
+/// The ids of every dead record (of one topic, when named).
+pub async fn dead_ids(api: &impl StoreApi, topic: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let dead = api.list(Some(State::Dead), topic, usize::MAX).await?;
+    Ok(dead.iter().filter_map(|r| r["event_id"].as_str().map(str::to_owned)).collect())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,73 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::*;
+use crate::event::{OutboxEvent, Payload, Position};
+use crate::store::{Claim, Role, Store, StoreOptions};
+
+/// A store holding a done record for each id, in topic `t`.
+async fn store_with_done(dir: &Path, ids: &[&str]) -> Arc<Store> {
+    let opts = StoreOptions {
+        retention: Duration::from_secs(3600),
+        commit_interval: Duration::ZERO,
+        fsync: true,
+        role: Role::Test,
+        cache_bytes: crate::store::SMALL_CACHE_BYTES,
+    };
+    let store = Arc::new(Store::open(dir, &opts).unwrap());
+    for (offset, id) in ids.iter().enumerate() {
+        let event = OutboxEvent {
+            id: (*id).to_owned(),
+            aggregate_id: None,
+            event_type: None,
+            payload: Payload::Null,
+            position: Position { topic: "t".into(), partition: 0, offset: offset as i64 },
+            timestamp_ms: None,
+            traceparent: None,
+        };
+        let Claim::Claimed(c) = store.claim(&event, "t").await.unwrap() else { panic!("{id} claimed") };
+        store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    }
+    store
+}
+
+#[test]
+fn a_rerun_answer_reads_back_as_what_it_was() {
+    let record = json!({"event_id": "e1", "state": "dead", "reason": "http 422"});
+    for rerun in [Rerun::Finished(record), Rerun::Redecoded] {
+        assert_eq!(Rerun::from_json(rerun.to_json("e1")), rerun);
+    }
+}
+
+#[tokio::test]
+async fn a_page_names_the_next_cursor_only_when_more_records_follow() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = Local::new(store_with_done(dir.path(), &["a", "b", "c"]).await);
+    let first = local.page(None, None, None, 2).unwrap();
+    let ids = |p: &Page| p.records.iter().map(|r| r["event_id"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+    assert_eq!(ids(&first), ["a", "b"]);
+    let next = first.next.expect("a cursor: c follows");
+    let second = local.page(None, None, Some(&next), 2).unwrap();
+    assert_eq!((ids(&second), second.next), (vec!["c".to_owned()], None));
+    let all = StoreApi::list(&local, Some(State::Done), Some("t"), usize::MAX).await.unwrap();
+    assert_eq!(all.len(), 3);
+}
+
+#[tokio::test]
+async fn a_store_opened_without_handlers_refuses_to_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = Local::new(store_with_done(dir.path(), &["a"]).await);
+    let e = StoreApi::rerun(&local, "a").await.unwrap_err();
+    assert!(format!("{e:#}").contains("needs the handlers"), "{e:#}");
+}
+
+#[test]
+fn opening_a_directory_where_nothing_has_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("store");
+    let Err(e) = open(Path::new("unused.toml"), Some(&missing), Needs::Records) else { panic!("opened") };
+    assert!(format!("{e:#}").starts_with("no store at"), "{e:#}");
+    assert!(!missing.exists(), "nothing created");
+}
