@@ -267,7 +267,7 @@ async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
 
 pub fn check_config(path: &Path) -> anyhow::Result<()> {
     let config = Config::load(path)?;
-    crate::engine::validate_kafka_options(&config.kafka)?;
+    crate::kafka::validate_options(&config.kafka)?;
     println!("config {} is valid", path.display());
     println!(
         "kafka: brokers={} group_id={} commit_interval={} drain_timeout={}",

@@ -41,7 +41,7 @@ pub use handler::{
 pub use http::{HttpConfig, RawVerify, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::{KafkaConfig, RawKafka};
 pub use retry::{RawRetry, RetryConfig};
-pub use schema_registry::RawSchemaRegistry;
+pub use schema_registry::{RawSchemaRegistry, RegistryOptions};
 pub(crate) use store::DEFAULT_RETENTION;
 pub use store::{RawStore, StoreConfig};
 pub use topics::TopicMatch;
@@ -69,7 +69,7 @@ pub struct Config {
     pub kafka: KafkaConfig,
     pub store: StoreConfig,
     pub admin: AdminConfig,
-    pub schema_registry: Option<crate::avro::RegistryOptions>,
+    pub schema_registry: Option<RegistryOptions>,
     pub handlers: Vec<HandlerConfig>,
 }
 

@@ -9,6 +9,25 @@ use serde::Deserialize;
 
 use super::values::{duration, expand_env, parse_size};
 
+/// `[schema_registry]` as the Avro decoder uses it: validated, durations and sizes parsed.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    pub url: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub timeout: Duration,
+    /// Where fetched schemas are kept across restarts.
+    pub cache_dir: Option<PathBuf>,
+    /// `<id>.avsc` files, for installations without a registry.
+    pub schemas_dir: Option<PathBuf>,
+    /// Largest allocation apache-avro may make while decoding (its limit is per
+    /// process and set once: by the first registry built).
+    pub max_allocation_bytes: usize,
+    /// Whether a registry schema id must be registered under the topic's subject.
+    pub check_subjects: bool,
+}
+
 /// Default time a registry request may take before it counts as unavailable.
 const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest allocation apache-avro may make for one string, bytes value or
@@ -46,7 +65,7 @@ impl RawSchemaRegistry {
         self,
         store_path: &Path,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> anyhow::Result<crate::avro::RegistryOptions> {
+    ) -> anyhow::Result<RegistryOptions> {
         let url = self.url.map(|u| expand_env("schema_registry.url", &u, env)).transpose()?;
         if let Some(u) = &url {
             let parsed = url::Url::parse(u).map_err(|e| anyhow::anyhow!("schema_registry.url: {e}"))?;
@@ -68,7 +87,7 @@ impl RawSchemaRegistry {
                 anyhow::anyhow!("schema_registry.max_allocation_bytes: {text:?} is not a size such as \"16MiB\"")
             })?,
         };
-        Ok(crate::avro::RegistryOptions {
+        Ok(RegistryOptions {
             url: url.map(|u| u.trim_end_matches('/').to_owned()),
             username,
             password,

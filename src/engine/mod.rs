@@ -8,7 +8,6 @@ mod policy_tests;
 mod retry;
 mod worker;
 
-pub use crate::kafka::validate_options as validate_kafka_options;
 pub use executor::{check_custom_topics, Counters, Executor};
 
 use std::collections::HashMap;
