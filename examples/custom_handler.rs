@@ -11,14 +11,19 @@
 //!
 //! The config needs a `[[handlers]]` entry that covers TOPIC (any `kind`): it
 //! still says how the topic's events are read, retried and dead-lettered.
-//! SIGINT or SIGTERM drains and stops.
+//! SIGINT or SIGTERM drains and stops. The integration tests run [`run`] against
+//! the real broker.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use outboxd::config::Config;
 use outboxd::handler::{from_fn, Outcome};
+
+/// How often the closure ran, per event id.
+pub type Seen = Arc<Mutex<HashMap<String, usize>>>;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -34,18 +39,6 @@ async fn main() -> anyhow::Result<()> {
         .context("usage: custom_handler CONFIG TOPIC (or OUTBOXD_TOPIC)")?;
     let config = Config::load(config_path.as_ref())?;
 
-    let handled = Arc::new(AtomicU64::new(0));
-    let counter = handled.clone();
-    let handler = from_fn(move |event| {
-        let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
-        async move {
-            // Your side effect here. An Err(HandlerError::Retryable{..}) is retried with
-            // backoff, an Err(HandlerError::Permanent(..)) is dead at once.
-            println!("{n} {} {} {}", event.id, event.position, event.event_type.as_deref().unwrap_or("-"));
-            Ok(Outcome(format!("custom handler: event {n}")))
-        }
-    });
-
     let shutdown = async {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -54,7 +47,33 @@ async fn main() -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    outboxd::App::new(config).handler(topic, handler).run(shutdown).await?;
-    eprintln!("custom handler ran {} time(s)", handled.load(Ordering::Relaxed));
+    let seen = Seen::default();
+    run(config, topic, seen.clone(), shutdown).await?;
+    let runs: usize = seen.lock().unwrap().values().sum();
+    eprintln!("custom handler ran {runs} time(s) for {} event id(s)", seen.lock().unwrap().len());
     Ok(())
+}
+
+/// Runs outboxd until `shutdown`: the config's handlers, and for `topic` a closure
+/// that prints each event and counts it in `seen`.
+pub async fn run(
+    config: Config,
+    topic: String,
+    seen: Seen,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let handler = from_fn(move |event| {
+        let n = {
+            let mut seen = seen.lock().unwrap();
+            *seen.entry(event.id.clone()).or_default() += 1;
+            seen.len()
+        };
+        async move {
+            // Your side effect here. An Err(HandlerError::Retryable{..}) is retried with
+            // backoff, an Err(HandlerError::Permanent(..)) is dead at once.
+            println!("{n} {} {} {}", event.id, event.position, event.event_type.as_deref().unwrap_or("-"));
+            Ok(Outcome(format!("custom handler: event {n}")))
+        }
+    });
+    outboxd::App::new(config).handler(topic, handler).run(shutdown).await
 }

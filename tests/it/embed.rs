@@ -3,8 +3,11 @@
 
 use crate::harness;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+/// The example, compiled into the tests so that CI runs its code (`main` is unused here).
+#[allow(dead_code)]
+#[path = "../../examples/custom_handler.rs"]
+mod custom_handler;
+
 use std::time::Duration;
 
 use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
@@ -31,16 +34,15 @@ async fn an_embedded_handler_runs_once_per_event_id_beside_the_configured_ones()
     let custom_offsets = kafka.offsets(&od.config.group_id, &custom_topic);
     let http_offsets = kafka.offsets(&od.config.group_id, &http_topic);
 
-    let seen: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    let counts = seen.clone();
-    let handler = from_fn(move |event| {
-        *counts.lock().unwrap().entry(event.id.clone()).or_default() += 1;
-        async { Ok(Outcome("counted".to_owned())) }
-    });
+    // The example program's own code: examples/custom_handler.rs.
+    let seen = custom_handler::Seen::default();
     let shutdown = CancellationToken::new();
-    let app = tokio::spawn(
-        outboxd::App::new(config).handler(custom_topic.clone(), handler).run(shutdown.clone().cancelled_owned()),
-    );
+    let app = tokio::spawn(custom_handler::run(
+        config,
+        custom_topic.clone(),
+        seen.clone(),
+        shutdown.clone().cancelled_owned(),
+    ));
 
     let producer = kafka.producer();
     let n = 20;
