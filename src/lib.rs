@@ -22,6 +22,8 @@
 //! partition go on; `/readyz` names a partition that stalls anyway.
 //!
 //! ## Where things live
+//! Imports flow one way, from `cli` and `app` down to the leaves (`config`, `event`,
+//! `template`, `metrics`); `scripts/module-dag` fails CI on a loop.
 //! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
 //! - [`template`]: URL templates; event data only in path and query, percent-encoded.
 //! - [`event`] / [`codec`]: the one decoder, Kafka message → [`event::OutboxEvent`] (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
