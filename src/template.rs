@@ -55,9 +55,9 @@ impl std::fmt::Debug for UrlTemplate {
 pub struct Vars<'a> {
     /// `{event_id}`: the event id.
     pub event_id: &'a str,
-    /// `{aggregate_id}`: the aggregate id; rendering fails without one.
+    /// `{aggregate_id}`: the aggregate id; a template that uses it fails to render without one.
     pub aggregate_id: Option<&'a str>,
-    /// `{event_type}`: the event type; rendering fails without one.
+    /// `{event_type}`: the event type; a template that uses it fails to render without one.
     pub event_type: Option<&'a str>,
     /// `{topic}`: the topic the event was consumed from.
     pub topic: &'a str,

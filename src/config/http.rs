@@ -78,7 +78,7 @@ pub struct HttpConfig {
     pub headers: Vec<(String, String)>,
     /// The header carrying the event id (default `Idempotency-Key`); `None` when turned off.
     pub idempotency_header: Option<String>,
-    /// Per request; a receiver that has not answered by then has failed, retried (default 10 s).
+    /// Per request (default 10 s): a receiver that has not answered by then has failed, and is retried.
     pub timeout: Duration,
     /// `success_on`, `fail_on` and `retry_on`: overrides of the default classification.
     pub classify: StatusRules,

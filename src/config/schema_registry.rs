@@ -16,7 +16,7 @@ pub struct RegistryOptions {
     pub url: Option<String>,
     /// Basic auth user, `${VAR}` resolved; set whenever `password` is.
     pub username: Option<String>,
-    /// Basic auth password, `${VAR}` resolved: never logged or printed.
+    /// Basic auth password, `${VAR}` resolved: a secret, never log it.
     pub password: Option<String>,
     /// PEM CA for a registry behind TLS with a private CA (system roots otherwise).
     pub ca_file: Option<PathBuf>,

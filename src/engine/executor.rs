@@ -54,8 +54,8 @@ pub struct Counters {
     pub reexecuted: AtomicU64,
 }
 
-/// Runs one event at a time through decode, claim, handler and record; shared by
-/// the engine's chains, the admin server and `outboxd store retry`.
+/// Takes each event through decode, durable claim, handler and durable record;
+/// shared by the engine's chains, the admin server and `outboxd store retry`.
 pub struct Executor {
     pub(crate) config: Config,
     pub(crate) store: Arc<Store>,
@@ -83,7 +83,7 @@ pub struct Executor {
 
 impl Executor {
     /// With the configured handlers only; builds them, the dead-letter producer
-    /// (when a handler has a dead-letter topic) and the registry client.
+    /// (when a handler has a dead-letter topic) and the registry client (when configured).
     pub fn new(config: Config, store: Arc<Store>) -> anyhow::Result<Executor> {
         Executor::with_handlers(config, store, HashMap::new())
     }

@@ -34,7 +34,7 @@ pub struct AdminState {
     pub tracker: Arc<std::sync::Mutex<OffsetTracker>>,
     /// Set once the engine stopped taking events (`/readyz` answers 503).
     pub draining: Arc<AtomicBool>,
-    /// Whether a broker is reachable, as the consumer last saw it.
+    /// Whether the consumer reaches a broker, as its last statistics or assignment said.
     pub broker_up: Arc<AtomicBool>,
     /// A partition whose events wait longer than this without its offset moving is stalled.
     pub stall_timeout: std::time::Duration,
