@@ -968,7 +968,7 @@ async fn drain_run(
 }
 
 /// outboxd logs: warnings, plus the assignment line the clock starts on (no per-event line).
-const QUIET_LOG: &str = "warn,outboxd::engine::consumer=info";
+const QUIET_LOG: &str = "warn,outboxd::kafka::consumer=info";
 
 #[derive(Debug, Clone, Default)]
 struct LatResult {
