@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! consumer ─► decode ─► claim id (durable) ─► handler ─► record done (durable) ─► store offset
-//!   engine     codec        store                handler      store                 offsets
+//!   kafka      codec        store                handler      store                 offsets
 //! ```
 //!
 //! **Guarantee.** A handler runs only after its event id is durably claimed; an
@@ -22,24 +22,32 @@
 //! partition go on; `/readyz` names a partition that stalls anyway.
 //!
 //! ## Where things live
+//! Imports flow one way, from `cli` and `app` down to the leaves (`config`, `event`,
+//! `template`, `metrics`); `scripts/module-dag` fails CI on a loop.
 //! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
 //! - [`template`]: URL templates; event data only in path and query, percent-encoded.
-//! - [`event`] / [`codec`]: Kafka message → [`event::OutboxEvent`] (all Debezium JSON/text shapes).
+//! - [`event`] / [`codec`]: the one decoder, Kafka message → [`event::OutboxEvent`] (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
 //! - [`avro`]: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
 //! - [`store`]: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
 //!   log and of new blob files; a failed sync fails every later wait), expiry index, message copies within a
 //!   quota. Only place that uses sled. [`store::view`]: records, stats and message copies as JSON and tables.
 //! - [`offsets`]: per-partition tracker of the next committable offset.
-//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain. Only place that uses rdkafka.
-//! - [`handler`]: `http` (reqwest, only here) and `log`.
+//! - [`kafka`]: the consumer and its rebalance handling, the dead-letter producer, client options. Only place that uses rdkafka.
+//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain.
+//! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest, only here), `log`, closures.
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
+//! - [`app`]: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
+//!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
 //! - [`ops`]: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export),
 //!   written once against [`ops::StoreApi`]: on the store itself, or through a running service.
 //! - [`admin`]: [`admin::server`]: health, readiness, Prometheus metrics (open), the store API behind a bearer
 //!   token (axum), answered by [`ops`]; [`admin::client`]: that API's client, which `store …` uses.
 //! - [`cli`]: `run`, `check-config`, `store …`: parses arguments, calls [`ops`], prints.
 
+#![warn(missing_docs)]
+
 pub mod admin;
+pub mod app;
 pub mod avro;
 pub mod cli;
 pub mod codec;
@@ -47,8 +55,13 @@ pub mod config;
 pub mod engine;
 pub mod event;
 pub mod handler;
+pub mod kafka;
 pub mod metrics;
 pub mod offsets;
 pub mod ops;
+// documented with the store format change
+#[allow(missing_docs)]
 pub mod store;
 pub mod template;
+
+pub use app::App;

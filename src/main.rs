@@ -36,7 +36,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             // Installed before anything else, so a signal during start-up also drains.
             let shutdown = shutdown_signal()?;
             let config = Config::load(&args.config)?;
-            outboxd::engine::run(config, shutdown).await
+            outboxd::app::run(config, shutdown).await
         }
         Command::CheckConfig(args) => cli::check_config(&args.config),
         Command::Store(cmd) => cli::store_command(cmd).await,

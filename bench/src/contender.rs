@@ -2,7 +2,7 @@
 //!
 //! Both read outboxd's own config file (brokers, group, topics, handler,
 //! `store.max_in_flight`, `kafka.commit_interval`, `kafka.options`) and run each
-//! message through outboxd's decoder and handler (`outboxd::codec::decode`,
+//! message through outboxd's decoder and handler (`outboxd::codec::Decoder`,
 //! `outboxd::handler::Handler`), so the only difference to outboxd is what
 //! happens around the handler:
 //!
@@ -88,7 +88,7 @@ fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
 
 struct Shared {
     config: Config,
-    handler: Handler,
+    handler: std::sync::Arc<dyn Handler>,
     consumer: Arc<Kc>,
     tracker: Tracker,
     pg: Option<(deadpool_postgres::Pool, String, String)>,
@@ -97,7 +97,7 @@ struct Shared {
 pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
     anyhow::ensure!(config.handlers.len() == 1, "the contenders take a config with exactly one handler");
-    let handler = Handler::build(&config.handlers[0])?;
+    let handler = outboxd::handler::build(&config.handlers[0])?;
     let track_offsets = matches!(dedup, Dedup::Pg { .. });
 
     let pg = match &dedup {
@@ -132,7 +132,7 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
         .set("client.id", "bench-contender")
-        // outboxd's prefetch defaults (src/engine/consumer.rs), so every contender fetches alike.
+        // outboxd's prefetch defaults (src/kafka/options.rs), so every contender fetches alike.
         .set("queued.max.messages.kbytes", "16384")
         .set("queued.min.messages", "10000")
         .set("fetch.queue.backoff.ms", "20");
@@ -193,7 +193,7 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
 
 async fn process(shared: &Shared, raw: &RawMessage, generation: u64) -> anyhow::Result<()> {
     let hc = shared.config.handler_for(&raw.topic).context("no handler for topic")?;
-    match outboxd::codec::decode(raw, &hc.event_id, &hc.event_type_header) {
+    match outboxd::codec::Decoder::default().decode(raw, &outboxd::codec::Layout::from(hc)).await {
         Err(e) => eprintln!("undecodable {}/{}@{}: {e}", raw.topic, raw.partition, raw.offset),
         Ok(event) => match &shared.pg {
             None => {

@@ -19,10 +19,8 @@
 //! setup is not. No error or log shows the credentials of the registry URL.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,23 +34,7 @@ const MAX_REFERENCE_DEPTH: usize = 16;
 /// KiB; anything far bigger is not a registry's answer.
 const MAX_ANSWER_BYTES: usize = 8 << 20;
 
-#[derive(Debug, Clone)]
-pub struct RegistryOptions {
-    pub url: Option<String>,
-    pub username: Option<String>,
-    pub password: Option<String>,
-    pub ca_file: Option<PathBuf>,
-    pub timeout: Duration,
-    /// Where fetched schemas are kept across restarts.
-    pub cache_dir: Option<PathBuf>,
-    /// `<id>.avsc` files, for installations without a registry.
-    pub schemas_dir: Option<PathBuf>,
-    /// Largest allocation apache-avro may make while decoding (its limit is per
-    /// process and set once: by the first registry built).
-    pub max_allocation_bytes: usize,
-    /// Whether a registry schema id must be registered under the topic's subject.
-    pub check_subjects: bool,
-}
+pub use crate::config::RegistryOptions;
 
 /// What the disk cache keeps: the schema text and its references' texts.
 #[derive(Serialize, Deserialize)]
@@ -99,6 +81,8 @@ struct Entry {
     subjects: Subjects,
 }
 
+/// The schema registry client: writer schemas by id, from memory, the disk
+/// cache, local `<id>.avsc` files or the registry, checked against the topic's subjects.
 pub struct Registry {
     opts: RegistryOptions,
     http: Option<reqwest::Client>,
@@ -112,6 +96,8 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// A client for `opts`: reads the CA file and creates the cache directory, sends
+    /// nothing yet. Sets apache-avro's allocation limit, once per process (the first value stays).
     pub fn new(opts: RegistryOptions) -> anyhow::Result<Registry> {
         let limit = apache_avro::util::max_allocation_bytes(opts.max_allocation_bytes);
         if limit != opts.max_allocation_bytes {

@@ -9,6 +9,30 @@ use serde::Deserialize;
 
 use super::values::{duration, expand_env, parse_size};
 
+/// `[schema_registry]` as the Avro decoder uses it: validated, durations and sizes parsed.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    /// The registry's base URL, `http` or `https`, `${VAR}` resolved, no trailing `/`.
+    pub url: Option<String>,
+    /// Basic auth user, `${VAR}` resolved; set whenever `password` is.
+    pub username: Option<String>,
+    /// Basic auth password, `${VAR}` resolved: a secret, never log it.
+    pub password: Option<String>,
+    /// PEM CA for a registry behind TLS with a private CA (system roots otherwise).
+    pub ca_file: Option<PathBuf>,
+    /// A registry request taking longer counts as unavailable (default 10 s).
+    pub timeout: Duration,
+    /// Where fetched schemas are kept across restarts.
+    pub cache_dir: Option<PathBuf>,
+    /// `<id>.avsc` files, for installations without a registry.
+    pub schemas_dir: Option<PathBuf>,
+    /// Largest allocation apache-avro may make while decoding (its limit is per
+    /// process and set once: by the first registry built).
+    pub max_allocation_bytes: usize,
+    /// Whether a registry schema id must be registered under the topic's subject.
+    pub check_subjects: bool,
+}
+
 /// Default time a registry request may take before it counts as unavailable.
 const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest allocation apache-avro may make for one string, bytes value or
@@ -19,15 +43,19 @@ const DEFAULT_MAX_ALLOCATION_BYTES: u64 = 16 << 20;
 /// Fetched schemas are kept under the store directory unless `cache_dir` says otherwise.
 const DEFAULT_CACHE_SUBDIR: &str = "schemas";
 
+/// `[schema_registry]` as written: `url`, `schemas_dir`, or both.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSchemaRegistry {
     /// A Confluent-compatible registry (`GET /schemas/ids/{id}`).
     pub url: Option<String>,
+    /// `[schema_registry] username`: basic auth user; required with `password`.
     pub username: Option<String>,
+    /// `[schema_registry] password`: basic auth password, e.g. `"${SR_PASSWORD}"`.
     pub password: Option<String>,
     /// PEM CA for a registry behind TLS with a private CA (system roots otherwise).
     pub ca_file: Option<PathBuf>,
+    /// `[schema_registry] timeout`: per registry request, e.g. "10s" (the default).
     pub timeout: Option<String>,
     /// Fetched schemas kept across restarts (default: `schemas/` in the store directory).
     pub cache_dir: Option<PathBuf>,
@@ -46,7 +74,7 @@ impl RawSchemaRegistry {
         self,
         store_path: &Path,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> anyhow::Result<crate::avro::RegistryOptions> {
+    ) -> anyhow::Result<RegistryOptions> {
         let url = self.url.map(|u| expand_env("schema_registry.url", &u, env)).transpose()?;
         if let Some(u) = &url {
             let parsed = url::Url::parse(u).map_err(|e| anyhow::anyhow!("schema_registry.url: {e}"))?;
@@ -68,7 +96,7 @@ impl RawSchemaRegistry {
                 anyhow::anyhow!("schema_registry.max_allocation_bytes: {text:?} is not a size such as \"16MiB\"")
             })?,
         };
-        Ok(crate::avro::RegistryOptions {
+        Ok(RegistryOptions {
             url: url.map(|u| u.trim_end_matches('/').to_owned()),
             username,
             password,

@@ -7,16 +7,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backon::BackoffBuilder;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::consumer::{DeadLetterInfo, DeadLetters, DlqError};
+use super::retry::{backoff, next_delay};
 use crate::avro;
-use crate::codec;
-use crate::config::{Body, Config, Format, HandlerConfig, OnUncertain, RetryConfig};
-use crate::event::{OutboxEvent, Payload, RawMessage};
-use crate::handler::{Handler, HandlerError, Verified};
+use crate::codec::{DecodeError, Decoder, Layout};
+use crate::config::{Config, HandlerConfig, OnUncertain};
+use crate::event::{OutboxEvent, RawMessage};
+use crate::handler::{self, Handler, HandlerError, Verified};
+use crate::kafka::{DeadLetterInfo, DeadLetters, DlqError};
 use crate::metrics::names;
 use crate::store::{Claim, Claimed, Record, State, Store, StoreError};
 
@@ -43,63 +44,102 @@ pub enum Executed {
 /// Counters for the shutdown summary.
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// Events recorded done: the handler succeeded, or `verify` found the earlier attempt happened.
     pub handled: AtomicU64,
+    /// Deliveries of an event already done, dead or parked: suppressed, nothing ran.
     pub duplicates: AtomicU64,
+    /// Events recorded dead or parked, and messages that could not be decoded or whose handling panicked.
     pub dead: AtomicU64,
+    /// Events found `claimed` by an earlier attempt whose outcome is unknown, given to `on_uncertain`.
     pub reexecuted: AtomicU64,
 }
 
+/// Takes each event through decode, durable claim, handler and durable record;
+/// shared by the engine's chains, the admin server and `outboxd store retry`.
 pub struct Executor {
-    pub config: Config,
-    pub store: Arc<Store>,
+    pub(crate) config: Config,
+    pub(crate) store: Arc<Store>,
     /// Parallel to `config.handlers`.
-    handlers: Vec<Handler>,
+    handlers: Vec<Arc<dyn Handler>>,
+    /// Handlers given by an embedding program, by topic: they run instead of
+    /// the configured kind; the topic's `[[handlers]]` entry still says how its
+    /// events are read, retried and dead-lettered.
+    custom: HashMap<String, Arc<dyn Handler>>,
     /// Present when some handler has a dead-letter topic.
     dead_letters: Option<DeadLetters>,
-    /// Writer schemas for Avro values, when `[schema_registry]` is configured.
-    registry: Option<avro::Registry>,
+    /// How each handler's messages are read; parallel to `config.handlers`.
+    layouts: Vec<Layout>,
+    /// The one decoder (with the schema registry, when `[schema_registry]` is configured).
+    decoder: Decoder,
     /// Event ids being worked on in this process: a second delivery of the
     /// same id (at another offset or key) waits instead of running twice.
     live: Mutex<HashMap<String, Arc<Semaphore>>>,
-    pub counters: Counters,
+    pub(crate) counters: Counters,
     /// Set when the store fails: nothing more runs and no offset moves.
-    fatal: tokio::sync::watch::Sender<Option<String>>,
+    failure: std::sync::OnceLock<String>,
+    /// Cancelled with the failure, so that the service stops and drains.
+    shutdown: CancellationToken,
 }
 
 impl Executor {
+    /// With the configured handlers only; builds them, the dead-letter producer
+    /// (when a handler has a dead-letter topic) and the registry client (when configured).
     pub fn new(config: Config, store: Arc<Store>) -> anyhow::Result<Executor> {
-        let handlers = config.handlers.iter().map(Handler::build).collect::<anyhow::Result<Vec<_>>>()?;
+        Executor::with_handlers(config, store, HashMap::new())
+    }
+
+    /// With `custom` handlers by topic, given by an embedding program. Each topic must be
+    /// covered by a `[[handlers]]` entry.
+    pub fn with_handlers(
+        config: Config,
+        store: Arc<Store>,
+        custom: HashMap<String, Arc<dyn Handler>>,
+    ) -> anyhow::Result<Executor> {
+        check_custom_topics(&config, &custom)?;
+        let handlers = config.handlers.iter().map(handler::build).collect::<anyhow::Result<Vec<_>>>()?;
         let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
             Some(DeadLetters::build(&config.kafka)?)
         } else {
             None
         };
-        let (fatal, _) = tokio::sync::watch::channel(None);
         let registry = config.schema_registry.clone().map(avro::Registry::new).transpose()?;
+        let layouts = config.handlers.iter().map(Layout::from).collect();
         Ok(Executor {
             config,
             store,
             handlers,
+            custom,
             dead_letters,
-            registry,
+            layouts,
+            decoder: Decoder::new(registry),
             live: Mutex::new(HashMap::new()),
             counters: Counters::default(),
-            fatal,
+            failure: std::sync::OnceLock::new(),
+            shutdown: CancellationToken::new(),
         })
     }
 
-    /// Stops all further work (a store failure).
+    /// A store failure cancels `shutdown` (besides stopping all further work here).
+    pub fn cancels(mut self, shutdown: CancellationToken) -> Executor {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Stops all further work (a store failure) and cancels the shutdown token.
+    /// The first failure is the one reported.
     pub fn fail(&self, reason: String) {
-        self.fatal.send_replace(Some(reason));
+        let _ = self.failure.set(reason);
+        self.shutdown.cancel();
     }
 
+    /// True once [`Executor::fail`] was called: nothing more runs and no offset moves.
     pub fn stopped(&self) -> bool {
-        self.fatal.borrow().is_some()
+        self.failure.get().is_some()
     }
 
-    /// Resolves with the reason once [`Executor::fail`] was called.
-    pub fn failure(&self) -> tokio::sync::watch::Receiver<Option<String>> {
-        self.fatal.subscribe()
+    /// Why [`Executor::fail`] was called, if it was.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.get().cloned()
     }
 
     /// Runs one message until its event is durably final (or the store fails).
@@ -116,22 +156,14 @@ impl Executor {
             self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await?;
             return Ok(Executed::Final);
         };
-        let decoded = match self.read_value(hc, msg).await {
-            Ok((payload, key)) => {
-                codec::decode_with(msg, payload, key, &hc.event_id, &hc.event_type_header).map_err(|e| e.to_string())
-            }
-            Err(reason) => Err(reason),
-        };
-        match decoded {
+        match self.decode(hc, msg).await {
             Err(reason) => {
-                self.undecodable(Some(hc), msg, reason).await?;
+                self.undecodable(Some(hc), msg, reason.to_string()).await?;
                 Ok(Executed::Final)
             }
-            Ok(mut event) => {
-                if hc.body == Body::Raw {
-                    event.payload = msg.value.clone().map_or(Payload::Null, Payload::Bytes);
-                }
-                self.handle(hc, &self.handlers[hc.index], event, msg, owned).await
+            Ok(event) => {
+                let handler = self.custom.get(&msg.topic).unwrap_or(&self.handlers[hc.index]);
+                self.handle(hc, handler.as_ref(), event, msg, owned).await
             }
         }
     }
@@ -165,69 +197,32 @@ impl Executor {
         self.store.record_undecodable(&id, msg, reason, dlq).await
     }
 
-    /// The value and key as the handler's `format` says. A registry that cannot
-    /// be reached makes the event wait (its offset does not move); an Avro value
-    /// that cannot be decoded is an error for the dead-letter path.
-    async fn read_value(&self, hc: &HandlerConfig, msg: &RawMessage) -> Result<(Payload, Option<String>), String> {
-        let value = msg.value.as_deref();
-        let framed = value.and_then(avro::framing).is_some();
-        let payload = match hc.format {
-            Format::Raw => value.map_or(Payload::Null, |v| Payload::Bytes(v.to_vec())),
-            Format::Avro if !framed => {
-                return Err("format = \"avro\" but the value is not in the Confluent wire format".to_owned())
-            }
-            Format::Avro | Format::Auto if framed => {
-                let value = value.unwrap_or_default();
-                Payload::Json(self.avro_json(value, &msg.topic, avro::Part::Value).await.map_err(|e| e.to_string())?)
-            }
-            _ => codec::decode_value(value).map_err(|e| e.to_string())?,
-        };
-        let key = match msg.key.as_deref() {
-            Some(k) if avro::framing(k).is_some() && matches!(hc.format, Format::Auto | Format::Avro) => {
-                match self.avro_json(k, &msg.topic, avro::Part::Key).await.map_err(|e| format!("key: {e}"))? {
-                    serde_json::Value::String(s) => Some(s),
-                    other => Some(other.to_string()),
-                }
-            }
-            Some(k) => Some(codec::decode_text(k)),
-            None => None,
-        };
-        Ok((payload, key))
-    }
-
-    /// Decodes an Avro-framed value, waiting (with backoff) while the registry is
-    /// unreachable, or refuses us (401/403) or answers garbage. The latter two are
-    /// configuration errors, not the event's: it waits rather than being
-    /// dead-lettered, and every retry logs at error level with the status and
-    /// counts in `outboxd_schema_registry_errors_total{reason}`. A schema id not
-    /// registered for `part` of `topic` is an error (dead letter).
-    async fn avro_json(
-        &self,
-        framed: &[u8],
-        topic: &str,
-        part: avro::Part,
-    ) -> Result<serde_json::Value, avro::AvroError> {
-        let id = avro::framing(framed).ok_or(avro::AvroError::NotFramed)?;
-        let Some(registry) = &self.registry else {
-            return Err(avro::AvroError::NoRegistry(id));
-        };
+    /// Decodes as the handler's entry says. While the schema registry cannot
+    /// answer (unreachable, or it refuses us (401/403) or answers garbage) the
+    /// event waits, with backoff: the latter two are configuration errors, not
+    /// the event's, so it waits rather than being dead-lettered, and every retry
+    /// logs at error level with the status and counts in
+    /// `outboxd_schema_registry_errors_total{reason}`. Any other error is for
+    /// the dead-letter path.
+    async fn decode(&self, hc: &HandlerConfig, msg: &RawMessage) -> Result<OutboxEvent, DecodeError> {
+        let layout = &self.layouts[hc.index];
         let mut pause = REGISTRY_RETRY_INITIAL;
         loop {
-            match registry.schema(id, topic, part).await {
-                Ok(schema) => return schema.decode(framed),
-                Err(e) if e.is_transient() && !self.stopped() => {
-                    let reason = e.registry_reason().unwrap_or("unavailable");
+            match self.decoder.decode(msg, layout).await {
+                Err(DecodeError::Registry { error, schema_id, .. }) if !self.stopped() => {
+                    let reason = error.registry_reason().unwrap_or("unavailable");
                     metrics::counter!(names::SCHEMA_REGISTRY_ERRORS, "reason" => reason).increment(1);
-                    if e.needs_operator() {
-                        error!(error = %e, reason, schema_id = id, topic, ?pause,
+                    let topic = &msg.topic;
+                    if error.needs_operator() {
+                        error!(error = %error, reason, schema_id, topic, ?pause,
                             "the schema registry refuses or garbles the schema lookup; fix [schema_registry] (the event and its offset wait)");
                     } else {
-                        warn!(error = %e, schema_id = id, topic, ?pause, "waiting for the schema registry (the event and its offset wait)");
+                        warn!(error = %error, schema_id, topic, ?pause, "waiting for the schema registry (the event and its offset wait)");
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(REGISTRY_RETRY_MAX);
                 }
-                Err(e) => return Err(e),
+                other => return other,
             }
         }
     }
@@ -284,7 +279,7 @@ impl Executor {
     async fn handle(
         &self,
         hc: &HandlerConfig,
-        handler: &Handler,
+        handler: &dyn Handler,
         event: OutboxEvent,
         msg: &RawMessage,
         owned: &Ownership<'_>,
@@ -304,7 +299,7 @@ impl Executor {
     async fn claim_and_run(
         &self,
         hc: &HandlerConfig,
-        handler: &Handler,
+        handler: &dyn Handler,
         event: &OutboxEvent,
         msg: &RawMessage,
     ) -> Result<(), StoreError> {
@@ -388,7 +383,7 @@ impl Executor {
     }
 
     /// Asks the receiver about an uncertain event, retrying the lookup like the handler.
-    async fn verify(&self, hc: &HandlerConfig, handler: &Handler, event: &OutboxEvent) -> Result<Verified, String> {
+    async fn verify(&self, hc: &HandlerConfig, handler: &dyn Handler, event: &OutboxEvent) -> Result<Verified, String> {
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);
         loop {
@@ -431,31 +426,16 @@ impl Executor {
     }
 }
 
-/// The exponential schedule (backon), without its own jitter: full jitter is applied per delay.
-fn backoff(retry: &RetryConfig) -> impl Iterator<Item = Duration> {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(retry.initial_backoff)
-        .with_max_delay(retry.max_backoff)
-        .with_factor(retry.multiplier)
-        .with_max_times(retry.max_attempts.saturating_sub(1) as usize)
-        .build()
-}
-
-/// Full jitter (uniform in `0..=delay`), at least the receiver's `Retry-After`;
-/// `None` when attempts are used up or waiting would pass `max_elapsed`.
-/// A receiver may send any `Retry-After` (up to `u64::MAX` seconds): the sum is
-/// checked, so an absurd one ends the retries instead of overflowing.
-fn next_delay(
-    delays: &mut impl Iterator<Item = Duration>,
-    retry_after: Option<Duration>,
-    started: Instant,
-    retry: &RetryConfig,
-) -> Option<Duration> {
-    let ceiling = delays.next()?;
-    let jittered = ceiling.mul_f64(rand::random::<f64>());
-    let delay = retry_after.map_or(jittered, |ra| ra.max(jittered));
-    let resumes_after = started.elapsed().checked_add(delay)?;
-    (resumes_after <= retry.max_elapsed).then_some(delay)
+/// Every topic given its own handler must be covered by a `[[handlers]]` entry.
+pub fn check_custom_topics(config: &Config, custom: &HashMap<String, Arc<dyn Handler>>) -> anyhow::Result<()> {
+    for topic in custom.keys() {
+        anyhow::ensure!(
+            config.handler_for(topic).is_some(),
+            "a handler is given for topic {topic:?}, but no [[handlers]] entry covers it \
+             (the entry says how its events are read, retried and dead-lettered)"
+        );
+    }
+    Ok(())
 }
 
 /// Debug builds only (compiled out of release builds): a bug to contain, for the
@@ -496,43 +476,5 @@ async fn live_guard<'a>(exec: &'a Executor, id: &str) -> LiveGuard<'a> {
         };
         // Closed (never granted) when the holder finishes.
         let _ = busy.acquire().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn retry(max_elapsed: Duration) -> RetryConfig {
-        RetryConfig {
-            max_attempts: 5,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(100),
-            multiplier: 2.0,
-            max_elapsed,
-        }
-    }
-
-    #[test]
-    fn an_absurd_retry_after_ends_the_retries_instead_of_overflowing() {
-        let r = retry(Duration::from_secs(60));
-        let mut delays = backoff(&r);
-        let huge = Some(Duration::from_secs(u64::MAX));
-        assert_eq!(next_delay(&mut delays, huge, Instant::now(), &r), None);
-    }
-
-    #[test]
-    fn a_retry_after_beyond_max_elapsed_ends_the_retries() {
-        let r = retry(Duration::from_secs(60));
-        let mut delays = backoff(&r);
-        assert_eq!(next_delay(&mut delays, Some(Duration::from_secs(61)), Instant::now(), &r), None);
-    }
-
-    #[test]
-    fn a_retry_after_within_max_elapsed_is_the_least_pause() {
-        let r = retry(Duration::from_secs(60));
-        let mut delays = backoff(&r);
-        let d = next_delay(&mut delays, Some(Duration::from_secs(2)), Instant::now(), &r).expect("a retry");
-        assert_eq!(d, Duration::from_secs(2));
     }
 }

@@ -10,9 +10,9 @@ use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::error;
 
-use super::consumer::{self, KafkaConsumer, Tracker};
 use super::executor::{Executed, Executor};
 use crate::event::RawMessage;
+use crate::kafka::{Consumer, Tracker};
 
 /// Events of one Kafka key in one partition run one at a time, in offset order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -41,7 +41,7 @@ pub struct Shared {
     /// Runs one message to a durable final state.
     pub exec: Arc<Executor>,
     pub tracker: Tracker,
-    pub consumer: Arc<KafkaConsumer>,
+    pub consumer: Arc<Consumer>,
     /// Active chains: a key present here has a task working through its queue.
     pub chains: Mutex<HashMap<KeyId, VecDeque<Job>>>,
 }
@@ -156,7 +156,7 @@ async fn process(shared: &Shared, job: &Job) {
             // Under the lock so that stored offsets never go backwards.
             let mut tracker = lock(&shared.tracker);
             if let Some(next) = tracker.finish(&partition, job.generation, msg.offset) {
-                consumer::store_offset(&shared.consumer, &partition, next);
+                shared.consumer.store_offset(&partition, next);
             }
         }
         Ok(Executed::Abandoned) => lock(&shared.tracker).abandon(&partition, job.generation),

@@ -5,11 +5,13 @@
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::StatusCode;
 
-use super::{HandlerError, Outcome, Verified};
+use super::{async_trait, Handler, HandlerError, Outcome, Verified};
 use crate::config::{HttpConfig, StatusRules};
 use crate::event::OutboxEvent;
 use crate::template::Vars;
 
+/// `kind = "http"`: one request per event to the rendered URL, the event id in the
+/// idempotency header; the status is classified as success, retryable or permanent.
 pub struct HttpHandler {
     client: reqwest::Client,
     config: HttpConfig,
@@ -18,6 +20,7 @@ pub struct HttpHandler {
 }
 
 impl HttpHandler {
+    /// A handler for `config`; redirects are not followed (a permanent failure instead).
     pub fn new(config: HttpConfig) -> anyhow::Result<HttpHandler> {
         // A redirect could lead to another host; it is reported as a permanent failure instead.
         let client =
@@ -30,8 +33,11 @@ impl HttpHandler {
         }
         Ok(HttpHandler { client, config, headers })
     }
+}
 
-    pub async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
+#[async_trait]
+impl Handler for HttpHandler {
+    async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
         let url = self.config.url.render(&vars(event)).map_err(|e| HandlerError::Permanent(e.to_string()))?;
         let (body, content_type) = event.payload.to_body();
         let mut headers = self.headers.clone();
@@ -64,7 +70,7 @@ impl HttpHandler {
     }
 
     /// The `verify` lookup: 2xx = it happened, 404 = it did not, anything else = ask again later.
-    pub async fn verify(&self, event: &OutboxEvent) -> Result<Verified, HandlerError> {
+    async fn verify(&self, event: &OutboxEvent) -> Result<Verified, HandlerError> {
         let Some(verify) = &self.config.verify else {
             return Ok(Verified::Missing);
         };

@@ -4,13 +4,16 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::{HandlerError, Outcome};
+use super::{async_trait, Handler, HandlerError, Outcome};
 use crate::event::{OutboxEvent, Payload};
 
+/// `kind = "log"`: writes one JSON line per event on stdout; fails (retryably) only
+/// when stdout cannot be written.
 pub struct LogHandler;
 
-impl LogHandler {
-    pub fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
+#[async_trait]
+impl Handler for LogHandler {
+    async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
         let mut out = std::io::stdout().lock();
         write_line(&mut out, event)
             .and_then(|()| out.flush())

@@ -1,31 +1,51 @@
-//! Handlers run an event's side effect. The kind is chosen per topic in the
-//! config; the engine decides retry or dead-letter from [`HandlerError`].
+//! Handlers run an event's side effect: one attempt in, its result out. The
+//! kind is chosen per topic in the config (`http`, `log`), or given by a
+//! program that embeds outboxd ([`from_fn`], or any type that implements
+//! [`Handler`]). The engine decides retry, dead-letter or done from the result
+//! and runs the retry, verify and park policies around it.
 
 mod http;
 mod log;
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::config::{HandlerConfig, HandlerSpec};
 use crate::event::OutboxEvent;
 
+/// Implementing [`Handler`] outside this crate: `#[outboxd::handler::async_trait]`
+/// on the impl, without a dependency of your own.
+pub use async_trait::async_trait;
 pub use http::HttpHandler;
 pub use log::LogHandler;
 
-/// What the handler reports on success, kept in the store (e.g. `http 201`).
+/// What the handler reports on success, kept in the store as the record's
+/// outcome (e.g. `http 201`) and shown by `outboxd store get`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome(pub String);
 
+/// Why an attempt failed, and whether trying again can help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandlerError {
     /// May succeed later (connect error, timeout, 5xx, 429, ...); the receiver may
-    /// say when (`Retry-After`).
+    /// say when (`Retry-After`). Retried with backoff within the handler's
+    /// `retry` limits, then dead.
     #[error("{reason}")]
-    Retryable { reason: String, retry_after: Option<std::time::Duration> },
-    /// Will not succeed by trying again (4xx, an event that cannot be addressed, ...).
+    Retryable {
+        /// What went wrong, for the log and the record.
+        reason: String,
+        /// How long the receiver asked to wait (`Retry-After`): a floor for the next delay.
+        retry_after: Option<Duration>,
+    },
+    /// Will not succeed by trying again (4xx, an event that cannot be addressed,
+    /// ...): dead at once.
     #[error("{0}")]
     Permanent(String),
 }
 
 impl HandlerError {
+    /// A retryable failure without a `Retry-After`.
     pub fn retryable(reason: impl Into<String>) -> HandlerError {
         HandlerError::Retryable { reason: reason.into(), retry_after: None }
     }
@@ -40,33 +60,74 @@ pub enum Verified {
     Missing,
 }
 
-/// The closed set of handler kinds.
-pub enum Handler {
-    Http(Box<HttpHandler>),
-    Log(LogHandler),
+/// Runs one event's side effect. Implementations must be safe to call again for
+/// the same event: after a failure, or after a crash left the outcome unknown
+/// (`on_uncertain`), the engine calls again with the same event id.
+///
+/// An `async fn` in a trait is not usable as `dyn Handler`; `async_trait` boxes
+/// the future so that handlers of different types sit in one table.
+#[async_trait]
+pub trait Handler: Send + Sync {
+    /// One attempt. `Ok` is recorded done with the outcome's text.
+    async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError>;
+
+    /// For `on_uncertain = "verify"`: did an earlier attempt whose outcome is
+    /// unknown take effect? The default has no lookup and says `Missing`, so the
+    /// event runs again.
+    async fn verify(&self, _event: &OutboxEvent) -> Result<Verified, HandlerError> {
+        Ok(Verified::Missing)
+    }
 }
 
-impl Handler {
-    pub fn build(config: &HandlerConfig) -> anyhow::Result<Handler> {
-        Ok(match &config.spec {
-            HandlerSpec::Http(http) => Handler::Http(Box::new(HttpHandler::new((**http).clone())?)),
-            HandlerSpec::Log => Handler::Log(LogHandler),
-        })
+/// The handler a `[[handlers]]` entry configures.
+pub fn build(config: &HandlerConfig) -> anyhow::Result<Arc<dyn Handler>> {
+    Ok(match &config.spec {
+        HandlerSpec::Http(http) => Arc::new(HttpHandler::new((**http).clone())?),
+        HandlerSpec::Log => Arc::new(LogHandler),
+    })
+}
+
+/// A handler from an async closure that takes the event (a copy) and returns
+/// the attempt's result.
+///
+/// ```
+/// use outboxd::handler::{from_fn, Outcome};
+/// let handler = from_fn(|event| async move {
+///     println!("{}", event.id);
+///     Ok(Outcome("printed".to_owned()))
+/// });
+/// ```
+pub fn from_fn<F, Fut>(f: F) -> FnHandler<F>
+where
+    F: Fn(OutboxEvent) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Outcome, HandlerError>> + Send,
+{
+    FnHandler(f)
+}
+
+/// A [`Handler`] made of an async closure; see [`from_fn`]. It has no `verify`
+/// lookup: under `on_uncertain = "verify"` an uncertain event runs again.
+pub struct FnHandler<F>(F);
+
+#[async_trait]
+impl<F, Fut> Handler for FnHandler<F>
+where
+    F: Fn(OutboxEvent) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Outcome, HandlerError>> + Send,
+{
+    async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
+        (self.0)(event.clone()).await
+    }
+}
+
+/// A shared handler (e.g. one `Arc<dyn Handler>` for several topics) is a handler.
+#[async_trait]
+impl<H: Handler + ?Sized> Handler for Arc<H> {
+    async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
+        (**self).handle(event).await
     }
 
-    pub async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
-        match self {
-            Handler::Http(h) => h.handle(event).await,
-            Handler::Log(h) => h.handle(event),
-        }
-    }
-
-    /// Asks the receiver whether an uncertain event happened. Handlers without a
-    /// lookup report `Missing`, so the event runs again.
-    pub async fn verify(&self, event: &OutboxEvent) -> Result<Verified, HandlerError> {
-        match self {
-            Handler::Http(h) => h.verify(event).await,
-            Handler::Log(_) => Ok(Verified::Missing),
-        }
+    async fn verify(&self, event: &OutboxEvent) -> Result<Verified, HandlerError> {
+        (**self).verify(event).await
     }
 }

@@ -1,0 +1,183 @@
+//! Wires a running outboxd: the store, metrics, the Kafka consumer, the
+//! executor and its handlers, the engine, the admin server and the background
+//! tasks; runs until shut down, drains, and prints the summary.
+//!
+//! Stopping has one cause, the `shutdown` token: the caller's shutdown
+//! future (SIGINT/SIGTERM in the binary) or a store failure cancels it. The
+//! engine then stops taking events and drains; after the drain (while it
+//! lasts `/readyz` answers `draining`) every background task in the
+//! [`JoinSet`] is stopped and awaited, the store is closed, and the summary is
+//! logged.
+
+mod tasks;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::admin;
+use crate::config::Config;
+use crate::engine::{Counters, Engine, Executor};
+use crate::handler::Handler;
+use crate::kafka::{Consumer, Tracker};
+use crate::offsets::OffsetTracker;
+use crate::store::{Store, StoreOptions};
+
+/// Runs outboxd with the handlers of `config` until `shutdown` resolves (or the
+/// store fails), then drains. What `outboxd run` does; [`App`] is the same with
+/// handlers of your own.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    App::new(config).run(shutdown).await
+}
+
+/// outboxd embedded in your program: the configured service, with your own
+/// handlers for some topics.
+///
+/// ```no_run
+/// use outboxd::handler::{from_fn, Outcome};
+///
+/// # async fn example() -> anyhow::Result<()> {
+/// let config = outboxd::config::Config::load("outboxd.toml".as_ref())?;
+/// outboxd::App::new(config)
+///     .handler("outbox.event.payment", from_fn(|event| async move {
+///         println!("payment event {}", event.id);
+///         Ok(Outcome("printed".to_owned()))
+///     }))
+///     .run(async { tokio::signal::ctrl_c().await.unwrap() })
+///     .await
+/// # }
+/// ```
+pub struct App {
+    config: Config,
+    custom: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl App {
+    /// The service as `config` describes it (validated: [`Config::load`], [`Config::parse`]).
+    pub fn new(config: Config) -> App {
+        App { config, custom: HashMap::new() }
+    }
+
+    /// Runs `handler` for the events of `topic` (an exact topic name) instead of
+    /// the kind its `[[handlers]]` entry configures. The entry is still needed
+    /// and still says how the events are read (`format`, `event_id`, ...),
+    /// deduplicated (`dedup_scope`), retried (`[handlers.retry]`), verified or
+    /// parked (`on_uncertain`) and dead-lettered. Other topics keep their
+    /// configured handlers. A second handler for the same topic replaces the first.
+    pub fn handler(mut self, topic: impl Into<String>, handler: impl Handler + 'static) -> App {
+        self.custom.insert(topic.into(), Arc::new(handler));
+        self
+    }
+
+    /// Runs until `shutdown` resolves (or the store fails), then drains: waits
+    /// for events in flight up to `kafka.drain_timeout`, commits finished
+    /// offsets, stops the admin server and background tasks, closes the store.
+    /// Fails at start-up for a topic given to [`App::handler`] that no
+    /// `[[handlers]]` entry covers, and at the end when the store failed.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let App { config, custom } = self;
+        crate::engine::check_custom_topics(&config, &custom)?;
+        let store = open_store(&config)?;
+        let token = CancellationToken::new();
+        let tracker: Tracker = Arc::new(Mutex::new(OffsetTracker::default()));
+        let subscriptions = config.subscriptions();
+        let prometheus = crate::metrics::install().context("setting up metrics")?;
+        let broker_up = Arc::new(AtomicBool::new(false));
+        let consumer = Arc::new(
+            Consumer::build(&config.kafka, &subscriptions, tracker.clone(), broker_up.clone())
+                .context("creating the Kafka consumer")?,
+        );
+        let max_in_flight = config.store.max_in_flight;
+        let gc_interval = config.store.gc_interval;
+        let stall_timeout = config.stall_timeout();
+        let admin_config = config.admin.clone();
+        let exec = Arc::new(
+            Executor::with_handlers(config, store.clone(), custom)
+                .context("setting up handlers")?
+                .cancels(token.clone()),
+        );
+        let engine = Engine::new(exec.clone(), consumer, tracker.clone());
+
+        // Background tasks run through the drain and stop after it.
+        let background = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        if let Some(addr) = admin_config.listen {
+            let listener = admin::bind(addr).await?;
+            let local = listener.local_addr()?;
+            store.advertise_admin(&local.to_string()).context("recording the admin address next to the store")?;
+            let state = admin::AdminState {
+                exec: exec.clone(),
+                tracker: tracker.clone(),
+                draining: engine.draining(),
+                broker_up,
+                stall_timeout,
+                prometheus: prometheus.clone(),
+                token: admin_config.token,
+            };
+            let stop = background.clone();
+            tasks.spawn(async move {
+                if let Err(error) = admin::serve(listener, state, async move { stop.cancelled().await }).await {
+                    warn!(%error, "admin server stopped");
+                }
+            });
+            info!(admin = %local, "admin API listening (/healthz /readyz /metrics /v1/…)");
+        }
+        tasks.spawn(tasks::store_gauges(store.clone(), background.clone()));
+        tasks.spawn(tasks::stall_watch(tracker, stall_timeout, background.clone()));
+        tasks.spawn(tasks::metrics_upkeep(prometheus, background.clone()));
+        tasks.spawn(tasks::retention(store.clone(), gc_interval, background.clone()));
+        info!(topics = %subscriptions.join(","), store = %store.path().display(), max_in_flight, "outboxd running");
+
+        let run = engine.run(&token);
+        tokio::pin!(run);
+        let failure = tokio::select! {
+            failure = &mut run => failure,
+            () = shutdown => {
+                token.cancel();
+                run.await
+            }
+        };
+
+        background.cancel();
+        stopped(failure, tasks, &store, &exec.counters).await
+    }
+}
+
+/// The store, opened for the service.
+fn open_store(config: &Config) -> anyhow::Result<Arc<Store>> {
+    let store = Store::open(&config.store.path, &StoreOptions::from(&config.store))
+        .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
+    store.set_message_quota(config.store.max_message_copy_bytes);
+    Ok(Arc::new(store))
+}
+
+/// After the drain: awaits the background tasks (told to stop), closes the
+/// store, logs the summary, and says how the run ended.
+async fn stopped(failure: Option<String>, mut tasks: JoinSet<()>, store: &Store, c: &Counters) -> anyhow::Result<()> {
+    while let Some(ended) = tasks.join_next().await {
+        if let Err(error) = ended {
+            warn!(%error, "a background task failed");
+        }
+    }
+    let closed = store.close().await;
+    info!(
+        handled = c.handled.load(Ordering::Relaxed),
+        duplicates_suppressed = c.duplicates.load(Ordering::Relaxed),
+        dead = c.dead.load(Ordering::Relaxed),
+        reexecuted = c.reexecuted.load(Ordering::Relaxed),
+        "outboxd stopped"
+    );
+    let path = store.path().display();
+    match (failure, closed) {
+        // The first failure says why; the failed final flush would only repeat it.
+        (Some(reason), _) => anyhow::bail!("stopped because the store at {path} failed: {reason}"),
+        (None, Err(e)) => Err(e).with_context(|| format!("flushing the store at {path}")),
+        (None, Ok(())) => Ok(()),
+    }
+}

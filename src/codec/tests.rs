@@ -1,0 +1,144 @@
+use serde_json::{json, Value};
+
+use super::*;
+
+/// Through the one decoder, without a registry (JSON never awaits).
+fn decode(msg: &RawMessage, id_source: &EventIdSource, event_type_header: &str) -> Result<OutboxEvent, DecodeError> {
+    let layout =
+        Layout { event_id: id_source.clone(), event_type_header: event_type_header.to_owned(), ..Layout::default() };
+    futures::executor::block_on(Decoder::default().decode(msg, &layout))
+}
+
+fn msg(value: Option<&[u8]>, headers: &[(&str, &[u8])]) -> RawMessage {
+    RawMessage {
+        topic: "outbox.event.order".into(),
+        partition: 0,
+        offset: 7,
+        key: Some(b"order-1".to_vec()),
+        value: value.map(<[u8]>::to_vec),
+        headers: headers.iter().map(|(k, v)| (k.to_string(), Some(v.to_vec()))).collect(),
+        timestamp_ms: None,
+    }
+}
+
+fn header_id() -> EventIdSource {
+    EventIdSource::Header("id".into())
+}
+
+fn payload_of(value: &str) -> Payload {
+    decode(&msg(Some(value.as_bytes()), &[("id", b"e-1")]), &header_id(), "eventType").unwrap().payload
+}
+
+#[test]
+fn string_converter_json_text() {
+    assert_eq!(payload_of(r#"{"total": 10}"#), Payload::Json(json!({"total": 10})));
+}
+
+#[test]
+fn json_converter_schema_envelope_with_debezium_json_string() {
+    let v = r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"total\": 10}"}"#;
+    assert_eq!(payload_of(v), Payload::Json(json!({"total": 10})));
+}
+
+#[test]
+fn json_converter_without_schemas_gives_json_string() {
+    assert_eq!(payload_of(r#""{\"total\": 10}""#), Payload::Json(json!({"total": 10})));
+}
+
+#[test]
+fn expanded_json_payload_object() {
+    let v = r#"{"schema":{"type":"struct","fields":[]},"payload":{"total":10}}"#;
+    assert_eq!(payload_of(v), Payload::Json(json!({"total": 10})));
+    assert_eq!(payload_of(r#"{"total":10,"items":[1,2]}"#), Payload::Json(json!({"total": 10, "items": [1, 2]})));
+}
+
+#[test]
+fn plain_text_and_raw_bytes_and_null() {
+    assert_eq!(payload_of("hello world"), Payload::Text("hello world".into()));
+    let bytes = decode(&msg(Some(&[0xff, 0x00, 0xfe]), &[("id", b"e")]), &header_id(), "eventType").unwrap();
+    assert_eq!(bytes.payload, Payload::Bytes(vec![0xff, 0x00, 0xfe]));
+    let null = decode(&msg(None, &[("id", b"e")]), &header_id(), "eventType").unwrap();
+    assert_eq!(null.payload, Payload::Null);
+    assert_eq!(payload_of(r#"{"schema":{"type":"string"},"payload":null}"#), Payload::Json(Value::Null));
+    assert_eq!(payload_of("null"), Payload::Json(Value::Null));
+}
+
+#[test]
+fn payload_shaped_like_an_envelope_stays_whole() {
+    let v = r#"{"schema":"order.v2","payload":{"id":1}}"#;
+    assert_eq!(payload_of(v), Payload::Json(json!({"schema": "order.v2", "payload": {"id": 1}})));
+}
+
+#[test]
+fn broken_debezium_json_is_an_error() {
+    let v = r#"{"schema":{"type":"string","name":"io.debezium.data.Json"},"payload":"{not json"}"#;
+    let e = decode(&msg(Some(v.as_bytes()), &[("id", b"e")]), &header_id(), "eventType").unwrap_err();
+    assert!(matches!(e, DecodeError::InvalidEmbeddedJson(_)));
+}
+
+#[test]
+fn id_header_text_json_and_envelope() {
+    for raw in [&b"5f0c"[..], br#""5f0c""#, br#"{"schema":{"type":"string"},"payload":"5f0c"}"#] {
+        let ev = decode(&msg(Some(b"{}"), &[("id", raw), ("eventType", b"OrderCreated")]), &header_id(), "eventType")
+            .unwrap();
+        assert_eq!(ev.id, "5f0c");
+        assert_eq!(ev.event_type.as_deref(), Some("OrderCreated"));
+        assert_eq!(ev.aggregate_id.as_deref(), Some("order-1"));
+    }
+}
+
+#[test]
+fn json_quoted_and_enveloped_keys_are_unwrapped() {
+    let mut m = msg(Some(b"{}"), &[("id", b"e")]);
+    m.key = Some(br#""order-9""#.to_vec());
+    assert_eq!(decode(&m, &header_id(), "eventType").unwrap().aggregate_id.as_deref(), Some("order-9"));
+    m.key = Some(br#"{"schema":{"type":"string"},"payload":"order-9"}"#.to_vec());
+    assert_eq!(decode(&m, &header_id(), "eventType").unwrap().aggregate_id.as_deref(), Some("order-9"));
+    m.key = Some(vec![0xff, b'a']);
+    assert_eq!(decode(&m, &header_id(), "eventType").unwrap().aggregate_id.as_deref(), Some("\u{fffd}a"));
+}
+
+#[test]
+fn missing_empty_conflicting_or_huge_ids_are_errors() {
+    let e = |headers: &[(&str, &[u8])]| decode(&msg(Some(b"{}"), headers), &header_id(), "eventType").unwrap_err();
+    assert_eq!(e(&[]), DecodeError::MissingIdHeader("id".into()));
+    assert_eq!(e(&[("id", b"")]), DecodeError::EmptyId);
+    assert_eq!(e(&[("id", b"a"), ("id", b"b")]), DecodeError::ConflictingIdHeaders("id".into(), 2));
+    assert_eq!(e(&[("id", &[0xff])]), DecodeError::IdNotUtf8);
+    let long = vec![b'x'; MAX_EVENT_ID_LEN + 1];
+    assert_eq!(e(&[("id", &long)]), DecodeError::IdTooLong(MAX_EVENT_ID_LEN + 1));
+    // The same id twice is harmless.
+    assert!(decode(&msg(Some(b"{}"), &[("id", b"a"), ("id", b"a")]), &header_id(), "eventType").is_ok());
+}
+
+#[test]
+fn id_from_raw_debezium_envelope_field() {
+    let src = EventIdSource::Field("after.id".into());
+    let v = r#"{"schema":{"type":"struct"},"payload":{"before":null,"after":{"id":"u-1","payload":"{}"},"op":"c"}}"#;
+    assert_eq!(decode(&msg(Some(v.as_bytes()), &[]), &src, "eventType").unwrap().id, "u-1");
+    let numeric = r#"{"after":{"id":42}}"#;
+    assert_eq!(decode(&msg(Some(numeric.as_bytes()), &[]), &src, "eventType").unwrap().id, "42");
+    let e = decode(&msg(Some(br#"{"after":{}}"#), &[]), &src, "eventType").unwrap_err();
+    assert_eq!(e, DecodeError::MissingIdField("after.id".into()));
+    let e = decode(&msg(Some(b"not json"), &[]), &src, "eventType").unwrap_err();
+    assert_eq!(e, DecodeError::ValueNotJson);
+}
+
+#[test]
+fn trace_context_is_taken_from_traceparent_or_debezium_span_context() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let ev = decode(&msg(Some(b"{}"), &[("id", b"e"), ("traceparent", tp.as_bytes())]), &header_id(), "eventType");
+    assert_eq!(ev.unwrap().traceparent.as_deref(), Some(tp));
+    let props = format!("#Thu Nov 29\ntraceparent={tp}\ntracestate=x=1\n");
+    let ev =
+        decode(&msg(Some(b"{}"), &[("id", b"e"), ("tracingspancontext", props.as_bytes())]), &header_id(), "eventType");
+    assert_eq!(ev.unwrap().traceparent.as_deref(), Some(tp));
+    let ev = decode(&msg(Some(b"{}"), &[("id", b"e"), ("traceparent", b"00-zz\r\nX: y")]), &header_id(), "eventType");
+    assert_eq!(ev.unwrap().traceparent, None, "malformed contexts are not forwarded");
+}
+
+#[test]
+fn deeply_nested_json_does_not_crash() {
+    let deep = "[".repeat(10_000) + &"]".repeat(10_000);
+    assert!(matches!(payload_of(&deep), Payload::Text(_)));
+}

@@ -1,0 +1,264 @@
+//! The consumer: building and subscribing it, rebalance callbacks that keep the
+//! offset tracker in step, turning messages into [`RawMessage`]s, storing and
+//! committing offsets.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tracing::{info, warn};
+
+use crate::config::KafkaConfig;
+use crate::event::RawMessage;
+use crate::metrics::names;
+use crate::offsets::{describe, OffsetTracker, PartitionId};
+
+/// The offset tracker, shared by the consumer's callbacks, the engine and the admin server.
+pub type Tracker = Arc<Mutex<OffsetTracker>>;
+
+/// Keeps the offset tracker in step with assignments.
+struct Ctx {
+    tracker: Tracker,
+    /// Whether librdkafka's last statistics showed a broker connection up (readiness).
+    broker_up: Arc<AtomicBool>,
+    /// How long a revoke waits for running events of the revoked partitions.
+    drain_timeout: Duration,
+}
+
+/// How often a revoke looks whether running events have finished.
+const REVOKE_POLL: Duration = Duration::from_millis(10);
+
+impl ClientContext for Ctx {
+    /// librdkafka's statistics (every `statistics.interval.ms`): lag and committed
+    /// offsets per assigned partition, and broker connectivity.
+    fn stats(&self, stats: rdkafka::Statistics) {
+        let up = stats.brokers.values().any(|b| b.nodeid >= 0 && b.state == "UP");
+        self.broker_up.store(up, Ordering::Relaxed);
+        for (topic, t) in &stats.topics {
+            for (id, p) in &t.partitions {
+                if *id < 0 || !p.desired {
+                    continue;
+                }
+                let labels = [("topic", topic.clone()), ("partition", id.to_string())];
+                if p.consumer_lag >= 0 {
+                    metrics::gauge!(names::LAG, &labels).set(p.consumer_lag as f64);
+                }
+                if p.committed_offset >= 0 {
+                    metrics::gauge!(names::COMMITTED, &labels).set(p.committed_offset as f64);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            // librdkafka calls this from the poll, on a runtime worker: waiting for the
+            // running events there would block that worker (with one worker, every
+            // event it should let finish), so the wait moves off the runtime's workers.
+            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                    tokio::task::block_in_place(|| self.revoke(consumer, tpl));
+                }
+                _ => self.revoke(consumer, tpl),
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let assigned = partitions(tpl);
+                let mut tracker = self.tracker.lock().expect("offset tracker lock");
+                for p in &assigned {
+                    tracker.assign(p.clone());
+                }
+                // An assignment came through the group coordinator: the broker is reachable.
+                self.broker_up.store(true, Ordering::Relaxed);
+                info!(partitions = %describe(&assigned), "partitions assigned");
+            }
+            Rebalance::Error(error) => warn!(%error, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+impl Ctx {
+    /// Lets running events of the revoked partitions finish (bounded by the drain
+    /// timeout), commits what finished, and forgets the partitions.
+    fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        let revoked = partitions(tpl);
+        let lost = consumer.assignment_lost();
+        // No new event starts in these partitions; running ones may finish
+        // (bounded by the drain timeout) so their offsets can be committed.
+        let mut running = self.tracker.lock().expect("offset tracker lock").start_revoke(&revoked);
+        if running > 0 && !lost {
+            info!(partitions = %describe(&revoked), running, drain_timeout = ?self.drain_timeout,
+                "revoking: waiting for running events to finish");
+        }
+        let deadline = Instant::now() + self.drain_timeout;
+        while running > 0 && !lost && Instant::now() < deadline {
+            std::thread::sleep(REVOKE_POLL);
+            running = self.tracker.lock().expect("offset tracker lock").running(&revoked);
+        }
+        let mut tracker = self.tracker.lock().expect("offset tracker lock");
+        let finished: Vec<_> = tracker.committable().into_iter().filter(|(p, _)| revoked.contains(p)).collect();
+        if lost {
+            // Another member may own them already: committing could move its offsets.
+            warn!(partitions = %describe(&revoked), "partitions lost; not committing for them");
+        } else if !finished.is_empty() {
+            if let Err(error) = consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
+                warn!(%error, "commit on revoke failed; the next owner re-reads from the last commit (duplicates are absorbed)");
+            }
+        }
+        for p in &revoked {
+            tracker.revoke(p);
+        }
+        info!(partitions = %describe(&revoked), still_running = running, "partitions revoked");
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<PartitionId> {
+    tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
+}
+
+fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in offsets {
+        // An offset from our own tracker is always valid for the list.
+        let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+    }
+    tpl
+}
+
+/// Why the consumer gave no message (librdkafka retries by itself; the poll loop pauses and polls again).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RecvError(String);
+
+/// The subscribed consumer. Offsets are stored by us only after an event is
+/// durably finished; librdkafka commits what was stored.
+pub struct Consumer {
+    inner: StreamConsumer<Ctx>,
+}
+
+impl Consumer {
+    /// Builds and subscribes the consumer. Assignments and revokes update
+    /// `tracker`; librdkafka's statistics keep `broker_up` (readiness) current.
+    pub fn build(
+        kafka: &KafkaConfig,
+        subscriptions: &[String],
+        tracker: Tracker,
+        broker_up: Arc<AtomicBool>,
+    ) -> anyhow::Result<Consumer> {
+        let inner: StreamConsumer<Ctx> = super::options::consumer(kafka).create_with_context(Ctx {
+            tracker,
+            broker_up,
+            drain_timeout: kafka.drain_timeout,
+        })?;
+        let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
+        inner.subscribe(&topics)?;
+        Ok(Consumer { inner })
+    }
+
+    /// The next message. Rebalance callbacks run inside this call.
+    pub async fn recv(&self) -> Result<RawMessage, RecvError> {
+        match self.inner.recv().await {
+            Ok(m) => Ok(to_raw(&m)),
+            Err(e) => Err(RecvError(e.to_string())),
+        }
+    }
+
+    /// Hands the next offset to commit to librdkafka (committed on its interval).
+    pub fn store_offset(&self, partition: &PartitionId, next: i64) {
+        if let Err(error) = self.inner.store_offsets(&to_tpl(&[(partition.clone(), next)])) {
+            // Happens when the partition was revoked meanwhile; its next owner re-reads.
+            warn!(%error, topic = %partition.0, partition = partition.1, next, "could not store offset");
+        }
+    }
+
+    /// Commits every finished offset now (shutdown).
+    pub fn commit_now(&self, tracker: &Tracker) {
+        let finished = tracker.lock().expect("offset tracker lock").committable();
+        if finished.is_empty() {
+            return;
+        }
+        match self.inner.commit(&to_tpl(&finished), CommitMode::Sync) {
+            Ok(()) => info!(partitions = finished.len(), "final offsets committed"),
+            Err(error) => warn!(%error, "final commit failed; finished events will be redelivered and suppressed"),
+        }
+    }
+}
+
+fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
+    RawMessage {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers: m
+            .headers()
+            .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default(),
+        timestamp_ms: m.timestamp().to_millis(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A revoke waits for the running events of its partitions. When the poll loop
+    /// runs on a runtime worker (outboxd embedded as a library, the engine spawned as a
+    /// task) and that is the only worker, the wait must not hold the worker: the event
+    /// it waits for could never finish, and every revoke would give up on it.
+    #[test]
+    fn a_revoke_on_the_only_runtime_worker_lets_the_running_event_finish() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let tracker: Tracker = Arc::default();
+        let partition: PartitionId = ("t".to_owned(), 0);
+        let generation = {
+            let mut t = tracker.lock().unwrap();
+            let g = t.assign(partition.clone());
+            t.start(&partition, g, 0);
+            assert!(t.begin(&partition, g));
+            g
+        };
+        let ctx = Ctx { tracker: tracker.clone(), broker_up: Arc::default(), drain_timeout: Duration::from_secs(3) };
+        let consumer: BaseConsumer<Ctx> = rdkafka::config::ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:9")
+            .set("group.id", "revoke-test")
+            // Nothing listens there: the commit on revoke fails after this instead of 45 s.
+            .set("session.timeout.ms", "1000")
+            .set("heartbeat.interval.ms", "100")
+            .create_with_context(ctx)
+            .unwrap();
+        let finished = Arc::new(AtomicBool::new(false));
+        let finished_before_revoke_ended = runtime.block_on(async {
+            // The running event: it needs the runtime (a timer) to finish.
+            let (event_tracker, event_partition, event_finished) =
+                (tracker.clone(), partition.clone(), finished.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                event_tracker.lock().unwrap().finish(&event_partition, generation, 0);
+                event_finished.store(true, Ordering::SeqCst);
+            });
+            // The poll loop, on the only worker, receives the revoke.
+            let poll_finished = finished.clone();
+            tokio::spawn(async move {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition("t", 0);
+                consumer.context().pre_rebalance(&consumer, &Rebalance::Revoke(&tpl));
+                poll_finished.load(Ordering::SeqCst)
+            })
+            .await
+            .unwrap()
+        });
+        assert!(finished_before_revoke_ended, "the revoke gave up before the event it waited for could finish");
+    }
+}

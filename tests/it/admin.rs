@@ -1,0 +1,426 @@
+//! The admin API of a running outboxd: metrics that match what happened, health
+//! and readiness, `outboxd store …` answering the same through the running
+//! service as from the stopped store, and the store API's door: a credential
+//! for every `/v1` route, no browsers, no foreign `Host`, every record reachable
+//! page by page, and retries that finish when their client leaves.
+
+use crate::harness;
+
+use std::time::Duration;
+
+use harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Receiver};
+use serde_json::{json, Value};
+
+const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn http_get(url: &str) -> (u16, String) {
+    let resp = reqwest::get(url).await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    (resp.status().as_u16(), resp.text().await.expect("body"))
+}
+
+/// The value of one Prometheus sample whose line starts with `prefix` (name and labels).
+fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().expect("sample value"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_happened() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("admin-metrics"), 2, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let producer = kafka.producer();
+    od.start();
+    od.wait_for_assignment().await;
+    let admin = od.admin_address();
+
+    let (status, body) = http_get(&format!("http://{admin}/healthz")).await;
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+
+    let mut events = Vec::new();
+    for i in 0..20 {
+        let id = new_event_id();
+        let key = format!("order-{}", i % 4);
+        producer.send_event(&topic, &key, &id, Some("OrderCreated"), &json!({"n": i})).await;
+        events.push((key, id));
+    }
+    od.wait_until("all 20 events answered", HANDLED_TIMEOUT, || events.iter().all(|(_, id)| receiver.answered(id)))
+        .await;
+    // Five duplicates at new offsets (what Debezium does after a crash), one undecodable message.
+    for (key, id) in &events[..5] {
+        producer.send_event(&topic, key, id, Some("OrderCreated"), &json!({"dup": true})).await;
+    }
+    producer.send_raw(&topic, None, Some(b"k".as_slice()), &[], Some(b"{}".as_slice())).await;
+    od.wait_until(format!("committed offsets to reach the end ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+
+    let (status, metrics) = http_get(&format!("http://{admin}/metrics")).await;
+    assert_eq!(status, 200);
+    let t = topic.as_str();
+    assert_eq!(sample(&metrics, "outboxd_events_consumed_total", &[("topic", t)]), 26.0, "{metrics}");
+    assert_eq!(sample(&metrics, "outboxd_events_handled_total", &[("topic", t)]), 20.0);
+    assert_eq!(sample(&metrics, "outboxd_duplicates_suppressed_total", &[("topic", t), ("cause", "new_offset")]), 5.0);
+    assert_eq!(
+        sample(&metrics, "outboxd_duplicates_suppressed_total", &[("topic", t), ("cause", "redelivered_offset")]),
+        0.0
+    );
+    assert_eq!(sample(&metrics, "outboxd_events_dead_total", &[("topic", t)]), 1.0);
+    assert_eq!(sample(&metrics, "outboxd_handler_duration_seconds_count", &[("topic", t)]), 20.0);
+    assert!(sample(&metrics, "outboxd_store_commit_batch_records_count", &[]) >= 1.0);
+    assert_eq!(receiver.calls().len(), 20, "duplicates never reached the receiver");
+
+    let (status, body) = http_get(&format!("http://{admin}/readyz")).await;
+    let ready: Value = serde_json::from_str(&body).expect("readyz JSON");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ready["partitions"], 2);
+    assert_eq!(ready["draining"], false);
+    od.stop();
+}
+
+/// Event ids in `outboxd store export` (JSON Lines), in order.
+fn export_ids(od: &Outboxd) -> Vec<String> {
+    let out = od.command(&["store", "export"]);
+    assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON line")["event_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Runs a one-shot `outboxd` command that must succeed and print JSON.
+fn run(od: &Outboxd, args: &[&str]) -> Value {
+    let out = od.command(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<Value>(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e})"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_commands_answer_the_same_through_the_running_service() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("admin-store"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let producer = kafka.producer();
+    od.start();
+    od.wait_for_assignment().await;
+    let ids: Vec<String> = (0..5).map(|_| new_event_id()).collect();
+    for id in &ids {
+        producer.send_event(&topic, "order-1", id, Some("OrderCreated"), &json!({"id": id})).await;
+    }
+    od.wait_until("committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+
+    let live_get = run(&od, &["store", "get", &ids[2], "--json"]);
+    let live_list = run(&od, &["store", "list", "--json"]);
+    let mut live_stats = run(&od, &["store", "stats", "--json"]);
+    let live_export = export_ids(&od);
+    let gc = od.command(&["store", "gc"]);
+    assert!(gc.status.success(), "gc through the service: {}", String::from_utf8_lossy(&gc.stderr));
+    let forgotten = od.command(&["store", "forget", &ids[4], "--yes"]);
+    assert!(forgotten.status.success(), "{}", String::from_utf8_lossy(&forgotten.stderr));
+    let after_forget = od.command(&["store", "get", &ids[4], "--json"]);
+    assert!(!after_forget.status.success(), "forgotten through the service, the record is gone");
+    od.stop();
+
+    let stopped_get = run(&od, &["store", "get", &ids[2], "--json"]);
+    let stopped_list = run(&od, &["store", "list", "--json"]);
+    let mut stopped_stats = run(&od, &["store", "stats", "--json"]);
+    let stopped_export = export_ids(&od);
+    assert_eq!(live_export.len(), 5, "export through the running service");
+    assert_eq!(stopped_export, live_export.iter().filter(|id| **id != ids[4]).cloned().collect::<Vec<_>>());
+    assert_eq!(live_get, stopped_get);
+    let live_ids: Vec<&Value> = live_list.as_array().unwrap().iter().map(|r| &r["event_id"]).collect();
+    assert_eq!(live_ids.len(), 5);
+    let stopped_records = stopped_list.as_array().unwrap();
+    assert_eq!(stopped_records.len(), 4, "the forgotten record stays gone");
+    for r in stopped_records {
+        let live = live_list.as_array().unwrap().iter().find(|l| l["event_id"] == r["event_id"]).expect("listed live");
+        assert_eq!(live, r);
+    }
+    // Size on disk moves with sled's own bookkeeping; the counts must agree.
+    live_stats.as_object_mut().unwrap().remove("bytes_on_disk");
+    stopped_stats.as_object_mut().unwrap().remove("bytes_on_disk");
+    live_stats["done"] = json!(live_stats["done"].as_u64().unwrap() - 1);
+    assert_eq!(live_stats["done"], stopped_stats["done"]);
+    assert_eq!(live_stats["duplicates_suppressed"], stopped_stats["duplicates_suppressed"]);
+}
+
+/// One request to the admin server: status and body.
+async fn request(method: reqwest::Method, url: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut req = reqwest::Client::new().request(method.clone(), url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    (resp.status().as_u16(), resp.text().await.expect("body"))
+}
+
+/// The `error` of a JSON error answer.
+fn error_of(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("error answer is not JSON ({e}): {body}"));
+    v["error"].as_str().unwrap_or_else(|| panic!("no error in {body}")).to_owned()
+}
+
+/// Runs `outboxd ARGS --config FILE` with extra environment variables.
+fn command_with_env(od: &Outboxd, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    std::process::Command::new(harness::daemon::BIN)
+        .args(args)
+        .arg("--config")
+        .arg(od.config_path())
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run outboxd")
+}
+
+/// A running outboxd on a fresh topic, its partitions assigned.
+async fn running(kafka: &Kafka, receiver: &Receiver, name: &str, admin_extra: &str) -> (Outboxd, String) {
+    let topic = kafka.create_topic(&unique_name(name), 1, &[]).await;
+    let mut od = Outboxd::new(kafka, &[&topic], receiver);
+    od.config.admin_extra = admin_extra.to_owned();
+    od.start();
+    od.wait_for_assignment().await;
+    (od, topic)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_without_a_credential_are_refused_even_on_loopback() {
+    use reqwest::Method;
+    use std::os::unix::fs::PermissionsExt;
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let (mut od, topic) = running(&kafka, &receiver, "admin-auth", "").await;
+    let id = new_event_id();
+    kafka.producer().send_event(&topic, "order-1", &id, Some("OrderCreated"), &json!({"secret": "payload"})).await;
+    od.wait_until("the event answered", HANDLED_TIMEOUT, || receiver.answered(&id)).await;
+    let admin = od.admin_address();
+    let owner = od.config.store_path.join("outboxd.owner");
+    let mode = std::fs::metadata(&owner).expect("owner file").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the owner file holds the token: its user only");
+    let token = od.admin_token();
+    let bearer = format!("Bearer {token}");
+
+    let reads: [&str; 4] = ["/v1/stats", "/v1/events", &format!("/v1/events/{id}"), "/v1/export"];
+    let repairs: [&str; 4] =
+        ["/v1/gc", &format!("/v1/forget?id={id}"), &format!("/v1/resolve?id={id}"), &format!("/v1/retry?id={id}")];
+    let all = reads.iter().map(|p| (Method::GET, p)).chain(repairs.iter().map(|p| (Method::POST, p)));
+    for (method, path) in all {
+        let url = format!("http://{admin}{path}");
+        let (status, body) = request(method.clone(), &url, &[]).await;
+        assert_eq!(status, 401, "{method} {path} without a credential: {body}");
+        assert!(error_of(&body).contains("missing credential"), "{body}");
+        let (status, body) = request(method.clone(), &url, &[("authorization", "Bearer not-the-token")]).await;
+        assert_eq!(status, 401, "{method} {path} with a wrong token: {body}");
+        assert!(error_of(&body).contains("wrong credential"), "{body}");
+        let prefix = format!("Bearer {}", &token[..token.len() - 1]);
+        assert_eq!(request(method.clone(), &url, &[("authorization", &prefix)]).await.0, 401, "{path}: a prefix");
+    }
+    for path in reads {
+        let (status, body) =
+            request(Method::GET, &format!("http://{admin}{path}"), &[("authorization", &bearer)]).await;
+        assert_eq!(status, 200, "GET {path} with the owner file's token: {body}");
+        if path.contains("events") || path.contains("export") {
+            assert!(body.contains(&id), "{path}: {body}");
+        }
+    }
+    for (path, open) in [("/healthz", 200), ("/metrics", 200)] {
+        assert_eq!(request(Method::GET, &format!("http://{admin}{path}"), &[]).await.0, open, "{path} stays open");
+    }
+    let (status, _) = request(Method::GET, &format!("http://{admin}/readyz"), &[]).await;
+    assert_ne!(status, 401, "/readyz stays open");
+    // The CLI finds the token in the owner file by itself.
+    let out = od.command(&["store", "get", &id, "--json"]);
+    assert!(out.status.success(), "store get through the service: {}", String::from_utf8_lossy(&out.stderr));
+    od.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_token_keeps_working_and_an_explicit_env_token_wins() {
+    use reqwest::Method;
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let configured = "configured-admin-token-for-remote-callers";
+    let (mut od, _topic) = running(&kafka, &receiver, "admin-token", &format!("token = \"{configured}\"\n")).await;
+    let admin = od.admin_address();
+    let url = format!("http://{admin}/v1/stats");
+    for token in [configured.to_owned(), od.admin_token()] {
+        let (status, body) = request(Method::GET, &url, &[("authorization", &format!("Bearer {token}"))]).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let stats = |env: &[(&str, &str)]| command_with_env(&od, &["store", "stats", "--json"], env);
+    assert!(stats(&[]).status.success(), "the owner file's token");
+    assert!(stats(&[("OUTBOXD_ADMIN_TOKEN", configured)]).status.success(), "the configured token from the env");
+    let wrong = stats(&[("OUTBOXD_ADMIN_TOKEN", "not-the-token")]);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success(), "OUTBOXD_ADMIN_TOKEN wins over the owner file");
+    assert!(stderr.contains("401") && stderr.contains("OUTBOXD_ADMIN_TOKEN"), "{stderr}");
+    assert!(!stderr.contains(configured) && !stderr.contains(&od.admin_token()), "no token printed: {stderr}");
+    od.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_requests_and_unexpected_hosts_are_refused() {
+    use reqwest::Method;
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let (mut od, _topic) = running(&kafka, &receiver, "admin-origin", "allowed_hosts = [\"outboxd.test\"]\n").await;
+    let admin = od.admin_address();
+    let port = admin.rsplit(':').next().unwrap().to_owned();
+    let bearer = format!("Bearer {}", od.admin_token());
+    let stats = format!("http://{admin}/v1/stats");
+    let auth = ("authorization", bearer.as_str());
+
+    for (headers, why) in [
+        (vec![auth, ("origin", "http://evil.example")], "a page of another origin"),
+        (vec![auth, ("origin", "null")], "a sandboxed page"),
+        (vec![auth, ("sec-fetch-site", "cross-site")], "a cross-site fetch"),
+        (vec![auth, ("host", &format!("rebound.example:{port}"))], "DNS rebinding: a foreign name for 127.0.0.1"),
+        (vec![auth, ("host", "outboxd.test.evil.example")], "a name that only starts like an allowed one"),
+    ] {
+        let (status, body) = request(Method::GET, &stats, &headers).await;
+        assert_eq!(status, 403, "{why}: {body}");
+        assert!(!error_of(&body).is_empty());
+    }
+    let (status, body) =
+        request(Method::POST, &format!("http://{admin}/v1/gc"), &[auth, ("origin", "http://evil.example")]).await;
+    assert_eq!(status, 403, "a cross-origin repair: {body}");
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "outboxd.test".to_owned(),
+        format!("OUTBOXD.test:{port}"),
+    ] {
+        let (status, body) = request(Method::GET, &stats, &[auth, ("host", &host)]).await;
+        assert_eq!(status, 200, "Host {host}: {body}");
+    }
+    // Prometheus scrapes by pod IP: the open endpoints do not look at Host.
+    let (status, _) = request(Method::GET, &format!("http://{admin}/metrics"), &[("host", "10.1.2.3:9464")]).await;
+    assert_eq!(status, 200);
+    od.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dead_record_is_listed_and_retried_page_by_page() {
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    // 400 is permanent: each event is dead after its first call, and succeeds when retried.
+    receiver.set_default(Behaviour::fail_first(400, 1));
+    let topic = kafka.create_topic(&unique_name("admin-pages"), 1, &[]).await;
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.start();
+    od.wait_for_assignment().await;
+    let producer = kafka.producer();
+    let mut ids: Vec<String> = (0..25).map(|_| new_event_id()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        producer.send_event(&topic, &format!("order-{i}"), id, Some("OrderCreated"), &json!({"n": i})).await;
+    }
+    od.wait_until("all 25 events dead and committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    ids.sort();
+
+    let admin = od.admin_address();
+    let bearer = format!("Bearer {}", od.admin_token());
+    let mut listed = Vec::new();
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = format!("http://{admin}/v1/events?state=dead&limit=10");
+        if let Some(a) = &after {
+            let a: String = url::form_urlencoded::byte_serialize(a.as_bytes()).collect();
+            url.push_str(&format!("&after={a}"));
+        }
+        let (status, body) = request(reqwest::Method::GET, &url, &[("authorization", &bearer)]).await;
+        assert_eq!(status, 200, "{body}");
+        let page: Value = serde_json::from_str(&body).expect("JSON");
+        let records = page["records"].as_array().unwrap_or_else(|| panic!("no records in {body}"));
+        pages.push(records.len());
+        listed.extend(records.iter().map(|r| r["event_id"].as_str().unwrap().to_owned()));
+        match page["next"].as_str() {
+            Some(next) => {
+                // An opaque cursor: the last record's key, which starts with its event id.
+                let last = listed.last().expect("a page before a next");
+                assert!(next.starts_with(last.as_str()), "next {next:?} names the last record of the page ({last})");
+                after = Some(next.to_owned());
+            }
+            None => break,
+        }
+        assert!(pages.len() < 10, "pages never end: {pages:?}");
+    }
+    assert_eq!(pages, [10, 10, 5]);
+    assert_eq!(listed, ids, "every dead record once, in id order");
+
+    // The CLI pages too: with 10 records a page, --all-dead still reaches all 25.
+    let out = command_with_env(&od, &["store", "retry", "--all-dead"], &[("OUTBOXD_ADMIN_PAGE_SIZE", "10")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "retry --all-dead: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("25 done, 0 failed"), "{stdout}");
+    for id in &ids {
+        assert_eq!(receiver.call_count(id), 2, "{id}: the failed call and the retried one");
+    }
+    od.stop();
+    assert!(od.store_list(Some("dead"), 100).is_empty(), "no dead record left");
+    assert_eq!(od.store_list(Some("done"), 100).len(), 25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_retry_finishes_after_its_client_goes_away() {
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let (mut od, topic) = running(&kafka, &receiver, "admin-retry-drop", "").await;
+    let id = new_event_id();
+    receiver.set_behaviour(&id, Behaviour::fail_first(400, 1));
+    kafka.producer().send_event(&topic, "order-1", &id, Some("OrderCreated"), &json!({"n": 1})).await;
+    let admin = od.admin_address();
+    let bearer = format!("Bearer {}", od.admin_token());
+    let state = || async {
+        let (status, body) =
+            request(reqwest::Method::GET, &format!("http://{admin}/v1/events/{id}"), &[("authorization", &bearer)])
+                .await;
+        if status != 200 {
+            return format!("{status}");
+        }
+        serde_json::from_str::<Value>(&body).expect("JSON")["state"].as_str().unwrap().to_owned()
+    };
+    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
+    while state().await != "dead" {
+        assert!(std::time::Instant::now() < deadline, "the event never became dead");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The receiver takes 5 s; the client gives up after 1 s and closes its connection.
+    receiver.set_behaviour(&id, Behaviour::delay(Duration::from_secs(5)));
+    let impatient = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap();
+    let gone = impatient
+        .post(format!("http://{admin}/v1/retry?id={id}"))
+        .header("authorization", &bearer)
+        .send()
+        .await
+        .expect_err("the client leaves before the receiver answers");
+    assert!(gone.is_timeout(), "{gone}");
+    let calls = receiver.calls_for(&id);
+    assert_eq!(calls.len(), 2, "the re-execution was calling the receiver when the client left");
+    assert!(calls[1].answered.is_none(), "the receiver had not answered yet");
+
+    // The receiver answers 5 s after the call started; the record is done just after.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let last = loop {
+        let s = state().await;
+        if s == "done" || std::time::Instant::now() >= deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(last, "done", "the retry finished without its client (not stranded `claimed`)");
+    let second = &receiver.calls_for(&id)[1];
+    assert_eq!((second.status, second.answered.is_some()), (200, true), "the receiver's answer was awaited");
+    od.stop();
+}

@@ -1,0 +1,22 @@
+//! outboxd's integration tests, one test binary (one link step) with a module per theme.
+//!
+//! Run one theme with a filter on its module path, e.g. `cargo test --test it core::`.
+//! Most modules need the local stack (`scripts/stack up`); see each module's docs.
+
+mod harness;
+
+mod admin;
+mod avro;
+mod avro_local;
+mod avro_registry;
+mod compose;
+mod core;
+mod dashboard;
+mod debezium;
+mod decode_regressions;
+mod embed;
+mod failure;
+mod faults;
+mod hostile;
+mod kill_loop;
+mod tls_config;
