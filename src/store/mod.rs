@@ -245,47 +245,6 @@ impl Store {
         Ok(self.find_any(id)?.map(|f| f.record))
     }
 
-    /// The record of `id` in any scope, newest slice first (expired slices not yet dropped included).
-    fn find_any(&self, id: &str) -> Result<Option<Found>, StoreError> {
-        let prefix = keys::event_key(id);
-        for slice in self.slices.all().into_iter().rev() {
-            if let Some(item) = slice.tree.scan_prefix(&prefix).next() {
-                let (key, raw) = item?;
-                return self.found(slice, key.to_vec(), raw).map(Some);
-            }
-        }
-        Ok(None)
-    }
-
-    /// The record of `id` in `scope`, or a legacy record of `id` (from a store
-    /// written before scopes), in the slices still retained, newest first.
-    fn find_in(&self, scope: &str, id: &str) -> Result<Option<Found>, StoreError> {
-        let now = now_us();
-        let event = keys::event_key(id);
-        let scoped = self.names.find(scope).map(|s| keys::record_key(&event, s));
-        let legacy = (now < self.legacy_until).then(|| keys::record_key(&event, keys::LEGACY_SCOPE));
-        if scoped.is_none() && legacy.is_none() {
-            return Ok(None);
-        }
-        for slice in self.slices.live(now) {
-            for key in [&scoped, &legacy].into_iter().flatten() {
-                if let Some(raw) = slice.tree.get(key)? {
-                    return self.found(slice, key.clone(), raw).map(Some);
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    fn found(&self, slice: Arc<Slice>, key: Vec<u8>, raw: sled::IVec) -> Result<Found, StoreError> {
-        let record = self.decode(&slice, &key, &raw)?;
-        Ok(Found { record, key, raw, slice })
-    }
-
-    fn decode(&self, slice: &Slice, key: &[u8], raw: &[u8]) -> Result<Record, StoreError> {
-        format::decode(key, raw, &self.names, slice.start, Some(self.slices.expires_at(slice)))
-    }
-
     /// The key of `r` (its scope gets an id if it has none yet).
     fn key_of(&self, r: &Record) -> Result<Vec<u8>, StoreError> {
         let scope = match &r.scope {

@@ -1,5 +1,5 @@
-//! Reading many records: pages for `store list` and `/v1/events`, scans for
-//! `store export`, and `store stats`. Records are in key order across slices
+//! Reading records: look-ups by id (newest slice first), pages for `store list`
+//! and `/v1/events`, scans for `store export`, and `store stats`. Records are in key order across slices
 //! (a merge of the slices' trees); should a key be in two slices (a crash
 //! between the two writes of a move, or a claim after its older record expired
 //! but before it was dropped), the newest slice's record is the one shown.
@@ -8,7 +8,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use super::slices::Slice;
-use super::{keys, Record, State, Stats, Store, StoreError, DUPLICATES_KEY};
+use super::{format, keys, now_us, Found, Record, State, Stats, Store, StoreError, DUPLICATES_KEY};
 
 /// A slice's next entry, the rest of it, and the slice.
 type Head = (Option<(sled::IVec, sled::IVec)>, sled::Iter, Arc<Slice>);
@@ -64,6 +64,47 @@ impl Iterator for Merged {
 }
 
 impl Store {
+    /// The record of `id` in any scope, newest slice first (expired slices not yet dropped included).
+    pub(super) fn find_any(&self, id: &str) -> Result<Option<Found>, StoreError> {
+        let prefix = keys::event_key(id);
+        for slice in self.slices.all().into_iter().rev() {
+            if let Some(item) = slice.tree.scan_prefix(&prefix).next() {
+                let (key, raw) = item?;
+                return self.found(slice, key.to_vec(), raw).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The record of `id` in `scope`, or a legacy record of `id` (from a store
+    /// written before scopes), in the slices still retained, newest first.
+    pub(super) fn find_in(&self, scope: &str, id: &str) -> Result<Option<Found>, StoreError> {
+        let now = now_us();
+        let event = keys::event_key(id);
+        let scoped = self.names.find(scope).map(|s| keys::record_key(&event, s));
+        let legacy = (now < self.legacy_until).then(|| keys::record_key(&event, keys::LEGACY_SCOPE));
+        if scoped.is_none() && legacy.is_none() {
+            return Ok(None);
+        }
+        for slice in self.slices.live(now) {
+            for key in [&scoped, &legacy].into_iter().flatten() {
+                if let Some(raw) = slice.tree.get(key)? {
+                    return self.found(slice, key.clone(), raw).map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn found(&self, slice: Arc<Slice>, key: Vec<u8>, raw: sled::IVec) -> Result<Found, StoreError> {
+        let record = self.decode(&slice, &key, &raw)?;
+        Ok(Found { record, key, raw, slice })
+    }
+
+    pub(super) fn decode(&self, slice: &Slice, key: &[u8], raw: &[u8]) -> Result<Record, StoreError> {
+        format::decode(key, raw, &self.names, slice.start, Some(self.slices.expires_at(slice)))
+    }
+
     fn merged(&self, start: Bound<Vec<u8>>) -> Result<Merged, StoreError> {
         Merged::new(self.slices.all(), start)
     }
