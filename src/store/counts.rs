@@ -1,14 +1,12 @@
-//! Records per state, kept as records change, so the service's gauges never
-//! scan the store. Persisted in the meta tree with every group commit; a crash
-//! can leave them off by the writes of the batch that was being committed, and
-//! `outboxd store stats` on a stopped service recounts and stores the truth.
+//! Records per state (of one slice), kept as records change, so the service's
+//! gauges never scan the store. Persisted in the meta tree with every group
+//! commit (`slices`); a crash can leave them off by the writes of the batch that
+//! was being committed, and `outboxd store stats` on a stopped service recounts
+//! and stores the truth.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::State;
-
-/// Meta key of the persisted counts: four big-endian i64 (claimed, done, dead, parked).
-pub const COUNTS_KEY: &[u8] = b"records_per_state";
 
 #[derive(Debug, Default)]
 pub struct Counts([AtomicI64; 4]);
@@ -40,10 +38,6 @@ impl Counts {
         }
     }
 
-    pub fn get(&self, state: State) -> u64 {
-        self.0[slot(state)].load(Ordering::Relaxed).max(0) as u64
-    }
-
     /// claimed, done, dead, parked.
     pub fn values(&self) -> [i64; 4] {
         [0, 1, 2, 3].map(|i| self.0[i].load(Ordering::Relaxed))
@@ -55,6 +49,7 @@ impl Counts {
         }
     }
 
+    /// Four big-endian i64: claimed, done, dead, parked.
     pub fn encode(&self) -> [u8; 32] {
         let mut out = [0u8; 32];
         for (chunk, v) in out.chunks_exact_mut(8).zip(self.values()) {
@@ -87,7 +82,7 @@ mod tests {
         c.moved(None, Some(State::Dead));
         c.moved(Some(State::Dead), None);
         c.moved(None, Some(State::Parked));
-        assert_eq!([State::Claimed, State::Done, State::Dead, State::Parked].map(|s| c.get(s)), [1, 1, 0, 1]);
+        assert_eq!(c.values(), [1, 1, 0, 1]);
         assert_eq!(Counts::decode(&c.encode()), Some(c.values()));
         assert_eq!(Counts::decode(b"short"), None);
     }

@@ -1,68 +1,176 @@
-//! Where a record lives: its key is `event id ++ 0x00 ++ dedup scope`.
+//! Where a record lives: its key is `event key ++ scope id`.
 //!
-//! The scope keeps equal ids of different sources apart (`orders.id = 42` and
-//! `invoices.id = 42` read with `event_id = { field = "after.id" }`): by default it
-//! is the topic, `""` when a handler shares one scope across its topics, and
-//! [`UNDECODABLE_SCOPE`] for messages that never became an event. A scope never
-//! contains 0x00, so the last 0x00 splits a key unambiguously, and the records of
-//! one id are neighbours (a prefix scan finds them for `outboxd store get ID`).
+//! The event key is what identifies an event anywhere (also the key of its record
+//! in a changelog topic): a tag byte, then
+//! - for a UUID in canonical text form (the usual outbox id), its 16 bytes
+//!   (one tag for lower case, one for upper case, so the text comes back exactly);
+//! - for any other id, its bytes with 0x00 escaped as `00 FF`, ended by `00 00`,
+//!   so that keys sort like the ids and no id's key is a prefix of another's.
 //!
-//! Stores written before scopes keyed records by the bare id ("legacy" keys).
-//! They are read in place: a claim that finds no scoped record looks for a legacy
-//! one, so their events stay deduplicated until the records expire.
+//! The scope id (a varint, `names`) keeps equal ids of different sources apart
+//! (`orders.id = 42` and `invoices.id = 42` read with `event_id = { field = "after.id" }`):
+//! by default the scope is the topic, `""` when a handler shares one scope across
+//! its topics, and [`UNDECODABLE_SCOPE`] for messages that never became an event.
+//! Scope id 0 ([`LEGACY_SCOPE`]) holds records from stores written before
+//! scopes: a claim that finds no scoped record looks there too, so their events
+//! stay deduplicated until the records expire. The records of one id are
+//! neighbours: a prefix scan finds them for `outboxd store get ID`.
+
+use super::varint::{self, Reader};
 
 /// The key space of messages that could not be decoded (and of those whose
 /// handling hit a bug): no topic can be named like this (Kafka allows
 /// `[a-zA-Z0-9._-]`), so it never meets an event's scope.
 pub const UNDECODABLE_SCOPE: &str = "!undecodable";
+/// Scope id of records kept from before scopes existed (found under any scope).
+pub const LEGACY_SCOPE: u32 = 0;
 
-/// The key of `id` in `scope`.
-pub fn scoped(id: &str, scope: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(id.len() + 1 + scope.len());
-    k.extend_from_slice(id.as_bytes());
-    k.push(0);
-    k.extend_from_slice(scope.as_bytes());
+const TAG_UUID_LOWER: u8 = 1;
+const TAG_UUID_UPPER: u8 = 2;
+const TAG_BYTES: u8 = 3;
+
+/// The event key of `id`: 17 bytes for a UUID, else about the id's length + 3.
+pub fn event_key(id: &str) -> Vec<u8> {
+    if let Some((bytes, upper)) = parse_uuid(id) {
+        let mut k = Vec::with_capacity(17);
+        k.push(if upper { TAG_UUID_UPPER } else { TAG_UUID_LOWER });
+        k.extend_from_slice(&bytes);
+        return k;
+    }
+    let mut k = Vec::with_capacity(id.len() + 3);
+    k.push(TAG_BYTES);
+    for &b in id.as_bytes() {
+        k.push(b);
+        if b == 0 {
+            k.push(0xFF);
+        }
+    }
+    k.extend_from_slice(&[0, 0]);
     k
 }
 
-/// The prefix every scoped key of `id` starts with.
-pub fn id_prefix(id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(id.len() + 1);
-    k.extend_from_slice(id.as_bytes());
-    k.push(0);
+/// The record key of an event key in a scope.
+pub fn record_key(event_key: &[u8], scope: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(event_key.len() + 2);
+    k.extend_from_slice(event_key);
+    varint::put_u64(&mut k, u64::from(scope));
     k
 }
 
-/// The key of a record: scoped, or the bare id for a legacy record (`scope: None`).
-pub fn of(id: &str, scope: Option<&str>) -> Vec<u8> {
-    match scope {
-        Some(s) => scoped(id, s),
-        None => id.as_bytes().to_vec(),
+/// The event id and scope id a record key names.
+pub fn split(key: &[u8]) -> Option<(String, u32)> {
+    let (id, rest) = match *key.first()? {
+        tag @ (TAG_UUID_LOWER | TAG_UUID_UPPER) => {
+            let bytes: &[u8; 16] = key.get(1..17)?.try_into().ok()?;
+            (format_uuid(bytes, tag == TAG_UUID_UPPER), &key[17..])
+        }
+        TAG_BYTES => {
+            let mut id = Vec::new();
+            let mut i = 1;
+            loop {
+                match (key.get(i)?, key.get(i + 1)) {
+                    (0, Some(0)) => break,
+                    (0, Some(0xFF)) => id.push(0),
+                    (0, _) => return None,
+                    (&b, _) => {
+                        id.push(b);
+                        i += 1;
+                        continue;
+                    }
+                }
+                i += 2;
+            }
+            (String::from_utf8(id).ok()?, &key[i + 2..])
+        }
+        _ => return None,
+    };
+    let mut r = Reader(rest);
+    let scope = r.u32()?;
+    r.is_empty().then_some((id, scope))
+}
+
+/// The smallest key greater than every key that starts with `prefix`.
+pub fn past(prefix: &[u8]) -> Vec<u8> {
+    let mut k = prefix.to_vec();
+    while let Some(last) = k.pop() {
+        if last < 0xFF {
+            k.push(last + 1);
+            return k;
+        }
+    }
+    vec![0xFF; prefix.len() + 1]
+}
+
+/// Where a page starts, as a record names it: its event key and scope text
+/// (`None`: a legacy record).
+pub fn cursor(id: &str, scope: Option<&str>) -> String {
+    let scope = scope.map_or_else(|| "-".to_owned(), |s| hex(s.as_bytes()));
+    format!("c1.{}.{scope}", hex(&event_key(id)))
+}
+
+/// A cursor read back: the event key and the scope text (`None`: a legacy
+/// record), or just the event key when the cursor is a bare event id (then the
+/// page starts past every record of that id). Also reads the cursors of
+/// earlier versions (`id 0x00 scope`).
+pub fn parse_cursor(cursor: &str) -> (Vec<u8>, Option<Option<String>>) {
+    let mut parts = cursor.split('.');
+    if let (Some("c1"), Some(key), Some(scope), None) = (parts.next(), parts.next(), parts.next(), parts.next()) {
+        let scope =
+            if scope == "-" { Some(None) } else { unhex(scope).and_then(|b| String::from_utf8(b).ok()).map(Some) };
+        if let (Some(key), Some(scope)) = (unhex(key), scope) {
+            return (key, Some(scope));
+        }
+    }
+    match cursor.rsplit_once('\0') {
+        Some((id, scope)) => (event_key(id), Some(Some(scope.to_owned()))),
+        None => (event_key(cursor), None),
     }
 }
 
-/// The scope a key names (`None`: a legacy key).
-pub fn scope_of(key: &[u8]) -> Option<String> {
-    let at = key.iter().rposition(|b| *b == 0)?;
-    Some(String::from_utf8_lossy(&key[at + 1..]).into_owned())
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A record's key as a page cursor (`/v1/events?after=`): the exact key, so
-/// that a page boundary between two scopes of one id skips neither.
-pub fn cursor(record_key: &[u8]) -> String {
-    String::from_utf8_lossy(record_key).into_owned()
-}
-
-/// Where a page after `cursor` starts (exclusive): the exact key when the cursor
-/// is one, else (a bare event id) past every key of that id.
-pub fn after(cursor: &str) -> Vec<u8> {
-    if cursor.contains('\0') {
-        return cursor.as_bytes().to_vec();
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
     }
-    let mut k = id_prefix(cursor);
-    // 0xFF never occurs in UTF-8: greater than every scope.
-    k.push(0xFF);
-    k
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// The 16 bytes of a UUID in canonical text form, and whether it is upper case.
+pub fn parse_uuid(text: &str) -> Option<([u8; 16], bool)> {
+    let t = text.as_bytes();
+    if t.len() != 36 || [8, 13, 18, 23].iter().any(|&i| t[i] != b'-') {
+        return None;
+    }
+    let digits: Vec<u8> = t.iter().copied().filter(|&c| c != b'-').collect();
+    let lower = digits.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let upper = digits.iter().all(|c| matches!(c, b'0'..=b'9' | b'A'..=b'F'));
+    // Digits only is both; mixed case is neither (it would not come back as written).
+    if digits.len() != 32 || !(lower || upper) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (o, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        *o = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some((out, !lower))
+}
+
+pub fn format_uuid(bytes: &[u8; 16], upper: bool) -> String {
+    let mut s = String::with_capacity(36);
+    for (i, b) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        if upper {
+            s.push_str(&format!("{b:02X}"));
+        } else {
+            s.push_str(&format!("{b:02x}"));
+        }
+    }
+    s
 }
 
 #[cfg(test)]
@@ -70,23 +178,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn equal_ids_in_two_scopes_have_two_keys_and_each_key_names_its_scope() {
-        let (a, b) = (scoped("42", "db.public.orders"), scoped("42", "db.public.invoices"));
-        assert_ne!(a, b);
-        assert!(a.starts_with(&id_prefix("42")) && b.starts_with(&id_prefix("42")));
-        assert!(!scoped("420", "t").starts_with(&id_prefix("42")));
-        assert_eq!(scope_of(&a).as_deref(), Some("db.public.orders"));
-        assert_eq!(scope_of(&scoped("42", "")).as_deref(), Some(""));
-        assert_eq!(scope_of(b"42"), None, "a legacy key");
-        assert_eq!(scope_of(&scoped("a\0b", "t")).as_deref(), Some("t"), "an id may hold 0x00, a scope never");
+    fn a_uuid_id_takes_sixteen_bytes_and_comes_back_as_written() {
+        for id in ["0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d", "0190A3C4-5E6F-7A8B-9C0D-1E2F3A4B5C6D"] {
+            let key = record_key(&event_key(id), 5);
+            assert_eq!(key.len(), 1 + 16 + 1);
+            assert_eq!(split(&key), Some((id.to_owned(), 5)));
+        }
+        let mixed = "0190a3c4-5e6f-7a8b-9c0d-1E2F3A4B5C6D";
+        assert_eq!(event_key(mixed)[0], TAG_BYTES, "mixed case would not round-trip as 16 bytes");
+        assert_eq!(split(&record_key(&event_key(mixed), 1)), Some((mixed.to_owned(), 1)));
     }
 
     #[test]
-    fn a_page_after_a_cursor_starts_at_the_next_key() {
-        let (a, b) = (scoped("42", "orders"), scoped("42", "payments"));
-        let after_a = after(&cursor(&a));
-        assert!(after_a.as_slice() >= a.as_slice() && after_a.as_slice() < b.as_slice());
-        let after_id = after("42");
-        assert!(after_id.as_slice() > b.as_slice() && after_id.as_slice() < scoped("420", "t").as_slice());
+    fn equal_ids_in_two_scopes_have_two_keys_and_each_key_names_its_scope() {
+        let (a, b) = (record_key(&event_key("42"), 1), record_key(&event_key("42"), 2));
+        assert_ne!(a, b);
+        assert!(a.starts_with(&event_key("42")) && b.starts_with(&event_key("42")));
+        assert!(!record_key(&event_key("420"), 1).starts_with(&event_key("42")));
+        assert_eq!(split(&record_key(&event_key("a\0b"), 300)), Some(("a\0b".to_owned(), 300)));
+        assert_eq!(split(&record_key(&event_key(""), LEGACY_SCOPE)), Some((String::new(), 0)));
+    }
+
+    #[test]
+    fn keys_sort_like_ids() {
+        let ids = ["", "a", "a\0", "a\0b", "ab", "b", "e2", "e20", "e4x", "e5"];
+        let keys: Vec<Vec<u8>> = ids.iter().map(|id| record_key(&event_key(id), 9)).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+        let past_e4x = past(&event_key("e4x"));
+        assert!(past_e4x > keys[8] && past_e4x < keys[9]);
+    }
+
+    #[test]
+    fn a_cursor_names_the_record_and_old_cursors_and_bare_ids_still_work() {
+        let (key, scope) = parse_cursor(&cursor("42", Some("orders")));
+        assert_eq!((key, scope), (event_key("42"), Some(Some("orders".to_owned()))));
+        assert_eq!(parse_cursor(&cursor("42", None)).1, Some(None));
+        assert_eq!(parse_cursor("42\0orders"), (event_key("42"), Some(Some("orders".to_owned()))));
+        assert_eq!(parse_cursor("e2"), (event_key("e2"), None));
     }
 }

@@ -1,49 +1,61 @@
-//! The dedup store: one record per event id in sled, made durable by group
-//! commit (`sync`), expired through an expiry index (`expires_at ++ id`), never
-//! by scanning every record. sled is used only in this module.
+//! The dedup store: one compact record per (event id, dedup scope) in sled,
+//! made durable by group commit (`sync`), kept in time slices that expire
+//! whole (`slices`), never by scanning records. sled is used only in this module.
+//!
+//! - `keys`: record keys (16 bytes for a UUID id, plus a tag and a scope id);
+//!   `format`: the compact value; `names`: the scope/topic/event-type dictionary.
+//! - `slices`: one tree per slice of time, per-slice counts, dropped whole.
+//! - `messages`: copies of failed messages, within a quota, per slice.
+//! - `read`: listing, paging, scanning and counting; `repair`: forget, reopen, resolve.
+//! - `migrate`: converts stores written in the earlier format on open.
 
 mod counts;
+mod format;
 mod keys;
 mod messages;
+mod migrate;
+mod names;
 mod options;
 mod owner;
+mod read;
 mod record;
+mod repair;
+mod slices;
 mod sync;
+mod varint;
 pub mod view;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use counts::{Counts, COUNTS_KEY};
 
 pub use keys::UNDECODABLE_SCOPE;
-
-/// The `next` cursor of a page that ends with `r` (see `list_after`).
-pub fn page_cursor(r: &Record) -> String {
-    keys::cursor(&r.store_key())
-}
 pub use options::{Role, StoreOptions, SMALL_CACHE_BYTES};
 pub use owner::Owner;
 pub use record::{now_us, Record, State};
 pub use sync::SyncStats;
 
 use crate::event::{OutboxEvent, RawMessage};
+use messages::copy_key;
+use slices::{Slice, Slices};
 
-const EVENTS_TREE: &str = "events";
-const EXPIRY_TREE: &str = "expiry";
+/// The `next` cursor of a page that ends with `r` (see `list_after`).
+pub fn page_cursor(r: &Record) -> String {
+    keys::cursor(&r.event_id, r.scope.as_deref())
+}
+
+/// The key of an event's record outside this store (a changelog topic): 17
+/// bytes for a UUID id (see `keys`).
+pub fn event_key(id: &str) -> Vec<u8> {
+    keys::event_key(id)
+}
+
 const META_TREE: &str = "meta";
-/// Copies of the messages of dead and parked events, for `store export` and `store retry`.
-const MESSAGES_TREE: &str = "messages";
+const NAMES_TREE: &str = "names";
 const DUPLICATES_KEY: &[u8] = b"duplicates_suppressed";
-/// A record expires `retention` plus this (or plus `retention` again, if that is
-/// shorter) after its claim, whether it was finished or not. An event in flight is finished long before (`retry.max_elapsed` is 20
-/// minutes by default), so a claim this old belongs to a partition that left or a
-/// process that is gone. The final record keeps the claim's expiry: one index write
-/// per event, not three.
-const EXPIRY_MARGIN: Duration = Duration::from_secs(3600);
-/// Expired records removed per sled batch during a retention pass.
-const GC_BATCH: usize = 1_000;
+/// Meta key: until when records from before scopes (scope id 0) may be retained
+/// (µs, big-endian i64); a claim looks for them only until then.
+const LEGACY_UNTIL_KEY: &[u8] = b"legacy_keys_until";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -89,11 +101,13 @@ pub enum Claim {
     Finished { state: State, same_offset: bool },
 }
 
-/// A durably claimed event: the record as written, handed back to
-/// [`Store::finish`] so the final write does not read and decode it again.
+/// A durably claimed event: the record as written and the slice it is in,
+/// handed back to [`Store::finish`] so the final write reads nothing again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {
     record: Box<Record>,
+    /// Start of the slice the claim is in (the final record replaces it there, or moves it to a newer one).
+    slice: i64,
 }
 
 impl Claimed {
@@ -108,21 +122,29 @@ impl Claimed {
     }
 }
 
+/// A record as a lookup found it: where it is, and its bytes as read.
+struct Found {
+    record: Record,
+    key: Vec<u8>,
+    raw: sled::IVec,
+    slice: Arc<Slice>,
+}
+
 pub struct Store {
     path: PathBuf,
     db: sled::Db,
-    events: sled::Tree,
-    expiry: sled::Tree,
     meta: sled::Tree,
+    names: names::Names,
+    /// Where records are; written to by the group commit (per-slice counts).
+    slices: Arc<Slices>,
     messages: messages::MessageCopies,
-    retention: Duration,
-    /// Records per state, persisted with each group commit.
-    counts: Arc<Counts>,
     /// Opened by the service, whose writers run while `stats` scans.
     service: bool,
-    /// Records from before scopes may still be retained: a claim that finds no
-    /// scoped record also looks under the bare id (see `keys`).
-    legacy_keys: bool,
+    /// Records from before scopes may be retained until then (µs): a claim that
+    /// finds no scoped record also looks under scope id 0 (see `keys`).
+    legacy_until: i64,
+    /// Deliveries suppressed, persisted with each group commit.
+    duplicates: Arc<AtomicU64>,
     sync: sync::Syncer,
     owner: Mutex<Option<owner::OwnerFile>>,
 }
@@ -150,37 +172,38 @@ impl Store {
             None
         };
         let owner = owner::OwnerFile::write(path, opts.role).ok();
-        let events = db.open_tree(EVENTS_TREE)?;
         let meta = db.open_tree(META_TREE)?;
-        let counts = Arc::new(match meta.get(COUNTS_KEY)?.as_deref().and_then(Counts::decode) {
-            Some(values) => Counts::from_values(values),
-            None if events.is_empty() => Counts::default(),
-            None => {
-                // A store written before the counts were kept: count once.
-                tracing::info!(store = %path.display(), "counting the records per state once");
-                count_states(&events)?
-            }
-        });
+        let names = names::Names::open(db.open_tree(NAMES_TREE)?)?;
+        let slices = Arc::new(Slices::open(&db, &meta, opts.retention)?);
         let messages = messages::MessageCopies::open(&db, &meta)?;
-        let legacy_keys = legacy_keys_retained(&meta, &events, opts.retention)?;
+        migrate::convert(&migrate::Parts {
+            db: &db,
+            meta: &meta,
+            names: &names,
+            slices: &slices,
+            messages: &messages,
+        })?;
+        let legacy_until = read_i64(&meta, LEGACY_UNTIL_KEY)?.unwrap_or(i64::MIN);
+        let duplicates = Arc::new(AtomicU64::new(read_i64(&meta, DUPLICATES_KEY)?.unwrap_or(0) as u64));
         let persist = {
-            let (meta, counts, copy_bytes) = (meta.clone(), counts.clone(), messages.total());
+            let (meta, slices, copy_bytes, duplicates) =
+                (meta.clone(), slices.clone(), messages.total(), duplicates.clone());
             move || {
-                meta.insert(COUNTS_KEY, &counts.encode()[..])?;
-                let copies = copy_bytes.load(std::sync::atomic::Ordering::Relaxed);
-                meta.insert(messages::MESSAGE_BYTES_KEY, &copies.to_be_bytes()[..]).map(drop)
+                slices.persist()?;
+                let copies = copy_bytes.load(Ordering::Relaxed);
+                meta.insert(messages::MESSAGE_BYTES_KEY, &copies.to_be_bytes()[..])?;
+                meta.insert(DUPLICATES_KEY, &duplicates.load(Ordering::Relaxed).to_be_bytes()[..]).map(drop)
             }
         };
         Ok(Store {
             path: path.to_owned(),
-            events,
-            expiry: db.open_tree(EXPIRY_TREE)?,
             meta,
+            names,
+            slices,
             messages,
-            retention: opts.retention,
-            counts,
             service: opts.role.is_service(),
-            legacy_keys,
+            legacy_until,
+            duplicates,
             sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval, Box::new(persist)),
             db,
             owner: Mutex::new(owner),
@@ -219,79 +242,133 @@ impl Store {
     /// The record of event `id`, in whichever scope it is (the first, should the
     /// same id be kept in several): what `outboxd store get|forget|retry` act on.
     pub fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        if let Some(item) = self.events.scan_prefix(keys::id_prefix(id)).next() {
-            let (key, bytes) = item?;
-            return decode(&key, &bytes).map(Some);
+        Ok(self.find_any(id)?.map(|f| f.record))
+    }
+
+    /// The record of `id` in any scope, newest slice first (expired slices not yet dropped included).
+    fn find_any(&self, id: &str) -> Result<Option<Found>, StoreError> {
+        let prefix = keys::event_key(id);
+        for slice in self.slices.all().into_iter().rev() {
+            if let Some(item) = slice.tree.scan_prefix(&prefix).next() {
+                let (key, raw) = item?;
+                return self.found(slice, key.to_vec(), raw).map(Some);
+            }
         }
-        self.get_key(id.as_bytes())
+        Ok(None)
     }
 
-    /// The record of `id` in `scope`, or a legacy record of `id` (keyed by the
-    /// bare id, from a store written before scopes); with the raw bytes read.
-    fn get_in(&self, scope: &str, id: &str) -> Result<Option<(Record, sled::IVec)>, StoreError> {
-        let key = keys::scoped(id, scope);
-        let raw = match self.events.get(&key)? {
-            Some(raw) => Some((key, raw)),
-            None if self.legacy_keys => self.events.get(id.as_bytes())?.map(|raw| (id.as_bytes().to_vec(), raw)),
-            None => None,
+    /// The record of `id` in `scope`, or a legacy record of `id` (from a store
+    /// written before scopes), in the slices still retained, newest first.
+    fn find_in(&self, scope: &str, id: &str) -> Result<Option<Found>, StoreError> {
+        let now = now_us();
+        let event = keys::event_key(id);
+        let scoped = self.names.find(scope).map(|s| keys::record_key(&event, s));
+        let legacy = (now < self.legacy_until).then(|| keys::record_key(&event, keys::LEGACY_SCOPE));
+        if scoped.is_none() && legacy.is_none() {
+            return Ok(None);
+        }
+        for slice in self.slices.live(now) {
+            for key in [&scoped, &legacy].into_iter().flatten() {
+                if let Some(raw) = slice.tree.get(key)? {
+                    return self.found(slice, key.clone(), raw).map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn found(&self, slice: Arc<Slice>, key: Vec<u8>, raw: sled::IVec) -> Result<Found, StoreError> {
+        let record = self.decode(&slice, &key, &raw)?;
+        Ok(Found { record, key, raw, slice })
+    }
+
+    fn decode(&self, slice: &Slice, key: &[u8], raw: &[u8]) -> Result<Record, StoreError> {
+        format::decode(key, raw, &self.names, slice.start, Some(self.slices.expires_at(slice)))
+    }
+
+    /// The key of `r` (its scope gets an id if it has none yet).
+    fn key_of(&self, r: &Record) -> Result<Vec<u8>, StoreError> {
+        let scope = match &r.scope {
+            Some(s) => self.names.id(s)?,
+            None => keys::LEGACY_SCOPE,
         };
-        raw.map(|(key, raw)| decode(&key, &raw).map(|r| (r, raw))).transpose()
+        Ok(keys::record_key(&keys::event_key(&r.event_id), scope))
     }
 
-    fn get_key(&self, key: &[u8]) -> Result<Option<Record>, StoreError> {
-        self.events.get(key)?.map(|bytes| decode(key, &bytes)).transpose()
-    }
-
-    fn put(&self, record: &Record) -> Result<(), StoreError> {
-        // postcard: a compact binary form (a done record is ~100 bytes, a third of its JSON).
-        let bytes = postcard::to_allocvec(record).expect("records serialise");
-        self.events.insert(record.store_key(), bytes)?;
-        Ok(())
+    /// Writes `r` into the slice `to` (by default the current one). `from`: the slice
+    /// it was in and its state there; if that is older, the record (and its message
+    /// copy) leaves it: written in the new slice first, so a crash in between leaves
+    /// the new state found first (newest slice first), never the old one alone.
+    fn write(
+        &self,
+        r: &Record,
+        from: Option<(&Arc<Slice>, State)>,
+        to: Option<Arc<Slice>>,
+    ) -> Result<Arc<Slice>, StoreError> {
+        let key = self.key_of(r)?;
+        let to = match to {
+            Some(to) => to,
+            None => self.slices.current(now_us())?,
+        };
+        let value = format::encode(r, &self.names, to.start)?;
+        match from {
+            Some((old, was)) if Arc::ptr_eq(old, &to) => {
+                to.tree.insert(&key, value)?;
+                to.moved(Some(was), Some(r.state));
+            }
+            Some((old, was)) => {
+                self.messages.moved(&copy_key(old.start, &key), &copy_key(to.start, &key))?;
+                to.tree.insert(&key, value)?;
+                old.tree.remove(&key)?;
+                old.moved(Some(was), None);
+                to.moved(None, Some(r.state));
+            }
+            None => {
+                to.tree.insert(&key, value)?;
+                to.moved(None, Some(r.state));
+            }
+        }
+        Ok(to)
     }
 
     /// Claims the event for execution in its dedup `scope`, durably, unless it is
     /// already final there (then the duplicate is counted and nothing runs).
     pub async fn claim(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
         let now = now_us();
-        let (existing, raw) = match self.get_in(scope, &event.id)? {
-            Some((r, raw)) => (Some(r), Some(raw)),
-            None => (None, None),
-        };
-        let is_new = existing.is_none();
-        let mut record = match existing {
-            Some(r) if r.state.is_final() => {
-                let state = r.state;
-                let p = &event.position;
+        let (record, from) = match self.find_in(scope, &event.id)? {
+            Some(f) if f.record.state.is_final() => {
+                let (r, p) = (&f.record, &event.position);
                 let same_offset = r.topic == p.topic && r.partition == p.partition && r.offset == p.offset;
-                self.count_duplicate(raw.as_deref(), r)?;
+                let state = r.state;
+                self.count_duplicate(f)?;
                 return Ok(Claim::Finished { state, same_offset });
             }
-            Some(r) => Record {
-                attempts: r.attempts + 1,
-                topic: event.position.topic.clone(),
-                partition: event.position.partition,
-                offset: event.position.offset,
-                claimed_at_us: Some(now),
-                updated_at_us: now,
-                ..r
-            },
-            None => Record {
-                scope: Some(scope.to_owned()),
-                key: event.aggregate_id.clone(),
-                event_type: event.event_type.clone(),
-                claimed_at_us: Some(now),
-                ..Record::first_seen(&event.id, State::Claimed, 1, &event.position, now)
-            },
+            Some(f) => {
+                let r = Record {
+                    attempts: f.record.attempts + 1,
+                    topic: event.position.topic.clone(),
+                    partition: event.position.partition,
+                    offset: event.position.offset,
+                    claimed_at_us: Some(now),
+                    updated_at_us: now,
+                    ..f.record
+                };
+                (r, Some(f.slice))
+            }
+            None => {
+                let r = Record {
+                    scope: Some(scope.to_owned()),
+                    key: event.aggregate_id.clone(),
+                    event_type: event.event_type.clone(),
+                    claimed_at_us: Some(now),
+                    ..Record::first_seen(&event.id, State::Claimed, 1, &event.position, now)
+                };
+                (r, None)
+            }
         };
-        // A claim whose partition left (or whose process died for good) must not stay
-        // forever: the record expires whether it is finished or not.
-        self.reindex(&mut record, Some(self.expiry_after(now)))?;
-        self.put(&record)?;
-        if is_new {
-            self.counts.moved(None, Some(State::Claimed));
-        }
+        let slice = self.write(&record, from.as_ref().map(|s| (s, State::Claimed)), None)?;
         self.durable().await?;
-        Ok(Claim::Claimed(Claimed { record: Box::new(record) }))
+        Ok(Claim::Claimed(Claimed { record: Box::new(record), slice: slice.start }))
     }
 
     /// A further attempt within the same claim (a retry after a handler error).
@@ -299,31 +376,31 @@ impl Store {
         let r = &mut claimed.record;
         r.attempts += 1;
         r.updated_at_us = now_us();
-        self.put(r)?;
+        let from = self.slices.get(claimed.slice);
+        claimed.slice = self.write(r, from.as_ref().map(|s| (s, State::Claimed)), None)?.start;
         self.durable().await?;
         Ok(r.attempts)
     }
 
-    /// Counts a suppressed duplicate on the record as it was read (`old`): if gc or
-    /// `forget` removed it (or anything changed it) meanwhile, the record is left as it
-    /// is now instead of being written back to life.
-    fn count_duplicate(&self, old: Option<&[u8]>, mut r: Record) -> Result<(), StoreError> {
-        r.duplicates += 1;
-        let new = postcard::to_allocvec(&r).expect("records serialise");
+    /// Counts a suppressed duplicate on the record as it was read: if gc or `forget`
+    /// removed it (or anything changed it) meanwhile, the record is left as it is
+    /// now instead of being written back to life. It stays in its slice: a
+    /// duplicate does not extend the retention.
+    fn count_duplicate(&self, mut f: Found) -> Result<(), StoreError> {
+        f.record.duplicates += 1;
+        let new = format::encode(&f.record, &self.names, f.slice.start)?;
         // A lost race only loses this record's duplicate count; the total below still counts it.
-        let _ = self.events.compare_and_swap(r.store_key(), old, Some(new))?;
-        self.meta.fetch_and_update(DUPLICATES_KEY, |old| {
-            let n = old.and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_be_bytes).unwrap_or(0);
-            Some((n + 1).to_be_bytes().to_vec())
-        })?;
+        let _ = f.slice.tree.compare_and_swap(&f.key, Some(&f.raw), Some(new))?;
+        self.duplicates.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     /// Records the final state of a claimed event durably; only then may the offset move on.
     pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
         debug_assert!(state.is_final());
+        let from = self.slices.get(claimed.slice);
         let mut r = *claimed.record;
-        self.finish_record(&mut r, Some(State::Claimed), state, text)?;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), None, state, text)?;
         self.durable().await
     }
 
@@ -337,52 +414,24 @@ impl Store {
         message: &RawMessage,
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
+        let from = self.slices.get(claimed.slice);
         let mut r = *claimed.record;
-        let reason = self.keep_message(&r.store_key(), message, reason)?;
+        let to = self.slices.current(now_us())?;
+        let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
         r.dead_letter = dead_letter;
-        self.finish_record(&mut r, Some(State::Claimed), state, reason)?;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), Some(to), state, reason)?;
         self.durable().await
     }
 
-    /// The stored copy of a dead or parked event's message.
-    pub fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
-        match self.get(event_id)? {
-            Some(r) => self.message_of(&r),
-            None => Ok(None),
-        }
-    }
-
-    /// The stored copy of this record's message: the record's own key, so equal ids
-    /// in two scopes each have theirs, and no look-up of the record again.
-    pub fn message_of(&self, r: &Record) -> Result<Option<RawMessage>, StoreError> {
-        self.messages.get(&r.store_key(), &r.event_id)
-    }
-
-    /// Keeps the message copy of a failed event, within the quota; the reason
-    /// says when the copy could not be kept.
-    fn keep_message(&self, key: &[u8], message: &RawMessage, reason: String) -> Result<String, StoreError> {
-        if self.messages.put(key, message)? {
-            return Ok(reason);
-        }
-        metrics::counter!(crate::metrics::names::COPIES_NOT_KEPT).increment(1);
-        tracing::warn!(topic = %message.topic, partition = message.partition, offset = message.offset,
-            copies_bytes = self.messages.bytes(),
-            "message copy not kept: store.max_message_copy_bytes is reached (the record is kept)");
-        Ok(format!("{reason} [message copy not kept: store.max_message_copy_bytes reached]"))
-    }
-
-    /// Caps the bytes kept in message copies (`store.max_message_copy_bytes`).
-    pub fn set_message_quota(&self, bytes: u64) {
-        self.messages.set_quota(bytes);
-    }
-
-    /// Bytes kept in message copies.
-    pub fn message_bytes(&self) -> u64 {
-        self.messages.bytes()
-    }
-
-    /// `r` as stored (`None` in `was` when it is new) becomes final.
-    fn finish_record(&self, r: &mut Record, was: Option<State>, state: State, text: String) -> Result<(), StoreError> {
+    /// `r`, as stored in `from` (`None`: it is new), becomes final in `to` (default: the current slice).
+    fn finish_record(
+        &self,
+        r: &mut Record,
+        from: Option<(&Arc<Slice>, State)>,
+        to: Option<Arc<Slice>>,
+        state: State,
+        text: String,
+    ) -> Result<(), StoreError> {
         let now = now_us();
         r.state = state;
         r.done_at_us = Some(now);
@@ -391,12 +440,7 @@ impl Store {
             State::Done => r.outcome = Some(text),
             _ => r.reason = Some(text),
         }
-        // A claimed record keeps the expiry its claim set; one that never was gets one.
-        if r.expires_at_us.is_none() {
-            self.reindex(r, Some(self.expiry_after(now)))?;
-        }
-        self.put(r)?;
-        self.counts.moved(was, Some(state));
+        self.write(r, from, to)?;
         Ok(())
     }
 
@@ -409,246 +453,35 @@ impl Store {
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
         let now = now_us();
-        let existing = self.get_in(UNDECODABLE_SCOPE, id)?.map(|(r, _)| r);
-        let was = existing.as_ref().map(|r| r.state);
-        let mut r = existing.unwrap_or_else(|| Record {
-            scope: Some(UNDECODABLE_SCOPE.to_owned()),
-            ..Record::first_seen(id, State::Dead, 0, &message.position(), now)
-        });
-        let reason = self.keep_message(&r.store_key(), message, reason)?;
-        r.dead_letter = dead_letter;
-        self.finish_record(&mut r, was, State::Dead, reason)?;
-        self.durable().await
-    }
-
-    /// When a record claimed (or first recorded) at `now_us` expires.
-    fn expiry_after(&self, now_us: i64) -> i64 {
-        now_us.saturating_add((self.retention + self.retention.min(EXPIRY_MARGIN)).as_micros() as i64)
-    }
-
-    /// Index first, record second: a crash in between leaves an orphan index
-    /// entry (ignored by gc), never a record that cannot expire.
-    fn reindex(&self, r: &mut Record, expires_at: Option<i64>) -> Result<(), StoreError> {
-        let key = r.store_key();
-        if let Some(old) = r.expires_at_us {
-            self.expiry.remove(expiry_key(old, &key))?;
-        }
-        if let Some(at) = expires_at {
-            self.expiry.insert(expiry_key(at, &key), &[])?;
-        }
-        r.expires_at_us = expires_at;
-        Ok(())
-    }
-
-    /// Removes a record so the event may run again. Returns what was removed.
-    pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
-        let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
-        let key = r.store_key();
-        self.events.remove(&key)?;
-        self.messages.remove(&key)?;
-        self.reindex(&mut r, None)?;
-        self.counts.moved(Some(r.state), None);
-        self.durable().await?;
-        Ok(r)
-    }
-
-    /// Takes a dead or parked event back for a re-run, in one write: it becomes
-    /// `claimed` with no attempt yet (so the re-run is not mistaken for an uncertain
-    /// re-execution), keeping its message copy, which is returned. A re-run that was
-    /// interrupted (the process died, the client went away) leaves it like that, and
-    /// it may be reopened again: a reopened event is never lost between the two steps.
-    pub async fn reopen(&self, id: &str) -> Result<RawMessage, StoreError> {
-        let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
-        let interrupted_rerun = r.state == State::Claimed && r.attempts == 0;
-        if !matches!(r.state, State::Dead | State::Parked) && !interrupted_rerun {
-            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
-        }
-        let message = self.message_of(&r)?.ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
-        let (was, now) = (r.state, now_us());
-        r.state = State::Claimed;
-        r.attempts = 0;
-        r.claimed_at_us = Some(now);
-        r.updated_at_us = now;
-        self.reindex(&mut r, Some(self.expiry_after(now)))?;
-        self.put(&r)?;
-        self.counts.moved(Some(was), Some(State::Claimed));
-        self.durable().await?;
-        Ok(message)
-    }
-
-    /// After the re-run of a reopened record: if it is still waiting (the message
-    /// ran under another id, as an undecodable or failed message does once it
-    /// decodes), it is removed with its copy. Returns the record under `id` now.
-    pub async fn settle_rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        match self.get(id)? {
-            Some(r) if r.state == State::Claimed && r.attempts == 0 => {
-                self.forget(id).await?;
-                Ok(None)
+        let (mut r, from) = match self.find_in(UNDECODABLE_SCOPE, id)? {
+            Some(f) => (f.record, Some(f.slice)),
+            None => {
+                let r = Record {
+                    scope: Some(UNDECODABLE_SCOPE.to_owned()),
+                    ..Record::first_seen(id, State::Dead, 0, &message.position(), now)
+                };
+                (r, None)
             }
-            other => Ok(other),
-        }
-    }
-
-    /// A person resolved a parked (or dead) event as done.
-    pub async fn resolve_done(&self, id: &str, note: String) -> Result<(), StoreError> {
-        let mut r = self.get(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
-        if !matches!(r.state, State::Dead | State::Parked) {
-            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
-        }
-        self.messages.remove(&r.store_key())?;
+        };
         let was = r.state;
-        self.finish_record(&mut r, Some(was), State::Done, note)?;
+        let to = self.slices.current(now)?;
+        let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
+        r.dead_letter = dead_letter;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, was)), Some(to), State::Dead, reason)?;
         self.durable().await
     }
 
-    /// Drops the message copy of an event that is done after all.
-    pub async fn drop_message(&self, id: &str) -> Result<(), StoreError> {
-        if let Some(r) = self.get(id)? {
-            self.messages.remove(&r.store_key())?;
-        }
-        self.durable().await
-    }
-
-    /// Removes final records whose retention ended before `now_us`, walking the
-    /// expiry index in order. Returns how many were removed.
+    /// Removes the records whose retention ended before `now_us`: every slice
+    /// that ended `retention` ago is dropped whole, with its message copies.
+    /// No record is read. Returns how many were removed.
     pub async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
         let mut removed = 0u64;
-        loop {
-            let end = expiry_key(now_us, b"");
-            let due: Vec<sled::IVec> = self.expiry.range(..end).keys().take(GC_BATCH).collect::<Result<_, _>>()?;
-            if due.is_empty() {
-                break;
-            }
-            for key in &due {
-                let record_key = &key[8..];
-                let at = i64::from_be_bytes(key[..8].try_into().expect("8-byte prefix"));
-                if let Some(r) = self.get_key(record_key)? {
-                    // Final records after the retention; claimed ones after it and a margin.
-                    if r.expires_at_us == Some(at) {
-                        self.events.remove(record_key)?;
-                        self.messages.remove(record_key)?;
-                        self.counts.moved(Some(r.state), None);
-                        removed += 1;
-                    }
-                }
-                self.expiry.remove(key)?;
-            }
-            tokio::task::yield_now().await;
+        for slice in self.slices.drop_expired(now_us)? {
+            removed += slice.counts.values().iter().map(|n| (*n).max(0) as u64).sum::<u64>();
+            self.messages.drop_slice(slice.start)?;
         }
         self.durable().await?;
         Ok(removed)
-    }
-
-    /// Records in id order, optionally of one state.
-    pub fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Record>, StoreError> {
-        self.list_filtered(state, None, limit)
-    }
-
-    /// Calls `f` for every record of the state and topic, in id order, without
-    /// holding them all in memory.
-    pub fn scan<E: From<StoreError>>(
-        &self,
-        state: Option<State>,
-        topic: Option<&str>,
-        mut f: impl FnMut(Record) -> Result<(), E>,
-    ) -> Result<(), E> {
-        for item in self.events.iter() {
-            let (k, v) = item.map_err(StoreError::from)?;
-            let r = decode(&k, &v)?;
-            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
-                f(r)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Number of records (all states) from the kept counts, without a scan: for progress display.
-    pub fn len(&self) -> usize {
-        self.counts().iter().map(|(_, n)| *n as usize).sum()
-    }
-
-    /// Size of the store's files.
-    pub fn bytes_on_disk(&self) -> Result<u64, StoreError> {
-        Ok(self.db.size_on_disk()?)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
-    }
-
-    /// Records in id order, optionally of one state and one topic.
-    pub fn list_filtered(
-        &self,
-        state: Option<State>,
-        topic: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        self.list_after(state, topic, None, limit)
-    }
-
-    /// Like [`Store::list_filtered`], starting after the event id `after`
-    /// (exclusive): one page, whose last id is where the next page starts.
-    pub fn list_after(
-        &self,
-        state: Option<State>,
-        topic: Option<&str>,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        use std::ops::Bound::{Excluded, Unbounded};
-        let start = after.map_or(Unbounded, |cursor| Excluded(keys::after(cursor)));
-        let mut out = Vec::new();
-        for item in self.events.range::<Vec<u8>, _>((start, Unbounded)) {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = item?;
-            let r = decode(&k, &v)?;
-            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
-                out.push(r);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Records per state without scanning (what the service's gauges show).
-    pub fn counts(&self) -> [(State, u64); 4] {
-        [State::Claimed, State::Done, State::Dead, State::Parked].map(|s| (s, self.counts.get(s)))
-    }
-
-    /// Counts every record (a full scan). On a store no service is writing to,
-    /// the kept per-state counts are corrected to what the scan found.
-    pub fn stats(&self) -> Result<Stats, StoreError> {
-        let mut s = Stats::default();
-        for item in self.events.iter() {
-            let (k, v) = item?;
-            let r = decode(&k, &v)?;
-            match r.state {
-                State::Claimed => s.claimed += 1,
-                State::Done => s.done += 1,
-                State::Dead => s.dead += 1,
-                State::Parked => s.parked += 1,
-            }
-            s.oldest_us = Some(s.oldest_us.map_or(r.first_seen_us, |o| o.min(r.first_seen_us)));
-            s.newest_us = Some(s.newest_us.map_or(r.first_seen_us, |o| o.max(r.first_seen_us)));
-        }
-        s.duplicates_suppressed = self
-            .meta
-            .get(DUPLICATES_KEY)?
-            .and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok())
-            .map(u64::from_be_bytes)
-            .unwrap_or(0);
-        s.bytes_on_disk = self.db.size_on_disk()?;
-        if !self.service {
-            let scanned = [s.claimed, s.done, s.dead, s.parked].map(|n| n as i64);
-            if self.counts.values() != scanned {
-                tracing::info!(store = %self.path.display(), "per-state counts corrected from a full count");
-                self.counts.set(scanned);
-                self.meta.insert(COUNTS_KEY, &self.counts.encode()[..])?;
-                self.db.flush()?;
-            }
-        }
-        Ok(s)
     }
 
     /// Flushes everything (durably) before the process ends.
@@ -657,98 +490,8 @@ impl Store {
     }
 }
 
-/// A message as kept in the store (postcard: compact binary, values may be large).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct StoredMessage {
-    topic: String,
-    partition: i32,
-    offset: i64,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
-    timestamp_ms: Option<i64>,
-}
-
-impl From<StoredMessage> for RawMessage {
-    fn from(m: StoredMessage) -> RawMessage {
-        RawMessage {
-            topic: m.topic,
-            partition: m.partition,
-            offset: m.offset,
-            key: m.key,
-            value: m.value,
-            headers: m.headers,
-            timestamp_ms: m.timestamp_ms,
-        }
-    }
-}
-
-fn decode_message(id: &str, bytes: &[u8]) -> Result<RawMessage, StoreError> {
-    postcard::from_bytes::<StoredMessage>(bytes)
-        .map(RawMessage::from)
-        .map_err(|e| StoreError::Corrupt { id: id.to_owned(), error: e.to_string() })
-}
-
-fn encode_message(m: &RawMessage) -> Vec<u8> {
-    let stored = StoredMessage {
-        topic: m.topic.clone(),
-        partition: m.partition,
-        offset: m.offset,
-        key: m.key.clone(),
-        value: m.value.clone(),
-        headers: m.headers.clone(),
-        timestamp_ms: m.timestamp_ms,
-    };
-    postcard::to_allocvec(&stored).expect("messages serialise")
-}
-
-/// Meta key: when this store began keying records by scope (µs, big-endian i64).
-const SCOPED_SINCE_KEY: &[u8] = b"scoped_keys_since";
-
-/// Whether records keyed by the bare id (written before scopes) may still be
-/// retained: only until they have all expired after the store was first opened with
-/// scopes. A store that starts empty never has any.
-fn legacy_keys_retained(meta: &sled::Tree, events: &sled::Tree, retention: Duration) -> Result<bool, StoreError> {
-    let now = now_us();
-    match meta.get(SCOPED_SINCE_KEY)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()) {
-        Some(since) => {
-            let until =
-                i64::from_be_bytes(since).saturating_add((retention + retention.min(EXPIRY_MARGIN)).as_micros() as i64);
-            Ok(now < until)
-        }
-        None => {
-            // Empty: there never are legacy records (the earliest time says so for good).
-            let legacy = !events.is_empty();
-            let since = if legacy { now } else { i64::MIN };
-            meta.insert(SCOPED_SINCE_KEY, &since.to_be_bytes()[..])?;
-            Ok(legacy)
-        }
-    }
-}
-
-/// Records per state by a full scan.
-fn count_states(events: &sled::Tree) -> Result<Counts, StoreError> {
-    let counts = Counts::default();
-    for item in events.iter() {
-        let (k, v) = item?;
-        counts.moved(None, Some(decode(&k, &v)?.state));
-    }
-    Ok(counts)
-}
-
-fn expiry_key(at_us: i64, record_key: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + record_key.len());
-    k.extend_from_slice(&(at_us.max(0) as u64).to_be_bytes());
-    k.extend_from_slice(record_key);
-    k
-}
-
-/// The record stored under `key` (its scope comes from the key).
-fn decode(key: &[u8], bytes: &[u8]) -> Result<Record, StoreError> {
-    let mut r: Record = postcard::from_bytes(bytes)
-        .map_err(|e| StoreError::Corrupt { id: String::from_utf8_lossy(key).into_owned(), error: e.to_string() })?;
-    r.scope = keys::scope_of(key);
-    Ok(r)
+fn read_i64(tree: &sled::Tree, key: &[u8]) -> Result<Option<i64>, StoreError> {
+    Ok(tree.get(key)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map(i64::from_be_bytes))
 }
 
 fn is_lock_error(e: &std::io::Error) -> bool {

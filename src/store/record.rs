@@ -51,11 +51,14 @@ impl std::fmt::Display for State {
 }
 
 /// One event's record. Times are microseconds since the Unix epoch.
+///
+/// What the store keeps of it is the compact form (`format`); the serde form
+/// is the one stores of earlier versions hold, read once when they are converted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub event_id: String,
     /// The dedup scope the record is kept in (`store::keys`); `None` for a record of
-    /// a store written before scopes. Part of the key, not of the stored value.
+    /// a store written before scopes. Part of the key (as a small id), not of the stored value.
     #[serde(skip)]
     pub scope: Option<String>,
     pub state: State,
@@ -79,16 +82,11 @@ pub struct Record {
     pub dead_letter: Option<String>,
     /// Deliveries suppressed because the record was already final.
     pub duplicates: u64,
-    /// When a final record may be removed (retention).
+    /// When the record is removed (its slice is dropped), unless it is written again before.
     pub expires_at_us: Option<i64>,
 }
 
 impl Record {
-    /// Where the record is kept.
-    pub fn store_key(&self) -> Vec<u8> {
-        super::keys::of(&self.event_id, self.scope.as_deref())
-    }
-
     /// A record for an id seen for the first time, at `position`.
     pub fn first_seen(id: &str, state: State, attempts: u32, position: &crate::event::Position, now: i64) -> Record {
         Record {

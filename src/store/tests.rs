@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 use crate::event::{OutboxEvent, Payload, Position};
 
@@ -58,23 +60,58 @@ async fn claimed_record_survives_reopen_and_is_a_reexecution() {
     assert_eq!((c.attempt(), c.reexecution()), (2, true));
 }
 
+/// Past the retention (and at most one slice width more) after their last write.
+const AFTER_RETENTION: i64 = 60_000_000 + 7_500_000 + 1_000_000;
+
+fn trees(store: &Store) -> usize {
+    store.db.tree_names().iter().filter(|n| n.starts_with(b"slice:")).count()
+}
+
 #[tokio::test]
-async fn gc_removes_records_once_retention_and_margin_have_passed_since_their_claim() {
+async fn gc_drops_whole_slices_once_the_retention_has_passed_since_their_records_last_write() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
     let a = claimed(&store, "a", 0).await;
     let b = claimed(&store, "b", 1).await;
     claimed(&store, "c", 2).await;
     store.finish(a, State::Done, "ok".into()).await.unwrap();
-    store.finish(b, State::Dead, "boom".into()).await.unwrap();
+    store.finish_failed(b, State::Dead, "boom".into(), &big_message("b", 10), None).await.unwrap();
     assert_eq!(store.gc(now_us()).await.unwrap(), 0, "nothing has expired yet");
-    assert_eq!(store.gc(now_us() + 61_000_000).await.unwrap(), 0, "the margin is not over");
-    let later = now_us() + 121_000_000;
+    assert_eq!(store.gc(now_us() + 59_000_000).await.unwrap(), 0, "kept at least the retention");
+    assert_eq!(trees(&store), 1);
+    let later = now_us() + AFTER_RETENTION;
     assert_eq!(store.gc(later).await.unwrap(), 3, "done, dead and the claim that never finished");
     for id in ["a", "b", "c"] {
         assert!(store.get(id).unwrap().is_none(), "{id}");
     }
-    assert_eq!(store.expiry.len(), 0);
+    assert_eq!((trees(&store), store.len(), store.message_bytes()), (0, 0, 0), "the message copy went along");
+    assert!(matches!(store.claim(&event("a", 9), "t").await.unwrap(), Claim::Claimed(_)), "a new slice");
+}
+
+/// A claim and its final record fall in two slices: the final one is the only one left.
+#[tokio::test]
+async fn a_record_written_again_in_a_newer_slice_leaves_the_older_one() {
+    let dir = tempfile::tempdir().unwrap();
+    // One-second slices: the narrowest there are.
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(1))).unwrap();
+    let c = claimed(&store, "e1", 1).await;
+    let d = claimed(&store, "e2", 2).await;
+    store.finish_failed(d, State::Dead, "http 422".into(), &big_message("e2", 10), None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    store.reopen("e2").await.unwrap();
+    assert_eq!(trees(&store), 2);
+    let r = store.get("e1").unwrap().unwrap();
+    assert_eq!((r.state, r.outcome.as_deref()), (State::Done, Some("http 200")));
+    assert_eq!(store.list(None, 10).unwrap().len(), 2, "each record once");
+    assert_eq!(store.counts().map(|(_, n)| n), [1, 1, 0, 0]);
+    assert!(store.message("e2").unwrap().is_some(), "the copy moved with its record");
+    let s = store.stats().unwrap();
+    assert_eq!((s.claimed, s.done), (1, 1));
+    // Everything is in the newest slice: dropping the older one removes nothing.
+    let first_end = store.slices.all()[0].end();
+    assert_eq!(store.gc(first_end + 1_000_000).await.unwrap(), 0);
+    assert_eq!(store.len(), 2);
 }
 
 #[tokio::test]
@@ -85,7 +122,7 @@ async fn forgotten_event_can_be_claimed_again() {
     store.finish(a, State::Done, "ok".into()).await.unwrap();
     let removed = store.forget("a").await.unwrap();
     assert_eq!(removed.state, State::Done);
-    assert_eq!(store.expiry.len(), 0);
+    assert_eq!(store.len(), 0);
     assert_eq!(claimed(&store, "a", 3).await.attempt(), 1);
     assert!(matches!(store.forget("nope").await, Err(StoreError::NotFound(_))));
 }
@@ -177,7 +214,7 @@ async fn per_state_counts_follow_every_change_and_survive_reopen() {
     assert_eq!(counts(&store), [1, 2, 0, 0], "kept across a reopen");
     store.forget("c").await.unwrap();
     assert_eq!(counts(&store), [0, 2, 0, 0]);
-    assert_eq!(store.gc(now_us() + 121_000_000).await.unwrap(), 2);
+    assert_eq!(store.gc(now_us() + AFTER_RETENTION).await.unwrap(), 2);
     assert_eq!(counts(&store), [0, 0, 0, 0]);
 }
 
@@ -187,7 +224,7 @@ async fn stats_on_a_stopped_store_corrects_drifted_counts() {
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
     let a = claimed(&store, "a", 0).await;
     store.finish(a, State::Done, "ok".into()).await.unwrap();
-    store.counts.set([5, 0, 7, 0]); // as a crash between a write and its count could leave them
+    store.slices.all()[0].counts.set([5, 0, 7, 0]); // as a crash between a write and its count could leave them
     let s = store.stats().unwrap();
     assert_eq!((s.claimed, s.done, s.dead), (0, 1, 0));
     assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0]);
@@ -203,42 +240,28 @@ async fn counting_a_duplicate_does_not_bring_back_a_record_removed_meanwhile() {
     let c = claimed(&store, "e1", 1).await;
     store.finish(c, State::Done, "http 200".into()).await.unwrap();
     // A duplicate's claim read the record; then `forget` (or gc) removed it.
-    let raw = store.events.get(keys::scoped("e1", "t")).unwrap();
-    let read = store.get("e1").unwrap().unwrap();
+    let read = store.find_in("t", "e1").unwrap().unwrap();
     store.forget("e1").await.unwrap();
-    store.count_duplicate(raw.as_deref(), read).unwrap();
+    store.count_duplicate(read).unwrap();
     assert_eq!(store.get("e1").unwrap(), None, "the removed record stays removed");
     assert_eq!(store.stats().unwrap().duplicates_suppressed, 1, "the duplicate is still counted");
 }
 
 #[tokio::test]
-async fn a_claim_that_is_never_finished_expires_after_the_retention_and_a_margin() {
+async fn a_claim_that_is_never_finished_expires_like_any_record() {
     let dir = tempfile::tempdir().unwrap();
     let retention = Duration::from_secs(3600);
     let store = Store::open(dir.path(), &opts(retention)).unwrap();
     store.claim(&event("stranded", 1), "t").await.unwrap();
-    let after_retention = now_us() + retention.as_micros() as i64 + 1_000_000;
-    assert_eq!(store.gc(after_retention).await.unwrap(), 0, "kept longer than final records");
-    assert_eq!(store.get("stranded").unwrap().unwrap().state, State::Claimed);
-    let after_margin = after_retention + EXPIRY_MARGIN.as_micros() as i64;
-    assert_eq!(store.gc(after_margin).await.unwrap(), 1);
+    let r = store.get("stranded").unwrap().unwrap();
+    let expires = r.expires_at_us.unwrap();
+    let width = (retention / slices::SLICES_PER_RETENTION).as_micros() as i64;
+    assert!(expires >= r.updated_at_us + retention.as_micros() as i64, "kept at least the retention");
+    assert!(expires <= r.updated_at_us + retention.as_micros() as i64 + width, "and at most one slice more");
+    assert_eq!(store.gc(expires - 1).await.unwrap(), 0);
+    assert_eq!(store.gc(expires).await.unwrap(), 1);
     assert_eq!(store.get("stranded").unwrap(), None);
     assert_eq!(store.counts()[0], (State::Claimed, 0));
-}
-
-#[tokio::test]
-async fn a_finished_claim_keeps_the_expiry_its_claim_set() {
-    let dir = tempfile::tempdir().unwrap();
-    let retention = Duration::from_secs(3600);
-    let store = Store::open(dir.path(), &opts(retention)).unwrap();
-    let c = claimed(&store, "e1", 1).await;
-    let claim_expiry = store.get("e1").unwrap().unwrap().expires_at_us;
-    store.finish(c, State::Done, "http 200".into()).await.unwrap();
-    assert_eq!(store.get("e1").unwrap().unwrap().expires_at_us, claim_expiry, "no second index write");
-    assert_eq!(store.expiry.len(), 1);
-    let after = now_us() + (retention + EXPIRY_MARGIN).as_micros() as i64 + 1_000_000;
-    assert_eq!(store.gc(after).await.unwrap(), 1);
-    assert_eq!(store.expiry.len(), 0);
 }
 
 fn big_message(id: &str, bytes: usize) -> RawMessage {
@@ -348,38 +371,6 @@ async fn equal_ids_in_different_scopes_are_different_events() {
     assert_eq!(store.stats().unwrap().done, 1);
 }
 
-/// A store written before scopes keyed records by the bare id: its records keep
-/// suppressing duplicates, and the store commands still find them.
-#[tokio::test]
-async fn a_record_from_before_scopes_still_suppresses_its_duplicates() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        // A store as an older outboxd left it: a record under the bare id, no scope marker.
-        let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
-        let mut legacy = Record::first_seen("old-1", State::Done, 1, &event("old-1", 3).position, now_us());
-        legacy.outcome = Some("http 200".into());
-        store.events.insert(b"old-1", postcard::to_allocvec(&legacy).unwrap()).unwrap();
-        store.meta.remove(SCOPED_SINCE_KEY).unwrap();
-        store.db.flush().unwrap();
-    }
-    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
-    assert!(store.legacy_keys);
-    assert_eq!(
-        store.claim(&event("old-1", 9), "t").await.unwrap(),
-        Claim::Finished { state: State::Done, same_offset: false }
-    );
-    let r = store.get("old-1").unwrap().unwrap();
-    assert_eq!((r.scope, r.duplicates), (None, 1));
-    store.forget("old-1").await.unwrap();
-    assert!(matches!(store.claim(&event("old-1", 9), "t").await.unwrap(), Claim::Claimed(_)));
-    drop(store);
-    let fresh = tempfile::tempdir().unwrap();
-    let store = Store::open(fresh.path(), &opts(Duration::from_secs(3600))).unwrap();
-    drop(store);
-    let store = Store::open(fresh.path(), &opts(Duration::from_secs(3600))).unwrap();
-    assert!(!store.legacy_keys, "a store that started empty never looks under bare ids");
-}
-
 #[tokio::test]
 async fn an_undecodable_message_is_kept_apart_from_an_event_with_the_same_id() {
     let dir = tempfile::tempdir().unwrap();
@@ -388,8 +379,8 @@ async fn an_undecodable_message_is_kept_apart_from_an_event_with_the_same_id() {
     store.record_undecodable(id, &big_message("x", 10), "bad JSON".into(), None).await.unwrap();
     assert!(matches!(store.claim(&event(id, 8), "t").await.unwrap(), Claim::Claimed(_)));
     assert!(matches!(store.claim(&event(id, 8), "").await.unwrap(), Claim::Claimed(_)));
-    let scopes: Vec<Option<String>> =
-        store.events.scan_prefix(keys::id_prefix(id)).keys().map(|k| keys::scope_of(&k.unwrap())).collect();
+    let mut scopes: Vec<Option<String>> = store.list(None, 10).unwrap().into_iter().map(|r| r.scope).collect();
+    scopes.sort();
     assert_eq!(scopes, [Some(String::new()), Some(UNDECODABLE_SCOPE.to_owned()), Some("t".to_owned())]);
     let stats = store.stats().unwrap();
     assert_eq!((stats.claimed, stats.dead), (2, 1));

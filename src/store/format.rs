@@ -1,0 +1,240 @@
+//! The compact record format: the value stored under a record key (and the value
+//! of a record in a changelog topic). About 40 bytes for a done event: varints
+//! for state, times, position, attempts; small ids (`names`) for topic and event
+//! type; text only for what a person reads on failed events (reason,
+//! dead-letter position) and for handler outcomes that are not `http NNN`.
+//!
+//! Times are stored relative to one another: the last write relative to the
+//! start of the record's slice, the others relative to the last write.
+
+use super::keys;
+use super::names::Names;
+use super::varint::{self, Reader};
+use super::{Record, State, StoreError};
+
+const CLAIMED_AT: u64 = 1 << 2;
+const DONE_AT: u64 = 1 << 3;
+const KEY_TEXT: u64 = 1 << 4;
+const KEY_UUID: u64 = 1 << 5;
+const EVENT_TYPE: u64 = 1 << 6;
+const REASON: u64 = 1 << 7;
+const DEAD_LETTER: u64 = 1 << 8;
+/// Bits 9–10: how the outcome is kept.
+const OUTCOME_SHIFT: u64 = 9;
+const OUTCOME_NONE: u64 = 0;
+/// `http NNN`: the status as a varint.
+const OUTCOME_HTTP: u64 = 1;
+/// `logged` (the log handler).
+const OUTCOME_LOGGED: u64 = 2;
+const OUTCOME_TEXT: u64 = 3;
+const LOGGED: &str = "logged";
+
+fn state_bits(s: State) -> u64 {
+    match s {
+        State::Claimed => 0,
+        State::Done => 1,
+        State::Dead => 2,
+        State::Parked => 3,
+    }
+}
+
+fn state_of(bits: u64) -> State {
+    match bits & 3 {
+        0 => State::Claimed,
+        1 => State::Done,
+        2 => State::Dead,
+        _ => State::Parked,
+    }
+}
+
+/// The state alone, without decoding the rest (counting).
+pub fn state(value: &[u8]) -> Option<State> {
+    Reader(value).u64().map(state_of)
+}
+
+/// `r` as stored in a slice that starts at `slice_start_us`.
+pub fn encode(r: &Record, names: &Names, slice_start_us: i64) -> Result<Vec<u8>, StoreError> {
+    let mut flags = state_bits(r.state);
+    let key_uuid = r.key.as_deref().and_then(keys::parse_uuid);
+    flags |= match (&r.key, key_uuid) {
+        (_, Some(_)) => KEY_UUID,
+        (Some(_), None) => KEY_TEXT,
+        (None, _) => 0,
+    };
+    let outcome = match r.outcome.as_deref() {
+        None => (OUTCOME_NONE, None),
+        Some(LOGGED) => (OUTCOME_LOGGED, None),
+        Some(text) => match http_status(text) {
+            Some(code) => (OUTCOME_HTTP, Some(code)),
+            None => (OUTCOME_TEXT, None),
+        },
+    };
+    flags |= outcome.0 << OUTCOME_SHIFT;
+    for (present, bit) in [
+        (r.claimed_at_us.is_some(), CLAIMED_AT),
+        (r.done_at_us.is_some(), DONE_AT),
+        (r.event_type.is_some(), EVENT_TYPE),
+        (r.reason.is_some(), REASON),
+        (r.dead_letter.is_some(), DEAD_LETTER),
+    ] {
+        if present {
+            flags |= bit;
+        }
+    }
+    let mut out = Vec::with_capacity(48);
+    varint::put_u64(&mut out, flags);
+    varint::put_u64(&mut out, u64::from(r.attempts));
+    varint::put_u64(&mut out, u64::from(names.id(&r.topic)?));
+    varint::put_i64(&mut out, i64::from(r.partition));
+    varint::put_i64(&mut out, r.offset);
+    let at = r.updated_at_us;
+    varint::put_i64(&mut out, at.wrapping_sub(slice_start_us));
+    varint::put_i64(&mut out, at.wrapping_sub(r.first_seen_us));
+    for t in [r.claimed_at_us, r.done_at_us].into_iter().flatten() {
+        varint::put_i64(&mut out, at.wrapping_sub(t));
+    }
+    varint::put_u64(&mut out, r.duplicates);
+    match (outcome, r.outcome.as_deref()) {
+        ((_, Some(code)), _) => varint::put_u64(&mut out, code),
+        ((OUTCOME_TEXT, _), Some(text)) => varint::put_bytes(&mut out, text.as_bytes()),
+        _ => {}
+    }
+    match (key_uuid, r.key.as_deref()) {
+        (Some((bytes, upper)), _) => {
+            out.push(u8::from(upper));
+            out.extend_from_slice(&bytes);
+        }
+        (None, Some(key)) => varint::put_bytes(&mut out, key.as_bytes()),
+        (None, None) => {}
+    }
+    if let Some(t) = &r.event_type {
+        varint::put_u64(&mut out, u64::from(names.id(t)?));
+    }
+    for text in [&r.reason, &r.dead_letter].into_iter().flatten() {
+        varint::put_bytes(&mut out, text.as_bytes());
+    }
+    Ok(out)
+}
+
+/// The record under `key` in a slice that starts at `slice_start_us`;
+/// `expires_at_us` is when that slice is dropped.
+pub fn decode(
+    key: &[u8],
+    value: &[u8],
+    names: &Names,
+    slice_start_us: i64,
+    expires_at_us: Option<i64>,
+) -> Result<Record, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
+    let (event_id, scope) = keys::split(key).ok_or_else(|| corrupt("malformed key"))?;
+    let mut r = Reader(value);
+    let mut parse = || -> Option<Record> {
+        let flags = r.u64()?;
+        let attempts = r.u32()?;
+        let topic = names.name(r.u32()?);
+        let partition = i32::try_from(r.i64()?).ok()?;
+        let offset = r.i64()?;
+        let at = slice_start_us.wrapping_add(r.i64()?);
+        let first_seen_us = at.wrapping_sub(r.i64()?);
+        let claimed_at_us = if flags & CLAIMED_AT != 0 { Some(at.wrapping_sub(r.i64()?)) } else { None };
+        let done_at_us = if flags & DONE_AT != 0 { Some(at.wrapping_sub(r.i64()?)) } else { None };
+        let duplicates = r.u64()?;
+        let outcome = match (flags >> OUTCOME_SHIFT) & 3 {
+            OUTCOME_HTTP => Some(format!("http {}", r.u64()?)),
+            OUTCOME_LOGGED => Some(LOGGED.to_owned()),
+            OUTCOME_TEXT => Some(r.text()?),
+            _ => None,
+        };
+        let key = if flags & KEY_UUID != 0 {
+            let upper = r.0.first()? == &1;
+            let bytes: &[u8; 16] = r.0.get(1..17)?.try_into().ok()?;
+            r.0 = &r.0[17..];
+            Some(keys::format_uuid(bytes, upper))
+        } else if flags & KEY_TEXT != 0 {
+            Some(r.text()?)
+        } else {
+            None
+        };
+        let event_type = if flags & EVENT_TYPE != 0 { Some(names.name(r.u32()?)) } else { None };
+        let reason = if flags & REASON != 0 { Some(r.text()?) } else { None };
+        let dead_letter = if flags & DEAD_LETTER != 0 { Some(r.text()?) } else { None };
+        Some(Record {
+            event_id: event_id.clone(),
+            scope: (scope != keys::LEGACY_SCOPE).then(|| names.name(scope)),
+            state: state_of(flags),
+            attempts,
+            topic,
+            partition,
+            offset,
+            key,
+            event_type,
+            first_seen_us,
+            claimed_at_us,
+            done_at_us,
+            updated_at_us: at,
+            outcome,
+            reason,
+            dead_letter,
+            duplicates,
+            expires_at_us,
+        })
+    };
+    parse().ok_or_else(|| corrupt("malformed record"))
+}
+
+/// `http 200` → 200, for the status codes a handler reports.
+fn http_status(text: &str) -> Option<u64> {
+    let code = text.strip_prefix("http ")?;
+    (code.len() == 3 && code.bytes().all(|b| b.is_ascii_digit()) && !code.starts_with('0'))
+        .then(|| code.parse().ok())
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Position;
+
+    #[test]
+    fn a_done_record_takes_a_few_dozen_bytes_and_every_record_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+        let scope = names.id("orders").unwrap();
+        let id = "0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
+        let key = keys::record_key(&keys::event_key(id), scope);
+        let position = Position { topic: "orders".into(), partition: 3, offset: 1_234_567 };
+        let start = 1_700_000_000_000_000;
+        let mut done = Record::first_seen(id, State::Done, 1, &position, start + 5_000_000);
+        done.scope = Some("orders".into());
+        done.key = Some("order-1717".into());
+        done.event_type = Some("OrderCreated".into());
+        done.claimed_at_us = Some(done.first_seen_us);
+        done.updated_at_us += 2_345;
+        done.done_at_us = Some(done.updated_at_us);
+        done.outcome = Some("http 201".into());
+        done.expires_at_us = Some(start + 99);
+        let bytes = encode(&done, &names, start).unwrap();
+        assert!(bytes.len() <= 40, "{} bytes", bytes.len());
+        assert_eq!(decode(&key, &bytes, &names, start, Some(start + 99)).unwrap(), done);
+        assert_eq!(state(&bytes), Some(State::Done));
+
+        let mut dead = done.clone();
+        dead.state = State::Dead;
+        dead.key = Some("0190A3C4-5E6F-7A8B-9C0D-1E2F3A4B5C6D".into());
+        dead.outcome = Some("verified: http 200 on lookup".into());
+        dead.reason = Some("http 422: unprocessable".into());
+        dead.dead_letter = Some("dlq/0@7".into());
+        dead.duplicates = 3;
+        dead.attempts = 7;
+        let bytes = encode(&dead, &names, start).unwrap();
+        assert_eq!(decode(&key, &bytes, &names, start, Some(start + 99)).unwrap(), dead);
+
+        let mut bare = Record::first_seen("x\0y", State::Claimed, 0, &position, start - 10);
+        bare.outcome = Some("logged".into());
+        let key = keys::record_key(&keys::event_key("x\0y"), keys::LEGACY_SCOPE);
+        let bytes = encode(&bare, &names, start).unwrap();
+        assert_eq!(decode(&key, &bytes, &names, start, None).unwrap(), bare);
+        assert!(decode(&key, &bytes[..bytes.len() - 1], &names, start, None).is_err());
+    }
+}

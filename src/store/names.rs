@@ -1,0 +1,89 @@
+//! Small ids for the texts every record would otherwise repeat: dedup scopes,
+//! topics and event types. Kept in their own tree (`name ↔ id`) and in memory;
+//! a few hundred at most (one per topic, scope and event type).
+//!
+//! A new name is written before the record that uses it, in the same group
+//! commit: a crash in between leaves an unused name, never a record whose
+//! name is unknown.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use super::StoreError;
+
+const BY_NAME: u8 = b'n';
+const BY_ID: u8 = b'i';
+
+/// Name → id, and id → name (index 0 is reserved: [`super::keys::LEGACY_SCOPE`]).
+type Maps = (HashMap<String, u32>, Vec<Option<String>>);
+
+pub struct Names {
+    tree: sled::Tree,
+    maps: RwLock<Maps>,
+}
+
+impl Names {
+    pub fn open(tree: sled::Tree) -> Result<Names, StoreError> {
+        let (mut by_name, mut by_id) = (HashMap::new(), vec![None]);
+        for item in tree.scan_prefix([BY_ID]) {
+            let (k, v) = item?;
+            let id = k.get(1..5).and_then(|b| <[u8; 4]>::try_from(b).ok()).map(u32::from_be_bytes);
+            let (Some(id), Ok(name)) = (id, String::from_utf8(v.to_vec())) else { continue };
+            if by_id.len() <= id as usize {
+                by_id.resize(id as usize + 1, None);
+            }
+            by_id[id as usize] = Some(name.clone());
+            by_name.insert(name, id);
+        }
+        Ok(Names { tree, maps: RwLock::new((by_name, by_id)) })
+    }
+
+    /// The id of `name`, if it has one.
+    pub fn find(&self, name: &str) -> Option<u32> {
+        self.maps.read().expect("names lock").0.get(name).copied()
+    }
+
+    /// The id of `name`, given one now if it has none.
+    pub fn id(&self, name: &str) -> Result<u32, StoreError> {
+        if let Some(id) = self.find(name) {
+            return Ok(id);
+        }
+        let mut maps = self.maps.write().expect("names lock");
+        if let Some(id) = maps.0.get(name) {
+            return Ok(*id);
+        }
+        let id = u32::try_from(maps.1.len()).expect("fewer than 2^32 names");
+        let mut by_name = vec![BY_NAME];
+        by_name.extend_from_slice(name.as_bytes());
+        let mut by_id = vec![BY_ID];
+        by_id.extend_from_slice(&id.to_be_bytes());
+        self.tree.insert(by_id, name.as_bytes())?;
+        self.tree.insert(by_name, &id.to_be_bytes()[..])?;
+        maps.0.insert(name.to_owned(), id);
+        maps.1.push(Some(name.to_owned()));
+        Ok(id)
+    }
+
+    /// The name of `id` (empty for an id this store never gave, which a sound store has not).
+    pub fn name(&self, id: u32) -> String {
+        let maps = self.maps.read().expect("names lock");
+        maps.1.get(id as usize).cloned().flatten().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_keep_their_ids_across_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+        let (a, b) = (names.id("orders").unwrap(), names.id("").unwrap());
+        assert_eq!((a, b, names.id("orders").unwrap()), (1, 2, 1));
+        let again = Names::open(db.open_tree("names").unwrap()).unwrap();
+        assert_eq!((again.find("orders"), again.find(""), again.find("x")), (Some(1), Some(2), None));
+        assert_eq!((again.name(1), again.id("x").unwrap()), ("orders".to_owned(), 3));
+    }
+}

@@ -1,0 +1,203 @@
+//! Reading many records: pages for `store list` and `/v1/events`, scans for
+//! `store export`, and `store stats`. Records are in key order across slices
+//! (a merge of the slices' trees); should a key be in two slices (a crash
+//! between the two writes of a move, or a claim after its older record expired
+//! but before it was dropped), the newest slice's record is the one shown.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use super::slices::Slice;
+use super::{keys, Record, State, Stats, Store, StoreError, DUPLICATES_KEY};
+
+/// A slice's next entry, the rest of it, and the slice.
+type Head = (Option<(sled::IVec, sled::IVec)>, sled::Iter, Arc<Slice>);
+
+/// The slices' trees from a start key, merged in key order.
+struct Merged {
+    /// One per slice, oldest slice first.
+    heads: Vec<Head>,
+}
+
+impl Merged {
+    fn new(slices: Vec<Arc<Slice>>, start: Bound<Vec<u8>>) -> Result<Merged, StoreError> {
+        let mut heads = Vec::with_capacity(slices.len());
+        for slice in slices {
+            let mut iter = slice.tree.range::<Vec<u8>, _>((start.clone(), Bound::Unbounded));
+            let head = iter.next().transpose()?;
+            heads.push((head, iter, slice));
+        }
+        Ok(Merged { heads })
+    }
+}
+
+impl Iterator for Merged {
+    type Item = Result<(sled::IVec, sled::IVec, Arc<Slice>), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        // The smallest key; of equal keys the newest slice's (the last one).
+        let mut best: Option<usize> = None;
+        for (i, (head, _, _)) in self.heads.iter().enumerate() {
+            if let Some((k, _)) = head {
+                if best.is_none_or(|b| self.heads[b].0.as_ref().is_some_and(|(bk, _)| k <= bk)) {
+                    best = Some(i);
+                }
+            }
+        }
+        let best = best?;
+        let key = self.heads[best].0.as_ref()?.0.clone();
+        let mut out = None;
+        for (i, (head, iter, slice)) in self.heads.iter_mut().enumerate() {
+            if head.as_ref().is_some_and(|(k, _)| *k == key) {
+                let taken = head.take();
+                match iter.next().transpose() {
+                    Ok(next) => *head = next,
+                    Err(e) => return Some(Err(e.into())),
+                }
+                if i == best {
+                    out = taken.map(|(k, v)| (k, v, slice.clone()));
+                }
+            }
+        }
+        out.map(Ok)
+    }
+}
+
+impl Store {
+    fn merged(&self, start: Bound<Vec<u8>>) -> Result<Merged, StoreError> {
+        Merged::new(self.slices.all(), start)
+    }
+
+    /// Records in id order, optionally of one state.
+    pub fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.list_filtered(state, None, limit)
+    }
+
+    /// Calls `f` for every record of the state and topic, in id order, without
+    /// holding them all in memory.
+    pub fn scan<E: From<StoreError>>(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        mut f: impl FnMut(Record) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for item in self.merged(Bound::Unbounded)? {
+            let (k, v, slice) = item?;
+            let r = self.decode(&slice, &k, &v)?;
+            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
+                f(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of records (all states) from the kept counts, without a scan: for progress display.
+    pub fn len(&self) -> usize {
+        self.counts().iter().map(|(_, n)| *n as usize).sum()
+    }
+
+    /// Size of the store's files.
+    pub fn bytes_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.db.size_on_disk()?)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slices.all().iter().all(|s| s.tree.is_empty())
+    }
+
+    /// Records in id order, optionally of one state and one topic.
+    pub fn list_filtered(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.list_after(state, topic, None, limit)
+    }
+
+    /// Like [`Store::list_filtered`], starting after `after` (exclusive): the
+    /// `next` cursor of the previous page ([`super::page_cursor`]), or an event id
+    /// (the page starts past every record of it).
+    pub fn list_after(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let start = match after.map(keys::parse_cursor) {
+            None => Bound::Unbounded,
+            Some((event, Some(scope))) => {
+                let scope = match scope {
+                    None => Some(keys::LEGACY_SCOPE),
+                    Some(s) => self.names.find(&s),
+                };
+                match scope {
+                    Some(scope) => Bound::Excluded(keys::record_key(&event, scope)),
+                    // A scope this store never had: no record of it, start past the id.
+                    None => Bound::Included(keys::past(&event)),
+                }
+            }
+            Some((event, None)) => Bound::Included(keys::past(&event)),
+        };
+        let mut out = Vec::new();
+        for item in self.merged(start)? {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v, slice) = item?;
+            let r = self.decode(&slice, &k, &v)?;
+            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records per state without scanning (what the service's gauges show).
+    pub fn counts(&self) -> [(State, u64); 4] {
+        let t = self.slices.totals();
+        [State::Claimed, State::Done, State::Dead, State::Parked]
+            .into_iter()
+            .zip(t)
+            .map(|(s, n)| (s, n.max(0) as u64))
+            .collect::<Vec<_>>()
+            .try_into()
+            .expect("four states")
+    }
+
+    /// Counts every record (a full scan). On a store no service is writing to,
+    /// the kept per-slice counts are corrected to what the scan found.
+    pub fn stats(&self) -> Result<Stats, StoreError> {
+        let mut s = Stats::default();
+        let mut per_slice = Vec::new();
+        for slice in self.slices.all() {
+            let mut counted = [0i64; 4];
+            for item in slice.tree.iter() {
+                let (k, v) = item?;
+                let r = self.decode(&slice, &k, &v)?;
+                let (slot, total) = match r.state {
+                    State::Claimed => (0, &mut s.claimed),
+                    State::Done => (1, &mut s.done),
+                    State::Dead => (2, &mut s.dead),
+                    State::Parked => (3, &mut s.parked),
+                };
+                counted[slot] += 1;
+                *total += 1;
+                s.oldest_us = Some(s.oldest_us.map_or(r.first_seen_us, |o| o.min(r.first_seen_us)));
+                s.newest_us = Some(s.newest_us.map_or(r.first_seen_us, |o| o.max(r.first_seen_us)));
+            }
+            per_slice.push((slice.start, counted));
+        }
+        s.duplicates_suppressed = self.duplicates.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(kept) = super::read_i64(&self.meta, DUPLICATES_KEY)? {
+            s.duplicates_suppressed = s.duplicates_suppressed.max(kept as u64);
+        }
+        s.bytes_on_disk = self.db.size_on_disk()?;
+        if !self.service && self.slices.correct(&per_slice)? {
+            tracing::info!(store = %self.path.display(), "per-state counts corrected from a full count");
+            self.db.flush()?;
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,132 @@
+//! What a person does to records (`outboxd store forget|retry|resolve`, the
+//! admin API), and the message copies of failed events they work with.
+
+use super::messages::copy_key;
+use super::{keys, now_us, Found, RawMessage, Record, State, Store, StoreError};
+
+impl Store {
+    /// The record of `id` (any scope), or `NotFound`.
+    fn existing(&self, id: &str) -> Result<Found, StoreError> {
+        self.find_any(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))
+    }
+
+    /// Removes a record so the event may run again. Returns what was removed.
+    pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
+        let f = self.existing(id)?;
+        f.slice.tree.remove(&f.key)?;
+        self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+        f.slice.moved(Some(f.record.state), None);
+        self.durable().await?;
+        Ok(f.record)
+    }
+
+    /// Takes a dead or parked event back for a re-run, in one write: it becomes
+    /// `claimed` with no attempt yet (so the re-run is not mistaken for an uncertain
+    /// re-execution), keeping its message copy, which is returned. A re-run that was
+    /// interrupted (the process died, the client went away) leaves it like that, and
+    /// it may be reopened again: a reopened event is never lost between the two steps.
+    pub async fn reopen(&self, id: &str) -> Result<RawMessage, StoreError> {
+        let f = self.existing(id)?;
+        let mut r = f.record;
+        let interrupted_rerun = r.state == State::Claimed && r.attempts == 0;
+        if !matches!(r.state, State::Dead | State::Parked) && !interrupted_rerun {
+            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
+        }
+        let message = self
+            .messages
+            .get(&copy_key(f.slice.start, &f.key), id)?
+            .ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
+        let (was, now) = (r.state, now_us());
+        r.state = State::Claimed;
+        r.attempts = 0;
+        r.claimed_at_us = Some(now);
+        r.updated_at_us = now;
+        self.write(&r, Some((&f.slice, was)), None)?;
+        self.durable().await?;
+        Ok(message)
+    }
+
+    /// After the re-run of a reopened record: if it is still waiting (the message
+    /// ran under another id, as an undecodable or failed message does once it
+    /// decodes), it is removed with its copy. Returns the record under `id` now.
+    pub async fn settle_rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        match self.get(id)? {
+            Some(r) if r.state == State::Claimed && r.attempts == 0 => {
+                self.forget(id).await?;
+                Ok(None)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// A person resolved a parked (or dead) event as done.
+    pub async fn resolve_done(&self, id: &str, note: String) -> Result<(), StoreError> {
+        let f = self.existing(id)?;
+        let mut r = f.record;
+        if !matches!(r.state, State::Dead | State::Parked) {
+            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
+        }
+        self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+        let was = r.state;
+        self.finish_record(&mut r, Some((&f.slice, was)), None, State::Done, note)?;
+        self.durable().await
+    }
+
+    /// Drops the message copy of an event that is done after all.
+    pub async fn drop_message(&self, id: &str) -> Result<(), StoreError> {
+        if let Some(f) = self.find_any(id)? {
+            self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+        }
+        self.durable().await
+    }
+
+    /// The stored copy of a dead or parked event's message.
+    pub fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
+        match self.find_any(event_id)? {
+            Some(f) => self.messages.get(&copy_key(f.slice.start, &f.key), event_id),
+            None => Ok(None),
+        }
+    }
+
+    /// The stored copy of this record's message: the record's own key, so equal ids
+    /// in two scopes each have theirs.
+    pub fn message_of(&self, r: &Record) -> Result<Option<RawMessage>, StoreError> {
+        let scope = match &r.scope {
+            Some(s) => match self.names.find(s) {
+                Some(id) => id,
+                None => return Ok(None),
+            },
+            None => keys::LEGACY_SCOPE,
+        };
+        let key = keys::record_key(&keys::event_key(&r.event_id), scope);
+        for slice in self.slices.all().into_iter().rev() {
+            if slice.tree.contains_key(&key)? {
+                return self.messages.get(&copy_key(slice.start, &key), &r.event_id);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Keeps the message copy of a failed event, within the quota; the reason
+    /// says when the copy could not be kept.
+    pub(super) fn keep_message(&self, key: &[u8], message: &RawMessage, reason: String) -> Result<String, StoreError> {
+        if self.messages.put(key, message)? {
+            return Ok(reason);
+        }
+        metrics::counter!(crate::metrics::names::COPIES_NOT_KEPT).increment(1);
+        tracing::warn!(topic = %message.topic, partition = message.partition, offset = message.offset,
+            copies_bytes = self.messages.bytes(),
+            "message copy not kept: store.max_message_copy_bytes is reached (the record is kept)");
+        Ok(format!("{reason} [message copy not kept: store.max_message_copy_bytes reached]"))
+    }
+
+    /// Caps the bytes kept in message copies (`store.max_message_copy_bytes`).
+    pub fn set_message_quota(&self, bytes: u64) {
+        self.messages.set_quota(bytes);
+    }
+
+    /// Bytes kept in message copies.
+    pub fn message_bytes(&self) -> u64 {
+        self.messages.bytes()
+    }
+}
