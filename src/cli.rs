@@ -265,6 +265,32 @@ async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long `check-config` waits for the brokers to list their topics.
+const CHECK_BROKERS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Which changelog topics `run` would create or use, when the brokers answer.
+fn print_changelog_plan(config: &Config) {
+    let Some(changelog) = &config.store.changelog else {
+        println!("changelog: off (the local store is the only dedup state)");
+        return;
+    };
+    println!("changelog: on, topics {}", changelog.topic_template);
+    match crate::kafka::changelog::plan(config, changelog, CHECK_BROKERS_TIMEOUT) {
+        Err(error) => println!("changelog: brokers not reachable ({error:#}); topics not checked"),
+        Ok(plan) => {
+            for (source, name, n) in &plan.create {
+                println!("changelog: would create {name} ({n} partitions, for {source})");
+            }
+            for (source, name, _) in &plan.existing {
+                println!("changelog: {name} exists (for {source})");
+            }
+            for reason in &plan.mismatched {
+                println!("changelog: ERROR {reason}");
+            }
+        }
+    }
+}
+
 pub fn check_config(path: &Path) -> anyhow::Result<()> {
     let config = Config::load(path)?;
     crate::kafka::validate_options(&config.kafka)?;
@@ -284,6 +310,7 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         config.store.max_in_flight,
         config.store.fsync
     );
+    print_changelog_plan(&config);
     let mut t = table(&["handler", "topics", "kind", "target", "event id", "retry"]);
     for h in &config.handlers {
         let (kind, target) = match &h.spec {

@@ -335,6 +335,10 @@ impl Executor {
                 c
             }
         };
+        if hc.on_uncertain != OnUncertain::Retry {
+            // A new owner of the partition must find the outcome uncertain, not absent.
+            self.store.log_claim(&claimed).await?;
+        }
         let mut attempt = claimed.attempt();
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);

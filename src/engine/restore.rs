@@ -1,0 +1,171 @@
+//! Restore on assignment (`[store.changelog]`): every assigned partition is
+//! paused by the consumer and marked restoring in the tracker; this task reads
+//! its changelog partition into the local store, from the local checkpoint (or
+//! from the beginning for a store that never restored it) up to the end offset
+//! seen when the restore began, then lets its events begin and resumes it.
+//! Partitions are restored one at a time; the others keep flowing meanwhile.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::worker::{lock, Shared};
+use crate::config::{ChangelogConfig, KafkaConfig};
+use crate::kafka::changelog::{ensure_one, TopicError};
+use crate::kafka::Restorer;
+use crate::metrics::names;
+use crate::offsets::PartitionId;
+
+/// How often the task looks for partitions to restore when nobody woke it.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// How long one read waits for changelog records before it looks whether the
+/// partition is still ours.
+const READ_WAIT: Duration = Duration::from_millis(500);
+/// Pause before a failed restore (broker unreachable, ...) is tried again, from its checkpoint.
+const RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// What the restore task needs besides the engine.
+#[derive(Clone)]
+pub struct RestoreSetup {
+    pub kafka: KafkaConfig,
+    pub changelog: ChangelogConfig,
+    /// `store.retention`: the `retention.ms` of changelog topics created on assignment.
+    pub retention: Duration,
+}
+
+/// How one partition's restore ended.
+enum Ended {
+    Restored,
+    /// Revoked or reassigned meanwhile, or the service stops.
+    Dropped,
+}
+
+pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: CancellationToken) {
+    let wakeup = shared.consumer.restore_wakeup();
+    let restorer = match Restorer::build(&setup.kafka) {
+        Ok(r) => Arc::new(r),
+        Err(e) => return shared.exec.fail(format!("creating the changelog restore consumer: {e:#}")),
+    };
+    let mut ensured: HashSet<String> = HashSet::new();
+    loop {
+        let waiting = lock(&shared.tracker).restoring();
+        metrics::gauge!(names::RESTORING).set(waiting.len() as f64);
+        if waiting.is_empty() {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = wakeup.notified() => {}
+                () = tokio::time::sleep(LOOK_EVERY) => {}
+            }
+            continue;
+        }
+        for (partition, generation) in waiting {
+            if stop.is_cancelled() || shared.exec.stopped() {
+                return;
+            }
+            if !ensured.contains(&partition.0) {
+                match ensure_one(&setup.kafka, &setup.changelog, setup.retention, &partition.0).await {
+                    Ok(()) => {
+                        ensured.insert(partition.0.clone());
+                    }
+                    Err(TopicError::Mismatch(reason)) => {
+                        error!(%reason, "the changelog topic does not fit its source topic; stopping, nothing more is handled");
+                        return shared.exec.fail(reason);
+                    }
+                    Err(TopicError::Other(error)) => {
+                        warn!(error = %format!("{error:#}"), topic = %partition.0, "changelog topic not ready; trying again");
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        break;
+                    }
+                }
+            }
+            let task = (shared.clone(), restorer.clone(), setup.changelog.clone(), partition.clone());
+            let runtime = tokio::runtime::Handle::current();
+            let ended =
+                tokio::task::spawn_blocking(move || restore(&task.0, &task.1, &task.2, &task.3, generation, &runtime))
+                    .await;
+            match ended {
+                Ok(Ok(Ended::Restored)) => {
+                    if lock(&shared.tracker).restored(&partition, generation) {
+                        shared.consumer.resume(&partition);
+                    }
+                }
+                Ok(Ok(Ended::Dropped)) => {}
+                Ok(Err(error)) => {
+                    warn!(%error, topic = %partition.0, partition = partition.1,
+                        "restore failed; trying again from its checkpoint (the partition waits)");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    break;
+                }
+                Err(panic) => return shared.exec.fail(format!("the restore of {partition:?} failed: {panic}")),
+            }
+        }
+    }
+}
+
+/// Reads one changelog partition into the store (blocking: run off the runtime's workers).
+fn restore(
+    shared: &Shared,
+    restorer: &Restorer,
+    changelog: &ChangelogConfig,
+    partition: &PartitionId,
+    generation: u64,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Ended, String> {
+    let (topic, p) = (&partition.0, partition.1);
+    let store = &shared.exec.store;
+    let changelog_topic = changelog.topic_for(topic);
+    let (low, end) = restorer.range(&changelog_topic, p)?;
+    let checkpoint = store.checkpoint(&changelog_topic, p);
+    let from = match checkpoint {
+        None => low,
+        Some(c) if c > end => {
+            warn!(changelog_topic, partition = p, checkpoint = c, end,
+                "the local checkpoint is past the changelog's end (was the topic recreated?); restoring from its beginning");
+            low
+        }
+        Some(c) => c.max(low),
+    };
+    let started = Instant::now();
+    let labels = [("topic", topic.clone()), ("partition", p.to_string())];
+    info!(%topic, partition = p, changelog_topic, from, end, records = end - from, "restoring the partition from its changelog");
+    let (mut read, mut applied, mut next) = (0u64, 0u64, from);
+    if from < end {
+        restorer.start(&changelog_topic, p, from)?;
+        loop {
+            if !lock(&shared.tracker).is_restoring(partition, generation) || shared.exec.stopped() {
+                restorer.stop();
+                info!(%topic, partition = p, read, "restore left off: the partition is no longer ours");
+                return Ok(Ended::Dropped);
+            }
+            let batch = restorer.next(end, changelog.restore_batch, READ_WAIT)?;
+            if let Some(last) = batch.records.last() {
+                next = last.offset + 1;
+            }
+            if batch.at_end {
+                next = end;
+            }
+            applied += store.apply_changelog(topic, &batch.records).map_err(|e| e.to_string())?;
+            read += batch.records.len() as u64;
+            metrics::counter!(names::RESTORED, &labels).increment(batch.records.len() as u64);
+            metrics::gauge!(names::RESTORE_LAG, &labels).set((end - next).max(0) as f64);
+            if !batch.records.is_empty() || batch.at_end {
+                runtime
+                    .block_on(store.restored_to(&changelog_topic, p, next, batch.at_end))
+                    .map_err(|e| e.to_string())?;
+            }
+            if batch.at_end {
+                break;
+            }
+        }
+        restorer.stop();
+    } else {
+        runtime.block_on(store.restored_to(&changelog_topic, p, end, true)).map_err(|e| e.to_string())?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    metrics::histogram!(names::RESTORE_SECONDS).record(seconds);
+    info!(%topic, partition = p, changelog_topic, read, applied, checkpoint = end, seconds, "partition restored; handling its events");
+    Ok(Ended::Restored)
+}
