@@ -19,4 +19,5 @@ mod failure;
 mod faults;
 mod hostile;
 mod kill_loop;
+mod scale;
 mod tls_config;

@@ -326,6 +326,23 @@ impl Outboxd {
         assert!(status.success(), "outboxd should exit 0 after SIGTERM, got {status}");
     }
 
+    /// Waits (bounded) for outboxd to exit on its own (e.g. refusing to start); returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("outboxd is not running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("outboxd did not exit on its own within {timeout:?} (killed it)");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM and wait (bounded) for the exit; returns its status.
     pub fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("outboxd is not running");

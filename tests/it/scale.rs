@@ -1,0 +1,168 @@
+//! Several outboxd processes in one consumer group (`[store.changelog]`, on by
+//! default): when a partition moves, its dedup records follow it through its
+//! changelog topic, so Debezium-style replays of handled events (the same ids at
+//! new offsets) are suppressed by the new owner. Each test ends with the
+//! receiver's call log: every event executed once, none lost.
+
+use crate::harness;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use harness::daemon::instance_header_toml;
+use harness::{new_event_id, unique_name, Kafka, Outboxd, Produced, Receiver};
+use serde_json::json;
+
+/// Partitions of the source topic: enough for both instances to own some.
+const PARTITIONS: i32 = 4;
+const EVENTS: usize = 200;
+const KEYS: usize = 20;
+/// Bound for handling what was produced (a takeover after SIGKILL waits for the
+/// dead member's session timeout, 6 s here).
+const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Instances A and B in one group, each with its own store, naming itself in every call.
+fn two_instances(kafka: &Kafka, topic: &str, receiver: &Receiver) -> (Outboxd, Outboxd) {
+    let mut a = Outboxd::new(kafka, &[topic], receiver);
+    let mut b = Outboxd::new(kafka, &[topic], receiver);
+    b.config.group_id = a.config.group_id.clone();
+    a.config.handler_extra = instance_header_toml("a");
+    b.config.handler_extra = instance_header_toml("b");
+    (a, b)
+}
+
+async fn produce(kafka: &Kafka, topic: &str, events: &[(String, String)]) -> Vec<Produced> {
+    let producer = kafka.producer();
+    let payloads: Vec<serde_json::Value> = events.iter().map(|(_, id)| json!({"id": id})).collect();
+    let sends = events.iter().zip(&payloads).map(|((key, id), p)| producer.send_event(topic, key, id, Some("Tick"), p));
+    futures::future::join_all(sends).await
+}
+
+/// Events on `KEYS` keys, spread over the partitions by key.
+fn events() -> Vec<(String, String)> {
+    (0..EVENTS).map(|i| (format!("agg-{}", i % KEYS), new_event_id())).collect()
+}
+
+/// Every event executed exactly once (one effective call per id), and no other call.
+fn assert_each_executed_once(receiver: &Receiver, events: &[(String, String)]) {
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for call in receiver.calls().iter().filter(|c| c.is_handler_call() && c.effective()) {
+        *per_id.entry(call.event_id.clone().unwrap_or_default()).or_default() += 1;
+    }
+    let missing: Vec<&str> = events.iter().map(|(_, id)| id.as_str()).filter(|id| !per_id.contains_key(*id)).collect();
+    let twice: Vec<(&String, &usize)> = per_id.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        missing.is_empty(),
+        "{} events were never executed, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(
+        twice.is_empty(),
+        "{} events were executed more than once, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
+    assert_eq!(per_id.len(), events.len(), "calls for unknown ids");
+}
+
+/// How a test takes the first owner away.
+#[derive(Clone, Copy, Debug)]
+enum Leave {
+    /// SIGTERM: drain, commit, leave the group.
+    Clean,
+    /// SIGTERM, then its store directory is deleted and it comes back with an empty store.
+    CleanStoreDeleted,
+    /// SIGKILL: the group notices after the session timeout.
+    Kill,
+}
+
+/// A handles everything alone; B joins (and restores what it takes over); A
+/// leaves as `leave` says; every event is replayed at a new offset; nothing
+/// runs twice.
+async fn replays_after_the_owner_leaves_are_suppressed(leave: Leave) {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    a.start();
+    a.wait_for_assignment().await;
+    let events = events();
+    produce(&kafka, &topic, &events).await;
+    let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
+    a.wait_until("A to handle every event", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len()).await;
+    a.wait_until(format!("committed offsets to reach the end ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+
+    b.start();
+    b.wait_for_assignment().await;
+    match leave {
+        Leave::Clean => a.stop(),
+        Leave::CleanStoreDeleted => {
+            a.stop();
+            std::fs::remove_dir_all(&a.config.store_path).expect("delete A's store");
+            a.start();
+            a.wait_for_assignment().await;
+        }
+        Leave::Kill => a.kill(),
+    }
+
+    // What Debezium does after a Connect crash: every event again, same key, new offset.
+    let replayed = produce(&kafka, &topic, &events).await;
+    assert!(replayed.iter().all(|p| p.offset > 0));
+    b.wait_until(format!("the replays to be committed ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+    // Something new after the replays is still handled (nothing is stuck).
+    let fresh = vec![("agg-fresh".to_owned(), new_event_id())];
+    produce(&kafka, &topic, &fresh).await;
+    b.wait_until("the fresh event", HANDLED_TIMEOUT, || receiver.answered_ok(&fresh[0].1)).await;
+    b.stop();
+    if a.is_running() {
+        a.stop();
+    }
+    let all: Vec<(String, String)> = events.iter().cloned().chain(fresh).collect();
+    assert_each_executed_once(&receiver, &all);
+    let log = b.log();
+    assert!(log.contains("partition restored"), "B restored what it took over");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_clean_leave_the_new_owner_suppresses_replays() {
+    replays_after_the_owner_leaves_are_suppressed(Leave::Clean).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_owner_comes_back_with_its_store_deleted_replays_are_suppressed() {
+    replays_after_the_owner_leaves_are_suppressed(Leave::CleanStoreDeleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_of_the_owner_the_new_owner_suppresses_replays() {
+    replays_after_the_owner_leaves_are_suppressed(Leave::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_topic_with_another_partition_count_stops_the_start_and_nothing_is_handled() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-mismatch"), 2, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    kafka.create_topic(&changelog, 3, &[]).await;
+    let id = new_event_id();
+    produce(&kafka, &topic, &[("k".to_owned(), id.clone())]).await;
+    od.start();
+    let status = od.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "outboxd must refuse to start");
+    let log = od.log();
+    assert!(
+        log.contains(&changelog) && log.contains(&topic) && log.contains("3 partitions") && log.contains("has 2"),
+        "the error names both topics and counts: {log}"
+    );
+    assert_eq!(receiver.calls().len(), 0, "nothing is handled");
+}
