@@ -269,14 +269,18 @@ async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
 const CHECK_BROKERS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Which changelog topics `run` would create or use, when the brokers answer.
-fn print_changelog_plan(config: &Config) {
+/// Returns the reasons `run` would refuse to start.
+fn print_changelog_plan(config: &Config) -> Vec<String> {
     let Some(changelog) = &config.store.changelog else {
         println!("changelog: off (the local store is the only dedup state)");
-        return;
+        return Vec::new();
     };
     println!("changelog: on, topics {}", changelog.topic_template);
     match crate::kafka::changelog::plan(config, changelog, CHECK_BROKERS_TIMEOUT) {
-        Err(error) => println!("changelog: brokers not reachable ({error:#}); topics not checked"),
+        Err(error) => {
+            println!("changelog: brokers not reachable ({error:#}); topics not checked");
+            Vec::new()
+        }
         Ok(plan) => {
             for (source, name, n) in &plan.create {
                 println!("changelog: would create {name} ({n} partitions, for {source})");
@@ -287,6 +291,7 @@ fn print_changelog_plan(config: &Config) {
             for reason in &plan.mismatched {
                 println!("changelog: ERROR {reason}");
             }
+            plan.mismatched
         }
     }
 }
@@ -310,7 +315,7 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         config.store.max_in_flight,
         config.store.fsync
     );
-    print_changelog_plan(&config);
+    let refused = print_changelog_plan(&config);
     let mut t = table(&["handler", "topics", "kind", "target", "event id", "retry"]);
     for h in &config.handlers {
         let (kind, target) = match &h.spec {
@@ -338,5 +343,8 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         t.add_row(vec![format!("handlers[{}]", h.index), h.topics.to_string(), kind.to_owned(), target, id, retry]);
     }
     println!("{t}");
+    if !refused.is_empty() {
+        bail!("`outboxd run` would refuse to start: {}", refused.join("; "));
+    }
     Ok(())
 }

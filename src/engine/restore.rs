@@ -50,10 +50,15 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
         Err(e) => return shared.exec.fail(format!("creating the changelog restore consumer: {e:#}")),
     };
     let mut ensured: HashSet<String> = HashSet::new();
+    // Some partition was restored since the last time none was waiting.
+    let mut restored_some = false;
     loop {
         let waiting = lock(&shared.tracker).restoring();
         metrics::gauge!(names::RESTORING).set(waiting.len() as f64);
         if waiting.is_empty() {
+            if std::mem::take(&mut restored_some) {
+                info!("every assigned partition is restored");
+            }
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = wakeup.notified() => {}
@@ -90,6 +95,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                 Ok(Ok(Ended::Restored)) => {
                     if lock(&shared.tracker).restored(&partition, generation) {
                         shared.consumer.resume(&partition);
+                        restored_some = true;
                     }
                 }
                 Ok(Ok(Ended::Dropped)) => {}

@@ -166,3 +166,70 @@ async fn a_changelog_topic_with_another_partition_count_stops_the_start_and_noth
     );
     assert_eq!(receiver.calls().len(), 0, "nothing is handled");
 }
+
+/// Measures a restore through the service: `OUTBOXD_RESTORE_RECORDS` (default
+/// 100,000) done records are written into a changelog partition the way outboxd
+/// writes them, then an outboxd with an empty store takes the partition and
+/// restores it. Prints records, seconds and records/s. Not part of the suite
+/// (`cargo test --test it scale::restore_throughput -- --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn restore_throughput() {
+    use outboxd::store::changelog::{entry_key, entry_value};
+    use outboxd::store::{now_us, Record, State};
+
+    let records = harness::env_usize("OUTBOXD_RESTORE_RECORDS", 100_000);
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-restore"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    kafka.create_topic(&changelog, 1, &[("cleanup.policy", "compact,delete")]).await;
+    let producer = kafka.producer();
+    let now = now_us();
+    for chunk in (0..records).collect::<Vec<_>>().chunks(10_000) {
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = chunk
+            .iter()
+            .map(|&i| {
+                let position = outboxd::event::Position { topic: topic.clone(), partition: 0, offset: i as i64 };
+                let mut r = Record::first_seen(&new_event_id(), State::Done, 1, &position, now);
+                r.scope = Some(topic.clone());
+                r.key = Some(format!("agg-{}", i % 1000));
+                r.event_type = Some("OrderCreated".into());
+                r.claimed_at_us = Some(now);
+                r.done_at_us = Some(now + 1_500);
+                r.updated_at_us = now + 1_500;
+                r.outcome = Some("http 200".into());
+                (entry_key(&r), entry_value(&r).unwrap())
+            })
+            .collect();
+        let sends = entries.iter().map(|(k, v)| producer.send_raw(&changelog, Some(0), Some(k), &[], Some(v)));
+        futures::future::join_all(sends).await;
+    }
+    let bytes: usize = {
+        let (k, v) = {
+            let position = outboxd::event::Position { topic: topic.clone(), partition: 0, offset: 0 };
+            let mut r = Record::first_seen(&new_event_id(), State::Done, 1, &position, now);
+            r.scope = Some(topic.clone());
+            r.outcome = Some("http 200".into());
+            (entry_key(&r), entry_value(&r).unwrap())
+        };
+        k.len() + v.len()
+    };
+    od.start();
+    harness::wait_until("the restore to end", Duration::from_secs(600), || {
+        harness::logs::logged(&od, "partition restored")
+    })
+    .await;
+    let line = harness::logs::log_lines(&od, "partition restored").remove(0);
+    let field = |name: &str| -> f64 {
+        line.split(&format!("{name}=")).nth(1).and_then(|r| r.split_whitespace().next()).unwrap().parse().unwrap()
+    };
+    let (read, seconds) = (field("read"), field("seconds"));
+    println!(
+        "restore: {read} records in {seconds:.2} s = {:.0} records/s (key + value ~{bytes} bytes a record)",
+        read / seconds
+    );
+    od.stop();
+    assert_eq!(read as usize, records);
+}

@@ -304,11 +304,17 @@ impl Outboxd {
         }
     }
 
-    /// Waits until the current run logged `partitions assigned`.
+    /// Waits until the current run logged `partitions assigned` and, with the
+    /// changelog on, until it restored them (their events are handled only then).
     pub async fn wait_for_assignment(&mut self) {
         let log = self.logs.last().cloned().expect("outboxd was never started");
         self.wait_until("outboxd to log `partitions assigned`", ASSIGNMENT_TIMEOUT, || {
             std::fs::read_to_string(&log).unwrap_or_default().contains("partitions assigned")
+        })
+        .await;
+        self.wait_until("outboxd to restore its partitions", ASSIGNMENT_TIMEOUT, || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            !text.contains("restoring their changelog") || text.contains("every assigned partition is restored")
         })
         .await;
     }
