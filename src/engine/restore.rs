@@ -138,6 +138,8 @@ fn restore(
     let labels = [("topic", topic.clone()), ("partition", p.to_string())];
     info!(%topic, partition = p, changelog_topic, from, end, records = end - from, "restoring the partition from its changelog");
     let (mut read, mut applied, mut next) = (0u64, 0u64, from);
+    // Where the time goes (reading from the broker, applying, the durable writes), for the log.
+    let (mut batches, mut reading, mut applying, mut syncing) = (0u64, Duration::ZERO, Duration::ZERO, Duration::ZERO);
     if from < end {
         restorer.start(&changelog_topic, p, from)?;
         loop {
@@ -146,21 +148,28 @@ fn restore(
                 info!(%topic, partition = p, read, "restore left off: the partition is no longer ours");
                 return Ok(Ended::Dropped);
             }
+            let t = Instant::now();
             let batch = restorer.next(end, changelog.restore_batch, READ_WAIT)?;
+            reading += t.elapsed();
+            batches += 1;
             if let Some(last) = batch.records.last() {
                 next = last.offset + 1;
             }
             if batch.at_end {
                 next = end;
             }
+            let t = Instant::now();
             applied += store.apply_changelog(topic, &batch.records).map_err(|e| e.to_string())?;
+            applying += t.elapsed();
             read += batch.records.len() as u64;
             metrics::counter!(names::RESTORED, &labels).increment(batch.records.len() as u64);
             metrics::gauge!(names::RESTORE_LAG, &labels).set((end - next).max(0) as f64);
             if !batch.records.is_empty() || batch.at_end {
+                let t = Instant::now();
                 runtime
                     .block_on(store.restored_to(&changelog_topic, p, next, batch.at_end))
                     .map_err(|e| e.to_string())?;
+                syncing += t.elapsed();
             }
             if batch.at_end {
                 break;
@@ -172,6 +181,8 @@ fn restore(
     }
     let seconds = started.elapsed().as_secs_f64();
     metrics::histogram!(names::RESTORE_SECONDS).record(seconds);
-    info!(%topic, partition = p, changelog_topic, read, applied, checkpoint = end, seconds, "partition restored; handling its events");
+    info!(%topic, partition = p, changelog_topic, read, applied, checkpoint = end, seconds, batches,
+        reading_seconds = reading.as_secs_f64(), applying_seconds = applying.as_secs_f64(),
+        syncing_seconds = syncing.as_secs_f64(), "partition restored; handling its events");
     Ok(Ended::Restored)
 }
