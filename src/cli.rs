@@ -112,6 +112,9 @@ pub enum StoreCommand {
         #[command(flatten)]
         args: StoreArgs,
     },
+    /// Read every changelog partition into the store (a new, emptied or replaced
+    /// store), with the service stopped. Needs the full config and the brokers.
+    Rebuild(StoreArgs),
     /// Records as JSON Lines (with the message copy of dead and parked events).
     Export {
         #[arg(long)]
@@ -126,7 +129,7 @@ pub enum StoreCommand {
 impl StoreCommand {
     fn args(&self) -> &StoreArgs {
         match self {
-            StoreCommand::Stats(args) | StoreCommand::Gc(args) => args,
+            StoreCommand::Stats(args) | StoreCommand::Gc(args) | StoreCommand::Rebuild(args) => args,
             StoreCommand::Get { args, .. }
             | StoreCommand::List { args, .. }
             | StoreCommand::Forget { args, .. }
@@ -162,6 +165,9 @@ impl StoreCommand {
 /// it, through that service ([`ops::open`]).
 pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
     cmd.check()?;
+    if let StoreCommand::Rebuild(args) = &cmd {
+        return rebuild(args).await;
+    }
     let args = cmd.args();
     match ops::open(&args.config, args.path.as_deref(), cmd.needs())? {
         Opened::Local(api) => store_command_on(&api, cmd).await,
@@ -205,6 +211,8 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             let removed = api.gc().await?;
             println!("removed {removed} expired record(s)");
         }
+        // Handled before a store is opened (it needs the brokers, not the store API).
+        StoreCommand::Rebuild(args) => return rebuild(&args).await,
         StoreCommand::Retry { event_id, topic, .. } => {
             let ids = match event_id {
                 Some(id) => vec![id],
@@ -234,6 +242,35 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             eprintln!("exported {lines} record(s)");
         }
     }
+    Ok(())
+}
+
+/// `store rebuild`: the changelog into the store, one line per partition.
+async fn rebuild(args: &StoreArgs) -> anyhow::Result<()> {
+    let mut config = Config::load(&args.config)?;
+    if let Some(path) = &args.path {
+        config.store.path = path.clone();
+    }
+    let rebuilt = crate::app::rebuild(&config).await?;
+    if args.json {
+        let lines: Vec<Value> = rebuilt
+            .iter()
+            .map(|r| {
+                serde_json::json!({"topic": r.partition.0, "partition": r.partition.1, "changelog_topic": r.changelog_topic,
+                    "read": r.restored.read, "applied": r.restored.applied, "checkpoint": r.restored.checkpoint})
+            })
+            .collect();
+        println!("{}", Value::Array(lines));
+        return Ok(());
+    }
+    for r in &rebuilt {
+        println!(
+            "{}/{}: {} record(s) read from {}, {} applied, checkpoint {}",
+            r.partition.0, r.partition.1, r.restored.read, r.changelog_topic, r.restored.applied, r.restored.checkpoint
+        );
+    }
+    let read: u64 = rebuilt.iter().map(|r| r.restored.read).sum();
+    println!("{} partition(s), {read} record(s) read", rebuilt.len());
     Ok(())
 }
 

@@ -9,7 +9,10 @@
 //! [`JoinSet`] is stopped and awaited, the store is closed, and the summary is
 //! logged.
 
+mod rebuild;
 mod tasks;
+
+pub use rebuild::{rebuild, Rebuilt};
 
 use std::collections::HashMap;
 use std::future::Future;

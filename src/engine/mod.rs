@@ -10,7 +10,7 @@ mod retry;
 mod worker;
 
 pub use executor::{check_custom_topics, Counters, Executor};
-pub use restore::RestoreSetup;
+pub use restore::{restore_partition, RestoreSetup, Restored};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -18,6 +18,7 @@ use crate::kafka::changelog::{ensure_one, TopicError};
 use crate::kafka::Restorer;
 use crate::metrics::names;
 use crate::offsets::PartitionId;
+use crate::store::Store;
 
 /// How often the task looks for partitions to restore when nobody woke it.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -36,11 +37,16 @@ pub struct RestoreSetup {
     pub retention: Duration,
 }
 
-/// How one partition's restore ended.
-enum Ended {
-    Restored,
-    /// Revoked or reassigned meanwhile, or the service stops.
-    Dropped,
+/// What one partition's restore read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Restored {
+    /// Changelog records read.
+    pub read: u64,
+    /// Of those, records that changed the local store.
+    pub applied: u64,
+    /// The checkpoint now (the changelog's end when the restore began).
+    pub checkpoint: i64,
+    pub seconds: f64,
 }
 
 pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: CancellationToken) {
@@ -88,17 +94,20 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             }
             let task = (shared.clone(), restorer.clone(), setup.changelog.clone(), partition.clone());
             let runtime = tokio::runtime::Handle::current();
-            let ended =
-                tokio::task::spawn_blocking(move || restore(&task.0, &task.1, &task.2, &task.3, generation, &runtime))
-                    .await;
+            let ended = tokio::task::spawn_blocking(move || {
+                let (shared, restorer, changelog, partition) = &task;
+                let ours = || lock(&shared.tracker).is_restoring(partition, generation) && !shared.exec.stopped();
+                restore_partition(&shared.exec.store, restorer, changelog, partition, &ours, &runtime)
+            })
+            .await;
             match ended {
-                Ok(Ok(Ended::Restored)) => {
+                Ok(Ok(Some(_))) => {
                     if lock(&shared.tracker).restored(&partition, generation) {
                         shared.consumer.resume(&partition);
                         restored_some = true;
                     }
                 }
-                Ok(Ok(Ended::Dropped)) => {}
+                Ok(Ok(None)) => {}
                 Ok(Err(error)) => {
                     warn!(%error, topic = %partition.0, partition = partition.1,
                         "restore failed; trying again from its checkpoint (the partition waits)");
@@ -111,17 +120,19 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
     }
 }
 
-/// Reads one changelog partition into the store (blocking: run off the runtime's workers).
-fn restore(
-    shared: &Shared,
+/// Reads the changelog partition of a source partition into the store, from its
+/// checkpoint (or the beginning) up to the end seen now, in durable batches that
+/// move the checkpoint. `keep_going` is asked before each batch: `None` when it
+/// said no. Blocking: run it off the runtime's workers.
+pub fn restore_partition(
+    store: &Store,
     restorer: &Restorer,
     changelog: &ChangelogConfig,
     partition: &PartitionId,
-    generation: u64,
+    keep_going: &dyn Fn() -> bool,
     runtime: &tokio::runtime::Handle,
-) -> Result<Ended, String> {
+) -> Result<Option<Restored>, String> {
     let (topic, p) = (&partition.0, partition.1);
-    let store = &shared.exec.store;
     let changelog_topic = changelog.topic_for(topic);
     let (low, end) = restorer.range(&changelog_topic, p)?;
     let checkpoint = store.checkpoint(&changelog_topic, p);
@@ -143,10 +154,10 @@ fn restore(
     if from < end {
         restorer.start(&changelog_topic, p, from)?;
         loop {
-            if !lock(&shared.tracker).is_restoring(partition, generation) || shared.exec.stopped() {
+            if !keep_going() {
                 restorer.stop();
                 info!(%topic, partition = p, read, "restore left off: the partition is no longer ours");
-                return Ok(Ended::Dropped);
+                return Ok(None);
             }
             let t = Instant::now();
             let batch = restorer.next(end, changelog.restore_batch, READ_WAIT)?;
@@ -183,6 +194,6 @@ fn restore(
     metrics::histogram!(names::RESTORE_SECONDS).record(seconds);
     info!(%topic, partition = p, changelog_topic, read, applied, checkpoint = end, seconds, batches,
         reading_seconds = reading.as_secs_f64(), applying_seconds = applying.as_secs_f64(),
-        syncing_seconds = syncing.as_secs_f64(), "partition restored; handling its events");
-    Ok(Ended::Restored)
+        syncing_seconds = syncing.as_secs_f64(), "partition restored");
+    Ok(Some(Restored { read, applied, checkpoint: end, seconds }))
 }

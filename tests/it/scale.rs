@@ -248,3 +248,35 @@ async fn restore_throughput() {
     od.stop();
     assert_eq!(read as usize, records);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_rebuild_brings_back_every_record_of_a_deleted_store() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-rebuild"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.start();
+    od.wait_for_assignment().await;
+    let events = events();
+    produce(&kafka, &topic, &events).await;
+    od.wait_until(format!("committed offsets to reach the end ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+    od.stop();
+    let before = od.store_stats();
+    std::fs::remove_dir_all(&od.config.store_path).expect("delete the store");
+
+    let out = od.command(&["store", "rebuild", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "store rebuild: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let read: u64 = lines.as_array().unwrap().iter().map(|l| l["read"].as_u64().unwrap()).sum();
+    assert_eq!((lines.as_array().unwrap().len(), read), (PARTITIONS as usize, EVENTS as u64), "{stdout}");
+    let after = od.store_stats();
+    assert_eq!(after["done"], before["done"], "before {before}, after {after}");
+    for (_, id) in events.iter().step_by(37) {
+        assert_eq!(od.store_get(id).state, "done");
+    }
+}
