@@ -214,6 +214,14 @@ impl Sink for ChangelogProducer {
                 }
                 match producer.send(record, rdkafka::util::Timeout::Never).await {
                     Ok(d) => return Ok(Acked { changelog_topic: topic, partition: d.partition, offset: d.offset }),
+                    Err((error, _)) if missing(&error) => {
+                        return Err(format!(
+                            "changelog topic {topic} (partition {}) does not exist: was it deleted? Its records are gone \
+                             from Kafka; outboxd stopped rather than go on without them. Restart to recreate it empty \
+                             (instances that never had its records no longer know those events as handled)",
+                            entry.partition
+                        ));
+                    }
                     Err((error, _)) if fatal(&error) => {
                         return Err(format!("{topic}/{}: {error}", entry.partition));
                     }
@@ -227,6 +235,12 @@ impl Sink for ChangelogProducer {
             }
         })
     }
+}
+
+/// The changelog topic or partition is not there (deleted, or fewer partitions).
+fn missing(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(error.rdkafka_error_code(), Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition))
 }
 
 /// Errors no resend can cure.

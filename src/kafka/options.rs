@@ -67,7 +67,10 @@ pub(super) fn changelog_producer(kafka: &KafkaConfig, changelog: &ChangelogConfi
         .set("linger.ms", changelog.linger.as_millis().to_string())
         .set("message.timeout.ms", changelog.delivery_timeout.as_millis().max(1).to_string())
         // Records of ~80 bytes with similar keys: lz4 shrinks batches cheaply.
-        .set("compression.type", "lz4");
+        .set("compression.type", "lz4")
+        // A deleted changelog topic must not come back with the broker's default
+        // partition count: outboxd creates them, with the source's count.
+        .set("allow.auto.create.topics", "false");
     cc
 }
 

@@ -280,3 +280,27 @@ async fn store_rebuild_brings_back_every_record_of_a_deleted_store() {
         assert_eq!(od.store_get(id).state, "done");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_topic_deleted_while_running_stops_the_service_naming_it() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-deleted"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    od.config.store_extra = "[store.changelog]\ndelivery_timeout = \"5s\"\n".into();
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    od.start();
+    od.wait_for_assignment().await;
+    let first = vec![("k".to_owned(), new_event_id())];
+    produce(&kafka, &topic, &first).await;
+    od.wait_until("the first event to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    kafka.delete_topic(&changelog).await;
+    let second = vec![("k".to_owned(), new_event_id())];
+    produce(&kafka, &topic, &second).await;
+    let status = od.wait_exit(Duration::from_secs(120));
+    assert!(!status.success(), "outboxd must stop");
+    let log = harness::logs::strip_ansi(&od.log());
+    assert!(log.contains(&changelog) && log.contains("does not exist"), "the error names the topic: {log}");
+    assert!(!offsets.reached_end(), "the second event's offset did not move: {}", offsets.describe());
+}
