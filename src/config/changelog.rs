@@ -61,6 +61,13 @@ impl ChangelogConfig {
     pub fn topic_for(&self, source: &str) -> String {
         self.topic_template.replace("{topic}", source)
     }
+
+    /// Whether `topic` is named like a changelog topic (a handler's `topic_pattern`
+    /// may match those too: they are never handled nor given changelogs of their own).
+    pub fn is_changelog(&self, topic: &str) -> bool {
+        let (prefix, suffix) = self.topic_template.split_once("{topic}").unwrap_or((&self.topic_template, ""));
+        topic.len() > prefix.len() + suffix.len() && topic.starts_with(prefix) && topic.ends_with(suffix)
+    }
 }
 
 impl RawChangelog {
@@ -126,6 +133,8 @@ mod tests {
         let cl = c.store.changelog.expect("on by default");
         assert_eq!(cl.topic_for("outbox.event.order"), "outboxd.outbox.event.order.outboxd-dedup");
         assert_eq!(cl.replication_factor, None);
+        assert!(cl.is_changelog("outboxd.outbox.event.order.outboxd-dedup"));
+        assert!(!cl.is_changelog("outbox.event.order") && !cl.is_changelog("outboxd..outboxd-dedup"));
         let off = parse("[store.changelog]\nenabled = false").unwrap();
         assert!(off.store.changelog.is_none());
     }

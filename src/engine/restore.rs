@@ -76,6 +76,14 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             if stop.is_cancelled() || shared.exec.stopped() {
                 return;
             }
+            if setup.changelog.is_changelog(&partition.0) {
+                // A topic_pattern matched a changelog topic: nothing to restore (its
+                // messages are skipped, see `Executor::execute_owned`).
+                if lock(&shared.tracker).restored(&partition, generation) {
+                    shared.consumer.resume(&partition);
+                }
+                continue;
+            }
             if !ensured.contains(&partition.0) {
                 match ensure_one(&setup.kafka, &setup.changelog, setup.retention, &partition.0).await {
                     Ok(()) => {

@@ -83,10 +83,9 @@ fn partition_counts(
 /// a source topic created later is looked at when one of its partitions is assigned).
 pub fn plan(config: &Config, changelog: &ChangelogConfig, timeout: Duration) -> anyhow::Result<Plan> {
     let counts = partition_counts(&config.kafka, None, timeout)?;
-    let changelogs: Vec<String> = counts.keys().map(|t| changelog.topic_for(t)).collect();
     let sources: Vec<(&String, i32)> = counts
         .iter()
-        .filter(|(t, _)| config.handler_for(t).is_some() && !changelogs.contains(t))
+        .filter(|(t, _)| config.handler_for(t).is_some() && !changelog.is_changelog(t))
         .map(|(t, n)| (t, *n))
         .collect();
     Ok(plan_for(changelog, &sources, &counts))
