@@ -12,22 +12,32 @@ use crate::ops::{self, Needs, Opened, Rerun, StoreApi};
 use crate::store::view::{self, plain, table};
 use crate::store::State;
 
+/// The `outboxd` command line.
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
     pub log_format: LogFormat,
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// How log lines on stderr are written.
+// The variants' docs are for the API only: help on a value would turn every
+// command's `--help` into the long layout.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines.
+    #[value(help = None::<&str>)]
     Human,
+    /// One JSON object per line.
+    #[value(help = None::<&str>)]
     Json,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Consume and execute until SIGINT/SIGTERM, then drain and commit.
@@ -39,6 +49,7 @@ pub enum Command {
     Store(StoreCommand),
 }
 
+/// The config file of `run` and `check-config`.
 #[derive(Debug, Args)]
 pub struct ConfigArg {
     /// Config file (TOML).
@@ -46,6 +57,7 @@ pub struct ConfigArg {
     pub config: PathBuf,
 }
 
+/// Where the store is and how to print, for every `store` subcommand.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
     /// Config file whose store.path is used.
@@ -59,31 +71,39 @@ pub struct StoreArgs {
     pub json: bool,
 }
 
+/// `outboxd store …`: inspect or repair the dedup store.
 #[derive(Debug, Subcommand)]
 pub enum StoreCommand {
     /// Counts per state, duplicates suppressed, size on disk, oldest/newest.
     Stats(StoreArgs),
     /// One record.
     Get {
+        /// The event id.
         event_id: String,
+        /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
     },
     /// Records in id order.
     List {
+        /// Only records in this state (claimed, done, dead, parked).
         #[arg(long)]
         state: Option<State>,
+        /// At most this many records.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
     },
     /// Remove a record so the event runs again when it is redelivered.
     Forget {
+        /// The event id.
         event_id: String,
         /// Confirm: the event's side effect may then happen again.
         #[arg(long)]
         yes: bool,
+        /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
     },
@@ -97,18 +117,24 @@ pub enum StoreCommand {
         /// Every dead event (optionally of one --topic).
         #[arg(long, conflicts_with = "event_id")]
         all_dead: bool,
+        /// Only the dead events of this topic (with --all-dead).
         #[arg(long, requires = "all_dead")]
         topic: Option<String>,
+        /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
     },
     /// Decide a parked (or dead) event: it happened (--done) or run it again (--retry).
     Resolve {
+        /// The event id.
         event_id: String,
+        /// It happened: record it done, never run it again.
         #[arg(long, conflicts_with = "retry", required_unless_present = "retry")]
         done: bool,
+        /// Run it again from its stored copy, through its handler.
         #[arg(long)]
         retry: bool,
+        /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
     },
@@ -117,10 +143,13 @@ pub enum StoreCommand {
     Rebuild(StoreArgs),
     /// Records as JSON Lines (with the message copy of dead and parked events).
     Export {
+        /// Only records in this state (claimed, done, dead, parked).
         #[arg(long)]
         state: Option<State>,
+        /// Only records of this topic.
         #[arg(long)]
         topic: Option<String>,
+        /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
     },
@@ -333,6 +362,9 @@ fn print_changelog_plan(config: &Config) -> Vec<String> {
     }
 }
 
+/// `outboxd check-config`: validates the config, lets librdkafka check
+/// `kafka.options`, prints the settings, the changelog topics `run` would create
+/// (when the brokers answer), and the handler for each topic.
 pub fn check_config(path: &Path) -> anyhow::Result<()> {
     let config = Config::load(path)?;
     crate::kafka::validate_options(&config.kafka)?;

@@ -5,8 +5,11 @@ use serde_json::Value;
 /// Where a message sits in Kafka.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Position {
+    /// The topic the message was consumed from.
     pub topic: String,
+    /// The partition within that topic.
     pub partition: i32,
+    /// The message's offset within that partition.
     pub offset: i64,
 }
 
@@ -19,11 +22,17 @@ impl std::fmt::Display for Position {
 /// A Kafka message as it arrived, free of any client library's types.
 #[derive(Debug, Clone, Default)]
 pub struct RawMessage {
+    /// The topic it was consumed from.
     pub topic: String,
+    /// The partition within that topic.
     pub partition: i32,
+    /// Its offset within that partition.
     pub offset: i64,
+    /// The message key (Debezium: the aggregate id); `None` when the message has none.
     pub key: Option<Vec<u8>>,
+    /// The message value; `None` for a tombstone.
     pub value: Option<Vec<u8>>,
+    /// Headers in the order they came, a name may repeat; `None` is a header without a value.
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// Kafka timestamp (ms since the epoch), when the broker gave one.
     pub timestamp_ms: Option<i64>,
@@ -36,7 +45,7 @@ impl RawMessage {
         self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len) + headers
     }
 
-    pub fn position(&self) -> Position {
+    pub(crate) fn position(&self) -> Position {
         Position { topic: self.topic.clone(), partition: self.partition, offset: self.offset }
     }
 }
@@ -86,9 +95,13 @@ pub struct OutboxEvent {
     pub id: String,
     /// The aggregate id (Kafka key), unwrapped from JSON quoting or envelopes.
     pub aggregate_id: Option<String>,
+    /// The event type, from the handler's `event_type_header` (Debezium: `eventType`).
     pub event_type: Option<String>,
+    /// The value, decoded (or its original bytes with `body = "raw"`).
     pub payload: Payload,
+    /// Where the message sits in Kafka.
     pub position: Position,
+    /// Kafka timestamp (ms since the epoch), when the broker gave one.
     pub timestamp_ms: Option<i64>,
     /// W3C trace context of the transaction that wrote the event, when the pipeline carries it.
     pub traceparent: Option<String>,

@@ -7,25 +7,39 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Names, so call sites and the dashboard agree.
 pub mod names {
+    /// Messages consumed from Kafka, per topic.
     pub const CONSUMED: &str = "outboxd_events_consumed_total";
+    /// Events whose handler succeeded and whose done record is durable, per topic.
     pub const HANDLED: &str = "outboxd_events_handled_total";
     /// Label `cause`: `redelivered_offset` (same offset again) or `new_offset` (same id elsewhere).
     pub const DUPLICATES: &str = "outboxd_duplicates_suppressed_total";
+    /// Handler attempts that failed and were retried, per topic.
     pub const RETRIED: &str = "outboxd_events_retried_total";
+    /// Events recorded dead (and dead-lettered when configured), per topic.
     pub const DEAD: &str = "outboxd_events_dead_total";
+    /// Uncertain events parked for a person (`on_uncertain = "park"`), per topic.
     pub const PARKED: &str = "outboxd_events_parked_total";
+    /// Events found claimed (an earlier attempt's outcome unknown) and handled again, per topic.
     pub const REEXECUTED: &str = "outboxd_events_reexecuted_total";
     /// Label `reason`: `unavailable`, `auth` (401/403), `status`, `unparsable`. Events wait meanwhile.
     pub const SCHEMA_REGISTRY_ERRORS: &str = "outboxd_schema_registry_errors_total";
+    /// Histogram: the duration of one handler attempt, per topic.
     pub const HANDLER_SECONDS: &str = "outboxd_handler_duration_seconds";
     /// Kafka timestamp → durable done.
     pub const AGE_SECONDS: &str = "outboxd_event_age_seconds";
+    /// Gauge: events consumed and not yet finished.
     pub const IN_FLIGHT: &str = "outboxd_in_flight";
+    /// Gauge: high watermark minus committed offset, per partition.
     pub const LAG: &str = "outboxd_consumer_lag";
+    /// Gauge: the committed offset, per partition.
     pub const COMMITTED: &str = "outboxd_committed_offset";
+    /// Gauge: records in the store, per `state`.
     pub const RECORDS: &str = "outboxd_store_records";
+    /// Gauge: the store's size on disk, in bytes.
     pub const STORE_BYTES: &str = "outboxd_store_bytes_on_disk";
+    /// Histogram: records made durable by one group commit.
     pub const BATCH: &str = "outboxd_store_commit_batch_records";
+    /// Histogram: the duration of one flush + fdatasync of the store.
     pub const SYNC_SECONDS: &str = "outboxd_store_sync_seconds";
     /// A bug hit while handling one message: it was recorded dead and its chain went on.
     pub const PANICS: &str = "outboxd_event_panics_total";
@@ -33,6 +47,7 @@ pub mod names {
     pub const STALLED: &str = "outboxd_partitions_stalled";
     /// Message copies of failed events not kept because `store.max_message_copy_bytes` was reached.
     pub const COPIES_NOT_KEPT: &str = "outboxd_message_copies_not_kept_total";
+    /// Gauge: bytes of message copies of failed events kept in the store.
     pub const COPY_BYTES: &str = "outboxd_store_message_copy_bytes";
     /// Changelog records read into the store by restores (labels `topic`, `partition`: the source partition).
     pub const RESTORED: &str = "outboxd_changelog_records_restored_total";

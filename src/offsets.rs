@@ -113,6 +113,7 @@ impl OffsetTracker {
         self.partitions.remove(partition);
     }
 
+    /// The generation of an assigned partition; `None` when it is not assigned.
     pub fn generation(&self, partition: &PartitionId) -> Option<u64> {
         self.partitions.get(partition).map(|p| p.generation)
     }

@@ -10,7 +10,7 @@ use url::Url;
 const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Var {
+enum Var {
     EventId,
     AggregateId,
     EventType,
@@ -53,18 +53,26 @@ impl std::fmt::Debug for UrlTemplate {
 
 /// Values for one event.
 pub struct Vars<'a> {
+    /// `{event_id}`: the event id.
     pub event_id: &'a str,
+    /// `{aggregate_id}`: the aggregate id; a template that uses it fails to render without one.
     pub aggregate_id: Option<&'a str>,
+    /// `{event_type}`: the event type; a template that uses it fails to render without one.
     pub event_type: Option<&'a str>,
+    /// `{topic}`: the topic the event was consumed from.
     pub topic: &'a str,
 }
 
+/// Why a template cannot be rendered for one event.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RenderError {
+    /// The template uses this placeholder, but the event has no such value.
     #[error("URL template uses {{{0}}} but the event has none")]
     Missing(&'static str),
+    /// The placeholder's value is `.` or `..`, which a URL would resolve as path navigation.
     #[error("{0} {1:?} cannot stand in a URL path segment")]
     DotSegment(&'static str, String),
+    /// The rendered text is not a valid URL.
     #[error("rendered URL is invalid: {0}")]
     Invalid(String),
 }
@@ -138,6 +146,7 @@ impl UrlTemplate {
         &self.shown
     }
 
+    /// The URL for one event: each placeholder replaced by its value, percent-encoded.
     pub fn render(&self, vars: &Vars<'_>) -> Result<Url, RenderError> {
         let mut out = String::with_capacity(self.shown.len() + 64);
         for part in &self.parts {

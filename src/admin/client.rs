@@ -7,6 +7,7 @@ use serde_json::Value;
 /// Records asked for per request when a list is paged through.
 const DEFAULT_PAGE: usize = 1_000;
 
+/// A client of a running service's store API (`/v1/*`), with the bearer token.
 pub struct AdminClient {
     base: String,
     /// Never printed.
@@ -37,6 +38,7 @@ impl AdminClient {
         Ok(AdminClient { base: format!("http://{addr}"), token, page, http })
     }
 
+    /// The service's base URL (`http://host:port`), for messages.
     pub fn address(&self) -> &str {
         &self.base
     }
@@ -65,10 +67,12 @@ impl AdminClient {
         Ok(Some(body))
     }
 
+    /// `GET /v1/stats`: the store's statistics, as `outboxd store stats` shows them.
     pub async fn stats(&self) -> anyhow::Result<Value> {
         self.call(self.http.get(format!("{}/v1/stats", self.base))).await?.context("no stats")
     }
 
+    /// `GET /v1/events/{id}`: the record of one event; `None` when there is none.
     pub async fn get(&self, id: &str) -> anyhow::Result<Option<Value>> {
         let mut url = url::Url::parse(&format!("{}/v1/events/", self.base))?;
         url.path_segments_mut()

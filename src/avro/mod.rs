@@ -50,7 +50,13 @@ pub enum AvroError {
     /// The registry answers, but refuses us or not with a registry's answer: the
     /// credentials or URL need fixing. Not the event's fault, so it waits.
     #[error("schema registry {fault}: {detail}")]
-    Registry { fault: RegistryFault, detail: String },
+    Registry {
+        /// How the registry fails.
+        fault: RegistryFault,
+        /// The request and its answer, the URL without its credentials.
+        detail: String,
+    },
+    /// Neither the registry nor the local schema files know this schema id.
     #[error("schema id {0} is unknown to the registry")]
     UnknownSchema(u32),
     /// The id exists but belongs to other topics' subjects.
@@ -59,15 +65,43 @@ pub enum AvroError {
          with subjects not named after topics set [schema_registry] check_subjects = false",
         some(registered)
     )]
-    WrongSubject { id: u32, subject: String, registered: Vec<String> },
+    WrongSubject {
+        /// The schema id from the message.
+        id: u32,
+        /// The subject it was expected under (`<topic>-value` or `<topic>-key`).
+        subject: String,
+        /// The subjects it is registered under.
+        registered: Vec<String>,
+    },
+    /// The schema is not Avro (the registry's `schemaType`, e.g. `PROTOBUF`).
     #[error("schema id {id} is a {kind} schema; only Avro is decoded")]
-    NotAvro { id: u32, kind: String },
+    NotAvro {
+        /// The schema id from the message.
+        id: u32,
+        /// The schema type the registry names.
+        kind: String,
+    },
+    /// The schema's text (or one of its references) is not a valid Avro schema.
     #[error("schema id {id} cannot be parsed: {error}")]
-    BadSchema { id: u32, error: String },
+    BadSchema {
+        /// The schema id from the message.
+        id: u32,
+        /// apache-avro's complaint.
+        error: String,
+    },
+    /// The datum is not one value of its writer schema within the decoding bounds
+    /// (cut short, bytes left over, nested deeper than [`MAX_DEPTH`]), or cannot be written as JSON.
     #[error("datum does not match schema id {id}: {error}")]
-    Datum { id: u32, error: String },
+    Datum {
+        /// The schema id from the message.
+        id: u32,
+        /// What does not match.
+        error: String,
+    },
+    /// The bytes lack the framing: magic byte `0x00` and a 4-byte schema id.
     #[error("value is not in the Confluent wire format (magic byte 0, 4-byte schema id)")]
     NotFramed,
+    /// The value is framed with this schema id, but no `[schema_registry]` is configured.
     #[error("value is Avro (Confluent framing, schema id {0}) but no [schema_registry] is configured")]
     NoRegistry(u32),
 }
@@ -109,7 +143,7 @@ pub enum RegistryFault {
 }
 
 impl RegistryFault {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             RegistryFault::Auth => "auth",
             RegistryFault::Status => "status",
@@ -134,7 +168,9 @@ fn some(items: &[String]) -> String {
 /// Which part of a Kafka message a framed Avro datum is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
+    /// The message key.
     Key,
+    /// The message value.
     Value,
 }
 

@@ -81,6 +81,8 @@ struct Entry {
     subjects: Subjects,
 }
 
+/// The schema registry client: writer schemas by id, from memory, the disk
+/// cache, local `<id>.avsc` files or the registry, checked against the topic's subjects.
 pub struct Registry {
     opts: RegistryOptions,
     http: Option<reqwest::Client>,
@@ -94,6 +96,8 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// A client for `opts`: reads the CA file and creates the cache directory, sends
+    /// nothing yet. Sets apache-avro's allocation limit, once per process (the first value stays).
     pub fn new(opts: RegistryOptions) -> anyhow::Result<Registry> {
         let limit = apache_avro::util::max_allocation_bytes(opts.max_allocation_bytes);
         if limit != opts.max_allocation_bytes {

@@ -31,34 +31,56 @@ const DEBEZIUM_JSON_SCHEMA: &str = "io.debezium.data.Json";
 /// for [`DecodeError::Registry`], why it cannot be decoded yet (it waits).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
+    /// The message has no event id header of this name.
     #[error("no {0:?} header (the event id); is Debezium's EventRouter in the pipeline?")]
     MissingIdHeader(String),
+    /// The event id header appears this many times, not all with the same value.
     #[error("header {0:?} appears {1} times with different values")]
     ConflictingIdHeaders(String, usize),
+    /// The event id is the empty string.
     #[error("event id is empty")]
     EmptyId,
+    /// The event id is this many bytes, longer than [`MAX_EVENT_ID_LEN`].
     #[error("event id is {0} bytes, more than {MAX_EVENT_ID_LEN}")]
     IdTooLong(usize),
+    /// The event id header's bytes are not UTF-8.
     #[error("event id is not UTF-8")]
     IdNotUtf8,
+    /// The value has nothing at the configured event id field (a dotted path).
     #[error("event id field {0:?} not found in the value")]
     MissingIdField(String),
+    /// The configured event id field holds an object, an array, a boolean or null.
     #[error("event id field {0:?} is not a string or number")]
     IdFieldNotScalar(String),
+    /// The event id is configured as a field, but the value is not JSON.
     #[error("value is not JSON, but the event id is configured as a field of it")]
     ValueNotJson,
+    /// A string marked as Debezium's JSON type does not parse as JSON.
     #[error("value says it is JSON ({DEBEZIUM_JSON_SCHEMA}) but is not: {0}")]
     InvalidEmbeddedJson(String),
+    /// `format = "avro"`, but the value lacks the Confluent framing.
     #[error("format = \"avro\" but the value is not in the Confluent wire format")]
     NotAvro,
     /// An Avro value or key that cannot be decoded: an unknown schema id, one of
     /// another topic's subjects, a datum that does not match, no registry configured.
     #[error("{}{error}", key_prefix(*part))]
-    Avro { part: Part, error: AvroError },
+    Avro {
+        /// Whether the key or the value failed.
+        part: Part,
+        /// Why it failed.
+        error: AvroError,
+    },
     /// The schema registry cannot answer now: unreachable, or refusing us
     /// ([`AvroError::is_transient`]). Not the message's fault: it waits.
     #[error("{}{error}", key_prefix(*part))]
-    Registry { part: Part, schema_id: u32, error: AvroError },
+    Registry {
+        /// Whether the key's or the value's schema was looked up.
+        part: Part,
+        /// The schema id from the message's framing.
+        schema_id: u32,
+        /// What the registry lookup failed with.
+        error: AvroError,
+    },
 }
 
 fn key_prefix(part: Part) -> &'static str {

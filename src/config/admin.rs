@@ -9,6 +9,7 @@ use super::values::expand_env;
 /// Prometheus' registered default port for exporters of this kind; loopback only.
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 
+/// `[admin]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
@@ -23,9 +24,10 @@ pub struct RawAdmin {
     pub allowed_hosts: Vec<String>,
 }
 
+/// `[admin]` validated; every default when the section is absent.
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
-    /// `None` when turned off.
+    /// Where the admin server listens (default `127.0.0.1:9464`); `None` when turned off.
     pub listen: Option<std::net::SocketAddr>,
     /// Resolved from `${VAR}`: never logged or printed.
     pub token: Option<String>,

@@ -16,50 +16,75 @@ const DEFAULT_EVENT_ID_HEADER: &str = "id";
 /// Where Debezium puts it with `table.fields.additional.placement=type:header:eventType`.
 const DEFAULT_EVENT_TYPE_HEADER: &str = "eventType";
 
+/// `handlers[].kind`: what runs for each event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HandlerKind {
+    /// Calls an HTTP receiver per event (`url`, `method`, `headers`, ...).
     Http,
+    /// Writes one JSON line per event on stdout.
     Log,
 }
 
+/// One `[[handlers]]` entry as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHandler {
+    /// `handlers[].topics`: exact topic names; this or `topic_pattern` is required.
     pub topics: Option<Vec<String>>,
+    /// `handlers[].topic_pattern`: a regular expression in librdkafka's syntax
+    /// (no `(?...)`), subscribed as `^...`.
     pub topic_pattern: Option<String>,
+    /// `handlers[].kind`: `http` or `log`.
     pub kind: HandlerKind,
+    /// `handlers[].url` (`http` only, required there): the URL template, `${VAR}` allowed.
     pub url: Option<String>,
+    /// `handlers[].method` (`http` only): the HTTP method, default `POST`.
     pub method: Option<String>,
+    /// `handlers[].headers` (`http` only): static headers, values may use `${VAR}`.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Header carrying the event id to the receiver; `""` turns it off.
     pub idempotency_header: Option<String>,
+    /// `handlers[].timeout` (`http` only): per request, e.g. "10s" (the default).
     pub timeout: Option<String>,
+    /// `handlers[].event_id`: `{ header = "..." }` or `{ field = "..." }`, default header `id`.
     pub event_id: Option<EventIdSource>,
     /// Kafka header holding the event type (Debezium: `table.fields.additional.placement`).
     pub event_type_header: Option<String>,
+    /// `[handlers.retry]`: the retry schedule; every key has a default.
     pub retry: Option<RawRetry>,
-    /// HTTP statuses that count as success / permanent failure / retry, overriding the defaults.
+    /// `handlers[].success_on` (`http` only): statuses that count as success,
+    /// overriding the default classification.
     #[serde(default)]
     pub success_on: Vec<StatusMatch>,
+    /// `handlers[].fail_on` (`http` only): statuses that are permanent failures (dead).
     #[serde(default)]
     pub fail_on: Vec<StatusMatch>,
+    /// `handlers[].retry_on` (`http` only): statuses that are retried.
     #[serde(default)]
     pub retry_on: Vec<StatusMatch>,
+    /// `[handlers.dead_letter]`: the topic dead events are produced to.
     pub dead_letter: Option<RawDeadLetter>,
     /// What to do with an event found `claimed` (an earlier attempt's outcome is unknown).
     pub on_uncertain: Option<OnUncertain>,
     /// Which records a duplicate is looked up in: `topic` (default) or `shared`.
     pub dedup_scope: Option<DedupScope>,
+    /// `[handlers.verify]` (`http` only): the lookup for `on_uncertain = "verify"`,
+    /// and only allowed with it.
     pub verify: Option<RawVerify>,
+    /// `handlers[].format`: how values are read, default `auto`.
     pub format: Option<Format>,
+    /// `handlers[].body`: what the handler sends, default `json`.
     pub body: Option<Body>,
 }
 
+/// `[handlers.dead_letter]` as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDeadLetter {
+    /// `handlers[].dead_letter.topic`: where permanent failures, exhausted retries and
+    /// undecodable messages are produced; must not be empty.
     pub topic: String,
 }
 
@@ -70,7 +95,9 @@ pub enum Format {
     /// Avro when the value has the Confluent framing, else JSON or text.
     #[default]
     Auto,
+    /// JSON, or text when the value is not JSON.
     Json,
+    /// Avro in the Confluent framing, required (needs `[schema_registry]`).
     Avro,
     /// The bytes as they are.
     Raw,
@@ -140,26 +167,40 @@ impl Default for EventIdSource {
     }
 }
 
+/// What runs for each event, with its settings.
 #[derive(Debug, Clone)]
 pub enum HandlerSpec {
+    /// `kind = "http"`: calls the receiver configured here.
     Http(Box<HttpConfig>),
+    /// `kind = "log"`: one JSON line per event on stdout.
     Log,
 }
 
+/// One `[[handlers]]` entry validated: which topics, what runs, where the event id
+/// is and what happens on failure.
 #[derive(Debug, Clone)]
 pub struct HandlerConfig {
     /// Position in the file, for messages (`handlers[2]`).
     pub index: usize,
+    /// The topics it takes: exact names or a pattern.
     pub topics: TopicMatch,
+    /// What runs: an HTTP call or a log line.
     pub spec: HandlerSpec,
+    /// Where the event id, the dedup key, is (default header `id`).
     pub event_id: EventIdSource,
+    /// The Kafka header with the event type (default `eventType`).
     pub event_type_header: String,
+    /// The retry schedule of a failing delivery.
     pub retry: RetryConfig,
     /// Where dead events go; without one, `dead` records keep the message for export.
     pub dead_letter_topic: Option<String>,
+    /// What to do with an event found `claimed` (default: run it again).
     pub on_uncertain: OnUncertain,
+    /// Where an event id is unique (default: per topic).
     pub dedup_scope: DedupScope,
+    /// How message values are read (default `auto`).
     pub format: Format,
+    /// What the handler sends (default the decoded value as JSON).
     pub body: Body,
 }
 

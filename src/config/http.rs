@@ -18,10 +18,13 @@ const DEFAULT_METHOD: &str = "POST";
 /// A lookup reads; it must not repeat the side effect.
 const DEFAULT_VERIFY_METHOD: &str = "GET";
 
+/// `[handlers.verify]` as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawVerify {
+    /// `handlers[].verify.url`: a URL template like `url`; 2xx = it happened, 404 = it did not.
     pub url: String,
+    /// `handlers[].verify.method`: the lookup's HTTP method, default `GET`.
     pub method: Option<String>,
 }
 
@@ -29,12 +32,14 @@ pub struct RawVerify {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "toml::Value")]
 pub enum StatusMatch {
+    /// One status, 100 to 599.
     Code(u16),
+    /// Every status of a class: `5` for `"5xx"`.
     Class(u16),
 }
 
 impl StatusMatch {
-    pub fn matches(self, status: u16) -> bool {
+    pub(crate) fn matches(self, status: u16) -> bool {
         match self {
             StatusMatch::Code(c) => c == status,
             StatusMatch::Class(c) => status / 100 == c,
@@ -62,14 +67,20 @@ impl TryFrom<toml::Value> for StatusMatch {
     }
 }
 
+/// The `kind = "http"` part of a handler, validated.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
+    /// Where each event goes; event data only in the path and query.
     pub url: UrlTemplate,
+    /// The request's method (default `POST`).
     pub method: reqwest::Method,
     /// Values with `${VAR}` already resolved: never log them.
     pub headers: Vec<(String, String)>,
+    /// The header carrying the event id (default `Idempotency-Key`); `None` when turned off.
     pub idempotency_header: Option<String>,
+    /// Per request (default 10 s): a receiver that has not answered by then has failed, and is retried.
     pub timeout: Duration,
+    /// `success_on`, `fail_on` and `retry_on`: overrides of the default classification.
     pub classify: StatusRules,
     /// The lookup for `on_uncertain = "verify"`.
     pub verify: Option<VerifyConfig>,
@@ -78,14 +89,20 @@ pub struct HttpConfig {
 /// Overrides of the default status classification, checked in this order.
 #[derive(Debug, Clone, Default)]
 pub struct StatusRules {
+    /// Statuses that count as success.
     pub success_on: Vec<StatusMatch>,
+    /// Statuses that are permanent failures: the event is dead.
     pub fail_on: Vec<StatusMatch>,
+    /// Statuses that are retried.
     pub retry_on: Vec<StatusMatch>,
 }
 
+/// The lookup that decides an uncertain outcome (`on_uncertain = "verify"`).
 #[derive(Debug, Clone)]
 pub struct VerifyConfig {
+    /// The lookup's URL: 2xx = it happened, 404 = it did not, anything else = ask again.
     pub url: UrlTemplate,
+    /// The lookup's method (default `GET`).
     pub method: reqwest::Method,
 }
 

@@ -19,10 +19,13 @@ const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 /// Set by outboxd itself: offsets are stored only after events are durably finished.
 const RESERVED_OPTIONS: [&str; 3] = ["enable.auto.offset.store", "group.id", "bootstrap.servers"];
 
+/// `[kafka]` as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKafka {
+    /// `[kafka] brokers`: bootstrap servers, `host:port,host:port`; must not be empty.
     pub brokers: String,
+    /// `[kafka] group_id`: the consumer group; must not be empty.
     pub group_id: String,
     /// How often finished offsets are committed (librdkafka auto-commit of stored offsets).
     pub commit_interval: Option<String>,
@@ -36,14 +39,22 @@ pub struct RawKafka {
     pub options: BTreeMap<String, String>,
 }
 
+/// `[kafka]` validated: durations parsed, `${VAR}` in the options resolved.
 #[derive(Debug, Clone)]
 pub struct KafkaConfig {
+    /// Bootstrap servers (`host:port,host:port`), librdkafka's `bootstrap.servers`.
     pub brokers: String,
+    /// The consumer group, librdkafka's `group.id`.
     pub group_id: String,
+    /// How often librdkafka commits the offsets outboxd stored (default 1 s; greater than 0).
     pub commit_interval: Duration,
+    /// How long shutdown and a revoke wait for in-flight events (default 10 s);
+    /// shorter than `session.timeout.ms`.
     pub drain_timeout: Duration,
     /// `None`: derived from the handlers (see `Config::stall_timeout`).
     pub stall_timeout: Option<Duration>,
+    /// librdkafka properties passed as-is, `${VAR}` resolved; never one of the
+    /// reserved `enable.auto.offset.store`, `group.id` and `bootstrap.servers`.
     pub options: BTreeMap<String, String>,
 }
 

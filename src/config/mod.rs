@@ -58,10 +58,15 @@ const STALL_MARGIN: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
+    /// `[kafka]` (required): brokers, consumer group, commit and drain timing, librdkafka options.
     pub kafka: RawKafka,
+    /// `[store]` (required): the dedup store's directory, retention, group commit, in-flight bounds.
     pub store: RawStore,
+    /// `[admin]`: the admin server; absent means every default.
     pub admin: Option<RawAdmin>,
+    /// `[schema_registry]`: where Avro schemas come from; needed by `format = "avro"`.
     pub schema_registry: Option<RawSchemaRegistry>,
+    /// `[[handlers]]`: one entry per set of topics; at least one is required.
     #[serde(default)]
     pub handlers: Vec<RawHandler>,
 }
@@ -69,10 +74,15 @@ pub struct RawConfig {
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The consumer: brokers, group, commit and drain timing, librdkafka options.
     pub kafka: KafkaConfig,
+    /// The dedup store: directory, retention, group commit, in-flight bounds.
     pub store: StoreConfig,
+    /// The admin server: address, token, allowed `Host`s (the defaults without `[admin]`).
     pub admin: AdminConfig,
+    /// Where Avro writer schemas come from; `None` without a `[schema_registry]` section.
     pub schema_registry: Option<RegistryOptions>,
+    /// In file order, at least one; each topic matches exactly one of them.
     pub handlers: Vec<HandlerConfig>,
 }
 
@@ -84,6 +94,8 @@ impl Config {
             .with_context(|| format!("invalid config {}", path.display()))
     }
 
+    /// Parses and validates the text of a config file; `env` resolves `${VAR}`
+    /// (a variable it answers `None` for is an error).
     pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
         let raw: RawConfig = toml::from_str(text)?;
         raw.validate(env)

@@ -17,23 +17,35 @@ const DEFAULT_BACKOFF_MULTIPLIER: f32 = 2.0;
 /// receiver forgot the key could repeat the side effect.
 const DEFAULT_MAX_ELAPSED: Duration = Duration::from_secs(20 * 60);
 
+/// `[handlers.retry]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRetry {
+    /// `handlers[].retry.max_attempts`: executions per delivery before the event is dead (default 3).
     pub max_attempts: Option<u32>,
+    /// `handlers[].retry.initial_backoff`: the schedule's first delay, e.g. "200ms" (the default).
     pub initial_backoff: Option<String>,
+    /// `handlers[].retry.max_backoff`: the largest delay, e.g. "10s" (the default).
     pub max_backoff: Option<String>,
+    /// `handlers[].retry.multiplier`: growth of the schedule per attempt, 1.0 to 100.0 (default 2.0).
     pub multiplier: Option<f32>,
     /// Give up once this much time has passed since the first attempt of a delivery.
     pub max_elapsed: Option<String>,
 }
 
+/// The retry schedule of a handler, validated. Each delay is drawn uniformly from
+/// 0 to the schedule's value (full jitter); a receiver's `Retry-After` is a floor.
 #[derive(Debug, Clone)]
 pub struct RetryConfig {
+    /// Executions per delivery before the event is dead; at least 1 (default 3).
     pub max_attempts: u32,
+    /// The schedule's first delay (default 200 ms).
     pub initial_backoff: Duration,
+    /// The largest delay, not less than `initial_backoff` (default 10 s).
     pub max_backoff: Duration,
+    /// Growth of the schedule per attempt, 1.0 to 100.0 (default 2.0).
     pub multiplier: f32,
+    /// No retry once this long has passed since a delivery's first attempt (default 20 min).
     pub max_elapsed: Duration,
 }
 

@@ -12,10 +12,15 @@ use super::values::{duration, expand_env, parse_size};
 /// `[schema_registry]` as the Avro decoder uses it: validated, durations and sizes parsed.
 #[derive(Debug, Clone)]
 pub struct RegistryOptions {
+    /// The registry's base URL, `http` or `https`, `${VAR}` resolved, no trailing `/`.
     pub url: Option<String>,
+    /// Basic auth user, `${VAR}` resolved; set whenever `password` is.
     pub username: Option<String>,
+    /// Basic auth password, `${VAR}` resolved: a secret, never log it.
     pub password: Option<String>,
+    /// PEM CA for a registry behind TLS with a private CA (system roots otherwise).
     pub ca_file: Option<PathBuf>,
+    /// A registry request taking longer counts as unavailable (default 10 s).
     pub timeout: Duration,
     /// Where fetched schemas are kept across restarts.
     pub cache_dir: Option<PathBuf>,
@@ -38,15 +43,19 @@ const DEFAULT_MAX_ALLOCATION_BYTES: u64 = 16 << 20;
 /// Fetched schemas are kept under the store directory unless `cache_dir` says otherwise.
 const DEFAULT_CACHE_SUBDIR: &str = "schemas";
 
+/// `[schema_registry]` as written: `url`, `schemas_dir`, or both.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSchemaRegistry {
     /// A Confluent-compatible registry (`GET /schemas/ids/{id}`).
     pub url: Option<String>,
+    /// `[schema_registry] username`: basic auth user; required with `password`.
     pub username: Option<String>,
+    /// `[schema_registry] password`: basic auth password, e.g. `"${SR_PASSWORD}"`.
     pub password: Option<String>,
     /// PEM CA for a registry behind TLS with a private CA (system roots otherwise).
     pub ca_file: Option<PathBuf>,
+    /// `[schema_registry] timeout`: per registry request, e.g. "10s" (the default).
     pub timeout: Option<String>,
     /// Fetched schemas kept across restarts (default: `schemas/` in the store directory).
     pub cache_dir: Option<PathBuf>,

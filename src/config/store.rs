@@ -30,17 +30,25 @@ const DEFAULT_MAX_MESSAGE_COPY_BYTES: u64 = 1024 * 1024 * 1024;
 /// Upper bound on `max_in_flight`: each in-flight event holds its payload in memory.
 const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
 
+/// `[store]` as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
+    /// `[store] path`: the store's directory; must not be empty.
     pub path: PathBuf,
+    /// `[store] retention`: how long records are kept at least after their claim,
+    /// e.g. "7d" (the default).
     pub retention: Option<String>,
+    /// `[store] commit_interval`: the group-commit window, e.g. "2ms" (the default).
     pub commit_interval: Option<String>,
+    /// `[store] max_in_flight`: events consumed and not yet finished, across keys;
+    /// 1 to 65,536, default 256.
     pub max_in_flight: Option<usize>,
     /// Bytes of consumed messages (key, value, headers) held in flight, e.g. "256MiB".
     pub max_in_flight_bytes: Option<String>,
     /// Disk kept for message copies of failed events, e.g. "1GiB".
     pub max_message_copy_bytes: Option<String>,
+    /// `[store] gc_interval`: how often expired records are removed, e.g. "10m" (the default).
     pub gc_interval: Option<String>,
     /// `true` (default): fdatasync before a claim or completion counts.
     /// `false` survives a process crash but not a power loss.
@@ -52,18 +60,28 @@ pub struct RawStore {
     pub changelog: RawChangelog,
 }
 
+/// `[store]` validated: durations and sizes parsed, defaults filled in.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
+    /// The store's directory; one process at a time.
     pub path: PathBuf,
+    /// Bytes of the store's page cache (default 64 MiB).
     pub cache_bytes: u64,
+    /// Records are kept at least this long after their event was claimed (default
+    /// 7 days); an event redelivered after its record is removed runs again.
     pub retention: Duration,
+    /// Group commit: how long a batch waits for more writers (default 2 ms).
     pub commit_interval: Duration,
+    /// Events consumed and not yet finished, across keys (default 256, at most 65,536).
     pub max_in_flight: usize,
     /// At most this many message bytes in flight (a larger message runs alone).
     pub max_in_flight_bytes: u32,
     /// Past this, failed events are recorded without their message copy.
     pub max_message_copy_bytes: u64,
+    /// How often expired records are removed (default 10 min).
     pub gc_interval: Duration,
+    /// `fdatasync` after each group flush (default `true`); `false` survives a
+    /// process crash, not a power loss.
     pub fsync: bool,
     /// `None` when `[store.changelog] enabled = false`.
     pub changelog: Option<ChangelogConfig>,

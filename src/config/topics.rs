@@ -6,14 +6,17 @@ use regex::Regex;
 
 use super::HandlerConfig;
 
+/// The topics a handler takes.
 #[derive(Debug, Clone)]
 pub enum TopicMatch {
+    /// `topics`: these names exactly.
     Exact(Vec<String>),
+    /// `topic_pattern`: every topic the regular expression matches.
     Pattern(Regex),
 }
 
 impl TopicMatch {
-    pub fn matches(&self, topic: &str) -> bool {
+    pub(crate) fn matches(&self, topic: &str) -> bool {
         match self {
             TopicMatch::Exact(topics) => topics.iter().any(|t| t == topic),
             TopicMatch::Pattern(re) => re.is_match(topic),

@@ -44,15 +44,21 @@ pub enum Executed {
 /// Counters for the shutdown summary.
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// Events recorded done: the handler succeeded, or `verify` found the earlier attempt happened.
     pub handled: AtomicU64,
+    /// Deliveries of an event already done, dead or parked: suppressed, nothing ran.
     pub duplicates: AtomicU64,
+    /// Events recorded dead or parked, and messages that could not be decoded or whose handling panicked.
     pub dead: AtomicU64,
+    /// Events found `claimed` by an earlier attempt whose outcome is unknown, given to `on_uncertain`.
     pub reexecuted: AtomicU64,
 }
 
+/// Takes each event through decode, durable claim, handler and durable record;
+/// shared by the engine's chains, the admin server and `outboxd store retry`.
 pub struct Executor {
-    pub config: Config,
-    pub store: Arc<Store>,
+    pub(crate) config: Config,
+    pub(crate) store: Arc<Store>,
     /// Parallel to `config.handlers`.
     handlers: Vec<Arc<dyn Handler>>,
     /// Handlers given by an embedding program, by topic: they run instead of
@@ -68,7 +74,7 @@ pub struct Executor {
     /// Event ids being worked on in this process: a second delivery of the
     /// same id (at another offset or key) waits instead of running twice.
     live: Mutex<HashMap<String, Arc<Semaphore>>>,
-    pub counters: Counters,
+    pub(crate) counters: Counters,
     /// Set when the store fails: nothing more runs and no offset moves.
     failure: std::sync::OnceLock<String>,
     /// Cancelled with the failure, so that the service stops and drains.
@@ -76,6 +82,8 @@ pub struct Executor {
 }
 
 impl Executor {
+    /// With the configured handlers only; builds them, the dead-letter producer
+    /// (when a handler has a dead-letter topic) and the registry client (when configured).
     pub fn new(config: Config, store: Arc<Store>) -> anyhow::Result<Executor> {
         Executor::with_handlers(config, store, HashMap::new())
     }
@@ -124,6 +132,7 @@ impl Executor {
         self.shutdown.cancel();
     }
 
+    /// True once [`Executor::fail`] was called: nothing more runs and no offset moves.
     pub fn stopped(&self) -> bool {
         self.failure.get().is_some()
     }

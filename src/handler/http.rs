@@ -10,6 +10,8 @@ use crate::config::{HttpConfig, StatusRules};
 use crate::event::OutboxEvent;
 use crate::template::Vars;
 
+/// `kind = "http"`: one request per event to the rendered URL, the event id in the
+/// idempotency header; the status is classified as success, retryable or permanent.
 pub struct HttpHandler {
     client: reqwest::Client,
     config: HttpConfig,
@@ -18,6 +20,7 @@ pub struct HttpHandler {
 }
 
 impl HttpHandler {
+    /// A handler for `config`; redirects are not followed (a permanent failure instead).
     pub fn new(config: HttpConfig) -> anyhow::Result<HttpHandler> {
         // A redirect could lead to another host; it is reported as a permanent failure instead.
         let client =

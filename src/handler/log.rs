@@ -7,6 +7,8 @@ use serde::Serialize;
 use super::{async_trait, Handler, HandlerError, Outcome};
 use crate::event::{OutboxEvent, Payload};
 
+/// `kind = "log"`: writes one JSON line per event on stdout; fails (retryably) only
+/// when stdout cannot be written.
 pub struct LogHandler;
 
 #[async_trait]

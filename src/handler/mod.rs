@@ -32,7 +32,12 @@ pub enum HandlerError {
     /// say when (`Retry-After`). Retried with backoff within the handler's
     /// `retry` limits, then dead.
     #[error("{reason}")]
-    Retryable { reason: String, retry_after: Option<Duration> },
+    Retryable {
+        /// What went wrong, for the log and the record.
+        reason: String,
+        /// How long the receiver asked to wait (`Retry-After`): a floor for the next delay.
+        retry_after: Option<Duration>,
+    },
     /// Will not succeed by trying again (4xx, an event that cannot be addressed,
     /// ...): dead at once.
     #[error("{0}")]

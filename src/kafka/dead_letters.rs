@@ -8,7 +8,9 @@ use crate::event::RawMessage;
 
 /// Why an event went to the dead-letter topic, added to the message as `outboxd.*` headers.
 pub struct DeadLetterInfo<'a> {
+    /// Why it failed: the `outboxd.error` header.
     pub error: &'a str,
+    /// Handler executions so far: the `outboxd.attempts` header.
     pub attempts: u32,
 }
 
@@ -18,6 +20,7 @@ pub struct DeadLetters {
 }
 
 impl DeadLetters {
+    /// A producer to `kafka.brokers`, with the connection and security settings of `kafka.options`.
     pub fn build(kafka: &KafkaConfig) -> anyhow::Result<DeadLetters> {
         Ok(DeadLetters { producer: super::options::dead_letter_producer(kafka).create()? })
     }

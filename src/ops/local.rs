@@ -28,7 +28,9 @@ pub struct Local {
 /// One page of records in id order; `next`, when more follow, is the cursor
 /// to ask for the next page with.
 pub struct Page {
+    /// The records' JSON views ([`view::record_json`]).
     pub records: Vec<Value>,
+    /// The id to continue after; `None` on the last page.
     pub next: Option<String>,
 }
 
@@ -58,6 +60,7 @@ impl Local {
         Ok(view::stats_json(&self.store.stats()?))
     }
 
+    /// One record's JSON view, if there is one.
     pub fn get(&self, id: &str) -> Result<Option<Value>, StoreError> {
         Ok(self.store.get(id)?.map(|r| view::record_json(&r)))
     }
@@ -92,6 +95,7 @@ impl Local {
         self.store.scan(state, topic, |r| f(view::export_line(&self.store, &r)?))
     }
 
+    /// Removes a record, so the event runs again when it is redelivered; answers the record as it was.
     pub async fn forget(&self, id: &str) -> Result<Value, StoreError> {
         Ok(view::record_json(&self.store.forget(id).await?))
     }
@@ -102,6 +106,7 @@ impl Local {
         self.get(id)
     }
 
+    /// Removes expired records now; answers how many.
     pub async fn gc(&self) -> Result<u64, StoreError> {
         self.store.gc(now_us()).await
     }

@@ -98,7 +98,9 @@ pub enum Needs {
 
 /// The store, opened here, or the running service that holds it.
 pub enum Opened {
+    /// No service holds the store: opened here.
     Local(Local),
+    /// A running service holds it: asked through its admin API.
     Remote(Remote),
 }
 

@@ -7,11 +7,13 @@ use super::{Rerun, StoreApi};
 use crate::admin::client::AdminClient;
 use crate::store::State;
 
+/// The store of a running service, through its admin API.
 pub struct Remote {
     client: AdminClient,
 }
 
 impl Remote {
+    /// Operations through `client`.
     pub fn new(client: AdminClient) -> Remote {
         Remote { client }
     }

@@ -3,7 +3,9 @@
 //! AvroConverter writes for the jsonb payload), through outboxd's own decoders.
 //! Interleaved rounds; prints ns/event per format and the ratio to JSON text.
 //!
-//!   cargo run --release -p outboxd-bench --bin decode-cost -- [EVENTS_PER_ROUND] [ROUNDS]
+//! ```text
+//! cargo run --release -p outboxd-bench --bin decode-cost -- [EVENTS_PER_ROUND] [ROUNDS]
+//! ```
 
 use std::hint::black_box;
 use std::time::Instant;

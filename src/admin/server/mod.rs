@@ -28,12 +28,17 @@ use crate::store::StoreError;
 
 /// What the admin endpoints look at.
 pub struct AdminState {
+    /// The service's executor: its store answers the store API, `store retry` runs through it.
     pub exec: Arc<Executor>,
+    /// The consumer's offset tracker: assigned, stalled and in-flight counts.
     pub tracker: Arc<std::sync::Mutex<OffsetTracker>>,
+    /// Set once the engine stopped taking events (`/readyz` answers 503).
     pub draining: Arc<AtomicBool>,
+    /// Whether the consumer reaches a broker, as its last statistics or assignment said.
     pub broker_up: Arc<AtomicBool>,
     /// A partition whose events wait longer than this without its offset moving is stalled.
     pub stall_timeout: std::time::Duration,
+    /// Renders `/metrics`.
     pub prometheus: PrometheusHandle,
     /// `[admin] token`: accepted by the store API besides this run's token.
     pub token: Option<String>,

@@ -1,0 +1,9 @@
+//! The scenarios, one module each, in the order the suite runs them.
+
+pub(crate) mod drain;
+pub(crate) mod latency;
+pub(crate) mod slow;
+pub(crate) mod store;
+
+/// outboxd logs: warnings, plus the assignment line the clock starts on (no per-event line).
+pub(crate) const QUIET_LOG: &str = "warn,outboxd::kafka::consumer=info";
