@@ -23,7 +23,9 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Rebuilt {
     /// The source partition.
     pub partition: PartitionId,
+    /// The changelog topic it was read from.
     pub changelog_topic: String,
+    /// What was read and applied.
     pub restored: Restored,
 }
 

@@ -27,6 +27,7 @@ const MAX_RESTORE_BATCH: usize = 1_000_000;
 /// Kafka's limit on topic names.
 const MAX_TOPIC_NAME: usize = 249;
 
+/// `[store.changelog]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawChangelog {
@@ -51,8 +52,11 @@ pub struct ChangelogConfig {
     pub topic_template: String,
     /// `None`: the broker's default.
     pub replication_factor: Option<i32>,
+    /// `linger`: librdkafka's batching wait for changelog records (default 1 ms).
     pub linger: Duration,
+    /// `delivery_timeout`: how long librdkafka retries one record before outboxd sends it again (default 30 s).
     pub delivery_timeout: Duration,
+    /// `restore_batch`: records applied per durable write while restoring (default 10,000).
     pub restore_batch: usize,
 }
 

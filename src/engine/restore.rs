@@ -31,7 +31,9 @@ const RETRY_PAUSE: Duration = Duration::from_secs(2);
 /// What the restore task needs besides the engine.
 #[derive(Clone)]
 pub struct RestoreSetup {
+    /// The brokers and client settings (the restore consumer, topic checks).
     pub kafka: KafkaConfig,
+    /// Where the changelog topics are and how to restore them.
     pub changelog: ChangelogConfig,
     /// `store.retention`: the `retention.ms` of changelog topics created on assignment.
     pub retention: Duration,
@@ -46,6 +48,7 @@ pub struct Restored {
     pub applied: u64,
     /// The checkpoint now (the changelog's end when the restore began).
     pub checkpoint: i64,
+    /// How long the restore took.
     pub seconds: f64,
 }
 

@@ -1,7 +1,7 @@
 //! Changelog topics (`[store.changelog]`): one per source topic, with its
 //! partition count, compacted and deleted after `store.retention`; and the
 //! producer that writes final records there (the store's
-//! [`Sink`](crate::store::changelog::Sink)). A record goes to the changelog
+//! `store::changelog::Sink`). A record goes to the changelog
 //! partition equal to its source partition: Debezium keys by aggregate id, so a
 //! replayed event lands in the partition whose changelog holds its record.
 
@@ -188,6 +188,7 @@ pub struct ChangelogProducer {
 }
 
 impl ChangelogProducer {
+    /// An idempotent producer with acks=all for the changelog topics of `changelog`.
     pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> anyhow::Result<ChangelogProducer> {
         Ok(ChangelogProducer {
             producer: super::options::changelog_producer(kafka, changelog).create()?,
@@ -213,18 +214,15 @@ impl Sink for ChangelogProducer {
                 }
                 match producer.send(record, rdkafka::util::Timeout::Never).await {
                     Ok(d) => return Ok(Acked { changelog_topic: topic, partition: d.partition, offset: d.offset }),
-                    Err((error, _)) if missing(&error) => {
-                        return Err(format!(
-                            "changelog topic {topic} (partition {}) does not exist: was it deleted? Its records are gone \
-                             from Kafka; outboxd stopped rather than go on without them. Restart to recreate it empty \
-                             (instances that never had its records no longer know those events as handled)",
-                            entry.partition
-                        ));
-                    }
+                    Err((error, _)) if missing(&error) => return Err(gone(&topic, entry.partition)),
                     Err((error, _)) if fatal(&error) => {
                         return Err(format!("{topic}/{}: {error}", entry.partition));
                     }
                     Err((error, _)) => {
+                        // librdkafka may only time out on a topic deleted under it: ask.
+                        if !exists(&producer, &topic, entry.partition).await {
+                            return Err(gone(&topic, entry.partition));
+                        }
                         warn!(%error, changelog_topic = %topic, partition = entry.partition, ?pause,
                             "changelog write failed; sending it again (the event's offset waits)");
                         tokio::time::sleep(pause).await;
@@ -234,6 +232,29 @@ impl Sink for ChangelogProducer {
             }
         })
     }
+}
+
+fn gone(topic: &str, partition: i32) -> String {
+    format!(
+        "changelog topic {topic} (partition {partition}) does not exist: was it deleted? Its records are gone from \
+         Kafka; outboxd stopped rather than go on without them. Restart to recreate it empty (instances that never \
+         had its records no longer know those events as handled)"
+    )
+}
+
+/// Whether the broker still lists the changelog partition (true when it cannot be asked).
+async fn exists(producer: &FutureProducer, topic: &str, partition: i32) -> bool {
+    let (producer, topic) = (producer.clone(), topic.to_owned());
+    let answer = tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::Producer as _;
+        let md = producer.client().fetch_metadata(Some(&topic), ADMIN_TIMEOUT).ok()?;
+        let t = md.topics().iter().find(|t| t.name() == topic)?;
+        let unknown = t.error() == Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
+        // Other errors (no leader right now, ...) pass: the record is sent again.
+        Some(!unknown && (t.error().is_some() || (partition as usize) < t.partitions().len()))
+    })
+    .await;
+    answer.ok().flatten().unwrap_or(true)
 }
 
 /// The changelog topic or partition is not there (deleted, or fewer partitions).

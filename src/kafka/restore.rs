@@ -16,18 +16,21 @@ use crate::store::changelog::ChangelogRecord;
 /// How long one metadata or watermark request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A consumer of changelog partitions, one at a time, assigned by hand.
 pub struct Restorer {
     consumer: BaseConsumer,
 }
 
 /// One batch read from the assigned changelog partition.
 pub struct Batch {
+    /// In offset order.
     pub records: Vec<ChangelogRecord>,
     /// The partition's end was reached (every offset below the end seen at the start is read).
     pub at_end: bool,
 }
 
 impl Restorer {
+    /// A consumer that never joins the group nor commits.
     pub fn build(kafka: &KafkaConfig) -> anyhow::Result<Restorer> {
         Ok(Restorer { consumer: super::options::restore_consumer(kafka).create()? })
     }
