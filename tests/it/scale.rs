@@ -304,3 +304,44 @@ async fn a_changelog_topic_deleted_while_running_stops_the_service_naming_it() {
     assert!(log.contains(&changelog) && log.contains("does not exist"), "the error names the topic: {log}");
     assert!(!offsets.reached_end(), "the second event's offset did not move: {}", offsets.describe());
 }
+
+/// Measures the drain of `OUTBOXD_DRAIN_EVENTS` (default 5,000) events on 4
+/// partitions through the HTTP handler: the changelog off (fsync on), on with
+/// fsync, and on without fsync; wall time and the CPU seconds of outboxd. Not part
+/// of the suite (`cargo test --test it scale::drain_with_and_without_changelog -- --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn drain_with_and_without_changelog() {
+    let events_n = harness::env_usize("OUTBOXD_DRAIN_EVENTS", 5_000);
+    let kafka = Kafka::connect();
+    for (name, store_extra) in [
+        ("changelog off, fsync on", "fsync = true\n[store.changelog]\nenabled = false\n"),
+        ("changelog on,  fsync on", "fsync = true\n"),
+        ("changelog on,  fsync off", "fsync = false\n"),
+    ] {
+        let topic = kafka.create_topic(&unique_name("scale-drain"), PARTITIONS, &[]).await;
+        let events: Vec<(String, String)> =
+            (0..events_n).map(|i| (format!("agg-{}", i % 500), new_event_id())).collect();
+        produce(&kafka, &topic, &events).await;
+        let receiver = Receiver::start();
+        let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+        od.config.store_extra = store_extra.into();
+        let offsets = kafka.offsets(&od.config.group_id, &topic);
+        let started = std::time::Instant::now();
+        od.start();
+        od.wait_until("the drain", Duration::from_secs(900), || receiver.ok_count() >= events_n).await;
+        let wall = started.elapsed();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", od.pid())).unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+        let cpu: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum()) / 100.0;
+        od.wait_until("the commit", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+        od.stop();
+        println!(
+            "drain {name}: {events_n} events in {:.2} s = {:.0} events/s; {cpu:.2} CPU s ({:.0} µs CPU per event)",
+            wall.as_secs_f64(),
+            events_n as f64 / wall.as_secs_f64(),
+            cpu * 1e6 / events_n as f64
+        );
+        assert_each_executed_once(&receiver, &events);
+    }
+}
