@@ -279,6 +279,13 @@ async fn store_rebuild_brings_back_every_record_of_a_deleted_store() {
     for (_, id) in events.iter().step_by(37) {
         assert_eq!(od.store_get(id).state, "done");
     }
+    // Started again, the service finds its checkpoints at the changelog's end: nothing to read.
+    od.start();
+    od.wait_for_assignment().await;
+    let restored = harness::logs::log_lines(&od, "partition restored");
+    assert_eq!(restored.len(), PARTITIONS as usize, "{restored:?}");
+    assert!(restored.iter().all(|l| l.contains(" read=0 ")), "{restored:#?}");
+    od.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,4 +351,35 @@ async fn drain_with_and_without_changelog() {
         );
         assert_each_executed_once(&receiver, &events);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_on_uncertain_park_a_claim_cut_by_sigkill_is_parked_by_the_new_owner() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-park"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    for od in [&mut a, &mut b] {
+        od.config.handler_extra.push_str("on_uncertain = \"park\"\n");
+    }
+    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    let id = new_event_id();
+    receiver.set_behaviour(&id, harness::Behaviour::hang());
+    a.start();
+    a.wait_for_assignment().await;
+    produce(&kafka, &topic, &[("k".to_owned(), id.clone())]).await;
+    a.wait_until("A's call to be in flight", HANDLED_TIMEOUT, || receiver.in_flight() == 1).await;
+    a.kill();
+    receiver.clear_behaviour(&id);
+
+    // B never saw the event: only the claim A put into the changelog before calling says
+    // that its outcome is unknown.
+    b.start();
+    b.wait_until(format!("the offset to be committed ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+    b.stop();
+    assert_eq!(receiver.handler_call_count(&id), 1, "the uncertain event must not run again under park");
+    assert_eq!(b.store_get(&id).state, "parked");
 }
