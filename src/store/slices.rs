@@ -180,15 +180,19 @@ impl Slices {
 
     /// Drops every slice whose records are past retention at `now`, whole:
     /// no record is read. Returns the dropped slices (their counts say what went).
+    /// The slices leave the list under the lock (lookups and writers wait only
+    /// for that); their trees are dropped after, which takes longer (sled frees
+    /// each page). A crash before the drop leaves them to the next pass.
     pub fn drop_expired(&self, now: i64) -> Result<Vec<Arc<Slice>>, StoreError> {
-        let mut dropped = Vec::new();
-        let mut list = self.list.write().expect("slices lock");
-        while list.first().is_some_and(|s| self.expires_at(s) <= now) {
-            let slice = list.remove(0);
+        let dropped: Vec<Arc<Slice>> = {
+            let mut list = self.list.write().expect("slices lock");
+            let n = list.iter().take_while(|s| self.expires_at(s) <= now).count();
+            list.drain(..n).collect()
+        };
+        for slice in &dropped {
             let name = tree_name(slice.start);
             self.meta.remove(&name)?;
             self.db.drop_tree(&name)?;
-            dropped.push(slice);
         }
         Ok(dropped)
     }
