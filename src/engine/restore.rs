@@ -122,6 +122,8 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                 Ok(Err(error)) => {
                     warn!(%error, topic = %partition.0, partition = partition.1,
                         "restore failed; trying again from its checkpoint (the partition waits)");
+                    // The topic may have changed (gained partitions): check it again first.
+                    ensured.remove(&partition.0);
                     tokio::time::sleep(RETRY_PAUSE).await;
                     break;
                 }

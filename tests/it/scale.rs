@@ -383,3 +383,27 @@ async fn with_on_uncertain_park_a_claim_cut_by_sigkill_is_parked_by_the_new_owne
     assert_eq!(receiver.handler_call_count(&id), 1, "the uncertain event must not run again under park");
     assert_eq!(b.store_get(&id).state, "parked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_topic_that_gains_partitions_stops_the_service_naming_both_counts() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-grown"), 2, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    // Notice the new partition within a second, not librdkafka's 5 minutes.
+    od.config.kafka_options.insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    od.start();
+    od.wait_for_assignment().await;
+    kafka.add_partitions(&topic, 3).await;
+    let id = new_event_id();
+    kafka.producer().send_raw(&topic, Some(2), Some(b"k"), &[("id", Some(id.as_bytes()))], Some(b"{}")).await;
+    let status = od.wait_exit(Duration::from_secs(120));
+    assert!(!status.success(), "outboxd must stop");
+    let log = harness::logs::strip_ansi(&od.log());
+    assert!(
+        log.contains(&format!("changelog topic {changelog} has 2 partitions but source topic {topic} has 3")),
+        "the error names both topics and counts: {log}"
+    );
+    assert_eq!(receiver.call_count(&id), 0, "the event of the new partition is not handled");
+}

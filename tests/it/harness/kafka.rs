@@ -118,6 +118,24 @@ impl Kafka {
         name
     }
 
+    /// Gives `topic` `total` partitions (more than it has).
+    pub async fn add_partitions(&self, topic: &str, total: usize) {
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(&self.brokers).create().expect("create a Kafka admin client");
+        let results = admin
+            .create_partitions(
+                &[rdkafka::admin::NewPartitions::new(topic, total)],
+                &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("add partitions to {topic}: {e}"));
+        for r in results {
+            if let Err((topic, code)) = r {
+                panic!("add partitions to {topic}: {code:?}");
+            }
+        }
+    }
+
     /// Deletes a topic and waits until the broker no longer lists it.
     pub async fn delete_topic(&self, name: &str) {
         let admin: AdminClient<DefaultClientContext> =
