@@ -21,10 +21,16 @@ const KEYS: usize = 20;
 /// dead member's session timeout, 6 s here).
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// The changelog on whatever `OUTBOXD_TEST_CHANGELOG` says: these tests are about it.
+fn on(mut od: Outboxd) -> Outboxd {
+    od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
+    od
+}
+
 /// Instances A and B in one group, each with its own store, naming itself in every call.
 fn two_instances(kafka: &Kafka, topic: &str, receiver: &Receiver) -> (Outboxd, Outboxd) {
-    let mut a = Outboxd::new(kafka, &[topic], receiver);
-    let mut b = Outboxd::new(kafka, &[topic], receiver);
+    let mut a = on(Outboxd::new(kafka, &[topic], receiver));
+    let mut b = on(Outboxd::new(kafka, &[topic], receiver));
     b.config.group_id = a.config.group_id.clone();
     a.config.handler_extra = instance_header_toml("a");
     b.config.handler_extra = instance_header_toml("b");
@@ -151,7 +157,7 @@ async fn a_changelog_topic_with_another_partition_count_stops_the_start_and_noth
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("scale-mismatch"), 2, &[]).await;
     let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
     kafka.create_topic(&changelog, 3, &[]).await;
     let id = new_event_id();
@@ -182,7 +188,7 @@ async fn restore_throughput() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("scale-restore"), 1, &[]).await;
     let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
     kafka.create_topic(&changelog, 1, &[("cleanup.policy", "compact,delete")]).await;
     let producer = kafka.producer();
@@ -254,7 +260,7 @@ async fn store_rebuild_brings_back_every_record_of_a_deleted_store() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("scale-rebuild"), PARTITIONS, &[]).await;
     let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.start();
     od.wait_for_assignment().await;
@@ -293,7 +299,7 @@ async fn a_changelog_topic_deleted_while_running_stops_the_service_naming_it() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("scale-deleted"), 1, &[]).await;
     let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
     od.config.store_extra = "[store.changelog]\ndelivery_timeout = \"5s\"\n".into();
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
@@ -323,15 +329,15 @@ async fn drain_with_and_without_changelog() {
     let kafka = Kafka::connect();
     for (name, store_extra) in [
         ("changelog off, fsync on", "fsync = true\n[store.changelog]\nenabled = false\n"),
-        ("changelog on,  fsync on", "fsync = true\n"),
-        ("changelog on,  fsync off", "fsync = false\n"),
+        ("changelog on,  fsync on", "fsync = true\n[store.changelog]\n"),
+        ("changelog on,  fsync off", "fsync = false\n[store.changelog]\n"),
     ] {
         let topic = kafka.create_topic(&unique_name("scale-drain"), PARTITIONS, &[]).await;
         let events: Vec<(String, String)> =
             (0..events_n).map(|i| (format!("agg-{}", i % 500), new_event_id())).collect();
         produce(&kafka, &topic, &events).await;
         let receiver = Receiver::start();
-        let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+        let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
         od.config.store_extra = store_extra.into();
         let offsets = kafka.offsets(&od.config.group_id, &topic);
         let started = std::time::Instant::now();
@@ -389,7 +395,7 @@ async fn a_source_topic_that_gains_partitions_stops_the_service_naming_both_coun
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("scale-grown"), 2, &[]).await;
     let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
     // Notice the new partition within a second, not librdkafka's 5 minutes.
     od.config.kafka_options.insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);

@@ -88,6 +88,11 @@ impl OutboxdConfig {
         let _ = writeln!(t, "commit_interval = {}", q(&self.store_commit_interval));
         let _ = writeln!(t, "max_in_flight = {}", self.max_in_flight);
         t.push_str(&self.store_extra);
+        // `OUTBOXD_TEST_CHANGELOG=off` runs every suite as a single instance without
+        // changelog topics (today's behaviour); tests that configure it keep theirs.
+        if changelog_off() && !self.store_extra.contains("[store.changelog]") {
+            let _ = writeln!(t, "[store.changelog]\nenabled = false");
+        }
         // Tests run many outboxd processes at once: each admin server on a free port.
         let _ = writeln!(t, "\n[admin]\nlisten = \"127.0.0.1:0\"");
         t.push_str(&self.admin_extra);
@@ -113,6 +118,11 @@ impl OutboxdConfig {
         t.push_str(&self.retry_extra);
         t
     }
+}
+
+/// Whether the tests run with `[store.changelog] enabled = false` (`OUTBOXD_TEST_CHANGELOG=off`).
+pub fn changelog_off() -> bool {
+    std::env::var("OUTBOXD_TEST_CHANGELOG").is_ok_and(|v| v.trim() == "off")
 }
 
 /// TOML lines for `[handlers.dead_letter]` (for [`OutboxdConfig::handler_extra`]).
