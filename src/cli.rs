@@ -138,6 +138,9 @@ pub enum StoreCommand {
         #[command(flatten)]
         args: StoreArgs,
     },
+    /// Read every changelog partition into the store (a new, emptied or replaced
+    /// store), with the service stopped. Needs the full config and the brokers.
+    Rebuild(StoreArgs),
     /// Records as JSON Lines (with the message copy of dead and parked events).
     Export {
         /// Only records in this state (claimed, done, dead, parked).
@@ -155,7 +158,7 @@ pub enum StoreCommand {
 impl StoreCommand {
     fn args(&self) -> &StoreArgs {
         match self {
-            StoreCommand::Stats(args) | StoreCommand::Gc(args) => args,
+            StoreCommand::Stats(args) | StoreCommand::Gc(args) | StoreCommand::Rebuild(args) => args,
             StoreCommand::Get { args, .. }
             | StoreCommand::List { args, .. }
             | StoreCommand::Forget { args, .. }
@@ -191,6 +194,9 @@ impl StoreCommand {
 /// it, through that service ([`ops::open`]).
 pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
     cmd.check()?;
+    if let StoreCommand::Rebuild(args) = &cmd {
+        return rebuild(args).await;
+    }
     let args = cmd.args();
     match ops::open(&args.config, args.path.as_deref(), cmd.needs())? {
         Opened::Local(api) => store_command_on(&api, cmd).await,
@@ -234,6 +240,8 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             let removed = api.gc().await?;
             println!("removed {removed} expired record(s)");
         }
+        // Handled before a store is opened (it needs the brokers, not the store API).
+        StoreCommand::Rebuild(args) => return rebuild(&args).await,
         StoreCommand::Retry { event_id, topic, .. } => {
             let ids = match event_id {
                 Some(id) => vec![id],
@@ -266,6 +274,35 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
     Ok(())
 }
 
+/// `store rebuild`: the changelog into the store, one line per partition.
+async fn rebuild(args: &StoreArgs) -> anyhow::Result<()> {
+    let mut config = Config::load(&args.config)?;
+    if let Some(path) = &args.path {
+        config.store.path = path.clone();
+    }
+    let rebuilt = crate::app::rebuild(&config).await?;
+    if args.json {
+        let lines: Vec<Value> = rebuilt
+            .iter()
+            .map(|r| {
+                serde_json::json!({"topic": r.partition.0, "partition": r.partition.1, "changelog_topic": r.changelog_topic,
+                    "read": r.restored.read, "applied": r.restored.applied, "checkpoint": r.restored.checkpoint})
+            })
+            .collect();
+        println!("{}", Value::Array(lines));
+        return Ok(());
+    }
+    for r in &rebuilt {
+        println!(
+            "{}/{}: {} record(s) read from {}, {} applied, checkpoint {}",
+            r.partition.0, r.partition.1, r.restored.read, r.changelog_topic, r.restored.applied, r.restored.checkpoint
+        );
+    }
+    let read: u64 = rebuilt.iter().map(|r| r.restored.read).sum();
+    println!("{} partition(s), {read} record(s) read", rebuilt.len());
+    Ok(())
+}
+
 /// Runs stored copies again (the handler, retries, dead letters), one line per event.
 async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
@@ -294,8 +331,40 @@ async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long `check-config` waits for the brokers to list their topics.
+const CHECK_BROKERS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Which changelog topics `run` would create or use, when the brokers answer.
+/// Returns the reasons `run` would refuse to start.
+fn print_changelog_plan(config: &Config) -> Vec<String> {
+    let Some(changelog) = &config.store.changelog else {
+        println!("changelog: off (the local store is the only dedup state)");
+        return Vec::new();
+    };
+    println!("changelog: on, topics {}", changelog.topic_template);
+    match crate::kafka::changelog::plan(config, changelog, CHECK_BROKERS_TIMEOUT) {
+        Err(error) => {
+            println!("changelog: brokers not reachable ({error:#}); topics not checked");
+            Vec::new()
+        }
+        Ok(plan) => {
+            for (source, name, n) in &plan.create {
+                println!("changelog: would create {name} ({n} partitions, for {source})");
+            }
+            for (source, name, _) in &plan.existing {
+                println!("changelog: {name} exists (for {source})");
+            }
+            for reason in &plan.mismatched {
+                println!("changelog: ERROR {reason}");
+            }
+            plan.mismatched
+        }
+    }
+}
+
 /// `outboxd check-config`: validates the config, lets librdkafka check
-/// `kafka.options`, and prints the settings and the handler for each topic.
+/// `kafka.options`, prints the settings, the changelog topics `run` would create
+/// (when the brokers answer), and the handler for each topic.
 pub fn check_config(path: &Path) -> anyhow::Result<()> {
     let config = Config::load(path)?;
     crate::kafka::validate_options(&config.kafka)?;
@@ -315,6 +384,7 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         config.store.max_in_flight,
         config.store.fsync
     );
+    let refused = print_changelog_plan(&config);
     let mut t = table(&["handler", "topics", "kind", "target", "event id", "retry"]);
     for h in &config.handlers {
         let (kind, target) = match &h.spec {
@@ -342,5 +412,8 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         t.add_row(vec![format!("handlers[{}]", h.index), h.topics.to_string(), kind.to_owned(), target, id, retry]);
     }
     println!("{t}");
+    if !refused.is_empty() {
+        bail!("`outboxd run` would refuse to start: {}", refused.join("; "));
+    }
     Ok(())
 }

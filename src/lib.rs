@@ -29,11 +29,14 @@
 //! - [`event`] / [`codec`]: the one decoder, Kafka message → [`event::OutboxEvent`] (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
 //! - [`avro`]: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
 //! - [`store`]: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
-//!   log and of new blob files; a failed sync fails every later wait), expiry index, message copies within a
+//!   log and of new blob files; a failed sync fails every later wait), time slices, message copies within a
 //!   quota. Only place that uses sled. [`store::view`]: records, stats and message copies as JSON and tables.
+//!   [`store::changelog`]: with `[store.changelog]` the store is a cache of changelog partitions: final
+//!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far.
 //! - [`offsets`]: per-partition tracker of the next committable offset.
-//! - [`kafka`]: the consumer and its rebalance handling, the dead-letter producer, client options. Only place that uses rdkafka.
-//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain.
+//! - [`kafka`]: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
+//!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
+//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment.
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest, only here), `log`, closures.
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
 //! - [`app`]: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.

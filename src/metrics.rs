@@ -49,6 +49,14 @@ pub mod names {
     pub const COPIES_NOT_KEPT: &str = "outboxd_message_copies_not_kept_total";
     /// Gauge: bytes of message copies of failed events kept in the store.
     pub const COPY_BYTES: &str = "outboxd_store_message_copy_bytes";
+    /// Changelog records read into the store by restores (labels `topic`, `partition`: the source partition).
+    pub const RESTORED: &str = "outboxd_changelog_records_restored_total";
+    /// Changelog records a running restore still has to read (labels `topic`, `partition`).
+    pub const RESTORE_LAG: &str = "outboxd_changelog_restore_lag";
+    /// Duration of one partition's restore.
+    pub const RESTORE_SECONDS: &str = "outboxd_changelog_restore_seconds";
+    /// Partitions assigned and waiting for their restore.
+    pub const RESTORING: &str = "outboxd_partitions_restoring";
 }
 
 const SECONDS_BUCKETS: &[f64] =
@@ -101,4 +109,18 @@ fn describe() {
         "Message copies of failed events not kept because store.max_message_copy_bytes was reached."
     );
     describe_gauge!(names::COPY_BYTES, Unit::Bytes, "Bytes of message copies of failed events kept in the store.");
+    describe_counter!(
+        names::RESTORED,
+        "Changelog records read into the local store by restores, per source partition."
+    );
+    describe_gauge!(names::RESTORE_LAG, "Changelog records a running restore still has to read, per source partition.");
+    describe_histogram!(
+        names::RESTORE_SECONDS,
+        Unit::Seconds,
+        "Duration of one partition's restore from its changelog."
+    );
+    describe_gauge!(
+        names::RESTORING,
+        "Partitions assigned and waiting for their changelog restore (not handled meanwhile)."
+    );
 }

@@ -35,11 +35,14 @@ struct PartitionState {
     /// When the committable offset last moved, or waiting began (readiness: a
     /// partition whose events wait while this grows old is stalled).
     moved_at: Instant,
+    /// Its changelog is being restored: none of its events may begin.
+    restoring: bool,
 }
 
 impl PartitionState {
-    fn new(generation: u64) -> PartitionState {
+    fn new(generation: u64, restoring: bool) -> PartitionState {
         PartitionState {
+            restoring,
             generation,
             pending: BTreeMap::new(),
             committable: None,
@@ -55,15 +58,54 @@ impl PartitionState {
 pub struct OffsetTracker {
     partitions: HashMap<PartitionId, PartitionState>,
     next_generation: u64,
+    /// Every assigned partition is restored from its changelog before its events begin.
+    restore: bool,
 }
 
 impl OffsetTracker {
+    /// A tracker whose partitions are each restored (from the changelog) when
+    /// assigned, before any of their events may begin.
+    pub fn with_restore() -> OffsetTracker {
+        OffsetTracker { restore: true, ..OffsetTracker::default() }
+    }
+
+    /// Whether assigned partitions are restored first.
+    pub fn restores(&self) -> bool {
+        self.restore
+    }
+
     /// Starts tracking a freshly assigned partition; returns its generation.
     pub fn assign(&mut self, partition: PartitionId) -> u64 {
         self.next_generation += 1;
         let generation = self.next_generation;
-        self.partitions.insert(partition, PartitionState::new(generation));
+        self.partitions.insert(partition, PartitionState::new(generation, self.restore));
         generation
+    }
+
+    /// Partitions waiting for their restore, with their generation, in name order.
+    pub fn restoring(&self) -> Vec<(PartitionId, u64)> {
+        let mut waiting: Vec<(PartitionId, u64)> =
+            self.partitions.iter().filter(|(_, p)| p.restoring).map(|(id, p)| (id.clone(), p.generation)).collect();
+        waiting.sort();
+        waiting
+    }
+
+    /// Whether the partition, assigned in `generation`, still waits for its restore.
+    pub fn is_restoring(&self, partition: &PartitionId, generation: u64) -> bool {
+        self.partitions.get(partition).is_some_and(|p| p.generation == generation && p.restoring)
+    }
+
+    /// The restore of the partition (assigned in `generation`) is complete: its
+    /// events may begin. False when it was revoked or reassigned meanwhile.
+    pub fn restored(&mut self, partition: &PartitionId, generation: u64) -> bool {
+        match self.partitions.get_mut(partition).filter(|p| p.generation == generation) {
+            Some(p) => {
+                p.restoring = false;
+                p.moved_at = Instant::now();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Forgets a revoked partition; late completions for it are ignored.
@@ -289,6 +331,19 @@ mod tests {
         t.abandon(&tp(), g);
         assert_eq!(t.running(&[tp()]), 0);
         assert!(t.committable().is_empty());
+    }
+
+    #[test]
+    fn a_restoring_partition_waits_until_its_restore_of_that_assignment_completes() {
+        let mut t = OffsetTracker::with_restore();
+        let old = t.assign(tp());
+        let g = t.assign(tp());
+        assert!(t.is_restoring(&tp(), g) && !t.is_restoring(&tp(), old));
+        assert_eq!(t.restoring(), vec![(tp(), g)]);
+        assert!(!t.restored(&tp(), old), "a restore of an earlier assignment does not count");
+        assert!(t.restored(&tp(), g));
+        assert!(t.restoring().is_empty() && !t.is_restoring(&tp(), g));
+        assert!(!OffsetTracker::default().restores());
     }
 
     #[test]

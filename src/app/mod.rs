@@ -9,7 +9,10 @@
 //! [`JoinSet`] is stopped and awaited, the store is closed, and the summary is
 //! logged.
 
+mod rebuild;
 mod tasks;
+
+pub use rebuild::{rebuild, Rebuilt};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,11 +26,14 @@ use tracing::{info, warn};
 
 use crate::admin;
 use crate::config::Config;
-use crate::engine::{Counters, Engine, Executor};
+use crate::engine::{Counters, Engine, Executor, RestoreSetup};
 use crate::handler::Handler;
-use crate::kafka::{Consumer, Tracker};
+use crate::kafka::{self, Consumer, Tracker};
 use crate::offsets::OffsetTracker;
 use crate::store::{Store, StoreOptions};
+
+/// How long start-up waits for the brokers to list topics (changelog topics).
+const CHANGELOG_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs outboxd with the handlers of `config` until `shutdown` resolves (or the
 /// store fails), then drains. What `outboxd run` does; [`App`] is the same with
@@ -84,8 +90,10 @@ impl App {
         let App { config, custom } = self;
         crate::engine::check_custom_topics(&config, &custom)?;
         let store = open_store(&config)?;
+        let restore = changelog(&config, &store).await?;
         let token = CancellationToken::new();
-        let tracker: Tracker = Arc::new(Mutex::new(OffsetTracker::default()));
+        let tracker = if restore.is_some() { OffsetTracker::with_restore() } else { OffsetTracker::default() };
+        let tracker: Tracker = Arc::new(Mutex::new(tracker));
         let subscriptions = config.subscriptions();
         let prometheus = crate::metrics::install().context("setting up metrics")?;
         let broker_up = Arc::new(AtomicBool::new(false));
@@ -132,6 +140,9 @@ impl App {
         tasks.spawn(tasks::stall_watch(tracker, stall_timeout, background.clone()));
         tasks.spawn(tasks::metrics_upkeep(prometheus, background.clone()));
         tasks.spawn(tasks::retention(store.clone(), gc_interval, background.clone()));
+        if let Some(setup) = restore {
+            tasks.spawn(engine.restore_task(setup, token.clone()));
+        }
         info!(topics = %subscriptions.join(","), store = %store.path().display(), max_in_flight, "outboxd running");
 
         let run = engine.run(&token);
@@ -155,6 +166,32 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<Store>> {
         .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
     store.set_message_quota(config.store.max_message_copy_bytes);
     Ok(Arc::new(store))
+}
+
+/// With `[store.changelog]`: the changelog topics of the source topics that exist
+/// now are created or checked (a partition-count mismatch stops the start-up;
+/// brokers that cannot be reached now are asked again on assignment), and final
+/// records go to them from now on. Returns what the restore task needs.
+async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<Option<RestoreSetup>> {
+    let Some(changelog) = config.store.changelog.clone() else { return Ok(None) };
+    let (c, cl) = (config.clone(), changelog.clone());
+    match tokio::task::spawn_blocking(move || kafka::changelog::plan(&c, &cl, CHANGELOG_LOOKUP_TIMEOUT)).await? {
+        Ok(plan) => match kafka::changelog::ensure(&config.kafka, &changelog, config.store.retention, &plan).await {
+            Ok(()) => {}
+            Err(kafka::changelog::TopicError::Mismatch(reason)) => {
+                anyhow::bail!("{reason}\n(nothing was handled)")
+            }
+            Err(error) => warn!(%error, "changelog topics not checked at start-up; they are checked on assignment"),
+        },
+        Err(error) => {
+            warn!(error = %format!("{error:#}"), "brokers not reachable at start-up; changelog topics are checked on assignment")
+        }
+    }
+    let producer = kafka::changelog::ChangelogProducer::build(&config.kafka, &changelog)
+        .context("creating the changelog producer")?;
+    store.attach_changelog(Arc::new(producer));
+    info!(changelog_topics = %changelog.topic_template, "final records go to changelog topics; assigned partitions are restored first");
+    Ok(Some(RestoreSetup { kafka: config.kafka.clone(), changelog, retention: config.store.retention }))
 }
 
 /// After the drain: awaits the background tasks (told to stop), closes the

@@ -6,6 +6,7 @@
 //! resolved form, its defaults and its checks:
 //! - `kafka`: `[kafka]`, brokers, group, commit and drain timing, librdkafka options;
 //! - `store`: `[store]`, the dedup store, retention, group commit, in-flight bounds;
+//!   `changelog`: `[store.changelog]`, the dedup state in Kafka topics;
 //! - `admin`: `[admin]`, the admin server's address, token and allowed `Host`s;
 //! - `schema_registry`: `[schema_registry]`, Avro schemas and decoding limits;
 //! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts;
@@ -21,6 +22,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 mod admin;
+mod changelog;
 mod handler;
 mod http;
 mod kafka;
@@ -34,6 +36,7 @@ mod values;
 mod doc_keys;
 
 pub use admin::{AdminConfig, RawAdmin};
+pub use changelog::{ChangelogConfig, RawChangelog};
 pub use handler::{
     Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnUncertain, RawDeadLetter,
     RawHandler,
@@ -138,7 +141,7 @@ impl RawConfig {
     /// Each section in file order, then the checks across sections.
     pub fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
         let kafka = self.kafka.validate(env)?;
-        let store = self.store.validate()?;
+        let store = self.store.validate(&kafka.group_id)?;
         let admin = admin::validate(self.admin, env)?;
         let schema_registry = self.schema_registry.map(|r| r.validate(&store.path, env)).transpose()?;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::bail;
 use serde::Deserialize;
 
+use super::changelog::{ChangelogConfig, RawChangelog};
 use super::values::{duration, parse_size};
 
 /// Done/dead records are kept this long; a redelivery older than that runs again.
@@ -57,6 +58,9 @@ pub struct RawStore {
     pub fsync: Option<bool>,
     /// Size of the store's page cache, e.g. "64MiB".
     pub cache_size: Option<String>,
+    /// `[store.changelog]`: the dedup state in Kafka (on by default).
+    #[serde(default)]
+    pub changelog: RawChangelog,
 }
 
 /// `[store]` validated: durations and sizes parsed, defaults filled in.
@@ -82,10 +86,13 @@ pub struct StoreConfig {
     /// `fdatasync` after each group flush (default `true`); `false` survives a
     /// process crash, not a power loss.
     pub fsync: bool,
+    /// `None` when `[store.changelog] enabled = false`.
+    pub changelog: Option<ChangelogConfig>,
 }
 
 impl RawStore {
-    pub(super) fn validate(self) -> anyhow::Result<StoreConfig> {
+    /// `group_id` names the changelog topics.
+    pub(super) fn validate(self, group_id: &str) -> anyhow::Result<StoreConfig> {
         if self.path.as_os_str().is_empty() {
             bail!("store.path: must not be empty");
         }
@@ -130,6 +137,7 @@ impl RawStore {
             max_message_copy_bytes,
             gc_interval: duration("store.gc_interval", self.gc_interval.as_deref(), DEFAULT_GC_INTERVAL)?,
             fsync: self.fsync.unwrap_or(true),
+            changelog: self.changelog.validate(group_id)?,
         };
         if store.retention.is_zero() {
             bail!("store.retention: must be greater than 0");

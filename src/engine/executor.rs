@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::retry::{backoff, next_delay};
 use crate::avro;
@@ -152,6 +152,12 @@ impl Executor {
     /// flight), so that an event whose partition moved meanwhile is left to its
     /// new owner instead of running here too.
     pub async fn execute_owned(&self, msg: &RawMessage, owned: &Ownership<'_>) -> Result<Executed, StoreError> {
+        if self.config.store.changelog.as_ref().is_some_and(|c| c.is_changelog(&msg.topic)) {
+            // A handler's topic_pattern matched a changelog topic: its records are
+            // outboxd's own state, not events (read by restores, never handled).
+            debug!(topic = %msg.topic, partition = msg.partition, offset = msg.offset, "changelog record skipped");
+            return Ok(Executed::Final);
+        }
         let Some(hc) = self.config.handler_for(&msg.topic) else {
             self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await?;
             return Ok(Executed::Final);
@@ -344,6 +350,10 @@ impl Executor {
                 c
             }
         };
+        if hc.on_uncertain != OnUncertain::Retry {
+            // A new owner of the partition must find the outcome uncertain, not absent.
+            self.store.log_claim(&claimed).await?;
+        }
         let mut attempt = claimed.attempt();
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);

@@ -5,10 +5,12 @@
 mod executor;
 #[cfg(test)]
 mod policy_tests;
+mod restore;
 mod retry;
 mod worker;
 
 pub use executor::{check_custom_topics, Counters, Executor};
+pub use restore::{restore_partition, RestoreSetup, Restored};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +58,15 @@ impl Engine {
             drain_timeout,
             draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Restores assigned partitions from their changelog until `stop` (see `restore`).
+    pub fn restore_task(
+        &self,
+        setup: RestoreSetup,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        restore::run(self.shared.clone(), setup, stop)
     }
 
     /// True once the engine stopped taking events.

@@ -11,6 +11,9 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::error;
 
 use super::executor::{Executed, Executor};
+
+/// How often an event of a partition being restored looks whether it may begin.
+const RESTORE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 use crate::event::RawMessage;
 use crate::kafka::{Consumer, Tracker};
 
@@ -127,7 +130,7 @@ impl Drop for ChainGuard {
 }
 
 /// A poisoned lock only means a panic happened while it was held; the map itself stays valid.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -139,6 +142,14 @@ async fn process(shared: &Shared, job: &Job) {
         return;
     }
     let partition = (msg.topic.clone(), msg.partition);
+    // No event of a partition begins before its changelog is restored (the
+    // consumer pauses it; this holds what was fetched before the pause).
+    while lock(&shared.tracker).is_restoring(&partition, job.generation) {
+        if shared.exec.stopped() {
+            return;
+        }
+        tokio::time::sleep(RESTORE_WAIT).await;
+    }
     // A partition being revoked (or already reassigned) starts nothing new: its next
     // owner reads from the last committed offset.
     if !lock(&shared.tracker).begin(&partition, job.generation) {

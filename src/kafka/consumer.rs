@@ -26,6 +26,8 @@ struct Ctx {
     broker_up: Arc<AtomicBool>,
     /// How long a revoke waits for running events of the revoked partitions.
     drain_timeout: Duration,
+    /// Told when partitions were assigned that must be restored first (changelog on).
+    restore_wakeup: Arc<tokio::sync::Notify>,
 }
 
 /// How often a revoke looks whether running events have finished.
@@ -69,13 +71,22 @@ impl ConsumerContext for Ctx {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions(tpl);
                 let mut tracker = self.tracker.lock().expect("offset tracker lock");
                 for p in &assigned {
                     tracker.assign(p.clone());
+                }
+                if tracker.restores() && !assigned.is_empty() {
+                    // Nothing of them is fetched until their changelog is restored (the
+                    // restore resumes each); what was fetched already is fetched again then.
+                    if let Err(error) = consumer.pause(tpl) {
+                        warn!(%error, partitions = %describe(&assigned), "could not pause partitions to restore; their events wait for the restore");
+                    }
+                    info!(partitions = %describe(&assigned), "partitions assigned; restoring their changelog before handling them");
+                    self.restore_wakeup.notify_one();
                 }
                 // An assignment came through the group coordinator: the broker is reachable.
                 self.broker_up.store(true, Ordering::Relaxed);
@@ -159,6 +170,7 @@ impl Consumer {
             tracker,
             broker_up,
             drain_timeout: kafka.drain_timeout,
+            restore_wakeup: Arc::default(),
         })?;
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
         inner.subscribe(&topics)?;
@@ -170,6 +182,20 @@ impl Consumer {
         match self.inner.recv().await {
             Ok(m) => Ok(to_raw(&m)),
             Err(e) => Err(RecvError(e.to_string())),
+        }
+    }
+
+    /// Notified when partitions were assigned that must be restored first.
+    pub fn restore_wakeup(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.context().restore_wakeup.clone()
+    }
+
+    /// Lets a partition's messages come again (after its restore).
+    pub fn resume(&self, partition: &PartitionId) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&partition.0, partition.1);
+        if let Err(error) = self.inner.resume(&tpl) {
+            warn!(%error, topic = %partition.0, partition = partition.1, "could not resume a restored partition");
         }
     }
 
@@ -229,7 +255,12 @@ mod tests {
             assert!(t.begin(&partition, g));
             g
         };
-        let ctx = Ctx { tracker: tracker.clone(), broker_up: Arc::default(), drain_timeout: Duration::from_secs(3) };
+        let ctx = Ctx {
+            tracker: tracker.clone(),
+            broker_up: Arc::default(),
+            drain_timeout: Duration::from_secs(3),
+            restore_wakeup: Arc::default(),
+        };
         let consumer: BaseConsumer<Ctx> = rdkafka::config::ClientConfig::new()
             .set("bootstrap.servers", "127.0.0.1:9")
             .set("group.id", "revoke-test")

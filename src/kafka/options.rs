@@ -5,7 +5,7 @@
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
 
-use crate::config::KafkaConfig;
+use crate::config::{ChangelogConfig, KafkaConfig};
 
 /// Lets librdkafka check `kafka.options` (names, values, files such as CA
 /// certificates) by creating a client that is never used; nothing is sent.
@@ -51,8 +51,51 @@ pub(super) fn consumer(kafka: &KafkaConfig) -> ClientConfig {
 
 /// The dead-letter producer's settings.
 pub(super) fn dead_letter_producer(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = connection(kafka, "outboxd-dlq");
+    // The broker (topic max.message.bytes) decides how large a dead letter may be,
+    // not librdkafka's 1 MB default: a large poison message must still get out.
+    cc.set("enable.idempotence", "true").set("acks", "all").set("message.max.bytes", "104857600");
+    cc
+}
+
+/// The changelog producer's settings: idempotent with acks=all, so a record the
+/// broker acknowledged is on every in-sync replica, once, in order.
+pub(super) fn changelog_producer(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> ClientConfig {
+    let mut cc = connection(kafka, "outboxd-changelog");
+    cc.set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", changelog.linger.as_millis().to_string())
+        .set("message.timeout.ms", changelog.delivery_timeout.as_millis().max(1).to_string())
+        // Records of ~80 bytes with similar keys: lz4 shrinks batches cheaply.
+        .set("compression.type", "lz4")
+        // A deleted changelog topic must not come back with the broker's default
+        // partition count: outboxd creates them, with the source's count.
+        .set("allow.auto.create.topics", "false");
+    cc
+}
+
+/// The settings of the consumer that reads changelog partitions while restoring:
+/// assigned by hand, never joins the group, never commits.
+pub(super) fn restore_consumer(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = connection(kafka, "outboxd-restore");
+    cc.set("group.id", format!("{}.outboxd-restore", kafka.group_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest");
+    cc
+}
+
+/// The admin client's settings (changelog topics).
+pub(super) fn admin(kafka: &KafkaConfig) -> ClientConfig {
+    connection(kafka, "outboxd-admin")
+}
+
+/// Brokers, and the security and connection settings of `kafka.options` (other
+/// consumer settings would only produce warnings in other clients).
+fn connection(kafka: &KafkaConfig, client_id: &str) -> ClientConfig {
     let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &kafka.brokers).set("client.id", "outboxd-dlq");
+    cc.set("bootstrap.servers", &kafka.brokers).set("client.id", client_id);
     for (k, v) in &kafka.options {
         // Security and connection settings apply to the producer too; consumer-only
         // settings would only produce warnings.
@@ -66,8 +109,5 @@ pub(super) fn dead_letter_producer(kafka: &KafkaConfig) -> ClientConfig {
             cc.set(k, v);
         }
     }
-    // The broker (topic max.message.bytes) decides how large a dead letter may be,
-    // not librdkafka's 1 MB default: a large poison message must still get out.
-    cc.set("enable.idempotence", "true").set("acks", "all").set("message.max.bytes", "104857600");
     cc
 }

@@ -12,6 +12,22 @@ use super::names::Names;
 use super::varint::{self, Reader};
 use super::{Record, State, StoreError};
 
+/// Where the small ids of topics and event types come from: the store's
+/// dictionary ([`Names`]), or a record's own texts (a changelog value).
+pub trait NameIds {
+    fn id(&self, name: &str) -> Result<u32, StoreError>;
+    fn name(&self, id: u32) -> String;
+}
+
+impl NameIds for Names {
+    fn id(&self, name: &str) -> Result<u32, StoreError> {
+        Names::id(self, name)
+    }
+    fn name(&self, id: u32) -> String {
+        Names::name(self, id)
+    }
+}
+
 const CLAIMED_AT: u64 = 1 << 2;
 const DONE_AT: u64 = 1 << 3;
 const KEY_TEXT: u64 = 1 << 4;
@@ -53,7 +69,7 @@ pub fn state(value: &[u8]) -> Option<State> {
 }
 
 /// `r` as stored in a slice that starts at `slice_start_us`.
-pub fn encode(r: &Record, names: &Names, slice_start_us: i64) -> Result<Vec<u8>, StoreError> {
+pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<Vec<u8>, StoreError> {
     let mut flags = state_bits(r.state);
     let key_uuid = r.key.as_deref().and_then(keys::parse_uuid);
     flags |= match (&r.key, key_uuid) {
@@ -121,7 +137,7 @@ pub fn encode(r: &Record, names: &Names, slice_start_us: i64) -> Result<Vec<u8>,
 pub fn decode(
     key: &[u8],
     value: &[u8],
-    names: &Names,
+    names: &impl NameIds,
     slice_start_us: i64,
     expires_at_us: Option<i64>,
 ) -> Result<Record, StoreError> {

@@ -8,7 +8,9 @@
 //! - `messages`: copies of failed messages, within a quota, per slice.
 //! - `read`: listing, paging, scanning and counting; `repair`: forget, reopen, resolve.
 //! - `migrate`: converts stores written in the earlier format on open.
+//! - `changelog`: the changelog's value format, restore, and checkpoints (`[store.changelog]`).
 
+pub mod changelog;
 mod counts;
 mod format;
 mod keys;
@@ -75,6 +77,8 @@ pub enum StoreError {
     WrongState { id: String, state: State, expected: &'static str },
     #[error("no stored copy of the message of event {0:?}")]
     NoMessage(String),
+    #[error("changelog write failed: {0}")]
+    Changelog(String),
 }
 
 /// Counts for `outboxd store stats`.
@@ -147,6 +151,8 @@ pub struct Store {
     duplicates: Arc<AtomicU64>,
     sync: sync::Syncer,
     owner: Mutex<Option<owner::OwnerFile>>,
+    /// Where final records also go, and how far each changelog partition is restored.
+    changelog: changelog::Changelog,
 }
 
 impl Store {
@@ -184,12 +190,14 @@ impl Store {
             messages: &messages,
         })?;
         let legacy_until = read_i64(&meta, LEGACY_UNTIL_KEY)?.unwrap_or(i64::MIN);
+        let changelog = changelog::Changelog::open(&meta, opts.retention)?;
         let duplicates = Arc::new(AtomicU64::new(read_i64(&meta, DUPLICATES_KEY)?.unwrap_or(0) as u64));
         let persist = {
-            let (meta, slices, copy_bytes, duplicates) =
-                (meta.clone(), slices.clone(), messages.total(), duplicates.clone());
+            let (meta, slices, copy_bytes, duplicates, checkpoints) =
+                (meta.clone(), slices.clone(), messages.total(), duplicates.clone(), changelog.checkpoints.clone());
             move || {
                 slices.persist()?;
+                checkpoints.persist(&meta)?;
                 let copies = copy_bytes.load(Ordering::Relaxed);
                 meta.insert(messages::MESSAGE_BYTES_KEY, &copies.to_be_bytes()[..])?;
                 meta.insert(DUPLICATES_KEY, &duplicates.load(Ordering::Relaxed).to_be_bytes()[..]).map(drop)
@@ -207,6 +215,7 @@ impl Store {
             sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval, Box::new(persist)),
             db,
             owner: Mutex::new(owner),
+            changelog,
         })
     }
 
@@ -360,7 +369,7 @@ impl Store {
         let from = self.slices.get(claimed.slice);
         let mut r = *claimed.record;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), None, state, text)?;
-        self.durable().await
+        self.settle(&r).await
     }
 
     /// Records a dead or parked event with its message copy and, when one was
@@ -379,7 +388,7 @@ impl Store {
         let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), Some(to), state, reason)?;
-        self.durable().await
+        self.settle(&r).await
     }
 
     /// `r`, as stored in `from` (`None`: it is new), becomes final in `to` (default: the current slice).
@@ -427,7 +436,7 @@ impl Store {
         let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, was)), Some(to), State::Dead, reason)?;
-        self.durable().await
+        self.settle(&r).await
     }
 
     /// Removes the records whose retention ended before `now_us`: every slice

@@ -2,6 +2,7 @@
 //!
 //! Run one theme with a filter on its module path, e.g. `cargo test --test it core::`.
 //! Most modules need the local stack (`scripts/stack up`); see each module's docs.
+//! `[store.changelog]` is on (its default) unless `OUTBOXD_TEST_CHANGELOG=off`.
 
 mod harness;
 
@@ -19,4 +20,5 @@ mod failure;
 mod faults;
 mod hostile;
 mod kill_loop;
+mod scale;
 mod tls_config;

@@ -103,17 +103,19 @@ impl From<StoreError> for ApiError {
 }
 
 async fn readyz(State(s): State<Shared>) -> Response {
-    let (partitions, stalled) = {
+    let (partitions, stalled, restoring) = {
         let tracker = s.tracker.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        (tracker.assigned(), tracker.stalled(std::time::Instant::now(), s.stall_timeout))
+        let restoring: Vec<String> = tracker.restoring().iter().map(|(p, _)| crate::offsets::name(p)).collect();
+        (tracker.assigned(), tracker.stalled(std::time::Instant::now(), s.stall_timeout), restoring)
     };
     let broker = s.broker_up.load(Ordering::Relaxed);
     let draining = s.draining.load(Ordering::Relaxed);
     let store_ok = !s.exec.stopped();
-    let ready = store_ok && broker && partitions > 0 && !draining && stalled.is_empty();
+    // A partition being restored handles nothing yet: not ready (a rolling deploy waits).
+    let ready = store_ok && broker && partitions > 0 && !draining && stalled.is_empty() && restoring.is_empty();
     let stalled: Vec<String> = stalled.iter().map(crate::offsets::name).collect();
     let body = json!({"ready": ready, "store": store_ok, "broker": broker, "partitions": partitions,
-        "draining": draining, "stalled": stalled});
+        "draining": draining, "stalled": stalled, "restoring": restoring});
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
 }

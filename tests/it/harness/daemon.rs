@@ -88,6 +88,11 @@ impl OutboxdConfig {
         let _ = writeln!(t, "commit_interval = {}", q(&self.store_commit_interval));
         let _ = writeln!(t, "max_in_flight = {}", self.max_in_flight);
         t.push_str(&self.store_extra);
+        // `OUTBOXD_TEST_CHANGELOG=off` runs every suite as a single instance without
+        // changelog topics (today's behaviour); tests that configure it keep theirs.
+        if changelog_off() && !self.store_extra.contains("[store.changelog]") {
+            let _ = writeln!(t, "[store.changelog]\nenabled = false");
+        }
         // Tests run many outboxd processes at once: each admin server on a free port.
         let _ = writeln!(t, "\n[admin]\nlisten = \"127.0.0.1:0\"");
         t.push_str(&self.admin_extra);
@@ -113,6 +118,11 @@ impl OutboxdConfig {
         t.push_str(&self.retry_extra);
         t
     }
+}
+
+/// Whether the tests run with `[store.changelog] enabled = false` (`OUTBOXD_TEST_CHANGELOG=off`).
+pub fn changelog_off() -> bool {
+    std::env::var("OUTBOXD_TEST_CHANGELOG").is_ok_and(|v| v.trim() == "off")
 }
 
 /// TOML lines for `[handlers.dead_letter]` (for [`OutboxdConfig::handler_extra`]).
@@ -304,11 +314,17 @@ impl Outboxd {
         }
     }
 
-    /// Waits until the current run logged `partitions assigned`.
+    /// Waits until the current run logged `partitions assigned` and, with the
+    /// changelog on, until it restored them (their events are handled only then).
     pub async fn wait_for_assignment(&mut self) {
         let log = self.logs.last().cloned().expect("outboxd was never started");
         self.wait_until("outboxd to log `partitions assigned`", ASSIGNMENT_TIMEOUT, || {
             std::fs::read_to_string(&log).unwrap_or_default().contains("partitions assigned")
+        })
+        .await;
+        self.wait_until("outboxd to restore its partitions", ASSIGNMENT_TIMEOUT, || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            !text.contains("restoring their changelog") || text.contains("every assigned partition is restored")
         })
         .await;
     }
@@ -324,6 +340,23 @@ impl Outboxd {
     pub fn stop(&mut self) {
         let status = self.terminate();
         assert!(status.success(), "outboxd should exit 0 after SIGTERM, got {status}");
+    }
+
+    /// Waits (bounded) for outboxd to exit on its own (e.g. refusing to start); returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("outboxd is not running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("outboxd did not exit on its own within {timeout:?} (killed it)");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGTERM and wait (bounded) for the exit; returns its status.

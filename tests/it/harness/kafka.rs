@@ -118,6 +118,46 @@ impl Kafka {
         name
     }
 
+    /// Gives `topic` `total` partitions (more than it has).
+    pub async fn add_partitions(&self, topic: &str, total: usize) {
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(&self.brokers).create().expect("create a Kafka admin client");
+        let results = admin
+            .create_partitions(
+                &[rdkafka::admin::NewPartitions::new(topic, total)],
+                &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("add partitions to {topic}: {e}"));
+        for r in results {
+            if let Err((topic, code)) = r {
+                panic!("add partitions to {topic}: {code:?}");
+            }
+        }
+    }
+
+    /// Deletes a topic and waits until the broker no longer lists it.
+    pub async fn delete_topic(&self, name: &str) {
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(&self.brokers).create().expect("create a Kafka admin client");
+        let results = admin
+            .delete_topics(&[name], &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)))
+            .await
+            .unwrap_or_else(|e| panic!("delete topic {name}: {e}"));
+        for r in results {
+            if let Err((topic, code)) = r {
+                panic!("delete topic {topic}: {code:?}");
+            }
+        }
+        let consumer: BaseConsumer = client_config(&self.brokers).create().expect("client");
+        wait_until(format!("topic {name} to be gone"), Duration::from_secs(30), || {
+            consumer.fetch_metadata(Some(name), BROKER_TIMEOUT).is_ok_and(|md| {
+                md.topics().iter().all(|t| t.name() != name || t.error().is_some() || t.partitions().is_empty())
+            })
+        })
+        .await;
+    }
+
     /// Replaces the topic's dynamic configs with `configs` (non-incremental AlterConfigs).
     pub async fn alter_topic_config(&self, topic: &str, configs: &[(&str, &str)]) {
         let admin: AdminClient<DefaultClientContext> =

@@ -1,0 +1,159 @@
+//! `[store.changelog]`: the dedup state kept in Kafka, one compacted changelog
+//! topic per source topic, so that a partition's records follow it to whichever
+//! instance owns it (restored on assignment). On by default; `enabled = false`
+//! keeps a single instance's local store as the only state.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use serde::Deserialize;
+
+use super::values::duration;
+
+/// One changelog topic per source topic and consumer group: two groups reading the
+/// same topic keep separate dedup state, as they keep separate offsets.
+const DEFAULT_TOPIC_TEMPLATE: &str = "{group_id}.{topic}.outboxd-dedup";
+/// librdkafka's batching wait for changelog records: a final record is awaited
+/// before its offset may move, so a long wait is latency; 1 ms still batches the
+/// records of events finishing together.
+const DEFAULT_LINGER: Duration = Duration::from_millis(1);
+/// How long librdkafka retries one changelog record before reporting it failed;
+/// outboxd then sends it again (the event's offset waits meanwhile).
+const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Records applied to the local store per durable write while restoring: large
+/// enough to amortise the flush, small enough to checkpoint often.
+const DEFAULT_RESTORE_BATCH: usize = 10_000;
+const MAX_RESTORE_BATCH: usize = 1_000_000;
+/// Kafka's limit on topic names.
+const MAX_TOPIC_NAME: usize = 249;
+
+/// `[store.changelog]` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawChangelog {
+    /// `true` (default): final records go to Kafka and are restored on assignment.
+    pub enabled: Option<bool>,
+    /// Changelog topic name; `{group_id}` and `{topic}` (the source topic) are replaced.
+    pub topic: Option<String>,
+    /// Replication factor of changelog topics outboxd creates (default: the broker's).
+    pub replication_factor: Option<i32>,
+    /// Producer batching wait, e.g. "1ms".
+    pub linger: Option<String>,
+    /// How long one changelog write is retried by librdkafka before outboxd sends it again.
+    pub delivery_timeout: Option<String>,
+    /// Records applied per durable write while restoring.
+    pub restore_batch: Option<usize>,
+}
+
+/// The validated `[store.changelog]`; present only when enabled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangelogConfig {
+    /// The topic template with `{group_id}` already replaced; `{topic}` remains.
+    pub topic_template: String,
+    /// `None`: the broker's default.
+    pub replication_factor: Option<i32>,
+    /// `linger`: librdkafka's batching wait for changelog records (default 1 ms).
+    pub linger: Duration,
+    /// `delivery_timeout`: how long librdkafka retries one record before outboxd sends it again (default 30 s).
+    pub delivery_timeout: Duration,
+    /// `restore_batch`: records applied per durable write while restoring (default 10,000).
+    pub restore_batch: usize,
+}
+
+impl ChangelogConfig {
+    /// The changelog topic of a source topic.
+    pub fn topic_for(&self, source: &str) -> String {
+        self.topic_template.replace("{topic}", source)
+    }
+
+    /// Whether `topic` is named like a changelog topic (a handler's `topic_pattern`
+    /// may match those too: they are never handled nor given changelogs of their own).
+    pub fn is_changelog(&self, topic: &str) -> bool {
+        let (prefix, suffix) = self.topic_template.split_once("{topic}").unwrap_or((&self.topic_template, ""));
+        topic.len() > prefix.len() + suffix.len() && topic.starts_with(prefix) && topic.ends_with(suffix)
+    }
+}
+
+impl RawChangelog {
+    /// `None` when disabled. `group_id` fills `{group_id}` of the template.
+    pub(super) fn validate(self, group_id: &str) -> anyhow::Result<Option<ChangelogConfig>> {
+        if !self.enabled.unwrap_or(true) {
+            return Ok(None);
+        }
+        let template = self.topic.unwrap_or_else(|| DEFAULT_TOPIC_TEMPLATE.to_owned());
+        if !template.contains("{topic}") {
+            bail!("store.changelog.topic: {template:?} must contain {{topic}}: each source topic needs its own changelog topic");
+        }
+        let rest = template.replace("{topic}", "").replace("{group_id}", "");
+        if rest.contains('{') || rest.contains('}') {
+            bail!("store.changelog.topic: {template:?}: only {{group_id}} and {{topic}} may be used");
+        }
+        let topic_template = template.replace("{group_id}", group_id);
+        let sample = topic_template.replace("{topic}", "t");
+        if let Some(bad) = sample.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+            bail!(
+                "store.changelog.topic: {sample:?} (with kafka.group_id filled in) contains {bad:?}; Kafka topic names allow only letters, digits, '.', '_' and '-'"
+            );
+        }
+        if sample.len() > MAX_TOPIC_NAME {
+            bail!("store.changelog.topic: {sample:?} is longer than Kafka's {MAX_TOPIC_NAME} characters");
+        }
+        if let Some(rf) = self.replication_factor {
+            if !(1..=i32::from(i16::MAX)).contains(&rf) {
+                bail!("store.changelog.replication_factor: must be between 1 and 32767, got {rf}");
+            }
+        }
+        let restore_batch = self.restore_batch.unwrap_or(DEFAULT_RESTORE_BATCH);
+        if restore_batch == 0 || restore_batch > MAX_RESTORE_BATCH {
+            bail!("store.changelog.restore_batch: must be between 1 and {MAX_RESTORE_BATCH}, got {restore_batch}");
+        }
+        let delivery_timeout =
+            duration("store.changelog.delivery_timeout", self.delivery_timeout.as_deref(), DEFAULT_DELIVERY_TIMEOUT)?;
+        if delivery_timeout < Duration::from_millis(1) {
+            bail!("store.changelog.delivery_timeout: must be at least 1ms");
+        }
+        Ok(Some(ChangelogConfig {
+            topic_template,
+            replication_factor: self.replication_factor,
+            linger: duration("store.changelog.linger", self.linger.as_deref(), DEFAULT_LINGER)?,
+            delivery_timeout,
+            restore_batch,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{env, BASE};
+    use super::super::Config;
+
+    fn parse(changelog: &str) -> anyhow::Result<Config> {
+        Config::parse(&format!("{BASE}{changelog}\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"), &env)
+    }
+
+    #[test]
+    fn the_changelog_is_on_by_default_with_a_topic_per_group_and_source_topic() {
+        let c = parse("").unwrap();
+        let cl = c.store.changelog.expect("on by default");
+        assert_eq!(cl.topic_for("outbox.event.order"), "outboxd.outbox.event.order.outboxd-dedup");
+        assert_eq!(cl.replication_factor, None);
+        assert!(cl.is_changelog("outboxd.outbox.event.order.outboxd-dedup"));
+        assert!(!cl.is_changelog("outbox.event.order") && !cl.is_changelog("outboxd..outboxd-dedup"));
+        let off = parse("[store.changelog]\nenabled = false").unwrap();
+        assert!(off.store.changelog.is_none());
+    }
+
+    #[test]
+    fn a_bad_template_names_the_field() {
+        for (template, says) in [
+            ("\"dedup\"", "must contain {topic}"),
+            ("\"{topic}.{partition}\"", "only {group_id} and {topic}"),
+            ("\"{topic} dedup\"", "contains ' '"),
+        ] {
+            let e = format!("{:#}", parse(&format!("[store.changelog]\ntopic = {template}")).unwrap_err());
+            assert!(e.contains("store.changelog.topic") && e.contains(says), "{template}: {e}");
+        }
+        let e = format!("{:#}", parse("[store.changelog]\nreplication_factor = 0").unwrap_err());
+        assert!(e.contains("store.changelog.replication_factor"), "{e}");
+    }
+}

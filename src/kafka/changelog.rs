@@ -1,0 +1,308 @@
+//! Changelog topics (`[store.changelog]`): one per source topic, with its
+//! partition count, compacted and deleted after `store.retention`; and the
+//! producer that writes final records there (the store's
+//! `store::changelog::Sink`). A record goes to the changelog
+//! partition equal to its source partition: Debezium keys by aggregate id, so a
+//! replayed event lands in the partition whose changelog holds its record.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use tracing::{info, warn};
+
+use crate::config::{ChangelogConfig, Config, KafkaConfig};
+use crate::store::changelog::{Acked, Entry, SendFuture, Sink};
+
+/// How long a metadata request or a topic creation may take at start-up.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// First pause, and the longest, between sends of a changelog record that failed.
+const RESEND_INITIAL: Duration = Duration::from_millis(200);
+const RESEND_MAX: Duration = Duration::from_secs(10);
+
+/// Why changelog topics are not ready.
+#[derive(Debug, thiserror::Error)]
+pub enum TopicError {
+    /// An existing changelog topic cannot serve its source topic: a person must act.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The brokers could not be asked or refused (worth trying again).
+    #[error("{0:#}")]
+    Other(#[from] anyhow::Error),
+}
+
+impl From<KafkaError> for TopicError {
+    fn from(e: KafkaError) -> TopicError {
+        TopicError::Other(e.into())
+    }
+}
+
+/// What the brokers have for each source topic outboxd reads now.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// (source topic, changelog topic, partitions) of changelog topics that exist with the right count.
+    pub existing: Vec<(String, String, i32)>,
+    /// The same for those to create.
+    pub create: Vec<(String, String, i32)>,
+    /// Why an existing changelog topic cannot serve its source topic.
+    pub mismatched: Vec<String>,
+}
+
+/// Partition counts of every topic on the cluster.
+fn partition_counts(
+    kafka: &KafkaConfig,
+    topics: Option<&[String]>,
+    timeout: Duration,
+) -> anyhow::Result<BTreeMap<String, i32>> {
+    let client: BaseConsumer = super::options::admin(kafka).create()?;
+    let mut counts = BTreeMap::new();
+    let mut take = |md: rdkafka::metadata::Metadata| {
+        for t in md.topics() {
+            if t.error().is_none() && !t.partitions().is_empty() {
+                counts.insert(t.name().to_owned(), t.partitions().len() as i32);
+            }
+        }
+    };
+    match topics {
+        None => take(client.fetch_metadata(None, timeout)?),
+        Some(names) => {
+            for name in names {
+                take(client.fetch_metadata(Some(name), timeout)?);
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// The changelog topics the source topics of `config` need (those that exist now;
+/// a source topic created later is looked at when one of its partitions is assigned).
+pub fn plan(config: &Config, changelog: &ChangelogConfig, timeout: Duration) -> anyhow::Result<Plan> {
+    let counts = partition_counts(&config.kafka, None, timeout)?;
+    let sources: Vec<(&String, i32)> = counts
+        .iter()
+        .filter(|(t, _)| config.handler_for(t).is_some() && !changelog.is_changelog(t))
+        .map(|(t, n)| (t, *n))
+        .collect();
+    Ok(plan_for(changelog, &sources, &counts))
+}
+
+fn plan_for(changelog: &ChangelogConfig, sources: &[(&String, i32)], counts: &BTreeMap<String, i32>) -> Plan {
+    let mut plan = Plan::default();
+    for (source, n) in sources {
+        let name = changelog.topic_for(source);
+        match counts.get(&name) {
+            None => plan.create.push(((*source).clone(), name, *n)),
+            Some(m) if m == n => plan.existing.push(((*source).clone(), name, *n)),
+            Some(m) => plan.mismatched.push(mismatch(source, *n, &name, *m)),
+        }
+    }
+    plan
+}
+
+fn mismatch(source: &str, n: i32, changelog: &str, m: i32) -> String {
+    format!(
+        "changelog topic {changelog} has {m} partitions but source topic {source} has {n}; a record's changelog partition is its \
+         source partition, so they must match. If {source} gained partitions, keys moved to other partitions and their \
+         records cannot follow: stop every outboxd of the group, delete {changelog} (or add partitions to it to match), \
+         and start again (an empty changelog means events replayed from before are not known as handled)"
+    )
+}
+
+/// Creates the changelog topics `plan` lacks, compacted and deleted after
+/// `retention`; fails naming the topics when an existing one does not match.
+pub async fn ensure(
+    kafka: &KafkaConfig,
+    changelog: &ChangelogConfig,
+    retention: Duration,
+    plan: &Plan,
+) -> Result<(), TopicError> {
+    if !plan.mismatched.is_empty() {
+        return Err(TopicError::Mismatch(plan.mismatched.join("\n")));
+    }
+    if plan.create.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = super::options::admin(kafka).create()?;
+    let retention_ms = retention.as_millis().to_string();
+    let replication = changelog.replication_factor.unwrap_or(-1);
+    let topics: Vec<NewTopic<'_>> = plan
+        .create
+        .iter()
+        .map(|(_, name, n)| {
+            NewTopic::new(name, *n, TopicReplication::Fixed(replication))
+                .set("cleanup.policy", "compact,delete")
+                .set("retention.ms", &retention_ms)
+        })
+        .collect();
+    let results = admin.create_topics(&topics, &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT))).await?;
+    for result in results {
+        match result {
+            Ok(name) => info!(changelog_topic = %name, "changelog topic created"),
+            // Another instance created it meanwhile: its partition count is checked below.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => return Err(anyhow::anyhow!("creating changelog topic {name}: {code}").into()),
+        }
+    }
+    // Whoever created them, they must match now.
+    let names: Vec<String> = plan.create.iter().map(|(_, name, _)| name.clone()).collect();
+    let counts = partition_counts(kafka, Some(&names), ADMIN_TIMEOUT)?;
+    for (source, name, n) in &plan.create {
+        match counts.get(name) {
+            Some(m) if m != n => return Err(TopicError::Mismatch(mismatch(source, *n, name, *m))),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The changelog topic of `source` exists with `partitions` partitions, or is
+/// created now; an error names both topics and counts otherwise.
+pub async fn ensure_one(
+    kafka: &KafkaConfig,
+    changelog: &ChangelogConfig,
+    retention: Duration,
+    source: &str,
+) -> Result<(), TopicError> {
+    let name = changelog.topic_for(source);
+    let (kafka2, names) = (kafka.clone(), vec![source.to_owned(), name.clone()]);
+    let counts = tokio::task::spawn_blocking(move || partition_counts(&kafka2, Some(&names), ADMIN_TIMEOUT))
+        .await
+        .map_err(anyhow::Error::from)??;
+    let Some(&n) = counts.get(source) else {
+        return Err(anyhow::anyhow!("source topic {source} has no partitions in the metadata").into());
+    };
+    let source = source.to_owned();
+    let plan = plan_for(changelog, &[(&source, n)], &counts);
+    ensure(kafka, changelog, retention, &plan).await
+}
+
+/// Writes changelog records, waiting for the broker's acknowledgement.
+pub struct ChangelogProducer {
+    producer: FutureProducer,
+    changelog: ChangelogConfig,
+}
+
+impl ChangelogProducer {
+    /// An idempotent producer with acks=all for the changelog topics of `changelog`.
+    pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> anyhow::Result<ChangelogProducer> {
+        Ok(ChangelogProducer {
+            producer: super::options::changelog_producer(kafka, changelog).create()?,
+            changelog: changelog.clone(),
+        })
+    }
+}
+
+impl Sink for ChangelogProducer {
+    /// Sends until the broker acknowledges (a transient failure is sent again after
+    /// a pause: the event's offset waits); fails only when the broker will never
+    /// take it or the producer is unusable.
+    fn send(&self, entry: Entry) -> SendFuture {
+        let topic = self.changelog.topic_for(&entry.topic);
+        let producer = self.producer.clone();
+        Box::pin(async move {
+            let mut pause = RESEND_INITIAL;
+            loop {
+                let mut record: FutureRecord<'_, [u8], [u8]> =
+                    FutureRecord::to(&topic).partition(entry.partition).key(entry.key.as_slice());
+                if let Some(value) = &entry.value {
+                    record = record.payload(value.as_slice());
+                }
+                match producer.send(record, rdkafka::util::Timeout::Never).await {
+                    Ok(d) => return Ok(Acked { changelog_topic: topic, partition: d.partition, offset: d.offset }),
+                    Err((error, _)) if missing(&error) => return Err(gone(&topic, entry.partition)),
+                    Err((error, _)) if fatal(&error) => {
+                        return Err(format!("{topic}/{}: {error}", entry.partition));
+                    }
+                    Err((error, _)) => {
+                        // librdkafka may only time out on a topic deleted under it: ask.
+                        if !exists(&producer, &topic, entry.partition).await {
+                            return Err(gone(&topic, entry.partition));
+                        }
+                        warn!(%error, changelog_topic = %topic, partition = entry.partition, ?pause,
+                            "changelog write failed; sending it again (the event's offset waits)");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RESEND_MAX);
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn gone(topic: &str, partition: i32) -> String {
+    format!(
+        "changelog topic {topic} (partition {partition}) does not exist: was it deleted? Its records are gone from \
+         Kafka; outboxd stopped rather than go on without them. Restart to recreate it empty (instances that never \
+         had its records no longer know those events as handled)"
+    )
+}
+
+/// Whether the broker still lists the changelog partition (true when it cannot be asked).
+async fn exists(producer: &FutureProducer, topic: &str, partition: i32) -> bool {
+    let (producer, topic) = (producer.clone(), topic.to_owned());
+    let answer = tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::Producer as _;
+        let md = producer.client().fetch_metadata(Some(&topic), ADMIN_TIMEOUT).ok()?;
+        let t = md.topics().iter().find(|t| t.name() == topic)?;
+        let unknown = t.error() == Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
+        // Other errors (no leader right now, ...) pass: the record is sent again.
+        Some(!unknown && (t.error().is_some() || (partition as usize) < t.partitions().len()))
+    })
+    .await;
+    answer.ok().flatten().unwrap_or(true)
+}
+
+/// The changelog topic or partition is not there (deleted, or fewer partitions).
+fn missing(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(error.rdkafka_error_code(), Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition))
+}
+
+/// Errors no resend can cure.
+fn fatal(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            C::Fatal
+                | C::MessageSizeTooLarge
+                | C::InvalidRecord
+                | C::InvalidMessage
+                | C::InvalidMessageSize
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+        )
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_creates_missing_changelogs_and_names_a_mismatch() {
+        let config = crate::config::Config::parse(
+            "[kafka]\nbrokers=\"b\"\ngroup_id=\"g\"\n[store]\npath=\"p\"\n[[handlers]]\ntopics=[\"a\",\"b\",\"c\"]\nkind=\"log\"\n",
+            &|_| None,
+        )
+        .unwrap();
+        let cl = config.store.changelog.clone().unwrap();
+        let counts: BTreeMap<String, i32> =
+            [("a", 3), ("b", 2), ("c", 4), ("g.b.outboxd-dedup", 2), ("g.c.outboxd-dedup", 3)]
+                .into_iter()
+                .map(|(t, n)| (t.to_owned(), n))
+                .collect();
+        let (a, b, c) = ("a".to_owned(), "b".to_owned(), "c".to_owned());
+        let plan = plan_for(&cl, &[(&a, 3), (&b, 2), (&c, 4)], &counts);
+        assert_eq!(plan.create, [("a".to_owned(), "g.a.outboxd-dedup".to_owned(), 3)]);
+        assert_eq!(plan.existing, [("b".to_owned(), "g.b.outboxd-dedup".to_owned(), 2)]);
+        assert_eq!(plan.mismatched.len(), 1);
+        let m = &plan.mismatched[0];
+        assert!(m.contains("g.c.outboxd-dedup has 3 partitions") && m.contains("source topic c has 4"), "{m}");
+    }
+}

@@ -1,0 +1,85 @@
+//! Reading a changelog partition for a restore: a consumer assigned by hand (it
+//! never joins the group nor commits), read from a checkpoint up to the end
+//! offset seen when the restore began. Blocking calls: run it off the runtime's
+//! workers.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::KafkaConfig;
+use crate::store::changelog::ChangelogRecord;
+
+/// How long one metadata or watermark request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A consumer of changelog partitions, one at a time, assigned by hand.
+pub struct Restorer {
+    consumer: BaseConsumer,
+}
+
+/// One batch read from the assigned changelog partition.
+pub struct Batch {
+    /// In offset order.
+    pub records: Vec<ChangelogRecord>,
+    /// The partition's end was reached (every offset below the end seen at the start is read).
+    pub at_end: bool,
+}
+
+impl Restorer {
+    /// A consumer that never joins the group nor commits.
+    pub fn build(kafka: &KafkaConfig) -> anyhow::Result<Restorer> {
+        Ok(Restorer { consumer: super::options::restore_consumer(kafka).create()? })
+    }
+
+    /// The first and the end offset of a changelog partition now.
+    pub fn range(&self, topic: &str, partition: i32) -> Result<(i64, i64), String> {
+        self.consumer
+            .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
+            .map_err(|e| format!("{topic}/{partition}: {e}"))
+    }
+
+    /// Reads `topic`/`partition` from `from` on (replacing what was assigned).
+    pub fn start(&self, topic: &str, partition: i32, from: i64) -> Result<(), String> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(from)).map_err(|e| e.to_string())?;
+        self.consumer.assign(&tpl).map_err(|e| format!("{topic}/{partition}: {e}"))
+    }
+
+    /// Up to `max` records below `end`, waiting at most `wait` for the first.
+    pub fn next(&self, end: i64, max: usize, wait: Duration) -> Result<Batch, String> {
+        let mut records = Vec::new();
+        let mut timeout = wait;
+        while records.len() < max {
+            match self.consumer.poll(timeout) {
+                None => break,
+                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(Batch { records, at_end: true }),
+                Some(Err(e)) => return Err(e.to_string()),
+                Some(Ok(m)) => {
+                    if m.offset() >= end {
+                        return Ok(Batch { records, at_end: true });
+                    }
+                    records.push(ChangelogRecord {
+                        offset: m.offset(),
+                        key: m.key().map(<[u8]>::to_vec).unwrap_or_default(),
+                        value: m.payload().map(<[u8]>::to_vec),
+                    });
+                    if m.offset() + 1 >= end {
+                        return Ok(Batch { records, at_end: true });
+                    }
+                }
+            }
+            // After the first record, take what is already there without waiting.
+            timeout = Duration::ZERO;
+        }
+        Ok(Batch { records, at_end: false })
+    }
+
+    /// Stops reading (between restores).
+    pub fn stop(&self) {
+        let _ = self.consumer.unassign();
+    }
+}

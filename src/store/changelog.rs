@@ -1,0 +1,388 @@
+//! The store's side of the changelog (`[store.changelog]`): the local store is a
+//! cache of changelog partitions, one per source partition (shared/DESIGN.md,
+//! "Scale-out").
+//!
+//! - Write: a final record (and, for `on_uncertain = verify | park`, a claim) is
+//!   written locally and sent to the changelog at once; the write counts (its
+//!   offset may move) only when both the local group commit and the broker's
+//!   acknowledgement are in. The [`Sink`] does the sending (the Kafka side).
+//! - Key: the event key (`keys`), followed by `0x01` and the dedup scope when the
+//!   scope is not the source topic. The topic and partition are those of the
+//!   changelog topic and partition, so they are not repeated.
+//! - Value: version byte, the event type as text, then the compact record of
+//!   `format` with its times absolute and its texts self-contained (the small ids
+//!   of `names` mean nothing to another instance). The duplicate count stays local.
+//! - Restore: changelog records are applied to the local store in batches; after
+//!   each batch the checkpoint of that changelog partition (the next offset to
+//!   read) moves. Checkpoints live in the meta tree and are written by the group
+//!   commit (before its flush), so a checkpoint is never durable without the
+//!   records it covers.
+//! - Once a partition is restored, its checkpoint follows this instance's own
+//!   acknowledged writes while they are contiguous: a restart then reads only what
+//!   others wrote since.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use super::format::{self, NameIds};
+use super::keys;
+use super::varint::{self, Reader};
+use super::{now_us, Claimed, Record, State, Store, StoreError};
+
+/// A record on its way to the changelog topic of `topic` (the source topic).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub topic: String,
+    pub partition: i32,
+    pub key: Vec<u8>,
+    /// `None`: a tombstone (the record is gone).
+    pub value: Option<Vec<u8>>,
+}
+
+/// Where the broker put an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acked {
+    pub changelog_topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+pub type SendFuture = Pin<Box<dyn Future<Output = Result<Acked, String>> + Send>>;
+
+/// Writes changelog entries. Answers once the broker acknowledged the entry, or
+/// with the reason it never will (then the store fails: no offset may move).
+pub trait Sink: Send + Sync {
+    fn send(&self, entry: Entry) -> SendFuture;
+}
+
+/// One record read from a changelog partition.
+#[derive(Debug, Clone)]
+pub struct ChangelogRecord {
+    pub offset: i64,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+}
+
+/// Meta key prefix of a checkpoint: `changelog:` + changelog topic + 0x00 + partition (BE).
+const CHECKPOINT_PREFIX: &[u8] = b"changelog:";
+/// After the event key, the dedup scope follows (when it is not the source topic).
+const SCOPE_TAG: u8 = 0x01;
+const VALUE_VERSION: u8 = 1;
+/// Acknowledged offsets kept waiting for a gap below them (someone else wrote
+/// there): past this, the checkpoint stops following until the next restore.
+const MAX_ACKED_AHEAD: usize = 100_000;
+/// Ids standing for the texts of a changelog value (see [`Texts`]).
+const TOPIC_ID: u32 = 1;
+const EVENT_TYPE_ID: u32 = 2;
+
+#[derive(Debug, Default)]
+struct Checkpoint {
+    /// Every changelog offset below this is applied to the local store.
+    next: i64,
+    /// This instance owns the partition and restored it: its own acknowledged
+    /// writes move `next` while they are contiguous.
+    following: bool,
+    /// Acknowledged offsets above `next`, waiting for the ones below.
+    acked: BTreeSet<i64>,
+    /// Changed since the last group commit.
+    dirty: bool,
+}
+
+/// Checkpoints of the changelog partitions this store holds records of.
+#[derive(Default)]
+pub struct Checkpoints {
+    parts: Mutex<HashMap<(String, i32), Checkpoint>>,
+}
+
+fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
+    [CHECKPOINT_PREFIX, topic.as_bytes(), &[0], &partition.to_be_bytes()].concat()
+}
+
+impl Checkpoints {
+    fn open(meta: &sled::Tree) -> Result<Checkpoints, StoreError> {
+        let mut parts = HashMap::new();
+        for item in meta.scan_prefix(CHECKPOINT_PREFIX) {
+            let (k, v) = item?;
+            let rest = &k[CHECKPOINT_PREFIX.len()..];
+            let Some(split) = rest.len().checked_sub(5).filter(|&i| rest[i] == 0) else { continue };
+            let (Ok(topic), Ok(p), Ok(next)) = (
+                std::str::from_utf8(&rest[..split]),
+                <[u8; 4]>::try_from(&rest[split + 1..]),
+                <[u8; 8]>::try_from(v.as_ref()),
+            ) else {
+                continue;
+            };
+            let cp = Checkpoint { next: i64::from_be_bytes(next), ..Checkpoint::default() };
+            parts.insert((topic.to_owned(), i32::from_be_bytes(p)), cp);
+        }
+        Ok(Checkpoints { parts: Mutex::new(parts) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), Checkpoint>> {
+        self.parts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn get(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.lock().get(&(topic.to_owned(), partition)).map(|c| c.next)
+    }
+
+    fn set(&self, topic: &str, partition: i32, next: i64, following: bool) {
+        let mut parts = self.lock();
+        let cp = parts.entry((topic.to_owned(), partition)).or_default();
+        *cp = Checkpoint { next, following, acked: BTreeSet::new(), dirty: true };
+    }
+
+    /// This instance's write landed at `offset`.
+    fn acked(&self, topic: &str, partition: i32, offset: i64) {
+        let mut parts = self.lock();
+        let Some(cp) = parts.get_mut(&(topic.to_owned(), partition)).filter(|c| c.following) else { return };
+        if offset < cp.next {
+            return;
+        }
+        cp.acked.insert(offset);
+        while cp.acked.first() == Some(&cp.next) {
+            cp.acked.pop_first();
+            cp.next += 1;
+            cp.dirty = true;
+        }
+        if cp.acked.len() > MAX_ACKED_AHEAD {
+            tracing::warn!(changelog_topic = topic, partition, checkpoint = cp.next,
+                "changelog offsets below this instance's writes were written by another; the checkpoint stays until the next restore reads them");
+            cp.following = false;
+            cp.acked.clear();
+        }
+    }
+
+    /// Writes the checkpoints that moved (with each group commit, before its flush:
+    /// every record they cover was written before).
+    pub fn persist(&self, meta: &sled::Tree) -> Result<(), sled::Error> {
+        let mut parts = self.lock();
+        for ((topic, partition), cp) in parts.iter_mut().filter(|(_, c)| c.dirty) {
+            meta.insert(checkpoint_key(topic, *partition), &cp.next.to_be_bytes()[..])?;
+            cp.dirty = false;
+        }
+        Ok(())
+    }
+}
+
+/// The store's changelog state: where entries go (once the service attached a
+/// sink) and the checkpoints.
+pub struct Changelog {
+    sink: RwLock<Option<Arc<dyn Sink>>>,
+    pub checkpoints: Arc<Checkpoints>,
+    /// µs: restored records older than this are expired already and not written.
+    retention_us: i64,
+}
+
+impl Changelog {
+    pub fn open(meta: &sled::Tree, retention: Duration) -> Result<Changelog, StoreError> {
+        Ok(Changelog {
+            sink: RwLock::new(None),
+            checkpoints: Arc::new(Checkpoints::open(meta)?),
+            retention_us: i64::try_from(retention.as_micros()).unwrap_or(i64::MAX),
+        })
+    }
+
+    fn sink(&self) -> Option<Arc<dyn Sink>> {
+        self.sink.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// The texts a changelog value carries stand in for the store's small ids.
+struct Texts<'a> {
+    topic: &'a str,
+    event_type: Option<&'a str>,
+}
+
+impl NameIds for Texts<'_> {
+    fn id(&self, name: &str) -> Result<u32, StoreError> {
+        Ok(if Some(name) == self.event_type { EVENT_TYPE_ID } else { TOPIC_ID })
+    }
+    fn name(&self, id: u32) -> String {
+        match id {
+            EVENT_TYPE_ID => self.event_type.unwrap_or_default().to_owned(),
+            _ => self.topic.to_owned(),
+        }
+    }
+}
+
+/// The changelog key of a record (its scope is the source topic unless it says otherwise).
+pub fn entry_key(r: &Record) -> Vec<u8> {
+    let mut key = keys::event_key(&r.event_id);
+    if let Some(scope) = r.scope.as_deref().filter(|s| *s != r.topic) {
+        key.push(SCOPE_TAG);
+        key.extend_from_slice(scope.as_bytes());
+    }
+    key
+}
+
+/// The changelog value of a record: self-contained, times absolute.
+pub fn entry_value(r: &Record) -> Result<Vec<u8>, StoreError> {
+    let event_type = r.event_type.as_deref();
+    let local = Record { duplicates: 0, expires_at_us: None, ..r.clone() };
+    let mut out = vec![VALUE_VERSION];
+    varint::put_bytes(&mut out, event_type.unwrap_or_default().as_bytes());
+    out.extend(format::encode(&local, &Texts { topic: &r.topic, event_type }, 0)?);
+    Ok(out)
+}
+
+/// The length of the event key at the start of a changelog key (see `keys`: a tag,
+/// then 16 bytes of a UUID, or the id's bytes with 0x00 escaped, ended by `00 00`).
+fn event_key_len(key: &[u8]) -> Option<usize> {
+    match *key.first()? {
+        1 | 2 => (key.len() >= 17).then_some(17),
+        3 => {
+            let mut i = 1;
+            loop {
+                match (key.get(i)?, key.get(i + 1)) {
+                    (0, Some(0)) => return Some(i + 2),
+                    (0, Some(0xFF)) => i += 2,
+                    (0, _) => return None,
+                    _ => i += 1,
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
+/// A changelog key read back: the event key, the event id and the scope (`None`: the source topic).
+fn split_key(key: &[u8]) -> Option<(&[u8], String, Option<String>)> {
+    let n = event_key_len(key)?;
+    let (event_key, rest) = key.split_at(n);
+    let (id, _) = keys::split(&keys::record_key(event_key, keys::LEGACY_SCOPE))?;
+    let scope = match rest.split_first() {
+        None => None,
+        Some((&SCOPE_TAG, scope)) => Some(String::from_utf8(scope.to_vec()).ok()?),
+        Some(_) => return None,
+    };
+    Some((event_key, id, scope))
+}
+
+/// A changelog value read back for an event of `source_topic`.
+pub fn decode_entry(source_topic: &str, key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
+    let (event_key, id, scope) = split_key(key).ok_or_else(|| corrupt("malformed changelog key"))?;
+    let (&version, rest) = value.split_first().ok_or_else(|| corrupt("empty changelog value"))?;
+    if version != VALUE_VERSION {
+        return Err(corrupt("changelog value of an unknown version (written by a newer outboxd?)"));
+    }
+    let mut reader = Reader(rest);
+    let event_type = reader.text().ok_or_else(|| corrupt("malformed changelog value"))?;
+    let texts = Texts { topic: source_topic, event_type: Some(&event_type) };
+    let mut r = format::decode(&keys::record_key(event_key, keys::LEGACY_SCOPE), reader.0, &texts, 0, None)?;
+    r.event_id = id;
+    r.scope = Some(scope.unwrap_or_else(|| source_topic.to_owned()));
+    Ok(r)
+}
+
+impl Store {
+    /// From now on final records (and durable claims, see [`Store::log_claim`])
+    /// also go to the changelog through `sink`.
+    pub fn attach_changelog(&self, sink: Arc<dyn Sink>) {
+        *self.changelog.sink.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
+    }
+
+    pub fn has_changelog(&self) -> bool {
+        self.changelog.sink().is_some()
+    }
+
+    /// The next offset to restore of a changelog partition (`None`: never restored here).
+    pub fn checkpoint(&self, changelog_topic: &str, partition: i32) -> Option<i64> {
+        self.changelog.checkpoints.get(changelog_topic, partition)
+    }
+
+    /// Waits until `r`, just written, is durable here and, with a changelog,
+    /// acknowledged there: both at once, so the broker's round trip and the
+    /// local flush overlap.
+    pub(super) async fn settle(&self, r: &Record) -> Result<(), StoreError> {
+        let Some(sink) = self.changelog.sink() else { return self.durable().await };
+        let entry =
+            Entry { topic: r.topic.clone(), partition: r.partition, key: entry_key(r), value: Some(entry_value(r)?) };
+        let (local, sent) = tokio::join!(self.durable(), sink.send(entry));
+        local?;
+        let acked = sent.map_err(StoreError::Changelog)?;
+        self.changelog.checkpoints.acked(&acked.changelog_topic, acked.partition, acked.offset);
+        Ok(())
+    }
+
+    /// Puts a durable claim into the changelog too (before its handler runs), so
+    /// that a new owner of the partition finds the outcome uncertain. Without a
+    /// changelog, nothing to do.
+    pub async fn log_claim(&self, claimed: &Claimed) -> Result<(), StoreError> {
+        if self.has_changelog() {
+            self.settle(&claimed.record).await?;
+        }
+        Ok(())
+    }
+
+    /// Applies records read from a changelog partition of `source_topic` to the
+    /// local store (not yet durable: see [`Store::restored_to`]). A record replaces
+    /// the local one, except that a final local record is never turned back into a
+    /// claim; expired ones are not written. Returns how many were applied.
+    pub fn apply_changelog(&self, source_topic: &str, records: &[ChangelogRecord]) -> Result<u64, StoreError> {
+        let now = now_us();
+        let mut applied = 0;
+        for rec in records {
+            let Some(value) = &rec.value else {
+                if self.apply_tombstone(source_topic, &rec.key)? {
+                    applied += 1;
+                }
+                continue;
+            };
+            let mut r = match decode_entry(source_topic, &rec.key, value) {
+                Ok(r) => r,
+                Err(error) => {
+                    tracing::warn!(%error, topic = source_topic, offset = rec.offset, "changelog record skipped");
+                    continue;
+                }
+            };
+            if r.updated_at_us.saturating_add(self.changelog.retention_us) <= now {
+                continue;
+            }
+            let scope = r.scope.clone().unwrap_or_default();
+            let found = self.find_in(&scope, &r.event_id)?;
+            if let Some(f) = &found {
+                if f.record.state.is_final() && r.state == State::Claimed {
+                    continue;
+                }
+                r.duplicates = f.record.duplicates;
+            }
+            let to = self.slices.slice_for(r.updated_at_us)?;
+            self.write(&r, found.as_ref().map(|f| (&f.slice, f.record.state)), Some(to))?;
+            applied += 1;
+        }
+        Ok(applied)
+    }
+
+    /// A tombstone: the record is gone everywhere.
+    fn apply_tombstone(&self, source_topic: &str, key: &[u8]) -> Result<bool, StoreError> {
+        let Some((_, id, scope)) = split_key(key) else { return Ok(false) };
+        let Some(f) = self.find_in(scope.as_deref().unwrap_or(source_topic), &id)? else { return Ok(false) };
+        f.slice.tree.remove(&f.key)?;
+        self.messages.remove(&super::messages::copy_key(f.slice.start, &f.key))?;
+        f.slice.moved(Some(f.record.state), None);
+        Ok(true)
+    }
+
+    /// Records up to `next` (exclusive) of a changelog partition are applied: the
+    /// checkpoint moves, durably with them. `done`: the restore reached the end,
+    /// and from now on this instance's own acknowledged writes move it further.
+    pub async fn restored_to(
+        &self,
+        changelog_topic: &str,
+        partition: i32,
+        next: i64,
+        done: bool,
+    ) -> Result<(), StoreError> {
+        self.changelog.checkpoints.set(changelog_topic, partition, next, done);
+        self.durable().await
+    }
+}
+
+#[cfg(test)]
+#[path = "changelog_tests.rs"]
+mod tests;

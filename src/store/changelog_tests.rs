@@ -1,0 +1,181 @@
+use std::time::Duration;
+
+use super::*;
+use crate::event::{OutboxEvent, Payload, Position};
+use crate::store::{Claim, Role, StoreOptions};
+
+fn opts() -> StoreOptions {
+    StoreOptions {
+        commit_interval: Duration::from_millis(1),
+        role: Role::Test,
+        ..StoreOptions::inspect(Some(Duration::from_secs(3600)))
+    }
+}
+
+fn event(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {
+    OutboxEvent {
+        id: id.to_owned(),
+        aggregate_id: Some("order-1".into()),
+        event_type: Some("OrderCreated".into()),
+        payload: Payload::Null,
+        position: Position { topic: topic.into(), partition, offset },
+        timestamp_ms: None,
+        traceparent: None,
+    }
+}
+
+/// A changelog on a broker that acknowledges everything at the next offset of its partition.
+#[derive(Default)]
+struct Recorded {
+    entries: Mutex<Vec<(i64, Entry)>>,
+    fail: bool,
+}
+
+impl Sink for Recorded {
+    fn send(&self, entry: Entry) -> SendFuture {
+        let mut entries = self.entries.lock().unwrap();
+        let offset = entries.iter().filter(|(_, e)| e.topic == entry.topic && e.partition == entry.partition).count();
+        let acked =
+            Acked { changelog_topic: format!("{}.cl", entry.topic), partition: entry.partition, offset: offset as i64 };
+        entries.push((offset as i64, entry));
+        let fail = self.fail;
+        Box::pin(async move {
+            if fail {
+                Err("broker said no".to_owned())
+            } else {
+                Ok(acked)
+            }
+        })
+    }
+}
+
+impl Recorded {
+    /// What a restore of `topic`/`partition` would read.
+    fn records(&self, topic: &str, partition: i32) -> Vec<ChangelogRecord> {
+        let entries = self.entries.lock().unwrap();
+        entries
+            .iter()
+            .filter(|(_, e)| e.topic == topic && e.partition == partition)
+            .map(|(offset, e)| ChangelogRecord { offset: *offset, key: e.key.clone(), value: e.value.clone() })
+            .collect()
+    }
+}
+
+async fn handle(store: &Store, id: &str, topic: &str, partition: i32, offset: i64, scope: &str) {
+    match store.claim(&event(id, topic, partition, offset), scope).await.unwrap() {
+        Claim::Claimed(c) => store.finish(c, State::Done, "http 200".into()).await.unwrap(),
+        other => panic!("{id} not claimed: {other:?}"),
+    }
+}
+
+#[test]
+fn a_changelog_record_is_self_contained_small_and_round_trips() {
+    let uuid = "0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
+    let position = Position { topic: "outbox.event.order".into(), partition: 3, offset: 1_234_567 };
+    let mut r = Record::first_seen(uuid, State::Done, 1, &position, now_us());
+    r.scope = Some(position.topic.clone());
+    r.key = Some("order-1717".into());
+    r.event_type = Some("OrderCreated".into());
+    r.claimed_at_us = Some(r.first_seen_us);
+    r.done_at_us = Some(r.updated_at_us + 2_000);
+    r.updated_at_us += 2_000;
+    r.outcome = Some("http 201".into());
+    r.duplicates = 4;
+    let (key, value) = (entry_key(&r), entry_value(&r).unwrap());
+    assert_eq!(key, keys::event_key(uuid), "the scope is the topic: the key is the event key alone");
+    assert!(key.len() + value.len() <= 100, "{} + {} bytes", key.len(), value.len());
+    let back = decode_entry(&position.topic, &key, &value).unwrap();
+    assert_eq!(back, Record { duplicates: 0, ..r.clone() }, "the duplicate count stays local");
+
+    // A shared scope and an id that is not a UUID: the scope is in the key.
+    let mut shared = Record { event_id: "a\0b".into(), scope: Some(String::new()), event_type: None, ..r.clone() };
+    shared.state = State::Dead;
+    shared.reason = Some("http 422".into());
+    let key = entry_key(&shared);
+    let back = decode_entry(&position.topic, &key, &entry_value(&shared).unwrap()).unwrap();
+    assert_eq!(back, Record { duplicates: 0, ..shared });
+    assert!(decode_entry(&position.topic, &key[..key.len() - 2], b"\x01").is_err());
+    assert!(decode_entry(&position.topic, &key, b"\x09").is_err(), "an unknown version is refused");
+}
+
+#[tokio::test]
+async fn a_final_record_goes_to_the_changelog_partition_of_its_source_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    let sink = Arc::new(Recorded::default());
+    store.attach_changelog(sink.clone());
+    handle(&store, "e1", "t", 2, 10, "t").await;
+    handle(&store, "e2", "t", 0, 11, "").await;
+    let entries = sink.entries.lock().unwrap().clone();
+    assert_eq!(entries.iter().map(|(_, e)| (e.topic.as_str(), e.partition)).collect::<Vec<_>>(), [("t", 2), ("t", 0)]);
+    assert_eq!(entries[0].1.key, keys::event_key("e1"));
+    assert!(entries[1].1.key.ends_with(&[SCOPE_TAG]), "the shared scope (\"\") is named in the key");
+}
+
+#[tokio::test]
+async fn a_changelog_write_that_fails_fails_the_final_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    store.attach_changelog(Arc::new(Recorded { fail: true, ..Recorded::default() }));
+    let Claim::Claimed(c) = store.claim(&event("e1", "t", 0, 1), "t").await.unwrap() else { panic!() };
+    let e = store.finish(c, State::Done, "http 200".into()).await.unwrap_err();
+    assert!(matches!(e, StoreError::Changelog(_)), "{e}");
+}
+
+#[tokio::test]
+async fn an_empty_store_restored_from_the_changelog_suppresses_what_another_instance_handled() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Store::open(a_dir.path(), &opts()).unwrap();
+    let sink = Arc::new(Recorded::default());
+    a.attach_changelog(sink.clone());
+    for i in 0..20 {
+        handle(&a, &format!("e{i}"), "t", 1, i, "t").await;
+    }
+    {
+        let b = Store::open(b_dir.path(), &opts()).unwrap();
+        assert_eq!(b.checkpoint("t.cl", 1), None, "never restored: from the beginning");
+        let records = sink.records("t", 1);
+        assert_eq!(b.apply_changelog("t", &records).unwrap(), 20);
+        b.restored_to("t.cl", 1, 20, true).await.unwrap();
+        let r = b.get("e7").unwrap().unwrap();
+        assert_eq!((r.state, r.topic.as_str(), r.partition, r.offset), (State::Done, "t", 1, 7));
+        assert_eq!(r.event_type.as_deref(), Some("OrderCreated"));
+    }
+    // The checkpoint is durable with the records.
+    let b = Store::open(b_dir.path(), &opts()).unwrap();
+    assert_eq!(b.checkpoint("t.cl", 1), Some(20));
+    assert_eq!(
+        b.claim(&event("e7", "t", 1, 500), "t").await.unwrap(),
+        Claim::Finished { state: State::Done, same_offset: false },
+        "replayed at a new offset: suppressed"
+    );
+}
+
+#[tokio::test]
+async fn a_restore_never_turns_a_final_record_back_into_a_claim_and_honours_tombstones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    handle(&store, "e1", "t", 0, 1, "t").await;
+    let mut claim = store.get("e1").unwrap().unwrap();
+    claim.state = State::Claimed;
+    let stale = ChangelogRecord { offset: 0, key: entry_key(&claim), value: Some(entry_value(&claim).unwrap()) };
+    assert_eq!(store.apply_changelog("t", &[stale]).unwrap(), 0);
+    assert_eq!(store.get("e1").unwrap().unwrap().state, State::Done);
+    let gone = ChangelogRecord { offset: 1, key: entry_key(&claim), value: None };
+    assert_eq!(store.apply_changelog("t", &[gone]).unwrap(), 1);
+    assert!(store.get("e1").unwrap().is_none());
+}
+
+#[test]
+fn the_checkpoint_follows_own_writes_only_while_they_are_contiguous() {
+    let cps = Checkpoints::default();
+    cps.acked("c", 0, 5);
+    assert_eq!(cps.get("c", 0), None, "not restored here: nothing to follow");
+    cps.set("c", 0, 10, true);
+    cps.acked("c", 0, 11);
+    assert_eq!(cps.get("c", 0), Some(10), "offset 10 is not acknowledged yet");
+    cps.acked("c", 0, 10);
+    assert_eq!(cps.get("c", 0), Some(12));
+    cps.acked("c", 0, 13);
+    assert_eq!(cps.get("c", 0), Some(12), "12 was written by another instance: read it at the next restore");
+}

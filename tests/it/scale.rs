@@ -1,0 +1,415 @@
+//! Several outboxd processes in one consumer group (`[store.changelog]`, on by
+//! default): when a partition moves, its dedup records follow it through its
+//! changelog topic, so Debezium-style replays of handled events (the same ids at
+//! new offsets) are suppressed by the new owner. Each test ends with the
+//! receiver's call log: every event executed once, none lost.
+
+use crate::harness;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use harness::daemon::instance_header_toml;
+use harness::{new_event_id, unique_name, Kafka, Outboxd, Produced, Receiver};
+use serde_json::json;
+
+/// Partitions of the source topic: enough for both instances to own some.
+const PARTITIONS: i32 = 4;
+const EVENTS: usize = 200;
+const KEYS: usize = 20;
+/// Bound for handling what was produced (a takeover after SIGKILL waits for the
+/// dead member's session timeout, 6 s here).
+const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The changelog on whatever `OUTBOXD_TEST_CHANGELOG` says: these tests are about it.
+fn on(mut od: Outboxd) -> Outboxd {
+    od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
+    od
+}
+
+/// Instances A and B in one group, each with its own store, naming itself in every call.
+fn two_instances(kafka: &Kafka, topic: &str, receiver: &Receiver) -> (Outboxd, Outboxd) {
+    let mut a = on(Outboxd::new(kafka, &[topic], receiver));
+    let mut b = on(Outboxd::new(kafka, &[topic], receiver));
+    b.config.group_id = a.config.group_id.clone();
+    a.config.handler_extra = instance_header_toml("a");
+    b.config.handler_extra = instance_header_toml("b");
+    (a, b)
+}
+
+async fn produce(kafka: &Kafka, topic: &str, events: &[(String, String)]) -> Vec<Produced> {
+    let producer = kafka.producer();
+    let payloads: Vec<serde_json::Value> = events.iter().map(|(_, id)| json!({"id": id})).collect();
+    let sends = events.iter().zip(&payloads).map(|((key, id), p)| producer.send_event(topic, key, id, Some("Tick"), p));
+    futures::future::join_all(sends).await
+}
+
+/// Events on `KEYS` keys, spread over the partitions by key.
+fn events() -> Vec<(String, String)> {
+    (0..EVENTS).map(|i| (format!("agg-{}", i % KEYS), new_event_id())).collect()
+}
+
+/// Every event executed exactly once (one effective call per id), and no other call.
+fn assert_each_executed_once(receiver: &Receiver, events: &[(String, String)]) {
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for call in receiver.calls().iter().filter(|c| c.is_handler_call() && c.effective()) {
+        *per_id.entry(call.event_id.clone().unwrap_or_default()).or_default() += 1;
+    }
+    let missing: Vec<&str> = events.iter().map(|(_, id)| id.as_str()).filter(|id| !per_id.contains_key(*id)).collect();
+    let twice: Vec<(&String, &usize)> = per_id.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        missing.is_empty(),
+        "{} events were never executed, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(
+        twice.is_empty(),
+        "{} events were executed more than once, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
+    assert_eq!(per_id.len(), events.len(), "calls for unknown ids");
+}
+
+/// How a test takes the first owner away.
+#[derive(Clone, Copy, Debug)]
+enum Leave {
+    /// SIGTERM: drain, commit, leave the group.
+    Clean,
+    /// SIGTERM, then its store directory is deleted and it comes back with an empty store.
+    CleanStoreDeleted,
+    /// SIGKILL: the group notices after the session timeout.
+    Kill,
+}
+
+/// A handles everything alone; B joins (and restores what it takes over); A
+/// leaves as `leave` says; every event is replayed at a new offset; nothing
+/// runs twice.
+async fn replays_after_the_owner_leaves_are_suppressed(leave: Leave) {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    a.start();
+    a.wait_for_assignment().await;
+    let events = events();
+    produce(&kafka, &topic, &events).await;
+    let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
+    a.wait_until("A to handle every event", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len()).await;
+    a.wait_until(format!("committed offsets to reach the end ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+
+    b.start();
+    b.wait_for_assignment().await;
+    match leave {
+        Leave::Clean => a.stop(),
+        Leave::CleanStoreDeleted => {
+            a.stop();
+            std::fs::remove_dir_all(&a.config.store_path).expect("delete A's store");
+            a.start();
+            a.wait_for_assignment().await;
+        }
+        Leave::Kill => a.kill(),
+    }
+
+    // What Debezium does after a Connect crash: every event again, same key, new offset.
+    let replayed = produce(&kafka, &topic, &events).await;
+    assert!(replayed.iter().all(|p| p.offset > 0));
+    b.wait_until(format!("the replays to be committed ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+    // Something new after the replays is still handled (nothing is stuck).
+    let fresh = vec![("agg-fresh".to_owned(), new_event_id())];
+    produce(&kafka, &topic, &fresh).await;
+    b.wait_until("the fresh event", HANDLED_TIMEOUT, || receiver.answered_ok(&fresh[0].1)).await;
+    b.stop();
+    if a.is_running() {
+        a.stop();
+    }
+    let all: Vec<(String, String)> = events.iter().cloned().chain(fresh).collect();
+    assert_each_executed_once(&receiver, &all);
+    let log = b.log();
+    assert!(log.contains("partition restored"), "B restored what it took over");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_clean_leave_the_new_owner_suppresses_replays() {
+    replays_after_the_owner_leaves_are_suppressed(Leave::Clean).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_owner_comes_back_with_its_store_deleted_replays_are_suppressed() {
+    replays_after_the_owner_leaves_are_suppressed(Leave::CleanStoreDeleted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigkill_of_the_owner_the_new_owner_suppresses_replays() {
+    replays_after_the_owner_leaves_are_suppressed(Leave::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_topic_with_another_partition_count_stops_the_start_and_nothing_is_handled() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-mismatch"), 2, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    kafka.create_topic(&changelog, 3, &[]).await;
+    let id = new_event_id();
+    produce(&kafka, &topic, &[("k".to_owned(), id.clone())]).await;
+    od.start();
+    let status = od.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "outboxd must refuse to start");
+    let log = od.log();
+    assert!(
+        log.contains(&changelog) && log.contains(&topic) && log.contains("3 partitions") && log.contains("has 2"),
+        "the error names both topics and counts: {log}"
+    );
+    assert_eq!(receiver.calls().len(), 0, "nothing is handled");
+}
+
+/// Measures a restore through the service: `OUTBOXD_RESTORE_RECORDS` (default
+/// 100,000) done records are written into a changelog partition the way outboxd
+/// writes them, then an outboxd with an empty store takes the partition and
+/// restores it. Prints records, seconds and records/s. Not part of the suite
+/// (`cargo test --test it scale::restore_throughput -- --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn restore_throughput() {
+    use outboxd::store::changelog::{entry_key, entry_value};
+    use outboxd::store::{now_us, Record, State};
+
+    let records = harness::env_usize("OUTBOXD_RESTORE_RECORDS", 100_000);
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-restore"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    kafka.create_topic(&changelog, 1, &[("cleanup.policy", "compact,delete")]).await;
+    let producer = kafka.producer();
+    let now = now_us();
+    for chunk in (0..records).collect::<Vec<_>>().chunks(10_000) {
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = chunk
+            .iter()
+            .map(|&i| {
+                let position = outboxd::event::Position { topic: topic.clone(), partition: 0, offset: i as i64 };
+                let mut r = Record::first_seen(&new_event_id(), State::Done, 1, &position, now);
+                r.scope = Some(topic.clone());
+                r.key = Some(format!("agg-{}", i % 1000));
+                r.event_type = Some("OrderCreated".into());
+                r.claimed_at_us = Some(now);
+                r.done_at_us = Some(now + 1_500);
+                r.updated_at_us = now + 1_500;
+                r.outcome = Some("http 200".into());
+                (entry_key(&r), entry_value(&r).unwrap())
+            })
+            .collect();
+        let sends = entries.iter().map(|(k, v)| producer.send_raw(&changelog, Some(0), Some(k), &[], Some(v)));
+        futures::future::join_all(sends).await;
+    }
+    let bytes: usize = {
+        let (k, v) = {
+            let position = outboxd::event::Position { topic: topic.clone(), partition: 0, offset: 0 };
+            let mut r = Record::first_seen(&new_event_id(), State::Done, 1, &position, now);
+            r.scope = Some(topic.clone());
+            r.outcome = Some("http 200".into());
+            (entry_key(&r), entry_value(&r).unwrap())
+        };
+        k.len() + v.len()
+    };
+    od.start();
+    harness::wait_until("the restore to end", Duration::from_secs(600), || {
+        harness::logs::logged(&od, "partition restored")
+    })
+    .await;
+    let line = harness::logs::log_lines(&od, "partition restored").remove(0);
+    let field = |name: &str| -> f64 {
+        line.split(&format!("{name}=")).nth(1).and_then(|r| r.split_whitespace().next()).unwrap().parse().unwrap()
+    };
+    let (read, seconds) = (field("read"), field("seconds"));
+    // CPU the process used so far (start-up included), from /proc: records per CPU second
+    // says more than records per second on a loaded machine.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", od.pid())).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum());
+    println!(
+        "restore: outboxd used {:.2} CPU seconds until then ({:.0} records per CPU second)",
+        ticks / 100.0,
+        read / (ticks / 100.0)
+    );
+    println!(
+        "restore: {read} records in {seconds:.2} s = {:.0} records/s (key + value ~{bytes} bytes a record); \
+         {} batches, reading {:.2} s, applying {:.2} s, durable writes {:.2} s",
+        read / seconds,
+        field("batches"),
+        field("reading_seconds"),
+        field("applying_seconds"),
+        field("syncing_seconds")
+    );
+    od.stop();
+    assert_eq!(read as usize, records);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_rebuild_brings_back_every_record_of_a_deleted_store() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-rebuild"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.start();
+    od.wait_for_assignment().await;
+    let events = events();
+    produce(&kafka, &topic, &events).await;
+    od.wait_until(format!("committed offsets to reach the end ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+    od.stop();
+    let before = od.store_stats();
+    std::fs::remove_dir_all(&od.config.store_path).expect("delete the store");
+
+    let out = od.command(&["store", "rebuild", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "store rebuild: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let read: u64 = lines.as_array().unwrap().iter().map(|l| l["read"].as_u64().unwrap()).sum();
+    assert_eq!((lines.as_array().unwrap().len(), read), (PARTITIONS as usize, EVENTS as u64), "{stdout}");
+    let after = od.store_stats();
+    assert_eq!(after["done"], before["done"], "before {before}, after {after}");
+    for (_, id) in events.iter().step_by(37) {
+        assert_eq!(od.store_get(id).state, "done");
+    }
+    // Started again, the service finds its checkpoints at the changelog's end: nothing to read.
+    od.start();
+    od.wait_for_assignment().await;
+    let restored = harness::logs::log_lines(&od, "partition restored");
+    assert_eq!(restored.len(), PARTITIONS as usize, "{restored:?}");
+    assert!(restored.iter().all(|l| l.contains(" read=0 ")), "{restored:#?}");
+    od.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changelog_topic_deleted_while_running_stops_the_service_naming_it() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-deleted"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    od.config.store_extra = "[store.changelog]\ndelivery_timeout = \"5s\"\n".into();
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    od.start();
+    od.wait_for_assignment().await;
+    let first = vec![("k".to_owned(), new_event_id())];
+    produce(&kafka, &topic, &first).await;
+    od.wait_until("the first event to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    kafka.delete_topic(&changelog).await;
+    let second = vec![("k".to_owned(), new_event_id())];
+    produce(&kafka, &topic, &second).await;
+    let status = od.wait_exit(Duration::from_secs(120));
+    assert!(!status.success(), "outboxd must stop");
+    let log = harness::logs::strip_ansi(&od.log());
+    assert!(log.contains(&changelog) && log.contains("does not exist"), "the error names the topic: {log}");
+    assert!(!offsets.reached_end(), "the second event's offset did not move: {}", offsets.describe());
+}
+
+/// Measures the drain of `OUTBOXD_DRAIN_EVENTS` (default 5,000) events on 4
+/// partitions through the HTTP handler: the changelog off (fsync on), on with
+/// fsync, and on without fsync; wall time and the CPU seconds of outboxd. Not part
+/// of the suite (`cargo test --test it scale::drain_with_and_without_changelog -- --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn drain_with_and_without_changelog() {
+    let events_n = harness::env_usize("OUTBOXD_DRAIN_EVENTS", 5_000);
+    let kafka = Kafka::connect();
+    for (name, store_extra) in [
+        ("changelog off, fsync on", "fsync = true\n[store.changelog]\nenabled = false\n"),
+        ("changelog on,  fsync on", "fsync = true\n[store.changelog]\n"),
+        ("changelog on,  fsync off", "fsync = false\n[store.changelog]\n"),
+    ] {
+        let topic = kafka.create_topic(&unique_name("scale-drain"), PARTITIONS, &[]).await;
+        let events: Vec<(String, String)> =
+            (0..events_n).map(|i| (format!("agg-{}", i % 500), new_event_id())).collect();
+        produce(&kafka, &topic, &events).await;
+        let receiver = Receiver::start();
+        let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+        od.config.store_extra = store_extra.into();
+        let offsets = kafka.offsets(&od.config.group_id, &topic);
+        let started = std::time::Instant::now();
+        od.start();
+        od.wait_until("the drain", Duration::from_secs(900), || receiver.ok_count() >= events_n).await;
+        let wall = started.elapsed();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", od.pid())).unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+        let cpu: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum()) / 100.0;
+        od.wait_until("the commit", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+        od.stop();
+        println!(
+            "drain {name}: {events_n} events in {:.2} s = {:.0} events/s; {cpu:.2} CPU s ({:.0} µs CPU per event)",
+            wall.as_secs_f64(),
+            events_n as f64 / wall.as_secs_f64(),
+            cpu * 1e6 / events_n as f64
+        );
+        assert_each_executed_once(&receiver, &events);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_on_uncertain_park_a_claim_cut_by_sigkill_is_parked_by_the_new_owner() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-park"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    for od in [&mut a, &mut b] {
+        od.config.handler_extra.push_str("on_uncertain = \"park\"\n");
+    }
+    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    let id = new_event_id();
+    receiver.set_behaviour(&id, harness::Behaviour::hang());
+    a.start();
+    a.wait_for_assignment().await;
+    produce(&kafka, &topic, &[("k".to_owned(), id.clone())]).await;
+    a.wait_until("A's call to be in flight", HANDLED_TIMEOUT, || receiver.in_flight() == 1).await;
+    a.kill();
+    receiver.clear_behaviour(&id);
+
+    // B never saw the event: only the claim A put into the changelog before calling says
+    // that its outcome is unknown.
+    b.start();
+    b.wait_until(format!("the offset to be committed ({})", offsets.describe()), HANDLED_TIMEOUT, || {
+        offsets.reached_end()
+    })
+    .await;
+    b.stop();
+    assert_eq!(receiver.handler_call_count(&id), 1, "the uncertain event must not run again under park");
+    assert_eq!(b.store_get(&id).state, "parked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_topic_that_gains_partitions_stops_the_service_naming_both_counts() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-grown"), 2, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    // Notice the new partition within a second, not librdkafka's 5 minutes.
+    od.config.kafka_options.insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    od.start();
+    od.wait_for_assignment().await;
+    kafka.add_partitions(&topic, 3).await;
+    let id = new_event_id();
+    kafka.producer().send_raw(&topic, Some(2), Some(b"k"), &[("id", Some(id.as_bytes()))], Some(b"{}")).await;
+    let status = od.wait_exit(Duration::from_secs(120));
+    assert!(!status.success(), "outboxd must stop");
+    let log = harness::logs::strip_ansi(&od.log());
+    assert!(
+        log.contains(&format!("changelog topic {changelog} has 2 partitions but source topic {topic} has 3")),
+        "the error names both topics and counts: {log}"
+    );
+    assert_eq!(receiver.call_count(&id), 0, "the event of the new partition is not handled");
+}
