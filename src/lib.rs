@@ -62,8 +62,6 @@ pub mod kafka;
 pub mod metrics;
 pub mod offsets;
 pub mod ops;
-// documented with the store format change
-#[allow(missing_docs)]
 pub mod store;
 pub mod template;
 

@@ -35,8 +35,11 @@ use super::{now_us, Claimed, Record, State, Store, StoreError};
 /// A record on its way to the changelog topic of `topic` (the source topic).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
+    /// The source topic: the entry goes to its changelog topic.
     pub topic: String,
+    /// The source partition: the entry goes to the changelog partition of that number.
     pub partition: i32,
+    /// The record's changelog key ([`entry_key`]).
     pub key: Vec<u8>,
     /// `None`: a tombstone (the record is gone).
     pub value: Option<Vec<u8>>,
@@ -45,24 +48,32 @@ pub struct Entry {
 /// Where the broker put an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acked {
+    /// The changelog topic.
     pub changelog_topic: String,
+    /// Its partition.
     pub partition: i32,
+    /// The entry's offset there.
     pub offset: i64,
 }
 
+/// What [`Sink::send`] returns: where the entry went, or why it never will.
 pub type SendFuture = Pin<Box<dyn Future<Output = Result<Acked, String>> + Send>>;
 
 /// Writes changelog entries. Answers once the broker acknowledged the entry, or
 /// with the reason it never will (then the store fails: no offset may move).
 pub trait Sink: Send + Sync {
+    /// Sends `entry` to the changelog partition of its source partition.
     fn send(&self, entry: Entry) -> SendFuture;
 }
 
 /// One record read from a changelog partition.
 #[derive(Debug, Clone)]
 pub struct ChangelogRecord {
+    /// Its offset in the changelog partition.
     pub offset: i64,
+    /// Its key ([`entry_key`]).
     pub key: Vec<u8>,
+    /// Its value ([`entry_value`]); `None`: a tombstone (the record is gone).
     pub value: Option<Vec<u8>>,
 }
 
@@ -172,13 +183,13 @@ impl Checkpoints {
 /// sink) and the checkpoints.
 pub struct Changelog {
     sink: RwLock<Option<Arc<dyn Sink>>>,
-    pub checkpoints: Arc<Checkpoints>,
+    pub(crate) checkpoints: Arc<Checkpoints>,
     /// µs: restored records older than this are expired already and not written.
     retention_us: i64,
 }
 
 impl Changelog {
-    pub fn open(meta: &sled::Tree, retention: Duration) -> Result<Changelog, StoreError> {
+    pub(crate) fn open(meta: &sled::Tree, retention: Duration) -> Result<Changelog, StoreError> {
         Ok(Changelog {
             sink: RwLock::new(None),
             checkpoints: Arc::new(Checkpoints::open(meta)?),
@@ -286,7 +297,8 @@ impl Store {
         *self.changelog.sink.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
     }
 
-    pub fn has_changelog(&self) -> bool {
+    /// A changelog sink is attached ([`Store::attach_changelog`]).
+    pub(crate) fn has_changelog(&self) -> bool {
         self.changelog.sink().is_some()
     }
 

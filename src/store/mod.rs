@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 
 pub use keys::UNDECODABLE_SCOPE;
 pub use options::{Role, StoreOptions, SMALL_CACHE_BYTES};
-pub use owner::Owner;
+pub(crate) use owner::Owner;
 pub use record::{now_us, Record, State};
 pub use sync::SyncStats;
 
@@ -59,24 +59,58 @@ const DUPLICATES_KEY: &[u8] = b"duplicates_suppressed";
 /// (µs, big-endian i64); a claim looks for them only until then.
 const LEGACY_UNTIL_KEY: &[u8] = b"legacy_keys_until";
 
+/// Why a store operation failed. `NotFound`, `WrongState` and `NoMessage` answer
+/// what a person asked for (`outboxd store …`, the admin API); the others are
+/// failures of the store itself.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// Another process holds the database (sled's file lock).
     #[error("the store at {path} is in use by {owner}; `outboxd store` opens the database directly, so stop that process first (SIGTERM drains it cleanly)")]
-    Locked { path: PathBuf, owner: String, admin: Option<String> },
+    Locked {
+        /// The store's directory.
+        path: PathBuf,
+        /// The holder as its owner file names it, or `another process` without one.
+        owner: String,
+        /// The admin address the holder advertised (a running service): `outboxd store` asks there instead.
+        admin: Option<String>,
+    },
+    /// A file operation of the store failed (its directory, syncing sled's files).
     #[error("store I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// sled failed.
     #[error("store: {0}")]
     Sled(#[from] sled::Error),
+    /// The group commit could not make writes durable: a flush or fdatasync failed
+    /// (the first failure answers every later wait too), or the store is closed.
     #[error("store: durable write failed: {0}")]
     Sync(Arc<std::io::Error>),
+    /// A stored value could not be decoded.
     #[error("store: corrupt record for {id:?}: {error}")]
-    Corrupt { id: String, error: String },
+    Corrupt {
+        /// The event id for a message copy; the key's bytes (hex) for a record or changelog entry.
+        id: String,
+        /// What is wrong with it.
+        error: String,
+    },
+    /// No record of this event id.
     #[error("no record for event {0:?}")]
     NotFound(String),
+    /// The record is in a state the operation does not apply to.
     #[error("event {id:?} is {state}, not {expected}")]
-    WrongState { id: String, state: State, expected: &'static str },
+    WrongState {
+        /// The event id.
+        id: String,
+        /// The state the record is in.
+        state: State,
+        /// The states the operation applies to, as text.
+        expected: &'static str,
+    },
+    /// The event's message has no stored copy (e.g. it was not kept: the quota was
+    /// reached), so it cannot run again from the store.
     #[error("no stored copy of the message of event {0:?}")]
     NoMessage(String),
+    /// With a changelog: the broker did not acknowledge a record's entry (the
+    /// reason), so the write does not count.
     #[error("changelog write failed: {0}")]
     Changelog(String),
 }
@@ -84,14 +118,22 @@ pub enum StoreError {
 /// Counts for `outboxd store stats`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Stats {
+    /// Records claimed and not finished.
     pub claimed: u64,
+    /// Records done.
     pub done: u64,
+    /// Records dead.
     pub dead: u64,
+    /// Records parked.
     pub parked: u64,
+    /// Deliveries not run because their record was already final, over the store's
+    /// life, those of records removed since included (persisted with each group commit).
     pub duplicates_suppressed: u64,
+    /// Size of the store's files, as sled reports it.
     pub bytes_on_disk: u64,
-    /// First seen of the oldest / newest record (µs since the epoch).
+    /// When the oldest record was first seen (µs since the epoch).
     pub oldest_us: Option<i64>,
+    /// When the newest record was first seen (µs since the epoch).
     pub newest_us: Option<i64>,
 }
 
@@ -100,9 +142,13 @@ pub struct Stats {
 pub enum Claim {
     /// Claimed now (durably).
     Claimed(Claimed),
-    /// Already final: do not run; the duplicate was counted. `same_offset`: the
-    /// very message came again (a redelivered offset), not the id at a new offset.
-    Finished { state: State, same_offset: bool },
+    /// Already final: do not run; the duplicate was counted.
+    Finished {
+        /// The final state the record is in.
+        state: State,
+        /// The very message came again (a redelivered offset), not the id at a new offset.
+        same_offset: bool,
+    },
 }
 
 /// A durably claimed event: the record as written and the slice it is in,
@@ -134,6 +180,9 @@ struct Found {
     slice: Arc<Slice>,
 }
 
+/// The dedup store: one compact record per (event id, dedup scope) in time slices
+/// of a sled database, written by the service and by `outboxd store`, one process
+/// at a time. Writes become durable through the group commit ([`Store::durable`]).
 pub struct Store {
     path: PathBuf,
     db: sled::Db,
@@ -156,7 +205,9 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn open(path: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
+    /// Opens the store in the directory `path` (created if missing), converting a
+    /// store written in the earlier format; `Locked` if another process holds it.
+    pub(crate) fn open(path: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
         std::fs::create_dir_all(path)?;
         let db = match sled::Config::new().path(path).cache_capacity(opts.cache_bytes).open() {
             Ok(db) => db,
@@ -219,7 +270,8 @@ impl Store {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    /// The store's directory.
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -244,6 +296,7 @@ impl Store {
         self.sync.durable().await.map_err(StoreError::Sync)
     }
 
+    /// The group commit's batches so far.
     pub fn sync_stats(&self) -> SyncStats {
         self.sync.stats()
     }

@@ -49,6 +49,9 @@ impl std::fmt::Display for Role {
 /// How the store is opened.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
+    /// How long a record is kept after its last write: its slice expires `retention`
+    /// after the slice ends, so a record is kept up to one slice width (retention / 8,
+    /// at least 1 s) longer.
     pub retention: Duration,
     /// Group-commit window.
     pub commit_interval: Duration,

@@ -142,6 +142,7 @@ impl Store {
         Ok(self.db.size_on_disk()?)
     }
 
+    /// No record in any slice (looks at the trees, not at the kept counts).
     pub fn is_empty(&self) -> bool {
         self.slices.all().iter().all(|s| s.tree.is_empty())
     }

@@ -7,14 +7,19 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
+    /// Claimed for execution and not final: its handler runs now, or an earlier
+    /// attempt's outcome is unknown (or a re-run was taken back and not run yet).
     Claimed,
+    /// Handled: the handler's outcome is in [`Record::outcome`].
     Done,
+    /// Given up (or never decodable): [`Record::reason`] says why.
     Dead,
     /// An uncertain event under `on_uncertain = "park"`: a person decides.
     Parked,
 }
 
 impl State {
+    /// The state as text (`claimed`, `done`, `dead`, `parked`), as in JSON and `--state`.
     pub fn as_str(self) -> &'static str {
         match self {
             State::Claimed => "claimed",
@@ -56,23 +61,33 @@ impl std::fmt::Display for State {
 /// is the one stores of earlier versions hold, read once when they are converted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
+    /// The event's id.
     pub event_id: String,
     /// The dedup scope the record is kept in (`store::keys`); `None` for a record of
     /// a store written before scopes. Part of the key (as a small id), not of the stored value.
     #[serde(skip)]
     pub scope: Option<String>,
+    /// Where the event is: `claimed`, `done`, `dead` or `parked`.
     pub state: State,
     /// Handler executions started (a re-execution after a crash counts).
     pub attempts: u32,
     /// Where the event was last claimed from.
     pub topic: String,
+    /// The partition of that message.
     pub partition: i32,
+    /// The offset of that message.
     pub offset: i64,
+    /// The event's aggregate id (the key whose events run one at a time), if it has one.
     pub key: Option<String>,
+    /// The event's type, if it has one.
     pub event_type: Option<String>,
+    /// When the id was first seen.
     pub first_seen_us: i64,
+    /// When it was last claimed (or taken back for a re-run).
     pub claimed_at_us: Option<i64>,
+    /// When it last became final (done, dead or parked).
     pub done_at_us: Option<i64>,
+    /// When the record was last written (a suppressed duplicate does not count).
     pub updated_at_us: i64,
     /// The handler's outcome, e.g. `http 200`.
     pub outcome: Option<String>,
@@ -112,6 +127,7 @@ impl Record {
     }
 }
 
+/// Now, in µs since the Unix epoch (0 before it).
 pub fn now_us() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
 }

@@ -26,9 +26,14 @@ pub type BeforeFlush = Box<dyn Fn() -> Result<(), sled::Error> + Send>;
 /// Statistics of the batches, for benchmarks and logs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SyncStats {
+    /// Batches run (failed ones included).
     pub batches: u64,
+    /// Waits the batches answered (one per `Store::durable` call: a claim, a final record, …).
     pub records: u64,
+    /// Time spent making batches durable (writing the kept counts and checkpoints,
+    /// flush and, with fsync on, fdatasync), summed.
     pub total_sync: Duration,
+    /// The longest of those times.
     pub max_sync: Duration,
     /// sled blob files made durable.
     pub blob_files_synced: u64,

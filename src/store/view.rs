@@ -16,6 +16,8 @@ pub fn rfc3339(us: i64) -> String {
     humantime::format_rfc3339_micros(t).to_string()
 }
 
+/// A record as JSON, times as RFC 3339: what `store get|list --json`, `store
+/// export` and the admin API show of it.
 pub fn record_json(r: &Record) -> Value {
     json!({
         "event_id": r.event_id,
@@ -38,7 +40,8 @@ pub fn record_json(r: &Record) -> Value {
     })
 }
 
-pub fn stats_json(s: &Stats) -> Value {
+/// `store stats` as JSON, times as RFC 3339.
+pub(crate) fn stats_json(s: &Stats) -> Value {
     json!({
         "claimed": s.claimed, "done": s.done, "dead": s.dead, "parked": s.parked,
         "duplicates_suppressed": s.duplicates_suppressed,
