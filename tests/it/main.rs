@@ -20,5 +20,6 @@ mod failure;
 mod faults;
 mod hostile;
 mod kill_loop;
+mod kubernetes;
 mod scale;
 mod tls_config;
