@@ -1,4 +1,5 @@
-//! One event's life: decode → claim durably → handler (with retries, or the
+//! One event's life: decode → claim (in memory for `on_uncertain = retry`,
+//! durably for `verify | park`) → handler (with retries, or the
 //! unknown-outcome policy) → record done/dead/parked durably. Used by the
 //! engine for consumed messages and by `outboxd store retry` for stored copies.
 
@@ -50,7 +51,9 @@ pub struct Counters {
     pub duplicates: AtomicU64,
     /// Events recorded dead or parked, and messages that could not be decoded or whose handling panicked.
     pub dead: AtomicU64,
-    /// Events found `claimed` by an earlier attempt whose outcome is unknown, given to `on_uncertain`.
+    /// Events found `claimed` by an earlier attempt whose outcome is unknown, given to
+    /// `on_uncertain`. Only a durable claim is found again after a crash: with `retry`
+    /// (claims in memory) a crash's re-execution looks like a first run.
     pub reexecuted: AtomicU64,
 }
 
@@ -311,7 +314,15 @@ impl Executor {
     ) -> Result<(), StoreError> {
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
         let scope = hc.dedup_scope.of(topic);
-        let mut claimed = match self.store.claim(event, scope).await? {
+        // With `retry`, a crash during the handler leads to the same re-execution with
+        // the same idempotency key whether or not the claim was durable (DESIGN.md, invariant 1).
+        let claim = if hc.on_uncertain == OnUncertain::Retry {
+            self.store.claim_in_memory(event, scope).await?
+        } else {
+            self.store.claim(event, scope).await?
+        };
+        let _release = Release { store: &self.store, id: &event.id, scope };
+        let mut claimed = match claim {
             Claim::Finished { state, same_offset } => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
@@ -350,7 +361,7 @@ impl Executor {
                 c
             }
         };
-        if hc.on_uncertain != OnUncertain::Retry {
+        if claimed.is_durable() {
             // A new owner of the partition must find the outcome uncertain, not absent.
             self.store.log_claim(&claimed).await?;
         }
@@ -454,6 +465,20 @@ pub fn check_custom_topics(config: &Config, custom: &HashMap<String, Arc<dyn Han
 fn inject_panic(event_id: &str) {
     if std::env::var("OUTBOXD_DEBUG_PANIC_ON_EVENT").is_ok_and(|id| id == event_id) {
         panic!("injected for event {event_id} (OUTBOXD_DEBUG_PANIC_ON_EVENT)");
+    }
+}
+
+/// Forgets an in-memory claim however its handling ends (normally the final
+/// record did already; a store failure or an abandoned future leaves it here).
+struct Release<'a> {
+    store: &'a Store,
+    id: &'a str,
+    scope: &'a str,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.store.release(self.id, self.scope);
     }
 }
 

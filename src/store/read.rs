@@ -98,7 +98,7 @@ impl Store {
 
     fn found(&self, slice: Arc<Slice>, key: Vec<u8>, raw: sled::IVec) -> Result<Found, StoreError> {
         let record = self.decode(&slice, &key, &raw)?;
-        Ok(Found { record, key, raw, slice })
+        Ok(Found { record, key, slice })
     }
 
     pub(super) fn decode(&self, slice: &Slice, key: &[u8], raw: &[u8]) -> Result<Record, StoreError> {
@@ -195,9 +195,11 @@ impl Store {
         Ok(out)
     }
 
-    /// Records per state without scanning (what the service's gauges show).
+    /// Records per state without scanning (what the service's gauges show);
+    /// `claimed` includes the claims held in memory.
     pub fn counts(&self) -> [(State, u64); 4] {
-        let t = self.slices.totals();
+        let mut t = self.slices.totals();
+        t[0] += self.claims.unstored() as i64;
         [State::Claimed, State::Done, State::Dead, State::Parked]
             .into_iter()
             .zip(t)
@@ -230,6 +232,7 @@ impl Store {
             }
             per_slice.push((slice.start, counted));
         }
+        s.claimed += self.claims.unstored();
         s.duplicates_suppressed = self.duplicates.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(kept) = super::read_i64(&self.meta, DUPLICATES_KEY)? {
             s.duplicates_suppressed = s.duplicates_suppressed.max(kept as u64);
