@@ -45,6 +45,11 @@ impl Claims {
         self.lock().get(id).and_then(|l| l.first().map(|(r, _)| r.clone()))
     }
 
+    /// The claims of events with no stored record (what listings lack).
+    pub fn unstored_records(&self) -> Vec<Record> {
+        self.lock().values().flatten().filter(|(_, stored)| !stored).map(|(r, _)| r.clone()).collect()
+    }
+
     /// Claims of events with no stored record: what the stored `claimed` count lacks.
     pub fn unstored(&self) -> u64 {
         self.lock().values().flatten().filter(|(_, stored)| !stored).count() as u64

@@ -181,18 +181,50 @@ impl Store {
             }
             Some((event, None)) => Bound::Included(keys::past(&event)),
         };
+        let wanted = |r: &Record| state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic);
+        let mut in_memory = self.in_memory_claims(&start, &wanted).into_iter().peekable();
         let mut out = Vec::new();
         for item in self.merged(start)? {
             if out.len() >= limit {
                 break;
             }
             let (k, v, slice) = item?;
+            while let Some((_, r)) = in_memory.next_if(|(mk, _)| mk.as_slice() < k.as_ref()) {
+                if out.len() < limit {
+                    out.push(r);
+                }
+            }
+            // A claim whose final record was just written: the record is the one shown.
+            in_memory.next_if(|(mk, _)| mk.as_slice() == k.as_ref());
             let r = self.decode(&slice, &k, &v)?;
-            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
+            if out.len() < limit && wanted(&r) {
                 out.push(r);
             }
         }
+        out.extend(in_memory.map(|(_, r)| r).take(limit.saturating_sub(out.len())));
         Ok(out)
+    }
+
+    /// The in-memory claims (of events with no stored record) past `start` that
+    /// `wanted` takes, with their keys, in key order: listed with the stored records.
+    fn in_memory_claims(&self, start: &Bound<Vec<u8>>, wanted: &dyn Fn(&Record) -> bool) -> Vec<(Vec<u8>, Record)> {
+        let mut out: Vec<(Vec<u8>, Record)> = self
+            .claims
+            .unstored_records()
+            .into_iter()
+            .filter(|r| wanted(r))
+            .filter_map(|r| {
+                let scope = self.names.find(r.scope.as_deref()?)?;
+                Some((keys::record_key(&keys::event_key(&r.event_id), scope), r))
+            })
+            .filter(|(k, _)| match start {
+                Bound::Unbounded => true,
+                Bound::Included(s) => k >= s,
+                Bound::Excluded(s) => k > s,
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// Records per state without scanning (what the service's gauges show);

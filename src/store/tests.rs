@@ -293,6 +293,23 @@ async fn in_memory_claim_cut_by_a_crash_leaves_nothing_and_runs_again_as_a_first
 }
 
 #[tokio::test]
+async fn in_memory_claims_are_listed_with_the_stored_records_in_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    for id in ["a", "c"] {
+        let c = claimed(&store, id, 1).await;
+        store.finish(c, State::Done, "ok".into()).await.unwrap();
+    }
+    store.claim_in_memory(&event("b", 2), "t").await.unwrap();
+    let ids = |rs: Vec<Record>| rs.into_iter().map(|r| r.event_id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list(None, 10).unwrap()), ["a", "b", "c"]);
+    assert_eq!(ids(store.list(None, 2).unwrap()), ["a", "b"]);
+    assert_eq!(ids(store.list(Some(State::Claimed), 10).unwrap()), ["b"]);
+    assert_eq!(ids(store.list_after(None, None, Some("b"), 10).unwrap()), ["c"]);
+    assert_eq!(ids(store.list_after(None, None, Some("a"), 1).unwrap()), ["b"]);
+}
+
+#[tokio::test]
 async fn released_in_memory_claim_is_no_longer_shown() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
