@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::guards::{live_guard, Release};
 use super::retry::{backoff, next_delay};
 use crate::avro;
 use crate::codec::{DecodeError, Decoder, Layout};
@@ -76,7 +77,7 @@ pub struct Executor {
     decoder: Decoder,
     /// Event ids being worked on in this process: a second delivery of the
     /// same id (at another offset or key) waits instead of running twice.
-    live: Mutex<HashMap<String, Arc<Semaphore>>>,
+    pub(super) live: Mutex<HashMap<String, Arc<Semaphore>>>,
     pub(crate) counters: Counters,
     /// Set when the store fails: nothing more runs and no offset moves.
     failure: std::sync::OnceLock<String>,
@@ -465,51 +466,5 @@ pub fn check_custom_topics(config: &Config, custom: &HashMap<String, Arc<dyn Han
 fn inject_panic(event_id: &str) {
     if std::env::var("OUTBOXD_DEBUG_PANIC_ON_EVENT").is_ok_and(|id| id == event_id) {
         panic!("injected for event {event_id} (OUTBOXD_DEBUG_PANIC_ON_EVENT)");
-    }
-}
-
-/// Forgets an in-memory claim however its handling ends (normally the final
-/// record did already; a store failure or an abandoned future leaves it here).
-struct Release<'a> {
-    store: &'a Store,
-    id: &'a str,
-    scope: &'a str,
-}
-
-impl Drop for Release<'_> {
-    fn drop(&mut self) {
-        self.store.release(self.id, self.scope);
-    }
-}
-
-/// Releases the id when dropped; waiters then look at the store again.
-struct LiveGuard<'a> {
-    exec: &'a Executor,
-    id: String,
-    gate: Arc<Semaphore>,
-}
-
-impl Drop for LiveGuard<'_> {
-    fn drop(&mut self) {
-        self.exec.live.lock().expect("live ids lock").remove(&self.id);
-        self.gate.close();
-    }
-}
-
-async fn live_guard<'a>(exec: &'a Executor, id: &str) -> LiveGuard<'a> {
-    loop {
-        let busy = {
-            let mut live = exec.live.lock().expect("live ids lock");
-            match live.get(id) {
-                Some(gate) => gate.clone(),
-                None => {
-                    let gate = Arc::new(Semaphore::new(0));
-                    live.insert(id.to_owned(), gate.clone());
-                    return LiveGuard { exec, id: id.to_owned(), gate };
-                }
-            }
-        };
-        // Closed (never granted) when the holder finishes.
-        let _ = busy.acquire().await;
     }
 }

@@ -7,6 +7,7 @@
 //! - `slices`: one tree per slice of time, per-slice counts, dropped whole.
 //! - `messages`: copies of failed messages, within a quota, per slice.
 //! - `read`: listing, paging, scanning and counting; `repair`: forget, reopen, resolve.
+//! - `inflight`: claims kept in memory only (`on_uncertain = retry`), shown while they last.
 //! - `migrate`: converts stores written in the earlier format on open.
 //! - `changelog`: the changelog's value format, restore, and checkpoints (`[store.changelog]`).
 
@@ -324,16 +325,7 @@ impl Store {
         self.claim_as(event, scope, true).await
     }
 
-    /// Like [`Store::claim`], but the claim lives in memory only (nothing is written
-    /// until the final record). For `on_uncertain = retry`: after a crash during the
-    /// handler, a durable claim would lead to the same re-execution with the same
-    /// idempotency key as no claim at all. The caller serialises one id (the
-    /// executor's live ids) and calls [`Store::release`] when it is done.
-    pub async fn claim_in_memory(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
-        self.claim_as(event, scope, false).await
-    }
-
-    async fn claim_as(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Claim, StoreError> {
+    pub(super) async fn claim_as(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Claim, StoreError> {
         let now = now_us();
         let (record, from) = match self.find_in(scope, &event.id)? {
             Some(f) if f.record.state.is_final() => {
@@ -392,12 +384,6 @@ impl Store {
         Ok(r.attempts)
     }
 
-    /// Forgets the in-memory claim of `id` in `scope` (its final record is written,
-    /// or it never will be here: the store failed, the work was abandoned).
-    pub fn release(&self, id: &str, scope: &str) {
-        self.claims.remove(id, scope);
-    }
-
     /// Records the final state of a claimed event durably; only then may the offset move on.
     pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
         debug_assert!(state.is_final());
@@ -426,11 +412,6 @@ impl Store {
         self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), Some(to), state, reason)?;
         self.release_written(&r);
         self.settle(&r).await
-    }
-
-    /// The final record `r` is written: lookups find it, its in-memory claim goes.
-    fn release_written(&self, r: &Record) {
-        self.claims.remove(&r.event_id, r.scope.as_deref().unwrap_or_default());
     }
 
     /// `r`, as stored in `from` (`None`: it is new), becomes final in `to` (default: the current slice).
