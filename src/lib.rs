@@ -6,18 +6,20 @@
 //! outboxd consumes them and, per event:
 //!
 //! ```text
-//! consumer ─► decode ─► claim id (durable) ─► handler ─► record done (durable) ─► store offset
+//! consumer ─► decode ─► claim id ─► handler ─► record done (durable) ─► store offset
 //!   kafka      codec        store                handler      store                 offsets
 //! ```
 //!
-//! **Guarantee.** A handler runs only after its event id is durably claimed; an
+//! **Guarantee.** A handler runs only after its event id is claimed (in memory for
+//! `on_uncertain = retry`, durably for `verify`/`park`: see `DESIGN.md`, invariant 1); an
 //! event recorded `done` is never run again while its record is retained, at
 //! whatever offset it comes back (records are keyed by event id and dedup scope,
 //! by default the topic); an offset is stored for commit only when the
 //! event there and every earlier one of its partition is durably `done` or
 //! `dead`. Events of one key run one at a time in offset order. A crash
-//! *during* a handler leaves the record `claimed`: the next delivery re-executes
-//! it with the same idempotency key and says so in the log. A panic while
+//! *during* a handler leaves the event uncommitted: the next delivery runs it
+//! again with the same idempotency key (under `verify`/`park` the durable claim
+//! makes it found `claimed`, and the policy decides). A panic while
 //! handling one message is contained: it is recorded dead and its key and
 //! partition go on; `/readyz` names a partition that stalls anyway.
 //!

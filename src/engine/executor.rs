@@ -1,4 +1,5 @@
-//! One event's life: decode → claim durably → handler (with retries, or the
+//! One event's life: decode → claim (in memory for `on_uncertain = retry`,
+//! durably for `verify | park`) → handler (with retries, or the
 //! unknown-outcome policy) → record done/dead/parked durably. Used by the
 //! engine for consumed messages and by `outboxd store retry` for stored copies.
 
@@ -11,6 +12,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::guards::{live_guard, Release};
 use super::retry::{backoff, next_delay};
 use crate::avro;
 use crate::codec::{DecodeError, Decoder, Layout};
@@ -50,7 +52,9 @@ pub struct Counters {
     pub duplicates: AtomicU64,
     /// Events recorded dead or parked, and messages that could not be decoded or whose handling panicked.
     pub dead: AtomicU64,
-    /// Events found `claimed` by an earlier attempt whose outcome is unknown, given to `on_uncertain`.
+    /// Events found `claimed` by an earlier attempt whose outcome is unknown, given to
+    /// `on_uncertain`. Only a durable claim is found again after a crash: with `retry`
+    /// (claims in memory) a crash's re-execution looks like a first run.
     pub reexecuted: AtomicU64,
 }
 
@@ -73,7 +77,7 @@ pub struct Executor {
     decoder: Decoder,
     /// Event ids being worked on in this process: a second delivery of the
     /// same id (at another offset or key) waits instead of running twice.
-    live: Mutex<HashMap<String, Arc<Semaphore>>>,
+    pub(super) live: Mutex<HashMap<String, Arc<Semaphore>>>,
     pub(crate) counters: Counters,
     /// Set when the store fails: nothing more runs and no offset moves.
     failure: std::sync::OnceLock<String>,
@@ -311,7 +315,15 @@ impl Executor {
     ) -> Result<(), StoreError> {
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
         let scope = hc.dedup_scope.of(topic);
-        let mut claimed = match self.store.claim(event, scope).await? {
+        // With `retry`, a crash during the handler leads to the same re-execution with
+        // the same idempotency key whether or not the claim was durable (DESIGN.md, invariant 1).
+        let claim = if hc.on_uncertain == OnUncertain::Retry {
+            self.store.claim_in_memory(event, scope).await?
+        } else {
+            self.store.claim(event, scope).await?
+        };
+        let _release = Release { store: &self.store, id: &event.id, scope };
+        let mut claimed = match claim {
             Claim::Finished { state, same_offset } => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
@@ -350,7 +362,7 @@ impl Executor {
                 c
             }
         };
-        if hc.on_uncertain != OnUncertain::Retry {
+        if claimed.is_durable() {
             // A new owner of the partition must find the outcome uncertain, not absent.
             self.store.log_claim(&claimed).await?;
         }
@@ -454,37 +466,5 @@ pub fn check_custom_topics(config: &Config, custom: &HashMap<String, Arc<dyn Han
 fn inject_panic(event_id: &str) {
     if std::env::var("OUTBOXD_DEBUG_PANIC_ON_EVENT").is_ok_and(|id| id == event_id) {
         panic!("injected for event {event_id} (OUTBOXD_DEBUG_PANIC_ON_EVENT)");
-    }
-}
-
-/// Releases the id when dropped; waiters then look at the store again.
-struct LiveGuard<'a> {
-    exec: &'a Executor,
-    id: String,
-    gate: Arc<Semaphore>,
-}
-
-impl Drop for LiveGuard<'_> {
-    fn drop(&mut self) {
-        self.exec.live.lock().expect("live ids lock").remove(&self.id);
-        self.gate.close();
-    }
-}
-
-async fn live_guard<'a>(exec: &'a Executor, id: &str) -> LiveGuard<'a> {
-    loop {
-        let busy = {
-            let mut live = exec.live.lock().expect("live ids lock");
-            match live.get(id) {
-                Some(gate) => gate.clone(),
-                None => {
-                    let gate = Arc::new(Semaphore::new(0));
-                    live.insert(id.to_owned(), gate.clone());
-                    return LiveGuard { exec, id: id.to_owned(), gate };
-                }
-            }
-        };
-        // Closed (never granted) when the holder finishes.
-        let _ = busy.acquire().await;
     }
 }

@@ -7,12 +7,14 @@
 //! - `slices`: one tree per slice of time, per-slice counts, dropped whole.
 //! - `messages`: copies of failed messages, within a quota, per slice.
 //! - `read`: listing, paging, scanning and counting; `repair`: forget, reopen, resolve.
+//! - `inflight`: claims kept in memory only (`on_uncertain = retry`), shown while they last.
 //! - `migrate`: converts stores written in the earlier format on open.
 //! - `changelog`: the changelog's value format, restore, and checkpoints (`[store.changelog]`).
 
 pub mod changelog;
 mod counts;
 mod format;
+mod inflight;
 mod keys;
 mod messages;
 mod migrate;
@@ -140,7 +142,7 @@ pub struct Stats {
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
-    /// Claimed now (durably).
+    /// Claimed now (durably, or in memory: see [`Store::claim_in_memory`]).
     Claimed(Claimed),
     /// Already final: do not run; the duplicate was counted.
     Finished {
@@ -151,13 +153,17 @@ pub enum Claim {
     },
 }
 
-/// A durably claimed event: the record as written and the slice it is in,
+/// A claimed event: the record as claimed and the slice it is stored in,
 /// handed back to [`Store::finish`] so the final write reads nothing again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {
     record: Box<Record>,
-    /// Start of the slice the claim is in (the final record replaces it there, or moves it to a newer one).
-    slice: i64,
+    /// Start of the slice the record is stored in (the final record replaces it there, or
+    /// moves it to a newer one); `None`: nothing is stored yet (an in-memory claim of a new event).
+    slice: Option<i64>,
+    /// The claim itself is written and durable (`on_uncertain = verify | park`); an
+    /// in-memory claim writes nothing before its final record.
+    durable: bool,
 }
 
 impl Claimed {
@@ -170,13 +176,17 @@ impl Claimed {
     pub fn reexecution(&self) -> bool {
         self.record.attempts > 1
     }
+
+    /// The claim is on disk (and, with a changelog, may be sent there): see [`Store::claim`].
+    pub fn is_durable(&self) -> bool {
+        self.durable
+    }
 }
 
-/// A record as a lookup found it: where it is, and its bytes as read.
+/// A record as a lookup found it, and where it is.
 struct Found {
     record: Record,
     key: Vec<u8>,
-    raw: sled::IVec,
     slice: Arc<Slice>,
 }
 
@@ -196,8 +206,12 @@ pub struct Store {
     /// Records from before scopes may be retained until then (µs): a claim that
     /// finds no scoped record also looks under scope id 0 (see `keys`).
     legacy_until: i64,
-    /// Deliveries suppressed, persisted with each group commit.
+    /// Deliveries suppressed, persisted with each group commit (not per record).
     duplicates: Arc<AtomicU64>,
+    /// In-memory claims (`on_uncertain = retry`), by event id and scope: never
+    /// written, so `get` and the counts look here too; removed when the final
+    /// record is written or the claim is dropped ([`Store::release`]).
+    claims: inflight::Claims,
     sync: sync::Syncer,
     owner: Mutex<Option<owner::OwnerFile>>,
     /// Where final records also go, and how far each changelog partition is restored.
@@ -263,6 +277,7 @@ impl Store {
             service: opts.role.is_service(),
             legacy_until,
             duplicates,
+            claims: inflight::Claims::default(),
             sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval, Box::new(persist)),
             db,
             owner: Mutex::new(owner),
@@ -304,6 +319,9 @@ impl Store {
     /// The record of event `id`, in whichever scope it is (the first, should the
     /// same id be kept in several): what `outboxd store get|forget|retry` act on.
     pub fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        if let Some(r) = self.claims.get(id) {
+            return Ok(Some(r));
+        }
         Ok(self.find_any(id)?.map(|f| f.record))
     }
 
@@ -353,17 +371,23 @@ impl Store {
     }
 
     /// Claims the event for execution in its dedup `scope`, durably, unless it is
-    /// already final there (then the duplicate is counted and nothing runs).
+    /// already final there (then the duplicate is counted and nothing runs). For
+    /// `on_uncertain = verify | park`: a crash during the handler must leave the
+    /// outcome found uncertain.
     pub async fn claim(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
+        self.claim_as(event, scope, true).await
+    }
+
+    pub(super) async fn claim_as(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Claim, StoreError> {
         let now = now_us();
         let (record, from) = match self.find_in(scope, &event.id)? {
             Some(f) if f.record.state.is_final() => {
                 let (r, p) = (&f.record, &event.position);
                 let same_offset = r.topic == p.topic && r.partition == p.partition && r.offset == p.offset;
-                let state = r.state;
-                self.count_duplicate(f)?;
-                return Ok(Claim::Finished { state, same_offset });
+                self.duplicates.fetch_add(1, Ordering::Relaxed);
+                return Ok(Claim::Finished { state: r.state, same_offset });
             }
+            // Claimed and never finished: by an earlier run with a durable claim, or reopened by `store retry`.
             Some(f) => {
                 let r = Record {
                     attempts: f.record.attempts + 1,
@@ -387,41 +411,39 @@ impl Store {
                 (r, None)
             }
         };
+        if !durable {
+            self.claims.insert(scope, &record, from.is_some());
+            let slice = from.map(|s| s.start);
+            return Ok(Claim::Claimed(Claimed { record: Box::new(record), slice, durable }));
+        }
         let slice = self.write(&record, from.as_ref().map(|s| (s, State::Claimed)), None)?;
         self.durable().await?;
-        Ok(Claim::Claimed(Claimed { record: Box::new(record), slice: slice.start }))
+        Ok(Claim::Claimed(Claimed { record: Box::new(record), slice: Some(slice.start), durable }))
     }
 
-    /// A further attempt within the same claim (a retry after a handler error).
+    /// A further attempt within the same claim (a retry after a handler error):
+    /// written durably for a durable claim, counted in memory otherwise.
     pub async fn record_attempt(&self, claimed: &mut Claimed) -> Result<u32, StoreError> {
         let r = &mut claimed.record;
         r.attempts += 1;
         r.updated_at_us = now_us();
-        let from = self.slices.get(claimed.slice);
-        claimed.slice = self.write(r, from.as_ref().map(|s| (s, State::Claimed)), None)?.start;
+        if !claimed.durable {
+            self.claims.insert(r.scope.as_deref().unwrap_or_default(), r, claimed.slice.is_some());
+            return Ok(r.attempts);
+        }
+        let from = claimed.slice.and_then(|s| self.slices.get(s));
+        claimed.slice = Some(self.write(r, from.as_ref().map(|s| (s, State::Claimed)), None)?.start);
         self.durable().await?;
         Ok(r.attempts)
-    }
-
-    /// Counts a suppressed duplicate on the record as it was read: if gc or `forget`
-    /// removed it (or anything changed it) meanwhile, the record is left as it is
-    /// now instead of being written back to life. It stays in its slice: a
-    /// duplicate does not extend the retention.
-    fn count_duplicate(&self, mut f: Found) -> Result<(), StoreError> {
-        f.record.duplicates += 1;
-        let new = format::encode(&f.record, &self.names, f.slice.start)?;
-        // A lost race only loses this record's duplicate count; the total below still counts it.
-        let _ = f.slice.tree.compare_and_swap(&f.key, Some(&f.raw), Some(new))?;
-        self.duplicates.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Records the final state of a claimed event durably; only then may the offset move on.
     pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
         debug_assert!(state.is_final());
-        let from = self.slices.get(claimed.slice);
+        let from = claimed.slice.and_then(|s| self.slices.get(s));
         let mut r = *claimed.record;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), None, state, text)?;
+        self.release_written(&r);
         self.settle(&r).await
     }
 
@@ -435,12 +457,13 @@ impl Store {
         message: &RawMessage,
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
-        let from = self.slices.get(claimed.slice);
+        let from = claimed.slice.and_then(|s| self.slices.get(s));
         let mut r = *claimed.record;
         let to = self.slices.current(now_us())?;
         let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), Some(to), state, reason)?;
+        self.release_written(&r);
         self.settle(&r).await
     }
 

@@ -98,7 +98,7 @@ impl Store {
 
     fn found(&self, slice: Arc<Slice>, key: Vec<u8>, raw: sled::IVec) -> Result<Found, StoreError> {
         let record = self.decode(&slice, &key, &raw)?;
-        Ok(Found { record, key, raw, slice })
+        Ok(Found { record, key, slice })
     }
 
     pub(super) fn decode(&self, slice: &Slice, key: &[u8], raw: &[u8]) -> Result<Record, StoreError> {
@@ -182,23 +182,57 @@ impl Store {
             }
             Some((event, None)) => Bound::Included(keys::past(&event)),
         };
+        let wanted = |r: &Record| state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic);
+        let mut in_memory = self.in_memory_claims(&start, &wanted).into_iter().peekable();
         let mut out = Vec::new();
         for item in self.merged(start)? {
             if out.len() >= limit {
                 break;
             }
             let (k, v, slice) = item?;
+            while let Some((_, r)) = in_memory.next_if(|(mk, _)| mk.as_slice() < k.as_ref()) {
+                if out.len() < limit {
+                    out.push(r);
+                }
+            }
+            // A claim whose final record was just written: the record is the one shown.
+            in_memory.next_if(|(mk, _)| mk.as_slice() == k.as_ref());
             let r = self.decode(&slice, &k, &v)?;
-            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
+            if out.len() < limit && wanted(&r) {
                 out.push(r);
             }
         }
+        out.extend(in_memory.map(|(_, r)| r).take(limit.saturating_sub(out.len())));
         Ok(out)
     }
 
-    /// Records per state without scanning (what the service's gauges show).
+    /// The in-memory claims (of events with no stored record) past `start` that
+    /// `wanted` takes, with their keys, in key order: listed with the stored records.
+    fn in_memory_claims(&self, start: &Bound<Vec<u8>>, wanted: &dyn Fn(&Record) -> bool) -> Vec<(Vec<u8>, Record)> {
+        let mut out: Vec<(Vec<u8>, Record)> = self
+            .claims
+            .unstored_records()
+            .into_iter()
+            .filter(|r| wanted(r))
+            .filter_map(|r| {
+                let scope = self.names.find(r.scope.as_deref()?)?;
+                Some((keys::record_key(&keys::event_key(&r.event_id), scope), r))
+            })
+            .filter(|(k, _)| match start {
+                Bound::Unbounded => true,
+                Bound::Included(s) => k >= s,
+                Bound::Excluded(s) => k > s,
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Records per state without scanning (what the service's gauges show);
+    /// `claimed` includes the claims held in memory.
     pub fn counts(&self) -> [(State, u64); 4] {
-        let t = self.slices.totals();
+        let mut t = self.slices.totals();
+        t[0] += self.claims.unstored() as i64;
         [State::Claimed, State::Done, State::Dead, State::Parked]
             .into_iter()
             .zip(t)
@@ -231,6 +265,7 @@ impl Store {
             }
             per_slice.push((slice.start, counted));
         }
+        s.claimed += self.claims.unstored();
         s.duplicates_suppressed = self.duplicates.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(kept) = super::read_i64(&self.meta, DUPLICATES_KEY)? {
             s.duplicates_suppressed = s.duplicates_suppressed.max(kept as u64);

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `absent → claimed → done | dead`. A `claimed` record found later means an
-/// earlier attempt's outcome is unknown.
+/// earlier attempt's outcome is unknown (only durable claims are stored: see `Store::claim`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
@@ -95,7 +95,9 @@ pub struct Record {
     pub reason: Option<String>,
     /// Where the dead-letter copy went (`topic/partition@offset`), once the broker acknowledged it.
     pub dead_letter: Option<String>,
-    /// Deliveries suppressed because the record was already final.
+    /// Deliveries suppressed because the record was already final, as counted on the
+    /// record by earlier versions. A suppressed duplicate no longer writes its record:
+    /// it is counted per store (`Stats::duplicates_suppressed`, the duplicates metric).
     pub duplicates: u64,
     /// When the record is removed (its slice is dropped), unless it is written again before.
     pub expires_at_us: Option<i64>,

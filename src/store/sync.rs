@@ -16,8 +16,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Waiters queued for the next batch; beyond that writers wait for room
-/// (it is far above `max_in_flight` × 2 writes per event).
+/// (it is far above `max_in_flight` × 2 durable waits per event).
 const QUEUE_CAPACITY: usize = 65_536;
+
+/// Under load a batch waits for more writers, but only while they keep coming:
+/// once no writer arrived for this part of the window, it commits. So a lone
+/// writer never waits out the window, and a steady stream (one write per event
+/// now, arriving as handlers finish) still fills a batch.
+const IDLE_GAP_PARTS: u32 = 4;
 
 pub type SyncResult = Result<(), Arc<std::io::Error>>;
 
@@ -104,7 +110,7 @@ pub struct Syncer {
 
 impl Syncer {
     /// `window`: how long a batch may wait for more writers once the previous
-    /// batch showed there is load. `data_file`: sled's log and blob files,
+    /// batch showed there is load (and only while they keep arriving: see `IDLE_GAP_PARTS`). `data_file`: sled's log and blob files,
     /// fdatasync'ed after each flush when `Some`.
     /// `before_flush` writes what must become durable with every batch (the per-state counts).
     pub fn start(db: sled::Db, data_file: Option<DataFiles>, window: Duration, before_flush: BeforeFlush) -> Syncer {
@@ -171,13 +177,21 @@ fn run(
     while let Ok(first) = rx.recv() {
         let mut waiters = vec![first];
         waiters.extend(rx.try_iter());
-        // Under load, wait a little so the next fdatasync covers more writers.
+        // Under load, wait a little so the next fdatasync covers more writers; stop
+        // at the first idle gap, so that nobody waits for writers who are not coming.
         if last_batch > 1 && !window.is_zero() {
             let deadline = Instant::now() + window;
+            let gap = window / IDLE_GAP_PARTS;
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match rx.recv_timeout(left) {
-                    Ok(w) => waiters.push(w),
+                if left.is_zero() {
+                    break;
+                }
+                match rx.recv_timeout(left.min(gap)) {
+                    Ok(w) => {
+                        waiters.push(w);
+                        waiters.extend(rx.try_iter());
+                    }
                     Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
                 }
             }
@@ -264,5 +278,25 @@ mod tests {
         assert!(first.to_string().contains("disk went away"), "{first}");
         let later = syncer.durable().await.unwrap_err();
         assert!(later.to_string().contains("disk went away"), "the first failure answers later waits: {later}");
+    }
+
+    #[tokio::test]
+    async fn lone_writer_after_a_busy_batch_does_not_wait_out_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let window = Duration::from_secs(2);
+        let syncer = Syncer::start(db, None, window, Box::new(|| Ok(())));
+        // Writers arriving together: batches of several, so the next batch would wait for company.
+        for _ in 0..3 {
+            let all = (0..8).map(|_| syncer.durable());
+            for r in futures::future::join_all(all).await {
+                r.unwrap();
+            }
+        }
+        let s = syncer.stats();
+        assert!(s.batches < s.records, "writers were batched: {s:?}");
+        let started = Instant::now();
+        syncer.durable().await.unwrap();
+        assert!(started.elapsed() < window / 2, "a lone writer waited {:?}", started.elapsed());
     }
 }

@@ -42,7 +42,8 @@ async fn done_event_is_finished_on_redelivery_at_a_new_offset() {
         Claim::Finished { state: State::Done, same_offset: false }
     );
     let r = store.get("e1").unwrap().unwrap();
-    assert_eq!((r.state, r.attempts, r.duplicates, r.offset), (State::Done, 1, 1, 1));
+    assert_eq!((r.state, r.attempts, r.offset), (State::Done, 1, 1));
+    assert_eq!(r.duplicates, 0, "a duplicate is counted per store, not written into its record");
     assert_eq!(r.outcome.as_deref(), Some("http 200"));
     assert_eq!(store.stats().unwrap().duplicates_suppressed, 1);
 }
@@ -234,17 +235,105 @@ async fn stats_on_a_stopped_store_corrects_drifted_counts() {
 }
 
 #[tokio::test]
-async fn counting_a_duplicate_does_not_bring_back_a_record_removed_meanwhile() {
+async fn a_suppressed_duplicate_writes_no_record_and_its_count_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+        let c = claimed(&store, "e1", 1).await;
+        store.finish(c, State::Done, "http 200".into()).await.unwrap();
+        let slice = store.slices.all().pop().unwrap();
+        let before = slice.tree.iter().collect::<Result<Vec<_>, _>>().unwrap();
+        assert!(matches!(store.claim(&event("e1", 1), "t").await.unwrap(), Claim::Finished { .. }));
+        let after = slice.tree.iter().collect::<Result<Vec<_>, _>>().unwrap();
+        assert_eq!(before, after, "the record is not rewritten");
+        store.durable().await.unwrap();
+    }
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    assert_eq!(store.stats().unwrap().duplicates_suppressed, 1, "persisted with the group commit");
+}
+
+fn stored_records(store: &Store) -> usize {
+    store.slices.all().iter().map(|s| s.tree.len()).sum()
+}
+
+#[tokio::test]
+async fn in_memory_claim_writes_only_the_final_record() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
-    let c = claimed(&store, "e1", 1).await;
+    let Claim::Claimed(mut c) = store.claim_in_memory(&event("e1", 1), "t").await.unwrap() else { panic!() };
+    assert_eq!((c.attempt(), c.reexecution(), c.is_durable()), (1, false, false));
+    assert_eq!(stored_records(&store), 0, "the claim is not written");
+    let r = store.get("e1").unwrap().expect("an in-flight claim is shown from memory");
+    assert_eq!((r.state, r.attempts), (State::Claimed, 1));
+    assert_eq!(store.counts().map(|(_, n)| n), [1, 0, 0, 0]);
+    assert_eq!(store.stats().unwrap().claimed, 1);
+    assert_eq!(store.record_attempt(&mut c).await.unwrap(), 2);
+    assert_eq!(stored_records(&store), 0, "an attempt is counted in memory");
+    assert_eq!(store.get("e1").unwrap().unwrap().attempts, 2);
     store.finish(c, State::Done, "http 200".into()).await.unwrap();
-    // A duplicate's claim read the record; then `forget` (or gc) removed it.
-    let read = store.find_in("t", "e1").unwrap().unwrap();
-    store.forget("e1").await.unwrap();
-    store.count_duplicate(read).unwrap();
-    assert_eq!(store.get("e1").unwrap(), None, "the removed record stays removed");
-    assert_eq!(store.stats().unwrap().duplicates_suppressed, 1, "the duplicate is still counted");
+    assert_eq!(stored_records(&store), 1);
+    let r = store.get("e1").unwrap().unwrap();
+    assert_eq!((r.state, r.attempts), (State::Done, 2));
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0]);
+    assert!(matches!(store.claim_in_memory(&event("e1", 2), "t").await.unwrap(), Claim::Finished { .. }));
+}
+
+#[tokio::test]
+async fn in_memory_claim_cut_by_a_crash_leaves_nothing_and_runs_again_as_a_first_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+        store.claim_in_memory(&event("e1", 1), "t").await.unwrap();
+        store.durable().await.unwrap();
+    }
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    assert_eq!(store.get("e1").unwrap(), None, "nothing stored: the event is simply not done");
+    let Claim::Claimed(c) = store.claim_in_memory(&event("e1", 1), "t").await.unwrap() else { panic!() };
+    assert_eq!((c.attempt(), c.reexecution()), (1, false));
+}
+
+#[tokio::test]
+async fn in_memory_claims_are_listed_with_the_stored_records_in_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    for id in ["a", "c"] {
+        let c = claimed(&store, id, 1).await;
+        store.finish(c, State::Done, "ok".into()).await.unwrap();
+    }
+    store.claim_in_memory(&event("b", 2), "t").await.unwrap();
+    let ids = |rs: Vec<Record>| rs.into_iter().map(|r| r.event_id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list(None, 10).unwrap()), ["a", "b", "c"]);
+    assert_eq!(ids(store.list(None, 2).unwrap()), ["a", "b"]);
+    assert_eq!(ids(store.list(Some(State::Claimed), 10).unwrap()), ["b"]);
+    assert_eq!(ids(store.list_after(None, None, Some("b"), 10).unwrap()), ["c"]);
+    assert_eq!(ids(store.list_after(None, None, Some("a"), 1).unwrap()), ["b"]);
+}
+
+#[tokio::test]
+async fn released_in_memory_claim_is_no_longer_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    store.claim_in_memory(&event("e1", 1), "t").await.unwrap();
+    store.release("e1", "t");
+    assert_eq!(store.get("e1").unwrap(), None);
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 0, 0, 0]);
+}
+
+#[tokio::test]
+async fn in_memory_claim_of_a_stored_claim_moves_it_to_final_in_one_write() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // Left by a run whose policy claimed durably.
+        let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+        store.claim(&event("e1", 1), "t").await.unwrap();
+    }
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    let Claim::Claimed(c) = store.claim_in_memory(&event("e1", 2), "t").await.unwrap() else { panic!() };
+    assert_eq!((c.attempt(), c.reexecution()), (2, true), "a stored claim still says the outcome is unknown");
+    assert_eq!(store.counts().map(|(_, n)| n), [1, 0, 0, 0], "counted once");
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    assert_eq!(stored_records(&store), 1);
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0]);
 }
 
 #[tokio::test]

@@ -65,7 +65,6 @@ async fn redelivered_event_is_not_handled_twice() {
 
     let record = od.store_get(&id);
     assert_eq!(record.state, "done", "{record:?}");
-    assert!(record.duplicates >= 1, "the store should count the suppressed redelivery: {record:?}");
     assert_eq!(record.topic, topic);
     assert_eq!(record.partition, first.partition);
     assert_eq!(record.key.as_deref(), Some(key));
@@ -130,8 +129,13 @@ async fn crash_after_side_effect_before_commit_does_not_repeat() {
     for id in &ids {
         let r = od.store_get(id);
         assert_eq!(r.state, "done", "{r:?}");
-        assert!(r.duplicates >= 1, "the redelivery after the crash should be counted as a duplicate: {r:?}");
     }
+    // Duplicates are counted per store (persisted with the group commit), not per record.
+    let stats = od.store_stats();
+    assert!(
+        stats["duplicates_suppressed"].as_u64().is_some_and(|n| n >= ids.len() as u64),
+        "every redelivery after the crash should be counted as a duplicate: {stats}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -159,8 +159,6 @@ pub struct Record {
     pub outcome: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
-    #[serde(default)]
-    pub duplicates: u64,
 }
 
 impl Record {

@@ -1,0 +1,79 @@
+//! In-memory claims: events being handled under `on_uncertain = retry`, whose
+//! claim is never written (shared/DESIGN.md, invariant 1). Kept so that the
+//! running service still shows them (`store get`, the `claimed` count); bounded
+//! by the events in flight, since each is removed with its final record.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::{Claim, OutboxEvent, Record, Store, StoreError};
+
+#[derive(Default)]
+pub struct Claims {
+    /// By event id, then dedup scope (an id is rarely in flight in two scopes);
+    /// `true`: a record of the event is stored too (as `claimed`: reopened by
+    /// `store retry`, or left by a run with a durable claim), so the stored counts
+    /// include it already.
+    by_id: Mutex<HashMap<String, Vec<(Record, bool)>>>,
+}
+
+impl Claims {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(Record, bool)>>> {
+        self.by_id.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds or replaces the claim of `r.event_id` in `scope`.
+    pub fn insert(&self, scope: &str, r: &Record, stored: bool) {
+        let mut map = self.lock();
+        let list = map.entry(r.event_id.clone()).or_default();
+        list.retain(|(c, _)| c.scope.as_deref().unwrap_or_default() != scope);
+        list.push((r.clone(), stored));
+    }
+
+    pub fn remove(&self, id: &str, scope: &str) {
+        let mut map = self.lock();
+        if let Some(list) = map.get_mut(id) {
+            list.retain(|(c, _)| c.scope.as_deref().unwrap_or_default() != scope);
+            if list.is_empty() {
+                map.remove(id);
+            }
+        }
+    }
+
+    /// The claim of `id` in any scope (the first).
+    pub fn get(&self, id: &str) -> Option<Record> {
+        self.lock().get(id).and_then(|l| l.first().map(|(r, _)| r.clone()))
+    }
+
+    /// The claims of events with no stored record (what listings lack).
+    pub fn unstored_records(&self) -> Vec<Record> {
+        self.lock().values().flatten().filter(|(_, stored)| !stored).map(|(r, _)| r.clone()).collect()
+    }
+
+    /// Claims of events with no stored record: what the stored `claimed` count lacks.
+    pub fn unstored(&self) -> u64 {
+        self.lock().values().flatten().filter(|(_, stored)| !stored).count() as u64
+    }
+}
+
+impl Store {
+    /// Like [`Store::claim`], but the claim lives in memory only (nothing is written
+    /// until the final record). For `on_uncertain = retry`: after a crash during the
+    /// handler, a durable claim would lead to the same re-execution with the same
+    /// idempotency key as no claim at all. The caller serialises one id (the
+    /// executor's live ids) and calls [`Store::release`] when it is done.
+    pub async fn claim_in_memory(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
+        self.claim_as(event, scope, false).await
+    }
+
+    /// Forgets the in-memory claim of `id` in `scope` (its final record is written,
+    /// or it never will be here: the store failed, the work was abandoned).
+    pub fn release(&self, id: &str, scope: &str) {
+        self.claims.remove(id, scope);
+    }
+
+    /// The final record `r` is written: lookups find it, its in-memory claim goes.
+    pub(super) fn release_written(&self, r: &Record) {
+        self.claims.remove(&r.event_id, r.scope.as_deref().unwrap_or_default());
+    }
+}
