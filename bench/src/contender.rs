@@ -28,7 +28,6 @@ use outboxd::handler::Handler;
 use outboxd::offsets::OffsetTracker;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::Semaphore;
 
@@ -70,21 +69,6 @@ impl ConsumerContext for Ctx {
 }
 
 type Kc = StreamConsumer<Ctx>;
-
-fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
-    RawMessage {
-        topic: m.topic().to_owned(),
-        partition: m.partition(),
-        offset: m.offset(),
-        key: m.key().map(<[u8]>::to_vec),
-        value: m.payload().map(<[u8]>::to_vec),
-        headers: m
-            .headers()
-            .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-            .unwrap_or_default(),
-        timestamp_ms: m.timestamp().to_millis(),
-    }
-}
 
 struct Shared {
     config: Config,
@@ -158,7 +142,7 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
         };
         let msg = tokio::select! {
             _ = term.recv() => break,
-            m = consumer.recv() => m.map(|m| to_raw(&m)),
+            m = consumer.recv() => m.map(|m| outboxd::kafka::to_raw(&m)),
         };
         match msg {
             Ok(raw) => {

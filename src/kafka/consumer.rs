@@ -220,7 +220,8 @@ impl Consumer {
     }
 }
 
-fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
+/// A consumed Kafka message as outboxd's decoder takes it (owned bytes, headers in order).
+pub fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
     RawMessage {
         topic: m.topic().to_owned(),
         partition: m.partition(),

@@ -9,7 +9,7 @@ mod dead_letters;
 mod options;
 mod restore;
 
-pub use consumer::{Consumer, RecvError, Tracker};
+pub use consumer::{to_raw, Consumer, RecvError, Tracker};
 pub use dead_letters::{DeadLetterInfo, DeadLetters, DlqError};
 pub use options::validate_options;
 pub use restore::{Batch, Restorer};

@@ -187,14 +187,7 @@ impl Kafka {
             .set("enable.partition.eof", "false")
             .create()
             .expect("create a Kafka consumer to read a topic");
-        let md =
-            consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT).unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
-        let partitions = md
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .map(|t| t.partitions().len() as i32)
-            .unwrap_or_else(|| panic!("topic {topic} not in the metadata"));
+        let partitions = partition_count(&consumer, topic);
         let mut ends = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
         for p in 0..partitions {
@@ -250,14 +243,7 @@ impl Kafka {
             .set("enable.auto.commit", "false")
             .create()
             .expect("create a Kafka consumer to read committed offsets");
-        let md =
-            consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT).unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
-        let partitions = md
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .map(|t| t.partitions().len() as i32)
-            .unwrap_or_else(|| panic!("topic {topic} not in the metadata"));
+        let partitions = partition_count(&consumer, topic);
         OffsetReader { consumer, topic: topic.to_string(), partitions }
     }
 }
@@ -451,4 +437,15 @@ impl OffsetReader {
             (c, e) => format!("(could not read offsets: {c:?} {e:?})"),
         }
     }
+}
+
+/// How many partitions `topic` has, from the broker's metadata (fails the test when unknown).
+fn partition_count(consumer: &BaseConsumer, topic: &str) -> i32 {
+    let md =
+        consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT).unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+    md.topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().len() as i32)
+        .unwrap_or_else(|| panic!("topic {topic} not in the metadata"))
 }
