@@ -354,6 +354,9 @@ fn print_changelog_plan(config: &Config) -> Vec<String> {
             for (source, name, _) in &plan.existing {
                 println!("changelog: {name} exists (for {source})");
             }
+            for warning in &plan.warnings {
+                println!("changelog: WARNING {warning}");
+            }
             for reason in &plan.mismatched {
                 println!("changelog: ERROR {reason}");
             }

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, NewTopic, OwnedResourceSpecifier, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaError;
@@ -51,6 +53,8 @@ pub struct Plan {
     pub create: Vec<(String, String, i32)>,
     /// Why an existing changelog topic cannot serve its source topic.
     pub mismatched: Vec<String>,
+    /// What in an existing changelog topic's settings works, but worse than it could.
+    pub warnings: Vec<String>,
 }
 
 /// Partition counts of every topic on the cluster.
@@ -88,7 +92,79 @@ pub fn plan(config: &Config, changelog: &ChangelogConfig, timeout: Duration) -> 
         .filter(|(t, _)| config.handler_for(t).is_some() && !changelog.is_changelog(t))
         .map(|(t, n)| (t, *n))
         .collect();
-    Ok(plan_for(changelog, &sources, &counts))
+    let mut plan = plan_for(changelog, &sources, &counts);
+    check_settings(&config.kafka, config.store.retention, &mut plan, timeout)?;
+    Ok(plan)
+}
+
+/// Looks at the settings of the existing changelog topics of `plan`: one that
+/// deletes records before `store.retention` is over cannot serve (a new owner
+/// would not know those events as handled); one that is not compacted works, but
+/// keeps every write, so restores read more.
+fn check_settings(kafka: &KafkaConfig, retention: Duration, plan: &mut Plan, timeout: Duration) -> anyhow::Result<()> {
+    if plan.existing.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = super::options::admin(kafka).create()?;
+    let specifiers: Vec<ResourceSpecifier<'_>> =
+        plan.existing.iter().map(|(_, name, _)| ResourceSpecifier::Topic(name)).collect();
+    let options = AdminOptions::new().request_timeout(Some(timeout));
+    // The admin client's own thread completes the future: no runtime needed.
+    let described = futures::executor::block_on(admin.describe_configs(&specifiers, &options))?;
+    let mut by_name = BTreeMap::new();
+    for result in described {
+        let resource = result.map_err(|code| anyhow::anyhow!("describing the changelog topics: {code}"))?;
+        if let OwnedResourceSpecifier::Topic(name) = &resource.specifier {
+            by_name.insert(name.clone(), resource);
+        }
+    }
+    for (source, name, _) in &plan.existing {
+        let resource =
+            by_name.get(name).ok_or_else(|| anyhow::anyhow!("the brokers did not describe changelog topic {name}"))?;
+        let value = |key: &str| resource.get(key).and_then(|e| e.value.clone());
+        let judged = judge_settings(name, source, value("cleanup.policy").as_deref(), value("retention.ms"), retention);
+        match judged {
+            Err(reason) => plan.mismatched.push(reason),
+            Ok(Some(warning)) => plan.warnings.push(warning),
+            Ok(None) => {}
+        }
+    }
+    Ok(())
+}
+
+/// What a changelog topic's `cleanup.policy` and `retention.ms` mean for the
+/// records in it: `Err` when records would leave Kafka before `store.retention`
+/// is over, a warning when it is not compacted.
+fn judge_settings(
+    name: &str,
+    source: &str,
+    policy: Option<&str>,
+    retention_ms: Option<String>,
+    retention: Duration,
+) -> Result<Option<String>, String> {
+    let policy = policy.unwrap_or("delete");
+    let policies: Vec<&str> = policy.split(',').map(str::trim).collect();
+    let wanted = retention.as_millis();
+    if policies.contains(&"delete") {
+        let kept = retention_ms.as_deref().and_then(|v| v.parse::<i64>().ok()).unwrap_or(-1);
+        if kept >= 0 && (kept as u128) < wanted {
+            return Err(format!(
+                "changelog topic {name} (for {source}) deletes records after retention.ms={kept}, but store.retention \
+                 is {wanted} ms: records would leave Kafka while they still count, and a new owner of a partition \
+                 would run those events again. Raise its retention.ms to at least {wanted} (kafka-configs.sh \
+                 --alter --entity-type topics --entity-name {name} --add-config retention.ms={wanted}) or lower \
+                 store.retention"
+            ));
+        }
+    }
+    if !policies.contains(&"compact") {
+        return Ok(Some(format!(
+            "changelog topic {name} (for {source}) has cleanup.policy={policy}, not compacted: it keeps every \
+             write, so restores read more than the latest record of each event. outboxd creates its topics \
+             with cleanup.policy=compact,delete"
+        )));
+    }
+    Ok(None)
 }
 
 fn plan_for(changelog: &ChangelogConfig, sources: &[(&String, i32)], counts: &BTreeMap<String, i32>) -> Plan {
@@ -123,6 +199,9 @@ pub async fn ensure(
 ) -> Result<(), TopicError> {
     if !plan.mismatched.is_empty() {
         return Err(TopicError::Mismatch(plan.mismatched.join("\n")));
+    }
+    for warning in &plan.warnings {
+        warn!("{warning}");
     }
     if plan.create.is_empty() {
         return Ok(());
@@ -168,16 +247,19 @@ pub async fn ensure_one(
     retention: Duration,
     source: &str,
 ) -> Result<(), TopicError> {
-    let name = changelog.topic_for(source);
-    let (kafka2, names) = (kafka.clone(), vec![source.to_owned(), name.clone()]);
-    let counts = tokio::task::spawn_blocking(move || partition_counts(&kafka2, Some(&names), ADMIN_TIMEOUT))
-        .await
-        .map_err(anyhow::Error::from)??;
-    let Some(&n) = counts.get(source) else {
-        return Err(anyhow::anyhow!("source topic {source} has no partitions in the metadata").into());
-    };
-    let source = source.to_owned();
-    let plan = plan_for(changelog, &[(&source, n)], &counts);
+    let (kafka2, changelog2, source2) = (kafka.clone(), changelog.clone(), source.to_owned());
+    let plan = tokio::task::spawn_blocking(move || -> Result<Plan, TopicError> {
+        let names = vec![source2.clone(), changelog2.topic_for(&source2)];
+        let counts = partition_counts(&kafka2, Some(&names), ADMIN_TIMEOUT)?;
+        let Some(&n) = counts.get(&source2) else {
+            return Err(anyhow::anyhow!("source topic {source2} has no partitions in the metadata").into());
+        };
+        let mut plan = plan_for(&changelog2, &[(&source2, n)], &counts);
+        check_settings(&kafka2, retention, &mut plan, ADMIN_TIMEOUT)?;
+        Ok(plan)
+    })
+    .await
+    .map_err(anyhow::Error::from)??;
     ensure(kafka, changelog, retention, &plan).await
 }
 
@@ -304,5 +386,21 @@ mod tests {
         assert_eq!(plan.mismatched.len(), 1);
         let m = &plan.mismatched[0];
         assert!(m.contains("g.c.outboxd-dedup has 3 partitions") && m.contains("source topic c has 4"), "{m}");
+    }
+
+    #[test]
+    fn a_changelog_that_deletes_records_too_early_is_refused_and_one_not_compacted_is_a_warning() {
+        let week = Duration::from_secs(7 * 24 * 3600);
+        let judge =
+            |policy: Option<&str>, ms: Option<&str>| judge_settings("cl", "src", policy, ms.map(str::to_owned), week);
+        assert_eq!(judge(Some("compact,delete"), Some("604800000")), Ok(None));
+        assert_eq!(judge(Some("compact"), Some("1000")), Ok(None), "compact only never deletes by time");
+        assert_eq!(judge(Some("compact,delete"), Some("-1")), Ok(None), "-1: kept forever");
+        let early = judge(Some("compact,delete"), Some("86400000")).unwrap_err();
+        assert!(early.contains("retention.ms=86400000") && early.contains("at least 604800000"), "{early}");
+        // The broker's default policy is delete (with its default retention of 7 days).
+        assert!(judge(None, Some("3600000")).is_err());
+        let warning = judge(Some("delete"), Some("-1")).unwrap().unwrap();
+        assert!(warning.contains("cleanup.policy=delete") && warning.contains("not compacted"), "{warning}");
     }
 }
