@@ -45,6 +45,15 @@ pub struct Entry {
     pub value: Option<Vec<u8>>,
 }
 
+/// What a write did to a record, as the changelog is told.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Change<'a> {
+    /// The record is now this.
+    Now(&'a Record),
+    /// The record is gone (a tombstone under its key).
+    Gone(&'a Record),
+}
+
 /// Where the broker put an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acked {
@@ -311,14 +320,57 @@ impl Store {
     /// acknowledged there: both at once, so the broker's round trip and the
     /// local flush overlap.
     pub(super) async fn settle(&self, r: &Record) -> Result<(), StoreError> {
-        let Some(sink) = self.changelog.sink() else { return self.durable().await };
-        let entry =
-            Entry { topic: r.topic.clone(), partition: r.partition, key: entry_key(r), value: Some(entry_value(r)?) };
-        let (local, sent) = tokio::join!(self.durable(), sink.send(entry));
+        let sent = self.send_change(Change::Now(r))?;
+        let (local, acked) = tokio::join!(self.durable(), async {
+            match sent {
+                Some(sent) => sent.await.map(Some),
+                None => Ok(None),
+            }
+        });
         local?;
-        let acked = sent.map_err(StoreError::Changelog)?;
-        self.changelog.checkpoints.acked(&acked.changelog_topic, acked.partition, acked.offset);
+        self.followed(acked.map_err(StoreError::Changelog)?);
         Ok(())
+    }
+
+    /// A repair a person made: `change` goes to the changelog first (when one is
+    /// attached) and only once the broker acknowledged it does `write` change the
+    /// local store, which answers when that is durable. This order never loses a
+    /// repair: if the broker does not take it, nothing changed anywhere and the
+    /// repair can be made again; if the local write fails after the broker took
+    /// it, the changelog (which every owner of the partition restores) has it, and
+    /// the local record is still there to repair again. The other order could leave
+    /// the local record gone and the changelog without its tombstone, a repair no
+    /// command can repeat.
+    pub(super) async fn settle_entry<T>(
+        &self,
+        change: Change<'_>,
+        write: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let acked = match self.send_change(change)? {
+            Some(sent) => Some(sent.await.map_err(StoreError::Changelog)?),
+            None => None,
+        };
+        let done = write()?;
+        self.durable().await?;
+        self.followed(acked);
+        Ok(done)
+    }
+
+    /// Sends `change` to the changelog, when one is attached.
+    fn send_change(&self, change: Change<'_>) -> Result<Option<SendFuture>, StoreError> {
+        let Some(sink) = self.changelog.sink() else { return Ok(None) };
+        let (r, value) = match change {
+            Change::Now(r) => (r, Some(entry_value(r)?)),
+            Change::Gone(r) => (r, None),
+        };
+        Ok(Some(sink.send(Entry { topic: r.topic.clone(), partition: r.partition, key: entry_key(r), value })))
+    }
+
+    /// This instance's write is acknowledged (and durable here): the checkpoint may follow it.
+    fn followed(&self, acked: Option<Acked>) {
+        if let Some(a) = acked {
+            self.changelog.checkpoints.acked(&a.changelog_topic, a.partition, a.offset);
+        }
     }
 
     /// Puts a durable claim into the changelog too (before its handler runs), so
