@@ -176,6 +176,31 @@ impl Checkpoints {
         }
     }
 
+    /// Where a followed partition is (`None` when it is not followed: not
+    /// restored here, or it stopped following), and the offsets above it this
+    /// instance wrote.
+    fn followed(&self, topic: &str, partition: i32) -> Option<(i64, BTreeSet<i64>)> {
+        let parts = self.lock();
+        parts.get(&(topic.to_owned(), partition)).filter(|c| c.following).map(|c| (c.next, c.acked.clone()))
+    }
+
+    /// Everything below `next` is applied (others' writes read, this instance's
+    /// own acknowledged): the checkpoint moves there, and on over own writes above.
+    fn caught_up(&self, topic: &str, partition: i32, next: i64) {
+        let mut parts = self.lock();
+        let Some(cp) = parts.get_mut(&(topic.to_owned(), partition)).filter(|c| c.following) else { return };
+        if next > cp.next {
+            cp.next = next;
+            cp.acked = cp.acked.split_off(&next);
+            cp.dirty = true;
+        }
+        while cp.acked.first() == Some(&cp.next) {
+            cp.acked.pop_first();
+            cp.next += 1;
+            cp.dirty = true;
+        }
+    }
+
     /// Writes the checkpoints that moved (with each group commit, before its flush:
     /// every record they cover was written before).
     pub fn persist(&self, meta: &sled::Tree) -> Result<(), sled::Error> {
@@ -328,7 +353,7 @@ impl Store {
             }
         });
         local?;
-        self.followed(acked.map_err(StoreError::Changelog)?);
+        self.acknowledged(acked.map_err(StoreError::Changelog)?);
         Ok(())
     }
 
@@ -352,7 +377,7 @@ impl Store {
         };
         let done = write()?;
         self.durable().await?;
-        self.followed(acked);
+        self.acknowledged(acked);
         Ok(done)
     }
 
@@ -367,7 +392,7 @@ impl Store {
     }
 
     /// This instance's write is acknowledged (and durable here): the checkpoint may follow it.
-    fn followed(&self, acked: Option<Acked>) {
+    fn acknowledged(&self, acked: Option<Acked>) {
         if let Some(a) = acked {
             self.changelog.checkpoints.acked(&a.changelog_topic, a.partition, a.offset);
         }
@@ -430,6 +455,22 @@ impl Store {
         self.messages.remove(&super::messages::copy_key(f.slice.start, &f.key))?;
         f.slice.moved(Some(f.record.state), None);
         Ok(true)
+    }
+
+    /// A changelog partition this instance owns and restored: its checkpoint, and
+    /// the offsets above it that this instance wrote itself. `None` when it is not
+    /// followed. Used to catch up with what other instances wrote there (a repair
+    /// made on another instance): offsets from the checkpoint up that are not in the set.
+    pub fn followed_checkpoint(&self, changelog_topic: &str, partition: i32) -> Option<(i64, BTreeSet<i64>)> {
+        self.changelog.checkpoints.followed(changelog_topic, partition)
+    }
+
+    /// Others' records below `next` of a followed changelog partition are applied
+    /// ([`Store::apply_changelog`]): the checkpoint moves there (and on over this
+    /// instance's own acknowledged writes), durably with them.
+    pub async fn caught_up_to(&self, changelog_topic: &str, partition: i32, next: i64) -> Result<(), StoreError> {
+        self.changelog.checkpoints.caught_up(changelog_topic, partition, next);
+        self.durable().await
     }
 
     /// Records up to `next` (exclusive) of a changelog partition are applied: the

@@ -290,3 +290,21 @@ async fn repairs_made_on_one_instance_hold_on_another_after_its_restore() {
         Claim::Finished { state: State::Done, same_offset: false }
     );
 }
+
+#[test]
+fn catching_up_moves_the_checkpoint_past_others_writes_and_on_over_own_ones() {
+    let cps = Checkpoints::default();
+    assert_eq!(cps.followed("c", 0), None, "not restored here: not followed");
+    cps.set("c", 0, 10, true);
+    for own in [12, 13, 16] {
+        cps.acked("c", 0, own);
+    }
+    assert_eq!(cps.followed("c", 0), Some((10, BTreeSet::from([12, 13, 16]))), "10 and 11 are someone else's");
+    cps.caught_up("c", 0, 12);
+    assert_eq!(cps.followed("c", 0), Some((14, BTreeSet::from([16]))), "others' read up to 12, own 12 and 13 follow");
+    cps.caught_up("c", 0, 11);
+    assert_eq!(cps.get("c", 0), Some(14), "never back");
+    cps.set("c", 1, 5, false);
+    cps.caught_up("c", 1, 9);
+    assert_eq!((cps.followed("c", 1), cps.get("c", 1)), (None, Some(5)), "a partition not followed stays");
+}
