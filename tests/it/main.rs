@@ -22,4 +22,5 @@ mod hostile;
 mod kill_loop;
 mod kubernetes;
 mod scale;
+mod scale_repairs;
 mod tls_config;
