@@ -19,15 +19,12 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use super::restore::READ_WAIT;
 use super::worker::{lock, Shared};
 use crate::config::ChangelogConfig;
 use crate::kafka::Restorer;
 use crate::offsets::PartitionId;
 use crate::store::Store;
-
-/// How long one read waits for changelog records before it looks whether the
-/// partition is still ours.
-const READ_WAIT: Duration = Duration::from_millis(500);
 
 /// The partitions followed, and where their changelogs ended at the last check.
 pub(super) struct Follow {
@@ -88,7 +85,9 @@ impl Follow {
                 if let Err(error) = catch_up(store, &restorer, &changelog, partition, &mut seen, &ours, &runtime) {
                     warn!(%error, topic = %partition.0, partition = partition.1,
                         "catching up with the changelog failed; trying again at the next check");
-                    seen.remove(partition);
+                    // The brokers may be away: one warning per check, not one per partition.
+                    seen.clear();
+                    break;
                 }
             }
             seen

@@ -27,7 +27,7 @@ use crate::store::Store;
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How long one read waits for changelog records before it looks whether the
 /// partition is still ours.
-const READ_WAIT: Duration = Duration::from_millis(500);
+pub(super) const READ_WAIT: Duration = Duration::from_millis(500);
 /// Pause before a failed restore (broker unreachable, ...) is tried again, from its checkpoint.
 const RETRY_PAUSE: Duration = Duration::from_secs(2);
 

@@ -19,7 +19,10 @@
 //!   records it covers.
 //! - Once a partition is restored, its checkpoint follows this instance's own
 //!   acknowledged writes while they are contiguous: a restart then reads only what
-//!   others wrote since.
+//!   others wrote since, and the owner catches up with others' writes while it runs
+//!   (`engine::follow`).
+//! - Repairs (`repair`): the changelog first, then the local store
+//!   (`Store::settle_entry`), so no repair is left in one of them only.
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
