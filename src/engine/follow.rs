@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::restore::READ_WAIT;
@@ -62,7 +63,13 @@ impl Follow {
 
     /// When an interval has passed: applies what other instances wrote to the
     /// changelogs of the partitions still owned. Blocking reads run off the runtime's workers.
-    pub(super) async fn check(&mut self, shared: &Arc<Shared>, restorer: &Arc<Restorer>, changelog: &ChangelogConfig) {
+    pub(super) async fn check(
+        &mut self,
+        shared: &Arc<Shared>,
+        restorer: &Arc<Restorer>,
+        changelog: &ChangelogConfig,
+        stop: &CancellationToken,
+    ) {
         if self.last.elapsed() < self.interval {
             return;
         }
@@ -75,12 +82,17 @@ impl Follow {
         if self.restored.is_empty() {
             return;
         }
-        let (shared, restorer, changelog) = (shared.clone(), restorer.clone(), changelog.clone());
+        let (shared, restorer, changelog, stop) = (shared.clone(), restorer.clone(), changelog.clone(), stop.clone());
         let (restored, mut seen) = (self.restored.clone(), std::mem::take(&mut self.seen));
         let runtime = tokio::runtime::Handle::current();
         let checked = tokio::task::spawn_blocking(move || {
             for (partition, generation) in &restored {
-                let ours = || lock(&shared.tracker).owns(partition, *generation) && !shared.exec.stopped();
+                let ours = || {
+                    lock(&shared.tracker).owns(partition, *generation) && !shared.exec.stopped() && !stop.is_cancelled()
+                };
+                if !ours() {
+                    continue;
+                }
                 let store = &shared.exec.store;
                 if let Err(error) = catch_up(store, &restorer, &changelog, partition, &mut seen, &ours, &runtime) {
                     warn!(%error, topic = %partition.0, partition = partition.1,

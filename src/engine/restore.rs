@@ -77,7 +77,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                 () = wakeup.notified() => {}
                 () = tokio::time::sleep(LOOK_EVERY.min(follow.interval())) => {}
             }
-            follow.check(&shared, &restorer, &setup.changelog).await;
+            follow.check(&shared, &restorer, &setup.changelog, &stop).await;
             continue;
         }
         for (partition, generation) in waiting {
