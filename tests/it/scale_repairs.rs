@@ -104,7 +104,7 @@ async fn a_forget_made_through_another_instance_lets_the_owner_run_the_event_onc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_partition_move_a_forgotten_record_stays_forgotten_and_a_resolved_one_stays_done() {
+async fn after_a_partition_move_forgotten_stays_forgotten_and_resolved_or_retried_stays_done() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("scale-repairs-move"), 2, &[]).await;
     let receiver = Receiver::start();
@@ -112,21 +112,24 @@ async fn after_a_partition_move_a_forgotten_record_stays_forgotten_and_a_resolve
     let offsets = kafka.offsets(&a.config.group_id, &topic);
     let events: Vec<(String, String)> = (0..10).map(|i| (format!("agg-{}", i % 4), new_event_id())).collect();
     let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
-    let (forgotten, resolved, kept) = (&ids[0], &ids[1], &ids[2]);
-    // The first call for `resolved` fails for good (400): it is dead.
+    let (forgotten, resolved, kept, retried) = (&ids[0], &ids[1], &ids[2], &ids[3]);
+    // The first calls for `resolved` and `retried` fail for good (400): they are dead.
     receiver.set_behaviour(resolved, Behaviour::fail_first(400, 1));
+    receiver.set_behaviour(retried, Behaviour::fail_first(400, 1));
     a.start();
     a.wait_for_assignment().await;
     produce(&kafka, &topic, &events).await;
     a.wait_until("A to answer every event", HANDLED_TIMEOUT, || ids.iter().all(|id| receiver.answered(id))).await;
     a.wait_until("committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
 
-    // One repair through A's admin API, one with the CLI on A's stopped store.
+    // One repair through A's admin API, two with the CLI on A's stopped store.
     repair(&a, &["store", "forget", forgotten, "--yes"]);
     a.stop();
     assert_eq!(a.store_get(resolved).state, "dead");
     let said = repair(&a, &["store", "resolve", resolved, "--done"]);
     assert!(said.contains("recorded done"), "{said}");
+    let said = repair(&a, &["store", "retry", retried]);
+    assert!(said.contains(&format!("{retried}: done")), "{said}");
 
     // B, with an empty store, owns every partition now: it restores them from the changelog.
     b.start();
@@ -135,9 +138,10 @@ async fn after_a_partition_move_a_forgotten_record_stays_forgotten_and_a_resolve
     let r = get_live(&b, resolved).expect("the resolved record on the new owner");
     assert_eq!((r["state"].as_str(), r["outcome"].as_str()), (Some("done"), Some("resolved by hand: done")), "{r}");
     assert_eq!(get_live(&b, kept).expect("kept")["state"], "done");
+    assert_eq!(get_live(&b, retried).expect("the re-run record on the new owner")["state"], "done");
 
-    // Replayed at new offsets: the forgotten event runs once more; the resolved and the kept do not.
-    let again: Vec<(String, String)> = events[..3].to_vec();
+    // Replayed at new offsets: the forgotten event runs once more; the others do not.
+    let again: Vec<(String, String)> = events[..4].to_vec();
     produce(&kafka, &topic, &again).await;
     b.wait_until("the replays to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     b.stop();
@@ -145,4 +149,5 @@ async fn after_a_partition_move_a_forgotten_record_stays_forgotten_and_a_resolve
     assert_eq!(calls.get(forgotten.as_str()), Some(&2), "the forgotten event ran once more");
     assert_eq!(receiver.handler_call_count(resolved), 1, "the resolved event did not run again");
     assert_eq!(calls.get(kept.as_str()), Some(&1), "the kept event did not run again");
+    assert_eq!(calls.get(retried.as_str()), Some(&1), "the re-run event ran once, by `store retry`");
 }
