@@ -24,6 +24,11 @@ const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// enough to amortise the flush, small enough to checkpoint often.
 const DEFAULT_RESTORE_BATCH: usize = 10_000;
 const MAX_RESTORE_BATCH: usize = 1_000_000;
+/// How often an owned partition's changelog is checked for what other instances
+/// wrote there (a repair made through another instance): a replay within this
+/// long after such a repair may still be decided on the state before it. One
+/// watermark request per owned partition per check.
+const DEFAULT_FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
 /// Kafka's limit on topic names.
 const MAX_TOPIC_NAME: usize = 249;
 
@@ -43,6 +48,8 @@ pub struct RawChangelog {
     pub delivery_timeout: Option<String>,
     /// Records applied per durable write while restoring.
     pub restore_batch: Option<usize>,
+    /// How often owned partitions catch up with others' changelog writes, e.g. "1s".
+    pub follow_interval: Option<String>,
 }
 
 /// The validated `[store.changelog]`; present only when enabled.
@@ -58,6 +65,9 @@ pub struct ChangelogConfig {
     pub delivery_timeout: Duration,
     /// `restore_batch`: records applied per durable write while restoring (default 10,000).
     pub restore_batch: usize,
+    /// `follow_interval`: how often owned partitions catch up with what other
+    /// instances wrote to their changelog, such as repairs (default 1 s).
+    pub follow_interval: Duration,
 }
 
 impl ChangelogConfig {
@@ -112,12 +122,18 @@ impl RawChangelog {
         if delivery_timeout < Duration::from_millis(1) {
             bail!("store.changelog.delivery_timeout: must be at least 1ms");
         }
+        let follow_interval =
+            duration("store.changelog.follow_interval", self.follow_interval.as_deref(), DEFAULT_FOLLOW_INTERVAL)?;
+        if follow_interval < Duration::from_millis(10) {
+            bail!("store.changelog.follow_interval: must be at least 10ms (one watermark request per owned partition each time)");
+        }
         Ok(Some(ChangelogConfig {
             topic_template,
             replication_factor: self.replication_factor,
             linger: duration("store.changelog.linger", self.linger.as_deref(), DEFAULT_LINGER)?,
             delivery_timeout,
             restore_batch,
+            follow_interval,
         }))
     }
 }
@@ -137,6 +153,7 @@ mod tests {
         let cl = c.store.changelog.expect("on by default");
         assert_eq!(cl.topic_for("outbox.event.order"), "outboxd.outbox.event.order.outboxd-dedup");
         assert_eq!(cl.replication_factor, None);
+        assert_eq!(cl.follow_interval, std::time::Duration::from_secs(1));
         assert!(cl.is_changelog("outboxd.outbox.event.order.outboxd-dedup"));
         assert!(!cl.is_changelog("outbox.event.order") && !cl.is_changelog("outboxd..outboxd-dedup"));
         let off = parse("[store.changelog]\nenabled = false").unwrap();

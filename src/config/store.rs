@@ -149,6 +149,19 @@ impl RawStore {
     }
 }
 
+impl super::RawConfig {
+    /// `[kafka]` and `[store]` alone, validated: what `outboxd store` repairs need
+    /// to write through the changelog (the `${VAR}`s of other sections need not be set).
+    pub fn kafka_and_store(
+        self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<(super::KafkaConfig, StoreConfig)> {
+        let kafka = self.kafka.validate(env)?;
+        let store = self.store.validate(&kafka.group_id)?;
+        Ok((kafka, store))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testing::{env, BASE};

@@ -3,6 +3,7 @@
 //! ([`crate::app`]); the engine knows nothing of the admin server.
 
 mod executor;
+mod follow;
 mod guards;
 #[cfg(test)]
 mod policy_tests;

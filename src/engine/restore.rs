@@ -4,6 +4,8 @@
 //! from the beginning for a store that never restored it) up to the end offset
 //! seen when the restore began, then lets its events begin and resumes it.
 //! Partitions are restored one at a time; the others keep flowing meanwhile.
+//! Between restores, restored partitions catch up with what other instances
+//! wrote to their changelogs (`follow`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use super::follow::Follow;
 use super::worker::{lock, Shared};
 use crate::config::{ChangelogConfig, KafkaConfig};
 use crate::kafka::changelog::{ensure_one, TopicError};
@@ -24,7 +27,7 @@ use crate::store::Store;
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How long one read waits for changelog records before it looks whether the
 /// partition is still ours.
-const READ_WAIT: Duration = Duration::from_millis(500);
+pub(super) const READ_WAIT: Duration = Duration::from_millis(500);
 /// Pause before a failed restore (broker unreachable, ...) is tried again, from its checkpoint.
 const RETRY_PAUSE: Duration = Duration::from_secs(2);
 
@@ -59,6 +62,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
         Err(e) => return shared.exec.fail(format!("creating the changelog restore consumer: {e:#}")),
     };
     let mut ensured: HashSet<String> = HashSet::new();
+    let mut follow = Follow::new(&setup.changelog);
     // Some partition was restored since the last time none was waiting.
     let mut restored_some = false;
     loop {
@@ -71,8 +75,9 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = wakeup.notified() => {}
-                () = tokio::time::sleep(LOOK_EVERY) => {}
+                () = tokio::time::sleep(LOOK_EVERY.min(follow.interval())) => {}
             }
+            follow.check(&shared, &restorer, &setup.changelog, &stop).await;
             continue;
         }
         for (partition, generation) in waiting {
@@ -116,6 +121,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                     if lock(&shared.tracker).restored(&partition, generation) {
                         shared.consumer.resume(&partition);
                         restored_some = true;
+                        follow.restored(partition.clone(), generation);
                     }
                 }
                 Ok(Ok(None)) => {}

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde_json::Value;
 
+use super::changelog::explain;
 use super::{Rerun, StoreApi};
 use crate::config::{Config, RawConfig};
 use crate::engine::Executor;
@@ -23,6 +24,11 @@ pub struct Local {
     /// Built from the config the store was opened with: present exactly when
     /// re-runs are possible (the service's, or a command that needs handlers).
     exec: Option<Arc<Executor>>,
+    /// The config file whose `[store.changelog]` a repair made here is written
+    /// to, attached at the first repair (reads need no brokers). `None`: the
+    /// service's store (its changelog is attached), or a store named by `--path`
+    /// without a config file.
+    config: Option<PathBuf>,
 }
 
 /// One page of records in id order; `next`, when more follow, is the cursor
@@ -37,12 +43,17 @@ pub struct Page {
 impl Local {
     /// Reads and repairs that run no handler.
     pub fn new(store: Arc<Store>) -> Local {
-        Local { store, exec: None }
+        Local { store, exec: None, config: None }
+    }
+
+    /// Reads, and repairs written to the changelog that `config` names (if it is on there).
+    pub(super) fn with_config(store: Arc<Store>, config: &Path) -> Local {
+        Local { store, exec: None, config: Some(config.to_path_buf()) }
     }
 
     /// The service's store, and re-runs through its executor.
     pub fn with_executor(exec: Arc<Executor>) -> Local {
-        Local { store: exec.store.clone(), exec: Some(exec) }
+        Local { store: exec.store.clone(), exec: Some(exec), config: None }
     }
 
     /// Opened with the settings and the handlers of the whole config, to re-run events.
@@ -51,8 +62,19 @@ impl Local {
         let opts = StoreOptions::command(&config.store, Role::StoreRetry);
         let path = path.map_or_else(|| config.store.path.clone(), Path::to_path_buf);
         let store = Arc::new(Store::open(&path, &opts)?);
+        if let Some(changelog) = &config.store.changelog {
+            super::changelog::attach(&store, &config.kafka, changelog)?;
+        }
         let exec = Arc::new(Executor::new(config, store.clone())?);
-        Ok(Local { store, exec: Some(exec) })
+        Ok(Local { store, exec: Some(exec), config: None })
+    }
+
+    /// Before a repair by `outboxd store`: the changelog of the config is attached.
+    fn attach_changelog(&self) -> anyhow::Result<()> {
+        match &self.config {
+            Some(config) if !self.store.has_changelog() => super::changelog::attach_from(&self.store, config),
+            _ => Ok(()),
+        }
     }
 
     /// Counts every record (a full scan: blocking).
@@ -143,11 +165,13 @@ impl StoreApi for Local {
     }
 
     async fn forget(&self, id: &str) -> anyhow::Result<Value> {
-        Ok(Local::forget(self, id).await?)
+        self.attach_changelog()?;
+        Local::forget(self, id).await.map_err(|e| explain(id, e))
     }
 
     async fn resolve_done(&self, id: &str) -> anyhow::Result<()> {
-        Local::resolve_done(self, id).await?;
+        self.attach_changelog()?;
+        Local::resolve_done(self, id).await.map_err(|e| explain(id, e))?;
         Ok(())
     }
 
@@ -155,7 +179,7 @@ impl StoreApi for Local {
         let Some(exec) = &self.exec else {
             bail!("re-running {id:?} needs the handlers: the store was opened without them");
         };
-        rerun(exec, id).await.with_context(|| format!("retrying {id}"))
+        rerun(exec, id).await.map_err(|e| explain(id, e)).with_context(|| format!("retrying {id}"))
     }
 
     async fn gc(&self) -> anyhow::Result<u64> {

@@ -5,7 +5,13 @@
 //! through its admin API. `outboxd store …` gets one from [`open`]; the admin
 //! server answers `/v1` with [`Local`]. Answers are the JSON views of
 //! [`crate::store::view`], so both sides print alike.
+//!
+//! Repairs (forget, resolve, re-run) reach the changelog wherever they are made:
+//! the service's store has its changelog attached, and `outboxd store` on a
+//! stopped service's store attaches the same producer (`changelog`) when
+//! `[store.changelog]` is on, failing with nothing changed when the brokers do not answer.
 
+mod changelog;
 mod local;
 mod remote;
 
@@ -111,7 +117,10 @@ pub enum Opened {
 pub fn open(config: &Path, path: Option<&Path>, needs: Needs) -> anyhow::Result<Opened> {
     match local::open_store(config, path) {
         Ok(store) => match needs {
-            Needs::Records => Ok(Opened::Local(Local::new(store.into()))),
+            // Repairs read `[kafka]` and `[store.changelog]` of the config; with
+            // `--path` and no config file, the store alone.
+            Needs::Records if path.is_some() && !config.exists() => Ok(Opened::Local(Local::new(store.into()))),
+            Needs::Records => Ok(Opened::Local(Local::with_config(store.into(), config))),
             Needs::Handlers => {
                 // Opened again with the config's settings and handlers.
                 drop(store);

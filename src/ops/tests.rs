@@ -71,3 +71,24 @@ fn opening_a_directory_where_nothing_has_run_is_refused() {
     assert!(format!("{e:#}").starts_with("no store at"), "{e:#}");
     assert!(!missing.exists(), "nothing created");
 }
+
+#[tokio::test]
+async fn a_repair_from_the_command_line_with_the_brokers_down_changes_nothing_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_done(&dir.path().join("store"), &["a"]).await;
+    let config = dir.path().join("outboxd.toml");
+    // Nothing listens on port 1; the broker is given one second.
+    let text = "[kafka]\nbrokers = \"127.0.0.1:1\"\ngroup_id = \"g\"\n[store]\npath = \"unused\"\n\
+        [store.changelog]\ndelivery_timeout = \"1s\"\n";
+    std::fs::write(&config, text).unwrap();
+    let local = Local::with_config(store.clone(), &config);
+    let e = StoreApi::forget(&local, "a").await.unwrap_err();
+    assert!(format!("{e:#}").contains("nothing was changed"), "{e:#}");
+    assert!(store.has_changelog(), "the service's producer was attached");
+    assert_eq!(store.get("a").unwrap().unwrap().state, State::Done, "the record is still there");
+
+    // With the changelog off, the repair is the store's alone, as before.
+    std::fs::write(&config, format!("{text}enabled = false\n")).unwrap();
+    let off = Local::with_config(store_with_done(&dir.path().join("off"), &["b"]).await, &config);
+    assert_eq!(StoreApi::forget(&off, "b").await.unwrap()["event_id"], "b");
+}

@@ -19,7 +19,10 @@
 //!   records it covers.
 //! - Once a partition is restored, its checkpoint follows this instance's own
 //!   acknowledged writes while they are contiguous: a restart then reads only what
-//!   others wrote since.
+//!   others wrote since, and the owner catches up with others' writes while it runs
+//!   (`engine::follow`).
+//! - Repairs (`repair`): the changelog first, then the local store
+//!   (`Store::settle_entry`), so no repair is left in one of them only.
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -43,6 +46,15 @@ pub struct Entry {
     pub key: Vec<u8>,
     /// `None`: a tombstone (the record is gone).
     pub value: Option<Vec<u8>>,
+}
+
+/// What a write did to a record, as the changelog is told.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Change<'a> {
+    /// The record is now this.
+    Now(&'a Record),
+    /// The record is gone (a tombstone under its key).
+    Gone(&'a Record),
 }
 
 /// Where the broker put an entry.
@@ -164,6 +176,31 @@ impl Checkpoints {
                 "changelog offsets below this instance's writes were written by another; the checkpoint stays until the next restore reads them");
             cp.following = false;
             cp.acked.clear();
+        }
+    }
+
+    /// Where a followed partition is (`None` when it is not followed: not
+    /// restored here, or it stopped following), and the offsets above it this
+    /// instance wrote.
+    fn followed(&self, topic: &str, partition: i32) -> Option<(i64, BTreeSet<i64>)> {
+        let parts = self.lock();
+        parts.get(&(topic.to_owned(), partition)).filter(|c| c.following).map(|c| (c.next, c.acked.clone()))
+    }
+
+    /// Everything below `next` is applied (others' writes read, this instance's
+    /// own acknowledged): the checkpoint moves there, and on over own writes above.
+    fn caught_up(&self, topic: &str, partition: i32, next: i64) {
+        let mut parts = self.lock();
+        let Some(cp) = parts.get_mut(&(topic.to_owned(), partition)).filter(|c| c.following) else { return };
+        if next > cp.next {
+            cp.next = next;
+            cp.acked = cp.acked.split_off(&next);
+            cp.dirty = true;
+        }
+        while cp.acked.first() == Some(&cp.next) {
+            cp.acked.pop_first();
+            cp.next += 1;
+            cp.dirty = true;
         }
     }
 
@@ -311,14 +348,57 @@ impl Store {
     /// acknowledged there: both at once, so the broker's round trip and the
     /// local flush overlap.
     pub(super) async fn settle(&self, r: &Record) -> Result<(), StoreError> {
-        let Some(sink) = self.changelog.sink() else { return self.durable().await };
-        let entry =
-            Entry { topic: r.topic.clone(), partition: r.partition, key: entry_key(r), value: Some(entry_value(r)?) };
-        let (local, sent) = tokio::join!(self.durable(), sink.send(entry));
+        let sent = self.send_change(Change::Now(r))?;
+        let (local, acked) = tokio::join!(self.durable(), async {
+            match sent {
+                Some(sent) => sent.await.map(Some),
+                None => Ok(None),
+            }
+        });
         local?;
-        let acked = sent.map_err(StoreError::Changelog)?;
-        self.changelog.checkpoints.acked(&acked.changelog_topic, acked.partition, acked.offset);
+        self.acknowledged(acked.map_err(StoreError::Changelog)?);
         Ok(())
+    }
+
+    /// A repair a person made: `change` goes to the changelog first (when one is
+    /// attached) and only once the broker acknowledged it does `write` change the
+    /// local store, which answers when that is durable. This order never loses a
+    /// repair: if the broker does not take it, nothing changed anywhere and the
+    /// repair can be made again; if the local write fails after the broker took
+    /// it, the changelog (which every owner of the partition restores) has it, and
+    /// the local record is still there to repair again. The other order could leave
+    /// the local record gone and the changelog without its tombstone, a repair no
+    /// command can repeat.
+    pub(super) async fn settle_entry<T>(
+        &self,
+        change: Change<'_>,
+        write: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let acked = match self.send_change(change)? {
+            Some(sent) => Some(sent.await.map_err(StoreError::Changelog)?),
+            None => None,
+        };
+        let done = write()?;
+        self.durable().await?;
+        self.acknowledged(acked);
+        Ok(done)
+    }
+
+    /// Sends `change` to the changelog, when one is attached.
+    fn send_change(&self, change: Change<'_>) -> Result<Option<SendFuture>, StoreError> {
+        let Some(sink) = self.changelog.sink() else { return Ok(None) };
+        let (r, value) = match change {
+            Change::Now(r) => (r, Some(entry_value(r)?)),
+            Change::Gone(r) => (r, None),
+        };
+        Ok(Some(sink.send(Entry { topic: r.topic.clone(), partition: r.partition, key: entry_key(r), value })))
+    }
+
+    /// This instance's write is acknowledged (and durable here): the checkpoint may follow it.
+    fn acknowledged(&self, acked: Option<Acked>) {
+        if let Some(a) = acked {
+            self.changelog.checkpoints.acked(&a.changelog_topic, a.partition, a.offset);
+        }
     }
 
     /// Puts a durable claim into the changelog too (before its handler runs), so
@@ -378,6 +458,22 @@ impl Store {
         self.messages.remove(&super::messages::copy_key(f.slice.start, &f.key))?;
         f.slice.moved(Some(f.record.state), None);
         Ok(true)
+    }
+
+    /// A changelog partition this instance owns and restored: its checkpoint, and
+    /// the offsets above it that this instance wrote itself. `None` when it is not
+    /// followed. Used to catch up with what other instances wrote there (a repair
+    /// made on another instance): offsets from the checkpoint up that are not in the set.
+    pub fn followed_checkpoint(&self, changelog_topic: &str, partition: i32) -> Option<(i64, BTreeSet<i64>)> {
+        self.changelog.checkpoints.followed(changelog_topic, partition)
+    }
+
+    /// Others' records below `next` of a followed changelog partition are applied
+    /// ([`Store::apply_changelog`]): the checkpoint moves there (and on over this
+    /// instance's own acknowledged writes), durably with them.
+    pub async fn caught_up_to(&self, changelog_topic: &str, partition: i32, next: i64) -> Result<(), StoreError> {
+        self.changelog.checkpoints.caught_up(changelog_topic, partition, next);
+        self.durable().await
     }
 
     /// Records up to `next` (exclusive) of a changelog partition are applied: the

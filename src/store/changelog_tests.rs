@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::event::{OutboxEvent, Payload, Position};
+use crate::event::{OutboxEvent, Payload, Position, RawMessage};
 use crate::store::{Claim, Role, StoreOptions};
 
 fn opts() -> StoreOptions {
@@ -178,4 +178,133 @@ fn the_checkpoint_follows_own_writes_only_while_they_are_contiguous() {
     assert_eq!(cps.get("c", 0), Some(12));
     cps.acked("c", 0, 13);
     assert_eq!(cps.get("c", 0), Some(12), "12 was written by another instance: read it at the next restore");
+}
+
+fn message(topic: &str, partition: i32, offset: i64) -> RawMessage {
+    RawMessage {
+        topic: topic.into(),
+        partition,
+        offset,
+        key: Some(b"order-1".to_vec()),
+        value: Some(b"{}".to_vec()),
+        headers: vec![],
+        timestamp_ms: None,
+    }
+}
+
+async fn fail(store: &Store, id: &str, topic: &str, partition: i32, offset: i64, state: State) {
+    let Claim::Claimed(c) = store.claim(&event(id, topic, partition, offset), topic).await.unwrap() else { panic!() };
+    store.finish_failed(c, state, "http 422".into(), &message(topic, partition, offset), None).await.unwrap();
+}
+
+/// The entries sent since the first `skip`, as (partition, key, state or `None` for a tombstone).
+fn sent(sink: &Recorded, topic: &str, skip: usize) -> Vec<(i32, Vec<u8>, Option<State>)> {
+    let entries = sink.entries.lock().unwrap();
+    entries[skip..]
+        .iter()
+        .map(|(_, e)| {
+            let state = e.value.as_ref().map(|v| decode_entry(topic, &e.key, v).unwrap().state);
+            (e.partition, e.key.clone(), state)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_repair_goes_to_the_changelog_partition_of_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    let sink = Arc::new(Recorded::default());
+    store.attach_changelog(sink.clone());
+    handle(&store, "done", "t", 1, 1, "t").await;
+    fail(&store, "dead", "t", 2, 2, State::Dead).await;
+    fail(&store, "parked", "t", 3, 3, State::Parked).await;
+    fail(&store, "rerun", "t", 0, 4, State::Dead).await;
+    let before = sink.entries.lock().unwrap().len();
+
+    store.forget("done").await.unwrap();
+    store.resolve_done("parked", "checked by hand".into()).await.unwrap();
+    store.reopen("dead").await.unwrap();
+    store.reopen("rerun").await.unwrap();
+    assert!(store.settle_rerun("rerun").await.unwrap().is_none(), "still waiting after its re-run: removed");
+
+    assert_eq!(
+        sent(&sink, "t", before),
+        [
+            (1, keys::event_key("done"), None),
+            (3, keys::event_key("parked"), Some(State::Done)),
+            (2, keys::event_key("dead"), Some(State::Claimed)),
+            (0, keys::event_key("rerun"), Some(State::Claimed)),
+            (0, keys::event_key("rerun"), None),
+        ]
+    );
+    let resolved = sink.entries.lock().unwrap()[before + 1].1.clone();
+    let resolved = decode_entry("t", &resolved.key, resolved.value.as_ref().unwrap()).unwrap();
+    assert_eq!(resolved.outcome.as_deref(), Some("checked by hand"));
+    let here = Record { duplicates: 0, expires_at_us: None, ..store.get("parked").unwrap().unwrap() };
+    assert_eq!(here, resolved, "the same record as here");
+}
+
+#[tokio::test]
+async fn a_repair_the_broker_refuses_changes_nothing_here() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    store.attach_changelog(Arc::new(Recorded::default()));
+    handle(&store, "done", "t", 0, 1, "t").await;
+    fail(&store, "parked", "t", 0, 2, State::Parked).await;
+    fail(&store, "dead", "t", 0, 3, State::Dead).await;
+    store.attach_changelog(Arc::new(Recorded { fail: true, ..Recorded::default() }));
+
+    assert!(matches!(store.forget("done").await, Err(StoreError::Changelog(_))));
+    assert!(matches!(store.resolve_done("parked", "x".into()).await, Err(StoreError::Changelog(_))));
+    assert!(matches!(store.reopen("dead").await, Err(StoreError::Changelog(_))));
+    let states: Vec<State> =
+        ["done", "parked", "dead"].iter().map(|id| store.get(id).unwrap().unwrap().state).collect();
+    assert_eq!(states, [State::Done, State::Parked, State::Dead], "a repair can be made again");
+    assert!(store.message("parked").unwrap().is_some(), "the message copy is kept too");
+}
+
+#[tokio::test]
+async fn repairs_made_on_one_instance_hold_on_another_after_its_restore() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Store::open(a_dir.path(), &opts()).unwrap();
+    let b = Store::open(b_dir.path(), &opts()).unwrap();
+    let sink = Arc::new(Recorded::default());
+    a.attach_changelog(sink.clone());
+    handle(&a, "forgotten", "t", 0, 1, "t").await;
+    handle(&a, "kept", "t", 0, 2, "t").await;
+    fail(&a, "resolved", "t", 0, 3, State::Dead).await;
+    b.apply_changelog("t", &sink.records("t", 0)).unwrap();
+    assert_eq!(b.get("forgotten").unwrap().unwrap().state, State::Done);
+
+    // Made on `a` (with the changelog attached): `b` reads them from the changelog only.
+    let repairs_from = sink.records("t", 0).len();
+    a.forget("forgotten").await.unwrap();
+    a.resolve_done("resolved", "by hand".into()).await.unwrap();
+    b.apply_changelog("t", &sink.records("t", 0)[repairs_from..]).unwrap();
+
+    assert!(b.get("forgotten").unwrap().is_none(), "forgotten on b too");
+    assert_eq!(b.get("resolved").unwrap().unwrap().state, State::Done, "resolved on b too");
+    assert!(matches!(b.claim(&event("forgotten", "t", 0, 9), "t").await.unwrap(), Claim::Claimed(_)));
+    assert_eq!(
+        b.claim(&event("kept", "t", 0, 10), "t").await.unwrap(),
+        Claim::Finished { state: State::Done, same_offset: false }
+    );
+}
+
+#[test]
+fn catching_up_moves_the_checkpoint_past_others_writes_and_on_over_own_ones() {
+    let cps = Checkpoints::default();
+    assert_eq!(cps.followed("c", 0), None, "not restored here: not followed");
+    cps.set("c", 0, 10, true);
+    for own in [12, 13, 16] {
+        cps.acked("c", 0, own);
+    }
+    assert_eq!(cps.followed("c", 0), Some((10, BTreeSet::from([12, 13, 16]))), "10 and 11 are someone else's");
+    cps.caught_up("c", 0, 12);
+    assert_eq!(cps.followed("c", 0), Some((14, BTreeSet::from([16]))), "others' read up to 12, own 12 and 13 follow");
+    cps.caught_up("c", 0, 11);
+    assert_eq!(cps.get("c", 0), Some(14), "never back");
+    cps.set("c", 1, 5, false);
+    cps.caught_up("c", 1, 9);
+    assert_eq!((cps.followed("c", 1), cps.get("c", 1)), (None, Some(5)), "a partition not followed stays");
 }

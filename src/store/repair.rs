@@ -1,6 +1,11 @@
 //! What a person does to records (`outboxd store forget|retry|resolve`, the
 //! admin API), and the message copies of failed events they work with.
+//!
+//! With a changelog attached, every repair goes there first and then to the local
+//! store ([`Store::settle_entry`]): a new owner of the partition restores it, and the
+//! instance that owns it now catches up with it (`engine::restore`).
 
+use super::changelog::Change;
 use super::messages::copy_key;
 use super::{keys, now_us, Found, RawMessage, Record, State, Store, StoreError};
 
@@ -10,13 +15,17 @@ impl Store {
         self.find_any(id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))
     }
 
-    /// Removes a record so the event may run again. Returns what was removed.
+    /// Removes a record so the event may run again (with a changelog, a tombstone
+    /// under its key goes there first). Returns what was removed.
     pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
         let f = self.existing(id)?;
-        f.slice.tree.remove(&f.key)?;
-        self.messages.remove(&copy_key(f.slice.start, &f.key))?;
-        f.slice.moved(Some(f.record.state), None);
-        self.durable().await?;
+        self.settle_entry(Change::Gone(&f.record), || {
+            f.slice.tree.remove(&f.key)?;
+            self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+            f.slice.moved(Some(f.record.state), None);
+            Ok(())
+        })
+        .await?;
         Ok(f.record)
     }
 
@@ -41,8 +50,7 @@ impl Store {
         r.attempts = 0;
         r.claimed_at_us = Some(now);
         r.updated_at_us = now;
-        self.write(&r, Some((&f.slice, was)), None)?;
-        self.durable().await?;
+        self.settle_entry(Change::Now(&r), || self.write(&r, Some((&f.slice, was)), None)).await?;
         Ok(message)
     }
 
@@ -66,10 +74,18 @@ impl Store {
         if !matches!(r.state, State::Dead | State::Parked) {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }
-        self.messages.remove(&copy_key(f.slice.start, &f.key))?;
-        let was = r.state;
-        self.finish_record(&mut r, Some((&f.slice, was)), None, State::Done, note)?;
-        self.durable().await
+        // As `finish_record` makes it, but known before the write: it goes to the changelog first.
+        let (was, now) = (r.state, now_us());
+        r.state = State::Done;
+        r.done_at_us = Some(now);
+        r.updated_at_us = now;
+        r.outcome = Some(note);
+        self.settle_entry(Change::Now(&r), || {
+            self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+            self.write(&r, Some((&f.slice, was)), None)
+        })
+        .await?;
+        Ok(())
     }
 
     /// Drops the message copy of an event that is done after all.

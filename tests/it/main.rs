@@ -22,5 +22,6 @@ mod hostile;
 mod kill_loop;
 mod kubernetes;
 mod scale;
+mod scale_repairs;
 mod scale_topics;
 mod tls_config;

@@ -28,7 +28,7 @@ fn on(mut od: Outboxd) -> Outboxd {
 }
 
 /// Instances A and B in one group, each with its own store, naming itself in every call.
-fn two_instances(kafka: &Kafka, topic: &str, receiver: &Receiver) -> (Outboxd, Outboxd) {
+pub(crate) fn two_instances(kafka: &Kafka, topic: &str, receiver: &Receiver) -> (Outboxd, Outboxd) {
     let mut a = on(Outboxd::new(kafka, &[topic], receiver));
     let mut b = on(Outboxd::new(kafka, &[topic], receiver));
     b.config.group_id = a.config.group_id.clone();
@@ -37,7 +37,7 @@ fn two_instances(kafka: &Kafka, topic: &str, receiver: &Receiver) -> (Outboxd, O
     (a, b)
 }
 
-async fn produce(kafka: &Kafka, topic: &str, events: &[(String, String)]) -> Vec<Produced> {
+pub(crate) async fn produce(kafka: &Kafka, topic: &str, events: &[(String, String)]) -> Vec<Produced> {
     let producer = kafka.producer();
     let payloads: Vec<serde_json::Value> = events.iter().map(|(_, id)| json!({"id": id})).collect();
     let sends = events.iter().zip(&payloads).map(|((key, id), p)| producer.send_event(topic, key, id, Some("Tick"), p));

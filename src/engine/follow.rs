@@ -1,0 +1,157 @@
+//! Catching up with the changelogs of owned partitions (`[store.changelog]`):
+//! another instance may write to the changelog of a partition this one owns (a
+//! repair made through it, or `outboxd store` on a stopped store). This
+//! instance's checkpoint follows its own acknowledged writes only while they are
+//! contiguous, so such a write shows as the changelog's end beyond the
+//! checkpoint. Every `follow_interval`, for each owned and restored partition,
+//! the records from the checkpoint up to the end seen at the previous check are
+//! read and those this instance did not write are applied, while the partition
+//! keeps flowing.
+//!
+//! Only records at least one interval old are read: by then this instance's own
+//! writes among them are acknowledged and known (skipped, so an own record that a
+//! later own change replaced is never applied again). A replay arriving within
+//! about two intervals of a repair made elsewhere may still meet the state before it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::restore::READ_WAIT;
+use super::worker::{lock, Shared};
+use crate::config::ChangelogConfig;
+use crate::kafka::Restorer;
+use crate::offsets::PartitionId;
+use crate::store::Store;
+
+/// The partitions followed, and where their changelogs ended at the last check.
+pub(super) struct Follow {
+    /// `store.changelog.follow_interval`.
+    interval: Duration,
+    /// Restored partitions with the generation they were restored in; dropped
+    /// once that assignment ends.
+    restored: HashMap<PartitionId, u64>,
+    /// The changelog's end at the previous check: records below it are old
+    /// enough for this instance's own among them to be acknowledged.
+    seen: HashMap<PartitionId, i64>,
+    last: Instant,
+}
+
+impl Follow {
+    pub(super) fn new(changelog: &ChangelogConfig) -> Follow {
+        Follow {
+            interval: changelog.follow_interval,
+            restored: HashMap::new(),
+            seen: HashMap::new(),
+            last: Instant::now(),
+        }
+    }
+
+    /// How long the restore task may sleep before the next check is due.
+    pub(super) fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The partition is restored in `generation`: follow it from now on.
+    pub(super) fn restored(&mut self, partition: PartitionId, generation: u64) {
+        self.seen.remove(&partition);
+        self.restored.insert(partition, generation);
+    }
+
+    /// When an interval has passed: applies what other instances wrote to the
+    /// changelogs of the partitions still owned. Blocking reads run off the runtime's workers.
+    pub(super) async fn check(
+        &mut self,
+        shared: &Arc<Shared>,
+        restorer: &Arc<Restorer>,
+        changelog: &ChangelogConfig,
+        stop: &CancellationToken,
+    ) {
+        if self.last.elapsed() < self.interval {
+            return;
+        }
+        self.last = Instant::now();
+        {
+            let tracker = lock(&shared.tracker);
+            self.restored.retain(|p, g| tracker.owns(p, *g) && !tracker.is_restoring(p, *g));
+        }
+        self.seen.retain(|p, _| self.restored.contains_key(p));
+        if self.restored.is_empty() {
+            return;
+        }
+        let (shared, restorer, changelog, stop) = (shared.clone(), restorer.clone(), changelog.clone(), stop.clone());
+        let (restored, mut seen) = (self.restored.clone(), std::mem::take(&mut self.seen));
+        let runtime = tokio::runtime::Handle::current();
+        let checked = tokio::task::spawn_blocking(move || {
+            for (partition, generation) in &restored {
+                let ours = || {
+                    lock(&shared.tracker).owns(partition, *generation) && !shared.exec.stopped() && !stop.is_cancelled()
+                };
+                if !ours() {
+                    continue;
+                }
+                let store = &shared.exec.store;
+                if let Err(error) = catch_up(store, &restorer, &changelog, partition, &mut seen, &ours, &runtime) {
+                    warn!(%error, topic = %partition.0, partition = partition.1,
+                        "catching up with the changelog failed; trying again at the next check");
+                    // The brokers may be away: one warning per check, not one per partition.
+                    seen.clear();
+                    break;
+                }
+            }
+            seen
+        })
+        .await;
+        match checked {
+            Ok(seen) => self.seen = seen,
+            Err(error) => warn!(%error, "catching up with the changelogs failed; trying again at the next check"),
+        }
+    }
+}
+
+/// One partition: reads its changelog from the checkpoint up to the end seen at
+/// the previous check, applies the records this instance did not write, and
+/// moves the checkpoint there. Returns how many records were applied.
+fn catch_up(
+    store: &Store,
+    restorer: &Restorer,
+    changelog: &ChangelogConfig,
+    partition: &PartitionId,
+    seen: &mut HashMap<PartitionId, i64>,
+    keep_going: &dyn Fn() -> bool,
+    runtime: &tokio::runtime::Handle,
+) -> Result<u64, String> {
+    let (topic, p) = (&partition.0, partition.1);
+    let changelog_topic = changelog.topic_for(topic);
+    let (_, end) = restorer.range(&changelog_topic, p)?;
+    let Some(upto) = seen.insert(partition.clone(), end) else { return Ok(0) };
+    let Some((from, own)) = store.followed_checkpoint(&changelog_topic, p) else { return Ok(0) };
+    if from >= upto {
+        return Ok(0);
+    }
+    restorer.start(&changelog_topic, p, from)?;
+    let (mut read, mut applied) = (0u64, 0u64);
+    loop {
+        if !keep_going() {
+            restorer.stop();
+            return Ok(applied);
+        }
+        let mut batch = restorer.next(upto, changelog.restore_batch, READ_WAIT)?;
+        read += batch.records.len() as u64;
+        batch.records.retain(|r| !own.contains(&r.offset));
+        applied += store.apply_changelog(topic, &batch.records).map_err(|e| e.to_string())?;
+        if batch.at_end {
+            break;
+        }
+    }
+    restorer.stop();
+    runtime.block_on(store.caught_up_to(&changelog_topic, p, upto)).map_err(|e| e.to_string())?;
+    if applied > 0 {
+        info!(%topic, partition = p, changelog_topic, from, to = upto, read, applied,
+            "caught up with changelog records written by other instances");
+    }
+    Ok(applied)
+}

@@ -1,0 +1,65 @@
+//! Repairs made by `outboxd store` on a stopped service's store go to the
+//! changelog too, through the producer the service uses: otherwise the instance
+//! that owns the partition, or its next owner, would never see them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config::{ChangelogConfig, KafkaConfig, RawConfig};
+use crate::kafka::changelog::ChangelogProducer;
+use crate::store::changelog::{Entry, SendFuture, Sink};
+use crate::store::{Store, StoreError};
+
+/// The service's changelog producer, with a deadline: a command must end when
+/// the brokers do not answer, where the service waits for them.
+struct Bounded {
+    producer: ChangelogProducer,
+    /// `store.changelog.delivery_timeout`: how long one entry may wait for its acknowledgement.
+    within: Duration,
+}
+
+impl Sink for Bounded {
+    fn send(&self, entry: Entry) -> SendFuture {
+        let (sent, within) = (self.producer.send(entry), self.within);
+        Box::pin(async move {
+            tokio::time::timeout(within, sent).await.unwrap_or_else(|_| {
+                Err(format!("no acknowledgement from the brokers within {within:?} (store.changelog.delivery_timeout)"))
+            })
+        })
+    }
+}
+
+/// Attaches the changelog of `kafka` and `changelog` to `store`, so repairs made
+/// through it are written there first (see `Store::settle_entry`).
+pub(super) fn attach(store: &Store, kafka: &KafkaConfig, changelog: &ChangelogConfig) -> anyhow::Result<()> {
+    let producer = ChangelogProducer::build(kafka, changelog).context("creating the changelog producer")?;
+    store.attach_changelog(Arc::new(Bounded { producer, within: changelog.delivery_timeout }));
+    Ok(())
+}
+
+/// Attaches the changelog that the config file at `config` names, unless
+/// `[store.changelog]` is off there.
+pub(super) fn attach_from(store: &Store, config: &std::path::Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let raw: RawConfig = toml::from_str(&text).with_context(|| format!("invalid config {}", config.display()))?;
+    let (kafka, store_config) = raw
+        .kafka_and_store(&|name| std::env::var(name).ok())
+        .with_context(|| format!("invalid config {}", config.display()))?;
+    match &store_config.changelog {
+        Some(changelog) => attach(store, &kafka, changelog),
+        None => Ok(()),
+    }
+}
+
+/// Says what a repair that failed left behind.
+pub(super) fn explain(id: &str, error: StoreError) -> anyhow::Error {
+    match error {
+        StoreError::Changelog(_) => anyhow::Error::new(error).context(format!(
+            "{id}: nothing was changed in the store (a repair is written to the changelog first, and the \
+             brokers did not take it); run the command again when they answer"
+        )),
+        other => other.into(),
+    }
+}
