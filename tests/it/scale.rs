@@ -22,7 +22,7 @@ const KEYS: usize = 20;
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The changelog on whatever `OUTBOXD_TEST_CHANGELOG` says: these tests are about it.
-fn on(mut od: Outboxd) -> Outboxd {
+pub(crate) fn on(mut od: Outboxd) -> Outboxd {
     od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
     od
 }
@@ -37,7 +37,7 @@ fn two_instances(kafka: &Kafka, topic: &str, receiver: &Receiver) -> (Outboxd, O
     (a, b)
 }
 
-async fn produce(kafka: &Kafka, topic: &str, events: &[(String, String)]) -> Vec<Produced> {
+pub(crate) async fn produce(kafka: &Kafka, topic: &str, events: &[(String, String)]) -> Vec<Produced> {
     let producer = kafka.producer();
     let payloads: Vec<serde_json::Value> = events.iter().map(|(_, id)| json!({"id": id})).collect();
     let sends = events.iter().zip(&payloads).map(|((key, id), p)| producer.send_event(topic, key, id, Some("Tick"), p));
