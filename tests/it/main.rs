@@ -22,4 +22,5 @@ mod hostile;
 mod kill_loop;
 mod kubernetes;
 mod scale;
+mod scale_churn;
 mod tls_config;
