@@ -279,6 +279,13 @@ fn check_calls(
     };
     let in_flight_at_kills = calls.iter().filter(|c| c.effective() && cut(c)).count();
     let unanswered_at_kills = calls.iter().filter(|c| c.effective() && cut(c) && c.dropped.is_some()).count();
+    // Of the cut calls answered before their kill, the longest time from the answer to the kill.
+    let answered_before_kill = calls
+        .iter()
+        .filter(|c| c.effective() && cut(c))
+        .filter_map(|c| runs.end_of(c)?.1.duration_since(c.answered?).ok())
+        .max()
+        .unwrap_or_default();
 
     let mut failures = Vec::new();
     let mut report = |what: &str, list: Vec<String>| {
@@ -350,7 +357,8 @@ fn check_calls(
     println!(
         "scale churn summary: events={} replays={} (of ids whose first run had ended: {}) runs={} \
          (left {leaves}, killed {kills}) handler_calls={} effective={} ids_executed_more_than_once={} \
-         calls_in_flight_at_kills={in_flight_at_kills} (never answered: {unanswered_at_kills})",
+         calls_in_flight_at_kills={in_flight_at_kills} (never answered: {unanswered_at_kills}; \
+         the others answered at most {:.0?} before their kill)",
         ids.len(),
         production.replays.len(),
         moved.len(),
@@ -358,6 +366,7 @@ fn check_calls(
         calls.len(),
         calls.iter().filter(|c| c.effective()).count(),
         repeated.len(),
+        answered_before_kill,
     );
     failures
 }
