@@ -50,7 +50,10 @@ async fn a_restore_cut_by_sigkill_resumes_from_its_checkpoint() {
     let first = log_lines(&od, "restoring the partition from its changelog");
     assert_eq!(first.len(), 1, "{first:?}");
     assert_eq!((log_number(&first[0], "from"), log_number(&first[0], "end")), (0, records as i64), "{first:?}");
-    assert!(!logged(&od, "partition restored"), "the premise: the kill cut the restore (after {restored} records)");
+    assert!(
+        !logged(&od, "partition restored"),
+        "the premise: the kill cut the restore (after {restored} records; is OUTBOXD_SCALE_RESTORE_RECORDS too small?)"
+    );
 
     od.start();
     harness::wait_until("the second restore to end", Duration::from_secs(180), || logged(&od, "partition restored"))
