@@ -148,3 +148,48 @@ async fn an_empty_store_restored_from_the_changelog_holds_what_the_old_store_hel
     assert_eq!(states(&b), states(&a), "every record in the same state, with the same attempts");
     assert_eq!(receiver.calls_from("b"), 0, "B executed nothing");
 }
+
+/// A final record written locally whose changelog write never got through (here the
+/// changelog topic is deleted under the running service, which stops; a SIGKILL
+/// between the local flush and the broker's acknowledgement leaves the same) reaches
+/// the changelog before a delivery of the event again moves its offset: the next
+/// owner, restoring from the changelog, then suppresses a replay of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_record_the_changelog_never_got_is_written_there_before_a_duplicate_moves_the_offset() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("churn-unacked"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let mut a = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    a.config.store_extra.push_str("delivery_timeout = \"5s\"\n");
+    let mut b = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    b.config.group_id = a.config.group_id.clone();
+    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    let changelog_topic = changelog::topic_for(&a.config.group_id, &topic);
+    a.start();
+    a.wait_for_assignment().await;
+    produce(&kafka, &topic, &[("k".to_owned(), new_event_id())]).await;
+    a.wait_until("the first event to be committed", Duration::from_secs(60), || offsets.reached_end()).await;
+    kafka.delete_topic(&changelog_topic).await;
+    let event = vec![("k".to_owned(), new_event_id())];
+    let id = event[0].1.clone();
+    produce(&kafka, &topic, &event).await;
+    assert!(!a.wait_exit(Duration::from_secs(120)).success(), "outboxd stops when its changelog write fails");
+    assert_eq!(a.store_get(&id).state, "done", "the premise: the event ran and is recorded done here only");
+    assert!(!offsets.reached_end(), "the premise: its offset did not move: {}", offsets.describe());
+
+    // Started again on its store (the changelog topic is created anew): the event comes
+    // again and is found done.
+    a.start();
+    a.wait_until("the event's offset to be committed", Duration::from_secs(90), || offsets.reached_end()).await;
+    a.stop();
+    let entries = changelog::entries_by_id(&kafka, &changelog_topic, &topic);
+    let written = entries.get(&id).is_some_and(|es| es.iter().any(|e| e.state.is_final()));
+    // B, with an empty store, takes the partition over and sees the event replayed.
+    b.start();
+    b.wait_for_assignment().await;
+    produce(&kafka, &topic, &event).await;
+    b.wait_until("the replay to be committed", Duration::from_secs(60), || offsets.reached_end()).await;
+    b.stop();
+    assert!(written, "the event's final record is in the changelog once its offset moved: {:?}", entries.get(&id));
+    assert_eq!(receiver.handler_call_count(&id), 1, "the replay is suppressed by B");
+}
