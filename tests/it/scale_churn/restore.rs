@@ -1,6 +1,7 @@
 //! Restores with several runs: a restore cut by SIGKILL resumes from its checkpoint
-//! (size knob `OUTBOXD_SCALE_RESTORE_RECORDS`, default 100,000 changelog records), and
-//! an empty store restored from the changelog holds what the old store held.
+//! (size knob `OUTBOXD_SCALE_RESTORE_RECORDS`, default 100,000 changelog records); an
+//! empty store restored from the changelog holds what the old store held; a final
+//! record the changelog never got reaches it before a redelivery moves the offset.
 
 use crate::harness;
 use crate::scale::{on, produce};
