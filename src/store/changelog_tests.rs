@@ -308,3 +308,21 @@ fn catching_up_moves_the_checkpoint_past_others_writes_and_on_over_own_ones() {
     cps.caught_up("c", 1, 9);
     assert_eq!((cps.followed("c", 1), cps.get("c", 1)), (None, Some(5)), "a partition not followed stays");
 }
+
+#[tokio::test]
+async fn a_final_record_found_again_goes_to_the_changelog_before_its_duplicate_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    // Done here while no changelog took it (as after a crash before its acknowledgement).
+    handle(&store, "e1", "t", 0, 1, "t").await;
+    let sink = Arc::new(Recorded::default());
+    store.attach_changelog(sink.clone());
+    assert_eq!(
+        store.claim(&event("e1", "t", 0, 1), "t").await.unwrap(),
+        Claim::Finished { state: State::Done, same_offset: true }
+    );
+    let records = sink.records("t", 0);
+    assert_eq!(records.len(), 1, "the record went to the changelog");
+    let r = decode_entry("t", &records[0].key, records[0].value.as_deref().unwrap()).unwrap();
+    assert_eq!((r.event_id.as_str(), r.state), ("e1", State::Done));
+}

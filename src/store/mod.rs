@@ -385,6 +385,11 @@ impl Store {
                 let (r, p) = (&f.record, &event.position);
                 let same_offset = r.topic == p.topic && r.partition == p.partition && r.offset == p.offset;
                 self.duplicates.fetch_add(1, Ordering::Relaxed);
+                // The record may be here only: written by a run that died before the
+                // changelog acknowledged it. The offset moves only once the changelog has it.
+                if self.has_changelog() {
+                    self.settle(r).await?;
+                }
                 return Ok(Claim::Finished { state: r.state, same_offset });
             }
             // Claimed and never finished: by an earlier run with a durable claim, or reopened by `store retry`.

@@ -22,6 +22,7 @@ mod hostile;
 mod kill_loop;
 mod kubernetes;
 mod scale;
+mod scale_churn;
 mod scale_repairs;
 mod scale_topics;
 mod tls_config;

@@ -22,7 +22,7 @@ const KEYS: usize = 20;
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The changelog on whatever `OUTBOXD_TEST_CHANGELOG` says: these tests are about it.
-fn on(mut od: Outboxd) -> Outboxd {
+pub(crate) fn on(mut od: Outboxd) -> Outboxd {
     od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
     od
 }

@@ -7,6 +7,8 @@
 //!
 //! - [`kafka`]: broker address, topics and their configs, a producer of outbox-shaped
 //!   and arbitrary messages, reading a topic, committed offsets and end offsets.
+//! - [`changelog`]: changelog topics (`[store.changelog]`): their names, their records
+//!   decoded, records fabricated the way outboxd writes them, restore log fields.
 //! - [`broker`]: a private Kafka broker (`scripts/stack` with its own state folder and
 //!   ports) for tests that SIGKILL the broker.
 //! - [`receiver`]: an axum HTTP server that records every call and answers by
@@ -14,6 +16,7 @@
 //! - [`daemon`]: outboxd as a child process with a generated config in a temporary
 //!   directory, its stderr in a file (printed when a test fails), kill/stop helpers and
 //!   the store CLI.
+//! - [`metrics`]: a running outboxd's Prometheus metrics, and their samples.
 //! - [`store`]: the store CLI commands beyond `get|list`: `export`, raw JSON records.
 //! - [`logs`]: what outboxd logged (lines, event ids, times, panics).
 //! - [`debezium`]: the rest of the real pipeline: PostgreSQL (through `psql`), Kafka
@@ -27,10 +30,12 @@
 
 pub mod avro;
 pub mod broker;
+pub mod changelog;
 pub mod daemon;
 pub mod debezium;
 pub mod kafka;
 pub mod logs;
+pub mod metrics;
 pub mod receiver;
 pub mod store;
 pub mod turns;

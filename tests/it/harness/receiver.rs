@@ -410,6 +410,16 @@ impl Receiver {
         lock(&self.shared).calls.iter().filter(|c| c.is_handler_call() && c.instance() == Some(instance)).count()
     }
 
+    /// Handler calls from `instance` (`X-Outboxd-Instance`) neither answered nor dropped.
+    pub fn in_flight_from(&self, instance: &str) -> usize {
+        lock(&self.shared)
+            .calls
+            .iter()
+            .filter(|c| c.is_handler_call() && c.instance() == Some(instance))
+            .filter(|c| c.in_flight())
+            .count()
+    }
+
     /// How many distinct events got a handler call answered 2xx.
     pub fn ok_count(&self) -> usize {
         lock(&self.shared).ok.len()

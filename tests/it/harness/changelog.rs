@@ -1,0 +1,89 @@
+//! Changelog topics (`[store.changelog]`) seen from outside: their names, the
+//! records in them (decoded with outboxd's own codec), records fabricated the way
+//! outboxd writes them, and the `key=value` fields of the restore log lines.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use outboxd::store::changelog::{decode_entry, entry_key, entry_value};
+use outboxd::store::{now_us, Record, State};
+
+use super::{new_event_id, Kafka};
+
+/// How long reading a whole changelog topic may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Fabricated records are sent in chunks of this many (each chunk awaited).
+const SEND_CHUNK: usize = 10_000;
+
+/// The changelog topic of `topic` for `group` (the default `topic` template).
+pub fn topic_for(group: &str, topic: &str) -> String {
+    format!("{group}.{topic}.outboxd-dedup")
+}
+
+/// One record of a changelog topic, decoded.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub event_id: String,
+    pub state: State,
+    pub partition: i32,
+    pub offset: i64,
+    /// The Kafka timestamp (ms since the epoch): when the writing instance produced it.
+    pub timestamp_ms: i64,
+}
+
+/// Every record of the changelog of source topic `topic` (tombstones left out),
+/// grouped by event id, each id's in partition and offset order.
+pub fn entries_by_id(kafka: &Kafka, changelog: &str, topic: &str) -> HashMap<String, Vec<Entry>> {
+    let mut out: HashMap<String, Vec<Entry>> = HashMap::new();
+    for m in kafka.read_topic(changelog, READ_TIMEOUT) {
+        let (Some(key), Some(value)) = (m.key.as_deref(), m.value.as_deref()) else { continue };
+        let r = decode_entry(topic, key, value)
+            .unwrap_or_else(|e| panic!("{changelog}/{}@{} does not decode: {e}", m.partition, m.offset));
+        let timestamp_ms = m.timestamp_ms.unwrap_or_else(|| panic!("{changelog}/{} has no timestamp", m.partition));
+        let entry =
+            Entry { event_id: r.event_id, state: r.state, partition: m.partition, offset: m.offset, timestamp_ms };
+        out.entry(entry.event_id.clone()).or_default().push(entry);
+    }
+    out
+}
+
+/// Writes `n` done records of source topic `topic` (partition `partition`) into
+/// `changelog` the way outboxd writes them; returns their event ids.
+pub async fn fill(kafka: &Kafka, changelog: &str, topic: &str, partition: i32, n: usize) -> Vec<String> {
+    let producer = kafka.producer();
+    let now = now_us();
+    let ids: Vec<String> = (0..n).map(|_| new_event_id()).collect();
+    for (c, chunk) in ids.chunks(SEND_CHUNK).enumerate() {
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let offset = (c * SEND_CHUNK + i) as i64;
+                let position = outboxd::event::Position { topic: topic.to_owned(), partition, offset };
+                let mut r = Record::first_seen(id, State::Done, 1, &position, now);
+                r.scope = Some(topic.to_owned());
+                r.key = Some(format!("agg-{}", offset % 1000));
+                r.event_type = Some("OrderCreated".into());
+                r.claimed_at_us = Some(now);
+                r.done_at_us = Some(now + 1_500);
+                r.updated_at_us = now + 1_500;
+                r.outcome = Some("http 200".into());
+                (entry_key(&r), entry_value(&r).expect("encode a changelog value"))
+            })
+            .collect();
+        let sends = entries.iter().map(|(k, v)| producer.send_raw(changelog, Some(partition), Some(k), &[], Some(v)));
+        futures::future::join_all(sends).await;
+    }
+    ids
+}
+
+/// The value of field `name` in a human-format log line (`name=value`), if there.
+pub fn log_field(line: &str, name: &str) -> Option<String> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}=")).map(str::to_owned))
+}
+
+/// [`log_field`] as a number; fails the test when it is missing or not one.
+pub fn log_number(line: &str, name: &str) -> i64 {
+    let v = log_field(line, name).unwrap_or_else(|| panic!("no {name}= in {line:?}"));
+    v.parse().unwrap_or_else(|e| panic!("{name}={v} in {line:?} is not a number: {e}"))
+}
