@@ -1,0 +1,207 @@
+//! The handling path: claiming an event, its attempts, its final record (with
+//! the message copy of a failed one), and how a record moves between slices.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::messages::copy_key;
+use super::slices::Slice;
+use super::{format, keys, now_us, Claim, Claimed, Record, State, Store, StoreError, UNDECODABLE_SCOPE};
+use crate::event::{OutboxEvent, RawMessage};
+
+impl Store {
+    /// The key of `r` (its scope gets an id if it has none yet).
+    pub(super) fn key_of(&self, r: &Record) -> Result<Vec<u8>, StoreError> {
+        let scope = match &r.scope {
+            Some(s) => self.names.id(s)?,
+            None => keys::LEGACY_SCOPE,
+        };
+        Ok(keys::record_key(&keys::event_key(&r.event_id), scope))
+    }
+
+    /// Writes `r` into the slice `to` (by default the current one). `from`: the slice
+    /// it was in and its state there; if that is older, the record (and its message
+    /// copy) leaves it: written in the new slice first, so a crash in between leaves
+    /// the new state found first (newest slice first), never the old one alone.
+    pub(super) fn write(
+        &self,
+        r: &Record,
+        from: Option<(&Arc<Slice>, State)>,
+        to: Option<Arc<Slice>>,
+    ) -> Result<Arc<Slice>, StoreError> {
+        let key = self.key_of(r)?;
+        let to = match to {
+            Some(to) => to,
+            None => self.slices.current(now_us())?,
+        };
+        let value = format::encode(r, &self.names, to.start)?;
+        match from {
+            Some((old, was)) if Arc::ptr_eq(old, &to) => {
+                to.tree.insert(&key, value)?;
+                to.moved(Some(was), Some(r.state));
+            }
+            Some((old, was)) => {
+                self.messages.moved(&copy_key(old.start, &key), &copy_key(to.start, &key))?;
+                to.tree.insert(&key, value)?;
+                old.tree.remove(&key)?;
+                old.moved(Some(was), None);
+                to.moved(None, Some(r.state));
+            }
+            None => {
+                to.tree.insert(&key, value)?;
+                to.moved(None, Some(r.state));
+            }
+        }
+        Ok(to)
+    }
+
+    /// Claims the event for execution in its dedup `scope`, durably, unless it is
+    /// already final there (then the duplicate is counted and nothing runs). For
+    /// `on_uncertain = verify | park`: a crash during the handler must leave the
+    /// outcome found uncertain.
+    pub async fn claim(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
+        self.claim_as(event, scope, true).await
+    }
+
+    pub(super) async fn claim_as(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Claim, StoreError> {
+        let now = now_us();
+        let (record, from) = match self.find_in(scope, &event.id)? {
+            Some(f) if f.record.state.is_final() => {
+                let (r, p) = (&f.record, &event.position);
+                let same_offset = r.topic == p.topic && r.partition == p.partition && r.offset == p.offset;
+                self.duplicates.fetch_add(1, Ordering::Relaxed);
+                // The record may be here only: written by a run that died before the
+                // changelog acknowledged it. The offset moves only once the changelog has it.
+                if self.has_changelog() {
+                    self.settle(r).await?;
+                }
+                return Ok(Claim::Finished { state: r.state, same_offset });
+            }
+            // Claimed and never finished: by an earlier run with a durable claim, or reopened by `store retry`.
+            Some(f) => {
+                let r = Record {
+                    attempts: f.record.attempts + 1,
+                    topic: event.position.topic.clone(),
+                    partition: event.position.partition,
+                    offset: event.position.offset,
+                    claimed_at_us: Some(now),
+                    updated_at_us: now,
+                    ..f.record
+                };
+                (r, Some(f.slice))
+            }
+            None => {
+                let r = Record {
+                    scope: Some(scope.to_owned()),
+                    key: event.aggregate_id.clone(),
+                    event_type: event.event_type.clone(),
+                    claimed_at_us: Some(now),
+                    ..Record::first_seen(&event.id, State::Claimed, 1, &event.position, now)
+                };
+                (r, None)
+            }
+        };
+        if !durable {
+            self.claims.insert(scope, &record, from.is_some());
+            let slice = from.map(|s| s.start);
+            return Ok(Claim::Claimed(Claimed { record: Box::new(record), slice, durable }));
+        }
+        let slice = self.write(&record, from.as_ref().map(|s| (s, State::Claimed)), None)?;
+        self.durable().await?;
+        Ok(Claim::Claimed(Claimed { record: Box::new(record), slice: Some(slice.start), durable }))
+    }
+
+    /// A further attempt within the same claim (a retry after a handler error):
+    /// written durably for a durable claim, counted in memory otherwise.
+    pub async fn record_attempt(&self, claimed: &mut Claimed) -> Result<u32, StoreError> {
+        let r = &mut claimed.record;
+        r.attempts += 1;
+        r.updated_at_us = now_us();
+        if !claimed.durable {
+            self.claims.insert(r.scope.as_deref().unwrap_or_default(), r, claimed.slice.is_some());
+            return Ok(r.attempts);
+        }
+        let from = claimed.slice.and_then(|s| self.slices.get(s));
+        claimed.slice = Some(self.write(r, from.as_ref().map(|s| (s, State::Claimed)), None)?.start);
+        self.durable().await?;
+        Ok(r.attempts)
+    }
+
+    /// Records the final state of a claimed event durably; only then may the offset move on.
+    pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
+        debug_assert!(state.is_final());
+        let from = claimed.slice.and_then(|s| self.slices.get(s));
+        let mut r = *claimed.record;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), None, state, text)?;
+        self.release_written(&r);
+        self.settle(&r).await
+    }
+
+    /// Records a dead or parked event with its message copy and, when one was
+    /// produced and acknowledged, its dead-letter position.
+    pub async fn finish_failed(
+        &self,
+        claimed: Claimed,
+        state: State,
+        reason: String,
+        message: &RawMessage,
+        dead_letter: Option<String>,
+    ) -> Result<(), StoreError> {
+        let from = claimed.slice.and_then(|s| self.slices.get(s));
+        let mut r = *claimed.record;
+        let to = self.slices.current(now_us())?;
+        let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
+        r.dead_letter = dead_letter;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), Some(to), state, reason)?;
+        self.release_written(&r);
+        self.settle(&r).await
+    }
+
+    /// `r`, as stored in `from` (`None`: it is new), becomes final in `to` (default: the current slice).
+    pub(super) fn finish_record(
+        &self,
+        r: &mut Record,
+        from: Option<(&Arc<Slice>, State)>,
+        to: Option<Arc<Slice>>,
+        state: State,
+        text: String,
+    ) -> Result<(), StoreError> {
+        let now = now_us();
+        r.state = state;
+        r.done_at_us = Some(now);
+        r.updated_at_us = now;
+        match state {
+            State::Done => r.outcome = Some(text),
+            _ => r.reason = Some(text),
+        }
+        self.write(r, from, to)?;
+        Ok(())
+    }
+
+    /// Records a message that never became an event (it could not be decoded) as dead.
+    pub async fn record_undecodable(
+        &self,
+        id: &str,
+        message: &RawMessage,
+        reason: String,
+        dead_letter: Option<String>,
+    ) -> Result<(), StoreError> {
+        let now = now_us();
+        let (mut r, from) = match self.find_in(UNDECODABLE_SCOPE, id)? {
+            Some(f) => (f.record, Some(f.slice)),
+            None => {
+                let r = Record {
+                    scope: Some(UNDECODABLE_SCOPE.to_owned()),
+                    ..Record::first_seen(id, State::Dead, 0, &message.position(), now)
+                };
+                (r, None)
+            }
+        };
+        let was = r.state;
+        let to = self.slices.current(now)?;
+        let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
+        r.dead_letter = dead_letter;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, was)), Some(to), State::Dead, reason)?;
+        self.settle(&r).await
+    }
+}
