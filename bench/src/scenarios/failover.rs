@@ -30,7 +30,7 @@ pub(crate) async fn failover_scenario(b: &Bench) -> anyhow::Result<FailoverResul
     for rep in 0..b.sizes.runs {
         let mut cfgs = Vec::new();
         for who in ["a", "b"] {
-            let mut c = config(b, &format!("failover-{who}-{rep}"), &group, &source, Hk::Http)?;
+            let mut c = config(&format!("failover-{who}-{rep}"), &group, &source, Hk::Http);
             // outboxd refuses a drain longer than the session timeout.
             c.drain_timeout = "2s";
             c.kafka_extra.push(("session.timeout.ms", SESSION_TIMEOUT_MS.to_string()));

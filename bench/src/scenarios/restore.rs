@@ -95,9 +95,9 @@ pub(crate) async fn filled_changelog(b: &Bench, what: &str, group: &str, n: u64)
     Ok((source, secs))
 }
 
-pub(crate) fn config<'a>(b: &Bench, name: &str, group: &str, source: &str, hk: Hk) -> anyhow::Result<Cfg<'a>> {
-    let _ = b;
-    Ok(Cfg {
+/// outboxd as shipped (fsync on, changelog on) on `source`, in `group`.
+pub(crate) fn config<'a>(name: &str, group: &str, source: &str, hk: Hk) -> Cfg<'a> {
+    Cfg {
         name: name.to_owned(),
         group: group.to_owned(),
         topics: vec![source.to_owned()],
@@ -110,7 +110,7 @@ pub(crate) fn config<'a>(b: &Bench, name: &str, group: &str, source: &str, hk: H
         drain_timeout: "10s",
         store_extra: String::new(),
         kafka_extra: Vec::new(),
-    })
+    }
 }
 
 pub(crate) async fn restore_scenario(b: &Bench) -> anyhow::Result<RestoreResult> {
@@ -124,7 +124,7 @@ pub(crate) async fn restore_scenario(b: &Bench) -> anyhow::Result<RestoreResult>
     r.bytes_before = topic_bytes(&dir, &changelog);
 
     // (a) `outboxd store rebuild` into an empty store.
-    let (cfg, _) = b.write_config(&config(b, "restore-rebuild", &group, &source, Hk::Log)?)?;
+    let (cfg, _) = b.write_config(&config("restore-rebuild", &group, &source, Hk::Log))?;
     let cpu0 = rusage_children_secs();
     let t0 = Instant::now();
     let out = tokio::process::Command::new(b.bin.join("outboxd"))
@@ -164,7 +164,7 @@ pub(crate) async fn restore_scenario(b: &Bench) -> anyhow::Result<RestoreResult>
     let _ = std::fs::remove_dir_all(b.work.join("stores/restore-rebuild"));
 
     // (b) a service with an empty store taking the partition at start-up.
-    let (cfg, _) = b.write_config(&config(b, "restore-startup", &group, &source, Hk::Log)?)?;
+    let (cfg, _) = b.write_config(&config("restore-startup", &group, &source, Hk::Log))?;
     let mut child = b.spawn(Contender::Outboxd, &cfg, "", RESTORE_LOG)?;
     let at = child.wait_mark(|m| m.restored, "partition restored", Duration::from_secs(600)).await?;
     let cpu = child.cpu_secs(b.clk_tck);
