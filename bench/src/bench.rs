@@ -25,13 +25,16 @@ pub(crate) enum Contender {
     Relaxed,
     OutboxdW0,
     RelaxedW0,
+    /// outboxd with `[store.changelog] enabled = false` (drain: what the changelog costs).
+    NoChangelog,
 }
 
 /// The default four are in `--contenders`; also selectable with --contenders (investigation): outboxd with `store.commit_interval = "0ms"`.
-pub(crate) const ALL: [Contender; 6] = [
+pub(crate) const ALL: [Contender; 7] = [
     Contender::Naive,
     Contender::PgTable,
     Contender::Outboxd,
+    Contender::NoChangelog,
     Contender::Relaxed,
     Contender::OutboxdW0,
     Contender::RelaxedW0,
@@ -46,6 +49,7 @@ impl Contender {
             Contender::Relaxed => "outboxd-relaxed",
             Contender::OutboxdW0 => "outboxd-window0",
             Contender::RelaxedW0 => "outboxd-relaxed-window0",
+            Contender::NoChangelog => "outboxd-nochangelog",
         }
     }
     pub(crate) fn fsync(self) -> bool {
@@ -54,6 +58,17 @@ impl Contender {
     /// `store.commit_interval` when not the shipped default.
     pub(crate) fn window(self) -> Option<&'static str> {
         matches!(self, Contender::OutboxdW0 | Contender::RelaxedW0).then_some("0ms")
+    }
+    /// The outboxd binary (not a contender of bench/).
+    pub(crate) fn is_outboxd(self) -> bool {
+        !matches!(self, Contender::Naive | Contender::PgTable)
+    }
+    /// What goes into `[store]` besides the common settings.
+    pub(crate) fn store_extra(self) -> &'static str {
+        match self {
+            Contender::NoChangelog => "[store.changelog]\nenabled = false\n",
+            _ => "",
+        }
     }
 }
 
@@ -94,6 +109,10 @@ pub(crate) struct Cfg<'a> {
     pub(crate) retention: &'a str,
     pub(crate) gc_interval: &'a str,
     pub(crate) drain_timeout: &'a str,
+    /// TOML after the `[store]` settings (e.g. a `[store.changelog]` table).
+    pub(crate) store_extra: String,
+    /// librdkafka properties of this config only (after `--kafka-option`).
+    pub(crate) kafka_extra: Vec<(&'a str, String)>,
 }
 
 pub(crate) struct Bench {
@@ -125,9 +144,12 @@ impl Bench {
             let (k, v) = kv.split_once('=').context("--kafka-option KEY=VALUE")?;
             options.push_str(&format!("{k:?} = {v:?}\n"));
         }
+        for (k, v) in &c.kafka_extra {
+            options.push_str(&format!("{k:?} = {v:?}\n"));
+        }
         let text = format!(
             "[kafka]\nbrokers = {brokers:?}\ngroup_id = {group:?}\ncommit_interval = \"100ms\"\ndrain_timeout = {dt:?}\n[kafka.options]\n{options}\n\
-             [store]\npath = {path:?}\nretention = {ret:?}\n{window}max_in_flight = {mif}\ngc_interval = {gc:?}\nfsync = {fsync}\n\n\
+             [store]\npath = {path:?}\nretention = {ret:?}\n{window}max_in_flight = {mif}\ngc_interval = {gc:?}\nfsync = {fsync}\n{extra}\n\
              [admin]\nlisten = \"127.0.0.1:{admin}\"\n\n\
              [[handlers]]\ntopics = [{topics}]\n{handler}",
             // The admin server (metrics) stays on, as shipped, on a free port.
@@ -142,6 +164,7 @@ impl Bench {
             mif = c.max_in_flight,
             gc = c.gc_interval,
             fsync = c.fsync,
+            extra = c.store_extra,
         );
         let file = self.work.join("configs").join(format!("{}.toml", c.name));
         std::fs::write(&file, text)?;
@@ -164,14 +187,14 @@ impl Bench {
                 c.arg("--config").arg(config).args(["--pg", &self.args.pg, "--table", table, "--pool", "32"]);
                 c
             }
-            Contender::Outboxd | Contender::Relaxed | Contender::OutboxdW0 | Contender::RelaxedW0 => {
+            _ => {
                 let mut c = tokio::process::Command::new(self.bin.join("outboxd"));
                 c.arg("run").arg("--config").arg(config);
                 c
             }
         };
         cmd.current_dir(&self.work).env("OUTBOXD_LOG", log);
-        if matches!(who, Contender::Outboxd | Contender::Relaxed | Contender::OutboxdW0 | Contender::RelaxedW0) {
+        if who.is_outboxd() {
             for kv in &self.args.outboxd_env {
                 let (k, v) = kv.split_once('=').context("--outboxd-env KEY=VALUE")?;
                 cmd.env(k, v);

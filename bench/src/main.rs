@@ -14,10 +14,12 @@
 //! `scenarios` (one module per scenario), `stats` and `report` (the markdown).
 
 mod bench;
+mod changelog;
 mod procs;
 mod produce;
 mod receiver;
 mod report;
+mod report_restore;
 mod scenarios;
 mod stats;
 mod watch;
@@ -37,7 +39,9 @@ use crate::produce::preload;
 use crate::receiver::{now_us, on_call, Recv};
 use crate::report::{machine, others_running, write_report};
 use crate::scenarios::drain::{drain_run, DrainResult};
+use crate::scenarios::failover::{failover_scenario, FailoverResult};
 use crate::scenarios::latency::{fdatasync_floor, latency_run, LatResult};
+use crate::scenarios::restore::{restore_scenario, RestoreResult};
 use crate::scenarios::slow::slow_run;
 use crate::scenarios::store::{store_scenario, StoreResult};
 use crate::stats::pct;
@@ -51,7 +55,7 @@ const SLOW_RECEIVER_MS: u64 = 20;
 #[derive(Parser, Debug, Clone)]
 #[command(about = "outboxd benchmark suite", args_override_self = true)]
 struct Args {
-    /// Small sizes (a few minutes): 20k drain events, 1 run, 10 s latency, 100k store records.
+    /// Small sizes (a few minutes): 20k drain events, 1 run, 10 s latency, 100k store records, 100k changelog records.
     #[arg(long)]
     quick: bool,
     /// Drain: messages pre-loaded (5% of them duplicates). Default 200000 (quick 20000).
@@ -72,6 +76,9 @@ struct Args {
     /// Store: retained records. Default 1000000 (quick 100000).
     #[arg(long)]
     store_records: Option<u64>,
+    /// Restore and failover: records in the changelog partition. Default 1000000 (quick 100000).
+    #[arg(long)]
+    restore_records: Option<u64>,
     /// Drain: a contender still running after this many seconds is stopped and
     /// measured on what it committed. Default 120 (quick 40).
     #[arg(long)]
@@ -89,8 +96,12 @@ struct Args {
     /// window off (`store.commit_interval = "0ms"`), to show what the window costs.
     #[arg(long, default_value = "outboxd-window0,outboxd-relaxed-window0")]
     latency_extra: String,
-    /// Comma-separated subset of: drain,latency,slow,store.
-    #[arg(long, default_value = "drain,latency,slow,store")]
+    /// Extra contenders in the drain scenario only: outboxd with the changelog off
+    /// (`[store.changelog] enabled = false`), to show what the changelog costs.
+    #[arg(long, default_value = "outboxd-nochangelog")]
+    drain_extra: String,
+    /// Comma-separated subset of: drain,latency,slow,store,restore,failover.
+    #[arg(long, default_value = "drain,latency,slow,store,restore,failover")]
     scenarios: String,
     #[arg(long, default_value = "127.0.0.1:19092")]
     brokers: String,
@@ -121,6 +132,7 @@ struct Sizes {
     latency_secs: u64,
     slow_secs: u64,
     store_records: u64,
+    restore_records: u64,
     drain_cap: Duration,
     floor_samples: usize,
 }
@@ -134,6 +146,7 @@ impl Sizes {
             latency_secs: a.latency_secs.unwrap_or(if q { 10 } else { 60 }),
             slow_secs: a.slow_secs.unwrap_or(if q { 4 } else { 10 }),
             store_records: a.store_records.unwrap_or(if q { 100_000 } else { 1_000_000 }),
+            restore_records: a.restore_records.unwrap_or(if q { 100_000 } else { 1_000_000 }),
             drain_cap: Duration::from_secs(a.drain_cap_secs.unwrap_or(if q { 40 } else { 120 })),
             floor_samples: if q { 300 } else { 1000 },
         }
@@ -161,6 +174,21 @@ enum Cli {
     },
     /// Investigation: append the suite's outbox messages to an existing topic (create it
     /// with `scripts/stack topic-reset TOPIC 8`), e.g. to run outboxd by hand under a profiler.
+    /// Investigation: append changelog records (done, the first `--claims` of them
+    /// preceded by a claim) to partition 0 of an existing changelog topic of `--source`,
+    /// e.g. to profile `outboxd store rebuild` by hand.
+    FillChangelog {
+        #[arg(long)]
+        changelog: String,
+        #[arg(long)]
+        source: String,
+        #[arg(long, default_value_t = 1_000_000)]
+        records: u64,
+        #[arg(long, default_value_t = 0)]
+        claims: u64,
+        #[arg(long, default_value = "127.0.0.1:19092")]
+        brokers: String,
+    },
     Preload {
         #[arg(long)]
         topic: String,
@@ -188,6 +216,14 @@ async fn main() -> anyhow::Result<()> {
             println!("{v}");
             return Ok(());
         }
+        Cli::FillChangelog { changelog, source, records, claims, brokers } => {
+            let n = tokio::task::spawn_blocking(move || {
+                changelog::fill(&brokers, &changelog, &source, scenarios::restore::CHANGELOG_SALT, records, claims)
+            })
+            .await??;
+            println!("{n} changelog records written");
+            return Ok(());
+        }
         Cli::Preload { topic, events, duplicates, salt, brokers } => {
             let (n, dups) =
                 tokio::task::spawn_blocking(move || preload(&brokers, &topic, salt, events, KEYS, duplicates))
@@ -200,7 +236,10 @@ async fn main() -> anyhow::Result<()> {
     let sizes = Sizes::from(&args);
     let scenarios: HashSet<String> = args.scenarios.split(',').map(|s| s.trim().to_owned()).collect();
     for s in &scenarios {
-        anyhow::ensure!(["drain", "latency", "slow", "store"].contains(&s.as_str()), "unknown scenario {s}");
+        anyhow::ensure!(
+            ["drain", "latency", "slow", "store", "restore", "failover"].contains(&s.as_str()),
+            "unknown scenario {s}"
+        );
     }
     for bin in ["outboxd", "naive", "pg-table"] {
         anyhow::ensure!(
@@ -260,6 +299,8 @@ struct Measured {
     floor_singles: Vec<i64>,
     slow: Vec<(String, usize, &'static str, Vec<f64>)>,
     store: Option<StoreResult>,
+    restore: Option<RestoreResult>,
+    failover: Option<FailoverResult>,
 }
 
 async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> anyhow::Result<()> {
@@ -283,7 +324,8 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         m.drain_info = format!("{msgs} messages ({dups} duplicate ids at new offsets, {} distinct events), {PAYLOAD_BYTES} B payloads, {PARTITIONS} partitions, {KEYS} keys", msgs - dups);
         for r in 0..s.runs {
             for hk in [Hk::Log, Hk::Http] {
-                for who in order(r + hk as usize, &b.args.contenders) {
+                let names = format!("{},{}", b.args.contenders, b.args.drain_extra);
+                for who in order(r + hk as usize, &names) {
                     let res = drain_run(b, who, hk, r, &topic, total).await?;
                     m.drain.entry((who, hk)).or_default().push(res);
                 }
@@ -367,6 +409,20 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
     m.store = if scenarios.contains("store") { Some(store_scenario(b).await?) } else { None };
     if m.store.is_some() {
         m.noise.push(("store", n0.other_share()));
+    }
+
+    write_report(b, started, &m, false)?;
+    // ---- restore, failover
+    if scenarios.contains("restore") {
+        let n0 = Noise::now();
+        m.restore = Some(restore_scenario(b).await?);
+        m.noise.push(("restore", n0.other_share()));
+    }
+    write_report(b, started, &m, false)?;
+    if scenarios.contains("failover") {
+        let n0 = Noise::now();
+        m.failover = Some(failover_scenario(b).await?);
+        m.noise.push(("failover", n0.other_share()));
     }
 
     write_report(b, started, &m, true)?;

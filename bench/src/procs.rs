@@ -22,6 +22,9 @@ pub(crate) struct Marks {
     pub(crate) running: Option<Instant>,
     pub(crate) assigned: Option<Instant>,
     pub(crate) handled: Option<Instant>,
+    /// outboxd's "partition restored" line (the first one) and when it came.
+    pub(crate) restored: Option<Instant>,
+    pub(crate) restored_line: Option<String>,
     tail: VecDeque<String>,
 }
 
@@ -47,6 +50,10 @@ impl ChildProc {
                 }
                 if line.contains("event handled") {
                     m.handled.get_or_insert(now);
+                }
+                if line.contains("partition restored") && m.restored.is_none() {
+                    m.restored = Some(now);
+                    m.restored_line = Some(line.clone());
                 }
                 if m.tail.len() >= 40 {
                     m.tail.pop_front();
@@ -101,6 +108,14 @@ impl ChildProc {
         proc_rss(self.pid)
     }
 
+    /// SIGKILL at once (a crash); returns when it was sent.
+    pub(crate) async fn kill(mut self) -> anyhow::Result<Instant> {
+        let at = Instant::now();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL)?;
+        self.child.wait().await?;
+        Ok(at)
+    }
+
     /// SIGTERM, then SIGKILL after `grace`.
     pub(crate) async fn stop(mut self, grace: Duration) -> anyhow::Result<()> {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGTERM);
@@ -140,6 +155,16 @@ fn proc_rss(pid: i32) -> (u64, u64) {
             * 1024
     };
     (kb("VmRSS:"), kb("VmHWM:"))
+}
+
+/// CPU seconds (user + system) of the children this process has waited for.
+pub(crate) fn rusage_children_secs() -> f64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .map(|u| {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        })
+        .unwrap_or(f64::NAN)
 }
 
 /// CPU ticks of every PostgreSQL server process (backends that exited are in the

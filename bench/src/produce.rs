@@ -22,7 +22,7 @@ pub(crate) fn splitmix(mut x: u64) -> u64 {
 }
 
 /// A UUID-shaped event id for event number `i` of a topic.
-fn event_id(salt: u64, i: u64) -> String {
+pub(crate) fn event_id(salt: u64, i: u64) -> String {
     let a = splitmix(salt ^ i.wrapping_mul(0x1000_0000_0000_0001));
     let b = splitmix(a);
     format!(

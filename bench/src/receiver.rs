@@ -34,6 +34,10 @@ impl Recv {
     pub(crate) fn calls(&self) -> u64 {
         self.inner.lock().unwrap().calls
     }
+    /// When the first call since the last reset came.
+    pub(crate) fn first_call(&self) -> Option<Instant> {
+        self.inner.lock().unwrap().first
+    }
 }
 
 pub(crate) async fn on_call(State(r): State<Arc<Recv>>, headers: HeaderMap, body: Bytes) -> StatusCode {

@@ -78,7 +78,8 @@ fn mb(b: u64) -> f64 {
 /// Writes the report with whatever has been measured so far (called after every
 /// scenario, so a run that is stopped half-way still leaves its numbers).
 pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool) -> anyhow::Result<()> {
-    let Measured { others, noise, drain, drain_info, lat, floor_pairs, floor_singles, slow, store } = m;
+    let Measured { others, noise, drain, drain_info, lat, floor_pairs, floor_singles, slow, store, restore, failover } =
+        m;
     let s = &b.sizes;
     let mut rep = Report { md: String::new() };
     let mut targets: Vec<(String, String, Option<bool>)> = Vec::new();
@@ -96,13 +97,14 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
         rep.line(format!("- also on the machine during the run: {}", others.join(", ")));
     }
     rep.line(format!(
-        "- sizes: drain {} messages, {} interleaved run(s) per measurement (median, min–max in brackets), latency {} s at {} events/s, slow receiver window {} s, store {} records{}",
+        "- sizes: drain {} messages, {} interleaved run(s) per measurement (median, min–max in brackets), latency {} s at {} events/s, slow receiver window {} s, store {} records, restore and failover {} changelog records{}",
         s.events,
         s.runs,
         s.latency_secs,
         b.args.rate,
         s.slow_secs,
         s.store_records,
+        s.restore_records,
         if b.args.quick { " (`--quick`)" } else { "" }
     ));
     rep.line(format!(
@@ -178,8 +180,13 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
             }
         }
         rep.line("");
-        rep.line("Receiver calls are from the last run; repeats = calls whose `Idempotency-Key` the receiver had already seen (a second side effect).");
+        rep.line("Receiver calls are from the last run; repeats = calls whose `Idempotency-Key` the receiver had already seen (a second side effect). `outboxd-nochangelog` is outboxd with `[store.changelog] enabled = false`; the other outboxd rows write the changelog (on by default).");
         rep.line("");
+        let cl: Vec<f64> = drain.values().flatten().filter_map(|r| r.changelog_bytes).collect();
+        if !cl.is_empty() {
+            rep.line(format!("Changelog topics the outboxd contenders wrote during the drain: {} bytes of log segments per record on the broker (median, min–max; as written, one record per event, before compaction, which removes nothing when every key is written once).", mmm(&cl, 1)));
+            rep.line("");
+        }
         let med = |who, hk| {
             median(&drain.get(&(who, hk)).map(|v| v.iter().map(|r| r.eps).collect::<Vec<_>>()).unwrap_or_default())
         };
@@ -190,6 +197,14 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
             format!("{:.2}× ({o:.0} vs {n:.0} events/s)", o / n),
             Some(o >= 0.7 * n),
         ));
+        let off = med(Contender::NoChangelog, Hk::Http);
+        if off.is_finite() {
+            targets.push((
+                "drain, HTTP receiver: outboxd (changelog on, as shipped) ≥ 0.6× naive; vs changelog off".into(),
+                format!("{:.2}× naive; {:.2}× changelog off ({off:.0} events/s)", o / n, o / off),
+                Some(o >= 0.6 * n),
+            ));
+        }
         targets.push((
             "drain, HTTP receiver: outboxd ≥ 10× pg-table events/s".into(),
             format!("{:.1}× ({o:.0} vs {p:.0} events/s)", o / p),
@@ -373,6 +388,15 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
             format!("{:.0} MB", mb(r.rss_end)),
             Some(r.rss_end as f64 <= 150.0 * 1024.0 * 1024.0),
         ));
+    }
+
+    let sections = [
+        restore.as_ref().map(crate::report_restore::restore_section),
+        failover.as_ref().map(crate::report_restore::failover_section),
+    ];
+    for (md, t) in sections.into_iter().flatten() {
+        md.iter().for_each(|l| rep.line(l));
+        targets.extend(t);
     }
 
     if !targets.is_empty() {

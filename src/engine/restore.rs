@@ -172,6 +172,7 @@ pub fn restore_partition(
     let (mut batches, mut reading, mut applying, mut syncing) = (0u64, Duration::ZERO, Duration::ZERO, Duration::ZERO);
     if from < end {
         restorer.start(&changelog_topic, p, from)?;
+        let mut restoring = store.begin_restore(topic);
         loop {
             if !keep_going() {
                 restorer.stop();
@@ -189,7 +190,7 @@ pub fn restore_partition(
                 next = end;
             }
             let t = Instant::now();
-            applied += store.apply_changelog(topic, &batch.records).map_err(|e| e.to_string())?;
+            applied += store.apply_restoring(topic, &batch.records, &mut restoring).map_err(|e| e.to_string())?;
             applying += t.elapsed();
             read += batch.records.len() as u64;
             metrics::counter!(names::RESTORED, &labels).increment(batch.records.len() as u64);

@@ -416,6 +416,12 @@ impl Store {
     /// the local one, except that a final local record is never turned back into a
     /// claim; expired ones are not written. Returns how many were applied.
     pub fn apply_changelog(&self, source_topic: &str, records: &[ChangelogRecord]) -> Result<u64, StoreError> {
+        self.apply_restoring(source_topic, records, &mut Restoring::looking_up())
+    }
+
+    /// [`Store::apply_changelog`] record by record, each looked up on its own: for
+    /// stores that may still hold records under keys without a scope.
+    fn apply_one_by_one(&self, source_topic: &str, records: &[ChangelogRecord]) -> Result<u64, StoreError> {
         let now = now_us();
         let mut applied = 0;
         for rec in records {
@@ -491,6 +497,14 @@ impl Store {
     }
 }
 
+#[path = "changelog_apply.rs"]
+mod apply;
+pub use apply::Restoring;
+
 #[cfg(test)]
 #[path = "changelog_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "changelog_apply_tests.rs"]
+mod apply_tests;

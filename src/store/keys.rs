@@ -143,16 +143,15 @@ pub fn parse_uuid(text: &str) -> Option<([u8; 16], bool)> {
 }
 
 pub fn format_uuid(bytes: &[u8; 16], upper: bool) -> String {
+    // Every record read back formats its id: digits from a table, not `format!` per byte.
+    let digits: &[u8; 16] = if upper { b"0123456789ABCDEF" } else { b"0123456789abcdef" };
     let mut s = String::with_capacity(36);
     for (i, b) in bytes.iter().enumerate() {
         if matches!(i, 4 | 6 | 8 | 10) {
             s.push('-');
         }
-        if upper {
-            s.push_str(&format!("{b:02X}"));
-        } else {
-            s.push_str(&format!("{b:02x}"));
-        }
+        s.push(char::from(digits[usize::from(b >> 4)]));
+        s.push(char::from(digits[usize::from(b & 0xF)]));
     }
     s
 }

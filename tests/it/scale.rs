@@ -173,88 +173,6 @@ async fn a_changelog_topic_with_another_partition_count_stops_the_start_and_noth
     assert_eq!(receiver.calls().len(), 0, "nothing is handled");
 }
 
-/// Measures a restore through the service: `OUTBOXD_RESTORE_RECORDS` (default
-/// 100,000) done records are written into a changelog partition the way outboxd
-/// writes them, then an outboxd with an empty store takes the partition and
-/// restores it. Prints records, seconds and records/s. Not part of the suite
-/// (`cargo test --test it scale::restore_throughput -- --ignored --nocapture`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement"]
-async fn restore_throughput() {
-    use outboxd::store::changelog::{entry_key, entry_value};
-    use outboxd::store::{now_us, Record, State};
-
-    let records = harness::env_usize("OUTBOXD_RESTORE_RECORDS", 100_000);
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-restore"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
-    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
-    kafka.create_topic(&changelog, 1, &[("cleanup.policy", "compact,delete")]).await;
-    let producer = kafka.producer();
-    let now = now_us();
-    for chunk in (0..records).collect::<Vec<_>>().chunks(10_000) {
-        let entries: Vec<(Vec<u8>, Vec<u8>)> = chunk
-            .iter()
-            .map(|&i| {
-                let position = outboxd::event::Position { topic: topic.clone(), partition: 0, offset: i as i64 };
-                let mut r = Record::first_seen(&new_event_id(), State::Done, 1, &position, now);
-                r.scope = Some(topic.clone());
-                r.key = Some(format!("agg-{}", i % 1000));
-                r.event_type = Some("OrderCreated".into());
-                r.claimed_at_us = Some(now);
-                r.done_at_us = Some(now + 1_500);
-                r.updated_at_us = now + 1_500;
-                r.outcome = Some("http 200".into());
-                (entry_key(&r), entry_value(&r).unwrap())
-            })
-            .collect();
-        let sends = entries.iter().map(|(k, v)| producer.send_raw(&changelog, Some(0), Some(k), &[], Some(v)));
-        futures::future::join_all(sends).await;
-    }
-    let bytes: usize = {
-        let (k, v) = {
-            let position = outboxd::event::Position { topic: topic.clone(), partition: 0, offset: 0 };
-            let mut r = Record::first_seen(&new_event_id(), State::Done, 1, &position, now);
-            r.scope = Some(topic.clone());
-            r.outcome = Some("http 200".into());
-            (entry_key(&r), entry_value(&r).unwrap())
-        };
-        k.len() + v.len()
-    };
-    od.start();
-    harness::wait_until("the restore to end", Duration::from_secs(600), || {
-        harness::logs::logged(&od, "partition restored")
-    })
-    .await;
-    let line = harness::logs::log_lines(&od, "partition restored").remove(0);
-    let field = |name: &str| -> f64 {
-        line.split(&format!("{name}=")).nth(1).and_then(|r| r.split_whitespace().next()).unwrap().parse().unwrap()
-    };
-    let (read, seconds) = (field("read"), field("seconds"));
-    // CPU the process used so far (start-up included), from /proc: records per CPU second
-    // says more than records per second on a loaded machine.
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", od.pid())).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
-    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum());
-    println!(
-        "restore: outboxd used {:.2} CPU seconds until then ({:.0} records per CPU second)",
-        ticks / 100.0,
-        read / (ticks / 100.0)
-    );
-    println!(
-        "restore: {read} records in {seconds:.2} s = {:.0} records/s (key + value ~{bytes} bytes a record); \
-         {} batches, reading {:.2} s, applying {:.2} s, durable writes {:.2} s",
-        read / seconds,
-        field("batches"),
-        field("reading_seconds"),
-        field("applying_seconds"),
-        field("syncing_seconds")
-    );
-    od.stop();
-    assert_eq!(read as usize, records);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_rebuild_brings_back_every_record_of_a_deleted_store() {
     let kafka = Kafka::connect();
@@ -316,47 +234,6 @@ async fn a_changelog_topic_deleted_while_running_stops_the_service_naming_it() {
     let log = harness::logs::strip_ansi(&od.log());
     assert!(log.contains(&changelog) && log.contains("does not exist"), "the error names the topic: {log}");
     assert!(!offsets.reached_end(), "the second event's offset did not move: {}", offsets.describe());
-}
-
-/// Measures the drain of `OUTBOXD_DRAIN_EVENTS` (default 5,000) events on 4
-/// partitions through the HTTP handler: the changelog off (fsync on), on with
-/// fsync, and on without fsync; wall time and the CPU seconds of outboxd. Not part
-/// of the suite (`cargo test --test it scale::drain_with_and_without_changelog -- --ignored --nocapture`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement"]
-async fn drain_with_and_without_changelog() {
-    let events_n = harness::env_usize("OUTBOXD_DRAIN_EVENTS", 5_000);
-    let kafka = Kafka::connect();
-    for (name, store_extra) in [
-        ("changelog off, fsync on", "fsync = true\n[store.changelog]\nenabled = false\n"),
-        ("changelog on,  fsync on", "fsync = true\n[store.changelog]\n"),
-        ("changelog on,  fsync off", "fsync = false\n[store.changelog]\n"),
-    ] {
-        let topic = kafka.create_topic(&unique_name("scale-drain"), PARTITIONS, &[]).await;
-        let events: Vec<(String, String)> =
-            (0..events_n).map(|i| (format!("agg-{}", i % 500), new_event_id())).collect();
-        produce(&kafka, &topic, &events).await;
-        let receiver = Receiver::start();
-        let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
-        od.config.store_extra = store_extra.into();
-        let offsets = kafka.offsets(&od.config.group_id, &topic);
-        let started = std::time::Instant::now();
-        od.start();
-        od.wait_until("the drain", Duration::from_secs(900), || receiver.ok_count() >= events_n).await;
-        let wall = started.elapsed();
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", od.pid())).unwrap_or_default();
-        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
-        let cpu: f64 = fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum()) / 100.0;
-        od.wait_until("the commit", HANDLED_TIMEOUT, || offsets.reached_end()).await;
-        od.stop();
-        println!(
-            "drain {name}: {events_n} events in {:.2} s = {:.0} events/s; {cpu:.2} CPU s ({:.0} µs CPU per event)",
-            wall.as_secs_f64(),
-            events_n as f64 / wall.as_secs_f64(),
-            cpu * 1e6 / events_n as f64
-        );
-        assert_each_executed_once(&receiver, &events);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,9 +3,10 @@
 use std::time::{Duration, Instant};
 
 use crate::bench::{Bench, Cfg, Contender, Hk};
+use crate::changelog::{broker_log_dir, topic_bytes};
 use crate::procs::{pg_server_ticks, sync_metrics, Noise};
 use crate::scenarios::QUIET_LOG;
-use crate::watch::GroupWatch;
+use crate::watch::{end_offsets, GroupWatch};
 use crate::PARTITIONS;
 
 #[derive(Debug, Clone, Default)]
@@ -19,6 +20,9 @@ pub(crate) struct DrainResult {
     pub(crate) committed: i64,
     pub(crate) rss: u64,
     pub(crate) sync: Option<(f64, f64, f64)>,
+    /// outboxd with the changelog on: bytes of its changelog topic's log segments
+    /// per record in it (as written, before any compaction).
+    pub(crate) changelog_bytes: Option<f64>,
 }
 
 pub(crate) async fn drain_run(
@@ -42,6 +46,8 @@ pub(crate) async fn drain_run(
         retention: "7d",
         gc_interval: "10m",
         drain_timeout: "10s",
+        store_extra: who.store_extra().to_owned(),
+        kafka_extra: Vec::new(),
     })?;
     b.recv.reset(0);
     let table = format!("processed_events_{}_{}_{rep}", b.run_id.replace('-', "_"), hk.name());
@@ -70,6 +76,15 @@ pub(crate) async fn drain_run(
     let pg_cpu = (pg_server_ticks().saturating_sub(pg0)) as f64 / b.clk_tck;
     let other = n0.other_share();
     child.stop(Duration::from_secs(30)).await?;
+    let changelog_bytes = if who.is_outboxd() && who.store_extra().is_empty() {
+        let changelog = format!("{group}.{topic}.outboxd-dedup");
+        b.topics.lock().unwrap().push(changelog.clone());
+        let records = end_offsets(&b.args.brokers, &changelog, PARTITIONS)?;
+        let dir = broker_log_dir(&b.admin, &b.args.brokers).await?;
+        Some(topic_bytes(&dir, &changelog) as f64 / records.max(1) as f64)
+    } else {
+        None
+    };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (calls, repeats) = {
         let i = b.recv.inner.lock().unwrap();
@@ -87,6 +102,7 @@ pub(crate) async fn drain_run(
         committed,
         rss,
         sync,
+        changelog_bytes,
     };
     eprintln!(
         "bench: drain {:<16} {:<4} run {rep}: {:>8.0} events/s, {:.2} CPU s/100k{}{} (calls {calls}, repeats {repeats}; other load {:.0}%){}",

@@ -1,7 +1,9 @@
 //! The scenarios, one module each, in the order the suite runs them.
 
 pub(crate) mod drain;
+pub(crate) mod failover;
 pub(crate) mod latency;
+pub(crate) mod restore;
 pub(crate) mod slow;
 pub(crate) mod store;
 

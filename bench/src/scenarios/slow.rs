@@ -30,6 +30,8 @@ pub(crate) async fn slow_run(
         retention: "7d",
         gc_interval: "10m",
         drain_timeout: "2s",
+        store_extra: String::new(),
+        kafka_extra: Vec::new(),
     })?;
     let _ = admin;
     b.recv.reset(SLOW_RECEIVER_MS);

@@ -133,6 +133,8 @@ pub(crate) async fn store_scenario(b: &Bench) -> anyhow::Result<StoreResult> {
         retention: "7d",
         gc_interval: "10m",
         drain_timeout: "10s",
+        store_extra: String::new(),
+        kafka_extra: Vec::new(),
     })?;
     let (eps, secs, rss, hwm) = load_store(b, &cfg_a, &group_a, &topic, total).await?;
     (r.load_eps, r.load_secs, r.rss_end, r.rss_peak) = (eps, secs, rss, hwm);
@@ -166,6 +168,8 @@ pub(crate) async fn store_scenario(b: &Bench) -> anyhow::Result<StoreResult> {
         retention: "7d",
         gc_interval: "10m",
         drain_timeout: "10s",
+        store_extra: String::new(),
+        kafka_extra: Vec::new(),
     })?;
     (r.base_running, r.base_assigned, r.base_handled, _) = cold_start(b, &cfg_base).await?;
 
@@ -182,6 +186,8 @@ pub(crate) async fn store_scenario(b: &Bench) -> anyhow::Result<StoreResult> {
         retention: "1s",
         gc_interval: "24h",
         drain_timeout: "10s",
+        store_extra: String::new(),
+        kafka_extra: Vec::new(),
     })?;
     let total_b = end_offsets(&b.args.brokers, &topic, PARTITIONS)?;
     let (eps_b, _, rss_b, _) = load_store(b, &cfg_b, &group_b, &topic, total_b).await?;
