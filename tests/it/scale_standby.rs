@@ -1,5 +1,6 @@
 //! Standby replicas (`store.changelog.standby`): an instance tails the changelog
-//! partitions of the partitions another instance owns, so that when the owner dies
+//! partitions of the partitions another instance owns (and starts to when one of
+//! its own is revoked), so that when the owner dies
 //! its restore of them reads only what the owner wrote after the last pass, and
 //! Debezium-style replays (the same ids at new offsets) are still suppressed.
 
@@ -98,6 +99,15 @@ async fn after_sigkill_a_standby_takes_over_reading_almost_nothing_and_suppresse
     let a_partitions = wait_for_standby_to_reach(&mut b, &topic, &ends).await;
     let a_records: i64 = a_partitions.iter().map(|p| ends[p]).sum();
     assert!(a_records > 0, "the premise: A's partitions {a_partitions:?} have changelog records ({ends:?})");
+    // A owned every partition until B joined: it stands by for those it gave B.
+    let b_partitions: BTreeSet<i32> = (0..PARTITIONS).filter(|p| !a_partitions.contains(p)).collect();
+    assert!(!b_partitions.is_empty(), "the premise: B owns some partitions");
+    harness::wait_until(
+        format!("A to stand by for the partitions it gave B ({b_partitions:?})"),
+        STANDBY_TIMEOUT,
+        || standing_by(&a) == b_partitions,
+    )
+    .await;
     let restored_before = log_lines(&b, "partition restored").len();
 
     a.kill();
@@ -137,4 +147,64 @@ async fn after_sigkill_a_standby_takes_over_reading_almost_nothing_and_suppresse
     b.stop();
     let all: Vec<(String, String)> = events.iter().cloned().chain(fresh).collect();
     assert_each_executed_once(&receiver, &all);
+}
+
+/// CPU seconds process `pid` used so far (user + system, from /proc).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    fields.get(11..13).map_or(0.0, |f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum()) / 100.0
+}
+
+/// Measures what standing by costs an idle instance: two instances share a topic
+/// of `OUTBOXD_STANDBY_PARTITIONS` (default 32) partitions with `OUTBOXD_STANDBY_EVENTS`
+/// (default 2,000) handled events, then B's CPU is read over `OUTBOXD_STANDBY_SECONDS`
+/// (default 30) of quiet, with standby off and on (and while the events are handled). Not part of the suite
+/// (`cargo test --test it scale_standby::standby_idle_cpu -- --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn standby_idle_cpu() {
+    let partitions = harness::env_usize("OUTBOXD_STANDBY_PARTITIONS", 32) as i32;
+    let events_n = harness::env_usize("OUTBOXD_STANDBY_EVENTS", 2_000);
+    let quiet = Duration::from_secs(harness::env_usize("OUTBOXD_STANDBY_SECONDS", 30) as u64);
+    let kafka = Kafka::connect();
+    for standby in [false, true] {
+        let topic = kafka.create_topic(&unique_name("scale-standby-cpu"), partitions, &[]).await;
+        let receiver = Receiver::start();
+        let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+        for od in [&mut a, &mut b] {
+            od.config.store_extra.push_str(&format!("standby = {standby}\n"));
+        }
+        let offsets = kafka.offsets(&a.config.group_id, &topic);
+        a.start();
+        a.wait_for_assignment().await;
+        b.start();
+        b.wait_for_assignment().await;
+        let events: Vec<(String, String)> =
+            (0..events_n).map(|i| (format!("agg-{}", i % 500), new_event_id())).collect();
+        let busy_from = cpu_seconds(b.pid());
+        produce(&kafka, &topic, &events).await;
+        b.wait_until("the events to be committed", Duration::from_secs(600), || offsets.reached_end()).await;
+        let changelog_ends = kafka.offsets(&a.config.group_id, &topic_for(&a.config.group_id, &topic));
+        if standby {
+            wait_for_standby_to_reach(&mut b, &topic, &changelog_ends.end()).await;
+        }
+        let before = cpu_seconds(b.pid());
+        println!(
+            "standby {standby}: B used {:.2} CPU s handling its share of {events_n} events (and, standing by, applying the rest)",
+            before - busy_from
+        );
+        let started = Instant::now();
+        // The measurement is the time: B is left alone, nothing arrives.
+        tokio::time::sleep(quiet).await;
+        let cpu = cpu_seconds(b.pid()) - before;
+        println!(
+            "standby {standby}: {partitions} partitions, {events_n} events; idle B used {cpu:.2} CPU s in {:.0} s ({:.2}% of a core)",
+            started.elapsed().as_secs_f64(),
+            cpu * 100.0 / started.elapsed().as_secs_f64()
+        );
+        a.stop();
+        b.stop();
+        assert_each_executed_once(&receiver, &events);
+    }
 }
