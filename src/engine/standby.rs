@@ -161,7 +161,7 @@ impl Standby {
         let checkpoint = |p: &PartitionId| store.checkpoint(&changelog.topic_for(&p.0), p.1).unwrap_or(-1);
         for p in wanted.difference(&self.tailed) {
             info!(topic = %p.0, partition = p.1, changelog_topic = %changelog.topic_for(&p.0), checkpoint = checkpoint(p),
-                "standing by for the partition: tailing its changelog (another instance owns it)");
+                "standing by for the partition: tailing its changelog (it is not assigned here)");
         }
         for p in self.tailed.difference(wanted) {
             let reason = if lock(&shared.tracker).generation(p).is_some() {
