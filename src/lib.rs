@@ -38,7 +38,8 @@
 //! - [`offsets`]: per-partition tracker of the next committable offset.
 //! - [`kafka`]: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
-//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment.
+//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment,
+//!   standby replicas of partitions owned elsewhere (`store.changelog.standby`).
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest, only here), `log`, closures.
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
 //! - [`app`]: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.

@@ -57,6 +57,10 @@ pub mod names {
     pub const RESTORE_SECONDS: &str = "outboxd_changelog_restore_seconds";
     /// Partitions assigned and waiting for their restore.
     pub const RESTORING: &str = "outboxd_partitions_restoring";
+    /// Gauge: partitions owned by other instances whose changelog this one tails (`store.changelog.standby`).
+    pub const STANDBY: &str = "outboxd_partitions_standby";
+    /// Changelog records of partitions owned elsewhere applied to the local store (labels `topic`, `partition`).
+    pub const STANDBY_APPLIED: &str = "outboxd_changelog_records_standby_applied_total";
 }
 
 const SECONDS_BUCKETS: &[f64] =
@@ -118,6 +122,14 @@ fn describe() {
         names::RESTORE_SECONDS,
         Unit::Seconds,
         "Duration of one partition's restore from its changelog."
+    );
+    describe_gauge!(
+        names::STANDBY,
+        "Partitions owned by other instances whose changelog this instance tails (store.changelog.standby)."
+    );
+    describe_counter!(
+        names::STANDBY_APPLIED,
+        "Changelog records of partitions owned elsewhere applied to the local store, per source partition."
     );
     describe_gauge!(
         names::RESTORING,

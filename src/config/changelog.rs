@@ -29,6 +29,9 @@ const MAX_RESTORE_BATCH: usize = 1_000_000;
 /// long after such a repair may still be decided on the state before it. One
 /// watermark request per owned partition per check.
 const DEFAULT_FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
+/// Standby replicas cost every instance the disk, the writes and the reads of
+/// every partition's records (as many copies as instances): off unless asked for.
+const DEFAULT_STANDBY: bool = false;
 /// Kafka's limit on topic names.
 const MAX_TOPIC_NAME: usize = 249;
 
@@ -50,6 +53,8 @@ pub struct RawChangelog {
     pub restore_batch: Option<usize>,
     /// How often owned partitions catch up with others' changelog writes, e.g. "1s".
     pub follow_interval: Option<String>,
+    /// `true`: also tail the changelog partitions of source partitions owned elsewhere.
+    pub standby: Option<bool>,
 }
 
 /// The validated `[store.changelog]`; present only when enabled.
@@ -68,6 +73,10 @@ pub struct ChangelogConfig {
     /// `follow_interval`: how often owned partitions catch up with what other
     /// instances wrote to their changelog, such as repairs (default 1 s).
     pub follow_interval: Duration,
+    /// `standby`: every `follow_interval`, the changelog partitions of source
+    /// partitions other instances own are read into the local store too, so that
+    /// taking one over reads only what was written since (default false).
+    pub standby: bool,
 }
 
 impl ChangelogConfig {
@@ -134,6 +143,7 @@ impl RawChangelog {
             delivery_timeout,
             restore_batch,
             follow_interval,
+            standby: self.standby.unwrap_or(DEFAULT_STANDBY),
         }))
     }
 }
@@ -154,6 +164,8 @@ mod tests {
         assert_eq!(cl.topic_for("outbox.event.order"), "outboxd.outbox.event.order.outboxd-dedup");
         assert_eq!(cl.replication_factor, None);
         assert_eq!(cl.follow_interval, std::time::Duration::from_secs(1));
+        assert!(!cl.standby, "standby replicas are asked for");
+        assert!(parse("[store.changelog]\nstandby = true").unwrap().store.changelog.unwrap().standby);
         assert!(cl.is_changelog("outboxd.outbox.event.order.outboxd-dedup"));
         assert!(!cl.is_changelog("outbox.event.order") && !cl.is_changelog("outboxd..outboxd-dedup"));
         let off = parse("[store.changelog]\nenabled = false").unwrap();

@@ -9,6 +9,7 @@ mod guards;
 mod policy_tests;
 mod restore;
 mod retry;
+mod standby;
 mod worker;
 
 pub use executor::{check_custom_topics, Counters, Executor};

@@ -5,7 +5,8 @@
 //! seen when the restore began, then lets its events begin and resumes it.
 //! Partitions are restored one at a time; the others keep flowing meanwhile.
 //! Between restores, restored partitions catch up with what other instances
-//! wrote to their changelogs (`follow`).
+//! wrote to their changelogs (`follow`), and with `store.changelog.standby` the
+//! partitions other instances own are tailed (`standby`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::follow::Follow;
+use super::standby::Standby;
 use super::worker::{lock, Shared};
 use crate::config::{ChangelogConfig, KafkaConfig};
 use crate::kafka::changelog::{ensure_one, TopicError};
@@ -63,11 +65,13 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
     };
     let mut ensured: HashSet<String> = HashSet::new();
     let mut follow = Follow::new(&setup.changelog);
+    let mut standby = Standby::new(&setup.changelog);
     // Some partition was restored since the last time none was waiting.
     let mut restored_some = false;
     loop {
         let waiting = lock(&shared.tracker).restoring();
         metrics::gauge!(names::RESTORING).set(waiting.len() as f64);
+        standby.hand_over(&waiting, &shared, &setup.changelog);
         if waiting.is_empty() {
             if std::mem::take(&mut restored_some) {
                 info!("every assigned partition is restored");
@@ -78,6 +82,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                 () = tokio::time::sleep(LOOK_EVERY.min(follow.interval())) => {}
             }
             follow.check(&shared, &restorer, &setup.changelog, &stop).await;
+            standby.check(&shared, &restorer, &setup.changelog, &stop).await;
             continue;
         }
         for (partition, generation) in waiting {

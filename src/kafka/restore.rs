@@ -1,8 +1,9 @@
-//! Reading a changelog partition for a restore: a consumer assigned by hand (it
-//! never joins the group nor commits), read from a checkpoint up to the end
-//! offset seen when the restore began. Blocking calls: run it off the runtime's
+//! Reading a changelog partition for a restore (or a standby replica): a consumer
+//! assigned by hand (it never joins the group nor commits), read from a checkpoint
+//! up to the end offset seen when the read began. Blocking calls: run it off the runtime's
 //! workers.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -40,6 +41,17 @@ impl Restorer {
         self.consumer
             .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
             .map_err(|e| format!("{topic}/{partition}: {e}"))
+    }
+
+    /// The partition count of every topic on the cluster (one metadata request).
+    pub fn partition_counts(&self) -> Result<BTreeMap<String, i32>, String> {
+        let metadata = self.consumer.fetch_metadata(None, REQUEST_TIMEOUT).map_err(|e| e.to_string())?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| (t.name().to_owned(), t.partitions().len() as i32))
+            .collect())
     }
 
     /// Reads `topic`/`partition` from `from` on (replacing what was assigned).

@@ -24,5 +24,6 @@ mod kubernetes;
 mod scale;
 mod scale_churn;
 mod scale_repairs;
+mod scale_standby;
 mod scale_topics;
 mod tls_config;

@@ -50,7 +50,7 @@ fn events() -> Vec<(String, String)> {
 }
 
 /// Every event executed exactly once (one effective call per id), and no other call.
-fn assert_each_executed_once(receiver: &Receiver, events: &[(String, String)]) {
+pub(crate) fn assert_each_executed_once(receiver: &Receiver, events: &[(String, String)]) {
     let mut per_id: HashMap<String, usize> = HashMap::new();
     for call in receiver.calls().iter().filter(|c| c.is_handler_call() && c.effective()) {
         *per_id.entry(call.event_id.clone().unwrap_or_default()).or_default() += 1;
