@@ -25,6 +25,8 @@ pub(crate) struct Marks {
     /// outboxd's "partition restored" line (the first one) and when it came.
     pub(crate) restored: Option<Instant>,
     pub(crate) restored_line: Option<String>,
+    /// outboxd's first "standby caught up" line (`store.changelog.standby`).
+    pub(crate) standby_caught_up: Option<Instant>,
     tail: VecDeque<String>,
 }
 
@@ -50,6 +52,9 @@ impl ChildProc {
                 }
                 if line.contains("event handled") {
                     m.handled.get_or_insert(now);
+                }
+                if line.contains("standby caught up") {
+                    m.standby_caught_up.get_or_insert(now);
                 }
                 if line.contains("partition restored") && m.restored.is_none() {
                     m.restored = Some(now);

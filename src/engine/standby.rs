@@ -220,8 +220,9 @@ fn tail(
         return Ok(0);
     }
     let labels = [("topic", topic.clone()), ("partition", p.to_string())];
+    let started = std::time::Instant::now();
     restorer.start(&changelog_topic, p, from)?;
-    let (mut applied, mut next) = (0u64, from);
+    let (mut applied, mut next, mut read) = (0u64, from, 0u64);
     loop {
         if !keep_going() {
             break;
@@ -235,11 +236,18 @@ fn tail(
         }
         let n = store.apply_changelog(topic, &batch.records).map_err(|e| e.to_string())?;
         applied += n;
+        read += batch.records.len() as u64;
         metrics::counter!(names::STANDBY_APPLIED, &labels).increment(n);
         if !batch.records.is_empty() || batch.at_end {
             runtime.block_on(store.restored_to(&changelog_topic, p, next, false)).map_err(|e| e.to_string())?;
         }
         if batch.at_end {
+            // A pass that read more than one batch is a catch-up worth a line (a
+            // takeover now restores from `end`); the passes that follow stay quiet.
+            if read >= changelog.restore_batch as u64 {
+                info!(%topic, partition = p, changelog_topic, read, applied, checkpoint = end,
+                    seconds = started.elapsed().as_secs_f64(), "standby caught up with the partition");
+            }
             break;
         }
     }
