@@ -144,6 +144,16 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
     }
 }
 
+/// Where a read of a changelog partition whose records run from `low` to `end`
+/// starts: at the local checkpoint, or at `low` when there is none, when retention
+/// removed records below it, or when it is past `end` (the topic was recreated).
+pub(super) fn read_from(checkpoint: Option<i64>, low: i64, end: i64) -> i64 {
+    match checkpoint {
+        Some(c) if c <= end => c.max(low),
+        _ => low,
+    }
+}
+
 /// Reads the changelog partition of a source partition into the store, from its
 /// checkpoint (or the beginning) up to the end seen now, in durable batches that
 /// move the checkpoint. `keep_going` is asked before each batch: `None` when it
@@ -160,15 +170,16 @@ pub fn restore_partition(
     let changelog_topic = changelog.topic_for(topic);
     let (low, end) = restorer.range(&changelog_topic, p)?;
     let checkpoint = store.checkpoint(&changelog_topic, p);
-    let from = match checkpoint {
-        None => low,
-        Some(c) if c > end => {
-            warn!(changelog_topic, partition = p, checkpoint = c, end,
-                "the local checkpoint is past the changelog's end (was the topic recreated?); restoring from its beginning");
-            low
-        }
-        Some(c) => c.max(low),
-    };
+    let from = read_from(checkpoint, low, end);
+    if let Some(c) = checkpoint.filter(|c| *c > end) {
+        warn!(
+            changelog_topic,
+            partition = p,
+            checkpoint = c,
+            end,
+            "the local checkpoint is past the changelog's end (was the topic recreated?); restoring from its beginning"
+        );
+    }
     let started = Instant::now();
     let labels = [("topic", topic.clone()), ("partition", p.to_string())];
     info!(%topic, partition = p, changelog_topic, from, end, records = end - from, "restoring the partition from its changelog");

@@ -211,11 +211,7 @@ fn tail(
     let (topic, p) = (&partition.0, partition.1);
     let changelog_topic = changelog.topic_for(topic);
     let (low, end) = restorer.range(&changelog_topic, p)?;
-    let from = match store.checkpoint(&changelog_topic, p) {
-        // Past the end: the topic was recreated; read it from its beginning (as a restore does).
-        Some(c) if c <= end => c.max(low),
-        _ => low,
-    };
+    let from = super::restore::read_from(store.checkpoint(&changelog_topic, p), low, end);
     if from >= end {
         return Ok(0);
     }

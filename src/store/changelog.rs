@@ -431,16 +431,7 @@ impl Store {
                 }
                 continue;
             };
-            let mut r = match decode_entry(source_topic, &rec.key, value) {
-                Ok(r) => r,
-                Err(error) => {
-                    tracing::warn!(%error, topic = source_topic, offset = rec.offset, "changelog record skipped");
-                    continue;
-                }
-            };
-            if r.updated_at_us.saturating_add(self.changelog.retention_us) <= now {
-                continue;
-            }
+            let Some(mut r) = self.live_entry(source_topic, rec, value, now) else { continue };
             let scope = r.scope.clone().unwrap_or_default();
             let found = self.find_in(&scope, &r.event_id)?;
             if let Some(f) = &found {
@@ -454,6 +445,25 @@ impl Store {
             applied += 1;
         }
         Ok(applied)
+    }
+
+    /// A changelog record's value decoded, unless it is malformed (skipped with a
+    /// warning) or its retention ended before `now` (expired records are not written).
+    pub(super) fn live_entry(
+        &self,
+        source_topic: &str,
+        rec: &ChangelogRecord,
+        value: &[u8],
+        now: i64,
+    ) -> Option<Record> {
+        let r = match decode_entry(source_topic, &rec.key, value) {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::warn!(%error, topic = source_topic, offset = rec.offset, "changelog record skipped");
+                return None;
+            }
+        };
+        (r.updated_at_us.saturating_add(self.changelog.retention_us) > now).then_some(r)
     }
 
     /// A tombstone: the record is gone everywhere.

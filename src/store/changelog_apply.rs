@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use super::{decode_entry, split_key, ChangelogRecord};
+use super::{split_key, ChangelogRecord};
 use crate::store::format;
 use crate::store::keys;
 use crate::store::messages::copy_key;
@@ -106,16 +106,7 @@ impl Store {
                 }
                 continue;
             };
-            let r = match decode_entry(source_topic, &rec.key, value) {
-                Ok(r) => r,
-                Err(error) => {
-                    tracing::warn!(%error, topic = source_topic, offset = rec.offset, "changelog record skipped");
-                    continue;
-                }
-            };
-            if r.updated_at_us.saturating_add(self.changelog.retention_us) <= now {
-                continue;
-            }
+            let Some(r) = self.live_entry(source_topic, rec, value, now) else { continue };
             let scope = r.scope.as_deref().unwrap_or(source_topic);
             let scope_id = match &last_scope {
                 Some((name, id)) if name == scope => *id,
