@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use crate::admin;
 use crate::config::Config;
-use crate::engine::{Counters, Engine, Executor, RestoreSetup};
+use crate::engine::{Counters, Engine, Executor, Fatal, RestoreSetup};
 use crate::handler::Handler;
 use crate::kafka::{self, Consumer, Tracker};
 use crate::offsets::OffsetTracker;
@@ -196,7 +196,7 @@ async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<Option
 
 /// After the drain: awaits the background tasks (told to stop), closes the
 /// store, logs the summary, and says how the run ended.
-async fn stopped(failure: Option<String>, mut tasks: JoinSet<()>, store: &Store, c: &Counters) -> anyhow::Result<()> {
+async fn stopped(failure: Option<Fatal>, mut tasks: JoinSet<()>, store: &Store, c: &Counters) -> anyhow::Result<()> {
     while let Some(ended) = tasks.join_next().await {
         if let Err(error) = ended {
             warn!(%error, "a background task failed");
@@ -213,7 +213,8 @@ async fn stopped(failure: Option<String>, mut tasks: JoinSet<()>, store: &Store,
     let path = store.path().display();
     match (failure, closed) {
         // The first failure says why; the failed final flush would only repeat it.
-        (Some(reason), _) => anyhow::bail!("stopped because the store at {path} failed: {reason}"),
+        (Some(Fatal::Store(error)), _) => anyhow::bail!("stopped because the store at {path} failed: {error}"),
+        (Some(reason), _) => anyhow::bail!("stopped: {reason}"),
         (None, Err(e)) => Err(e).with_context(|| format!("flushing the store at {path}")),
         (None, Ok(())) => Ok(()),
     }

@@ -60,7 +60,7 @@ pub async fn rebuild(config: &Config) -> anyhow::Result<Vec<Rebuilt>> {
                 restore_partition(&store, &restorer, &changelog, &task, &|| true, &runtime)
             })
             .await?
-            .map_err(|e| anyhow::anyhow!("restoring {changelog_topic}/{p}: {e}"))?
+            .with_context(|| format!("restoring {changelog_topic}/{p}"))?
             .unwrap_or_default();
             rebuilt.push(Rebuilt { partition, changelog_topic: changelog_topic.clone(), restored });
         }

@@ -5,14 +5,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::guards::{live_guard, Release};
+use super::fatal::Fatal;
+use super::guards::{live_guard, LiveIds, Release};
 use super::retry::{backoff, next_delay};
 use crate::avro;
 use crate::codec::{DecodeError, Decoder, Layout};
@@ -77,10 +77,11 @@ pub struct Executor {
     decoder: Decoder,
     /// Event ids being worked on in this process: a second delivery of the
     /// same id (at another offset or key) waits instead of running twice.
-    pub(super) live: Mutex<HashMap<String, Arc<Semaphore>>>,
+    live: LiveIds,
     pub(crate) counters: Counters,
-    /// Set when the store fails: nothing more runs and no offset moves.
-    failure: std::sync::OnceLock<String>,
+    /// Set when the store fails (or another [`Fatal`] failure): nothing more runs
+    /// and no offset moves.
+    failure: std::sync::OnceLock<Fatal>,
     /// Cancelled with the failure, so that the service stops and drains.
     shutdown: CancellationToken,
 }
@@ -116,7 +117,7 @@ impl Executor {
             dead_letters,
             layouts,
             decoder: Decoder::new(registry),
-            live: Mutex::new(HashMap::new()),
+            live: LiveIds::default(),
             counters: Counters::default(),
             failure: std::sync::OnceLock::new(),
             shutdown: CancellationToken::new(),
@@ -131,7 +132,8 @@ impl Executor {
 
     /// Stops all further work (a store failure) and cancels the shutdown token.
     /// The first failure is the one reported.
-    pub fn fail(&self, reason: String) {
+    pub fn fail(&self, reason: impl Into<Fatal>) {
+        let reason = reason.into();
         let _ = self.failure.set(reason);
         self.shutdown.cancel();
     }
@@ -142,7 +144,7 @@ impl Executor {
     }
 
     /// Why [`Executor::fail`] was called, if it was.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<Fatal> {
         self.failure.get().cloned()
     }
 
@@ -294,7 +296,7 @@ impl Executor {
         msg: &RawMessage,
         owned: &Ownership<'_>,
     ) -> Result<Executed, StoreError> {
-        let _live = live_guard(self, &event.id).await;
+        let _live = live_guard(&self.live, &event.id).await;
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
         if !owned() {
             info!(event_id = %event.id, %topic, partition, offset,

@@ -18,14 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use super::restore::READ_WAIT;
+use super::reader::{Checkpoint, Pass, Reader, RestoreError};
 use super::worker::{lock, Shared};
 use crate::config::ChangelogConfig;
 use crate::kafka::Restorer;
 use crate::offsets::PartitionId;
-use crate::store::Store;
 
 /// The partitions followed, and where their changelogs ended at the last check.
 pub(super) struct Follow {
@@ -93,13 +92,23 @@ impl Follow {
                 if !ours() {
                     continue;
                 }
-                let store = &shared.exec.store;
-                if let Err(error) = catch_up(store, &restorer, &changelog, partition, &mut seen, &ours, &runtime) {
-                    warn!(%error, topic = %partition.0, partition = partition.1,
-                        "catching up with the changelog failed; trying again at the next check");
-                    // The brokers may be away: one warning per check, not one per partition.
-                    seen.clear();
-                    break;
+                let reader =
+                    Reader { store: &shared.exec.store, restorer: &restorer, changelog: &changelog, runtime: &runtime };
+                match catch_up(&reader, partition, &mut seen, &ours) {
+                    Ok(_) => {}
+                    Err(RestoreError::Store(error)) => {
+                        error!(%error, topic = %partition.0, partition = partition.1,
+                            "store failed while catching up with the changelog; stopping, nothing more is handled");
+                        shared.exec.fail(error);
+                        break;
+                    }
+                    Err(RestoreError::Kafka(error)) => {
+                        warn!(%error, topic = %partition.0, partition = partition.1,
+                            "catching up with the changelog failed; trying again at the next check");
+                        // The brokers may be away: one warning per check, not one per partition.
+                        seen.clear();
+                        break;
+                    }
                 }
             }
             seen
@@ -116,42 +125,23 @@ impl Follow {
 /// the previous check, applies the records this instance did not write, and
 /// moves the checkpoint there. Returns how many records were applied.
 fn catch_up(
-    store: &Store,
-    restorer: &Restorer,
-    changelog: &ChangelogConfig,
+    reader: &Reader<'_>,
     partition: &PartitionId,
     seen: &mut HashMap<PartitionId, i64>,
     keep_going: &dyn Fn() -> bool,
-    runtime: &tokio::runtime::Handle,
-) -> Result<u64, String> {
+) -> Result<u64, RestoreError> {
     let (topic, p) = (&partition.0, partition.1);
-    let changelog_topic = changelog.topic_for(topic);
-    let (_, end) = restorer.range(&changelog_topic, p)?;
+    let (changelog_topic, _, end) = reader.range(partition)?;
     let Some(upto) = seen.insert(partition.clone(), end) else { return Ok(0) };
-    let Some((from, own)) = store.followed_checkpoint(&changelog_topic, p) else { return Ok(0) };
+    let Some((from, own)) = reader.store.followed_checkpoint(&changelog_topic, p) else { return Ok(0) };
     if from >= upto {
         return Ok(0);
     }
-    restorer.start(&changelog_topic, p, from)?;
-    let (mut read, mut applied) = (0u64, 0u64);
-    loop {
-        if !keep_going() {
-            restorer.stop();
-            return Ok(applied);
-        }
-        let mut batch = restorer.next(upto, changelog.restore_batch, READ_WAIT)?;
-        read += batch.records.len() as u64;
-        batch.records.retain(|r| !own.contains(&r.offset));
-        applied += store.apply_changelog(topic, &batch.records).map_err(|e| e.to_string())?;
-        if batch.at_end {
-            break;
-        }
-    }
-    restorer.stop();
-    runtime.block_on(store.caught_up_to(&changelog_topic, p, upto)).map_err(|e| e.to_string())?;
-    if applied > 0 {
-        info!(%topic, partition = p, changelog_topic, from, to = upto, read, applied,
+    let pass = Pass { partition, from, upto, checkpoint: Checkpoint::AtEnd, skip: &own, keep_going, progress: &|_| {} };
+    let read = reader.read(&pass)?;
+    if read.complete && read.applied > 0 {
+        info!(%topic, partition = p, changelog_topic, from, to = upto, read = read.read, applied = read.applied,
             "caught up with changelog records written by other instances");
     }
-    Ok(applied)
+    Ok(read.applied)
 }

@@ -3,16 +3,20 @@
 //! ([`crate::app`]); the engine knows nothing of the admin server.
 
 mod executor;
+mod fatal;
 mod follow;
 mod guards;
 #[cfg(test)]
 mod policy_tests;
+mod reader;
 mod restore;
 mod retry;
 mod standby;
 mod worker;
 
 pub use executor::{check_custom_topics, Counters, Executor};
+pub use fatal::Fatal;
+pub use reader::RestoreError;
 pub use restore::{restore_partition, RestoreSetup, Restored};
 
 use std::collections::HashMap;
@@ -82,7 +86,7 @@ impl Engine {
     /// then drains: waits for events in flight (up to the drain timeout, not at
     /// all after a store failure) and commits every finished offset. Returns
     /// the store failure, if that is why it stopped.
-    pub async fn run(&self, shutdown: &CancellationToken) -> Option<String> {
+    pub async fn run(&self, shutdown: &CancellationToken) -> Option<Fatal> {
         let consumer = &self.shared.consumer;
         loop {
             let permit = tokio::select! {
@@ -115,7 +119,7 @@ impl Engine {
         self.drain().await
     }
 
-    async fn drain(&self) -> Option<String> {
+    async fn drain(&self) -> Option<Fatal> {
         self.draining.store(true, Ordering::Relaxed);
         let tracker = &self.shared.tracker;
         let failure = self.shared.exec.failure();

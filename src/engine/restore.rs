@@ -8,14 +8,16 @@
 //! wrote to their changelogs (`follow`), and with `store.changelog.standby` the
 //! partitions other instances own are tailed (`standby`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use super::fatal::Fatal;
 use super::follow::Follow;
+use super::reader::{read_from, Checkpoint, Pass, Progress, Reader, RestoreError};
 use super::standby::Standby;
 use super::worker::{lock, Shared};
 use crate::config::{ChangelogConfig, KafkaConfig};
@@ -27,9 +29,6 @@ use crate::store::Store;
 
 /// How often the task looks for partitions to restore when nobody woke it.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
-/// How long one read waits for changelog records before it looks whether the
-/// partition is still ours.
-pub(super) const READ_WAIT: Duration = Duration::from_millis(500);
 /// Pause before a failed restore (broker unreachable, ...) is tried again, from its checkpoint.
 const RETRY_PAUSE: Duration = Duration::from_secs(2);
 
@@ -61,7 +60,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
     let wakeup = shared.consumer.restore_wakeup();
     let restorer = match Restorer::build(&setup.kafka) {
         Ok(r) => Arc::new(r),
-        Err(e) => return shared.exec.fail(format!("creating the changelog restore consumer: {e:#}")),
+        Err(e) => return shared.exec.fail(Fatal::Restorer(Arc::new(e))),
     };
     let mut ensured: HashSet<String> = HashSet::new();
     let mut follow = Follow::new(&setup.changelog);
@@ -102,9 +101,9 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                     Ok(()) => {
                         ensured.insert(partition.0.clone());
                     }
-                    Err(TopicError::Mismatch(reason)) => {
-                        error!(%reason, "the changelog topic does not fit its source topic; stopping, nothing more is handled");
-                        return shared.exec.fail(reason);
+                    Err(mismatch @ TopicError::Mismatch(_)) => {
+                        error!(reason = %mismatch, "the changelog topic does not fit its source topic; stopping, nothing more is handled");
+                        return shared.exec.fail(Fatal::Changelog(Arc::new(mismatch)));
                     }
                     Err(TopicError::Other(error)) => {
                         warn!(error = %format!("{error:#}"), topic = %partition.0, "changelog topic not ready; trying again");
@@ -130,7 +129,12 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                     }
                 }
                 Ok(Ok(None)) => {}
-                Ok(Err(error)) => {
+                Ok(Err(RestoreError::Store(error))) => {
+                    error!(%error, topic = %partition.0, partition = partition.1,
+                        "store failed during the restore; stopping, nothing more is handled");
+                    return shared.exec.fail(error);
+                }
+                Ok(Err(RestoreError::Kafka(error))) => {
                     warn!(%error, topic = %partition.0, partition = partition.1,
                         "restore failed; trying again from its checkpoint (the partition waits)");
                     // The topic may have changed (gained partitions): check it again first.
@@ -138,19 +142,12 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                     tokio::time::sleep(RETRY_PAUSE).await;
                     break;
                 }
-                Err(panic) => return shared.exec.fail(format!("the restore of {partition:?} failed: {panic}")),
+                Err(panic) => {
+                    let partition = crate::offsets::name(&partition);
+                    return shared.exec.fail(Fatal::Panicked { partition, message: panic.to_string() });
+                }
             }
         }
-    }
-}
-
-/// Where a read of a changelog partition whose records run from `low` to `end`
-/// starts: at the local checkpoint, or at `low` when there is none, when retention
-/// removed records below it, or when it is past `end` (the topic was recreated).
-pub(super) fn read_from(checkpoint: Option<i64>, low: i64, end: i64) -> i64 {
-    match checkpoint {
-        Some(c) if c <= end => c.max(low),
-        _ => low,
     }
 }
 
@@ -165,10 +162,10 @@ pub fn restore_partition(
     partition: &PartitionId,
     keep_going: &dyn Fn() -> bool,
     runtime: &tokio::runtime::Handle,
-) -> Result<Option<Restored>, String> {
+) -> Result<Option<Restored>, RestoreError> {
     let (topic, p) = (&partition.0, partition.1);
-    let changelog_topic = changelog.topic_for(topic);
-    let (low, end) = restorer.range(&changelog_topic, p)?;
+    let reader = Reader { store, restorer, changelog, runtime };
+    let (changelog_topic, low, end) = reader.range(partition)?;
     let checkpoint = store.checkpoint(&changelog_topic, p);
     let from = read_from(checkpoint, low, end);
     if let Some(c) = checkpoint.filter(|c| *c > end) {
@@ -183,53 +180,29 @@ pub fn restore_partition(
     let started = Instant::now();
     let labels = [("topic", topic.clone()), ("partition", p.to_string())];
     info!(%topic, partition = p, changelog_topic, from, end, records = end - from, "restoring the partition from its changelog");
-    let (mut read, mut applied, mut next) = (0u64, 0u64, from);
-    // Where the time goes (reading from the broker, applying, the durable writes), for the log.
-    let (mut batches, mut reading, mut applying, mut syncing) = (0u64, Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    if from < end {
-        restorer.start(&changelog_topic, p, from)?;
-        let mut restoring = store.begin_restore(topic);
-        loop {
-            if !keep_going() {
-                restorer.stop();
-                info!(%topic, partition = p, read, "restore left off: the partition is no longer ours");
-                return Ok(None);
-            }
-            let t = Instant::now();
-            let batch = restorer.next(end, changelog.restore_batch, READ_WAIT)?;
-            reading += t.elapsed();
-            batches += 1;
-            if let Some(last) = batch.records.last() {
-                next = last.offset + 1;
-            }
-            if batch.at_end {
-                next = end;
-            }
-            let t = Instant::now();
-            applied += store.apply_restoring(topic, &batch.records, &mut restoring).map_err(|e| e.to_string())?;
-            applying += t.elapsed();
-            read += batch.records.len() as u64;
-            metrics::counter!(names::RESTORED, &labels).increment(batch.records.len() as u64);
-            metrics::gauge!(names::RESTORE_LAG, &labels).set((end - next).max(0) as f64);
-            if !batch.records.is_empty() || batch.at_end {
-                let t = Instant::now();
-                runtime
-                    .block_on(store.restored_to(&changelog_topic, p, next, batch.at_end))
-                    .map_err(|e| e.to_string())?;
-                syncing += t.elapsed();
-            }
-            if batch.at_end {
-                break;
-            }
-        }
-        restorer.stop();
-    } else {
-        runtime.block_on(store.restored_to(&changelog_topic, p, end, true)).map_err(|e| e.to_string())?;
+    let progress = |batch: Progress| {
+        metrics::counter!(names::RESTORED, &labels).increment(batch.read);
+        metrics::gauge!(names::RESTORE_LAG, &labels).set((end - batch.next).max(0) as f64);
+    };
+    let pass = Pass {
+        partition,
+        from,
+        upto: end,
+        checkpoint: Checkpoint::EachBatch { restored: true },
+        skip: &BTreeSet::new(),
+        keep_going,
+        progress: &progress,
+    };
+    let read = reader.read(&pass)?;
+    if !read.complete {
+        info!(%topic, partition = p, read = read.read, "restore left off: the partition is no longer ours");
+        return Ok(None);
     }
     let seconds = started.elapsed().as_secs_f64();
     metrics::histogram!(names::RESTORE_SECONDS).record(seconds);
-    info!(%topic, partition = p, changelog_topic, read, applied, checkpoint = end, seconds, batches,
-        reading_seconds = reading.as_secs_f64(), applying_seconds = applying.as_secs_f64(),
-        syncing_seconds = syncing.as_secs_f64(), "partition restored");
-    Ok(Some(Restored { read, applied, checkpoint: end, seconds }))
+    info!(%topic, partition = p, changelog_topic, read = read.read, applied = read.applied, checkpoint = end, seconds,
+        batches = read.batches, reading_seconds = read.reading.as_secs_f64(),
+        applying_seconds = read.applying.as_secs_f64(), syncing_seconds = read.syncing.as_secs_f64(),
+        "partition restored");
+    Ok(Some(Restored { read: read.read, applied: read.applied, checkpoint: end, seconds }))
 }

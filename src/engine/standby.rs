@@ -7,7 +7,7 @@
 //!
 //! Every `follow_interval`, each such partition is read from its checkpoint up to
 //! the end seen then, with the restore's own steps: [`Store::apply_changelog`] in
-//! batches, each followed by [`Store::restored_to`], which makes the checkpoint
+//! batches, each followed by `Store::restored_to`, which makes the checkpoint
 //! durable together with the records it covers. The pass runs in the restore task
 //! between restores, never at the same time as one: a partition assigned here
 //! stops being tailed (its restore, then `follow`, own it from then on) and is
@@ -19,15 +19,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use super::restore::READ_WAIT;
+use super::reader::{read_from, Checkpoint, Pass, Progress, Reader, RestoreError};
 use super::worker::{lock, Shared};
 use crate::config::ChangelogConfig;
 use crate::kafka::Restorer;
 use crate::metrics::names;
 use crate::offsets::PartitionId;
-use crate::store::Store;
 
 /// How often the brokers are asked which topics and partitions there are: a
 /// topic matched by a `topic_pattern`, or one whose changelog topic its first
@@ -106,12 +105,21 @@ impl Standby {
                 if !keep_going() {
                     continue;
                 }
-                let store = &shared.exec.store;
-                if let Err(error) = tail(store, &restorer, &changelog, partition, &keep_going, &runtime) {
-                    warn!(%error, topic = %partition.0, partition = partition.1,
-                        "tailing a standby changelog partition failed; trying again at the next pass");
-                    // The brokers may be away: one warning per pass, not one per partition.
-                    break;
+                let reader =
+                    Reader { store: &shared.exec.store, restorer: &restorer, changelog: &changelog, runtime: &runtime };
+                match tail(&reader, partition, &keep_going) {
+                    Ok(_) => {}
+                    Err(RestoreError::Store(error)) => {
+                        error!(%error, topic = %partition.0, partition = partition.1,
+                            "store failed while standing by for a partition; stopping, nothing more is handled");
+                        return shared.exec.fail(error);
+                    }
+                    Err(RestoreError::Kafka(error)) => {
+                        warn!(%error, topic = %partition.0, partition = partition.1,
+                            "tailing a standby changelog partition failed; trying again at the next pass");
+                        // The brokers may be away: one warning per pass, not one per partition.
+                        break;
+                    }
                 }
             }
         })
@@ -200,55 +208,33 @@ fn standby_partitions(sources: &[PartitionId], assigned: impl Fn(&PartitionId) -
 /// One partition: reads its changelog from the checkpoint (or the beginning) up to
 /// the end seen now, applying every record, in batches that each move the
 /// checkpoint durably with them. Returns how many records were applied.
-fn tail(
-    store: &Store,
-    restorer: &Restorer,
-    changelog: &ChangelogConfig,
-    partition: &PartitionId,
-    keep_going: &dyn Fn() -> bool,
-    runtime: &tokio::runtime::Handle,
-) -> Result<u64, String> {
+fn tail(reader: &Reader<'_>, partition: &PartitionId, keep_going: &dyn Fn() -> bool) -> Result<u64, RestoreError> {
     let (topic, p) = (&partition.0, partition.1);
-    let changelog_topic = changelog.topic_for(topic);
-    let (low, end) = restorer.range(&changelog_topic, p)?;
-    let from = super::restore::read_from(store.checkpoint(&changelog_topic, p), low, end);
+    let (changelog_topic, low, end) = reader.range(partition)?;
+    let from = read_from(reader.store.checkpoint(&changelog_topic, p), low, end);
     if from >= end {
         return Ok(0);
     }
     let labels = [("topic", topic.clone()), ("partition", p.to_string())];
-    let started = std::time::Instant::now();
-    restorer.start(&changelog_topic, p, from)?;
-    let (mut applied, mut next, mut read) = (0u64, from, 0u64);
-    loop {
-        if !keep_going() {
-            break;
-        }
-        let batch = restorer.next(end, changelog.restore_batch, READ_WAIT)?;
-        if let Some(last) = batch.records.last() {
-            next = last.offset + 1;
-        }
-        if batch.at_end {
-            next = end;
-        }
-        let n = store.apply_changelog(topic, &batch.records).map_err(|e| e.to_string())?;
-        applied += n;
-        read += batch.records.len() as u64;
-        metrics::counter!(names::STANDBY_APPLIED, &labels).increment(n);
-        if !batch.records.is_empty() || batch.at_end {
-            runtime.block_on(store.restored_to(&changelog_topic, p, next, false)).map_err(|e| e.to_string())?;
-        }
-        if batch.at_end {
-            // A pass that read more than one batch is a catch-up worth a line (a
-            // takeover now restores from `end`); the passes that follow stay quiet.
-            if read >= changelog.restore_batch as u64 {
-                info!(%topic, partition = p, changelog_topic, read, applied, checkpoint = end,
-                    seconds = started.elapsed().as_secs_f64(), "standby caught up with the partition");
-            }
-            break;
-        }
+    let started = Instant::now();
+    let progress = |batch: Progress| metrics::counter!(names::STANDBY_APPLIED, &labels).increment(batch.applied);
+    let pass = Pass {
+        partition,
+        from,
+        upto: end,
+        checkpoint: Checkpoint::EachBatch { restored: false },
+        skip: &BTreeSet::new(),
+        keep_going,
+        progress: &progress,
+    };
+    let read = reader.read(&pass)?;
+    // A pass that read more than one batch is a catch-up worth a line (a takeover
+    // now restores from `end`); the passes that follow stay quiet.
+    if read.complete && read.read >= reader.changelog.restore_batch as u64 {
+        info!(%topic, partition = p, changelog_topic, read = read.read, applied = read.applied, checkpoint = end,
+            seconds = started.elapsed().as_secs_f64(), "standby caught up with the partition");
     }
-    restorer.stop();
-    Ok(applied)
+    Ok(read.applied)
 }
 
 #[cfg(test)]

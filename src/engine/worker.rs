@@ -174,7 +174,7 @@ async fn process(shared: &Shared, job: &Job) {
         Err(e) => {
             error!(error = %e, topic = %msg.topic, partition = msg.partition, offset = msg.offset,
                 "store failed; stopping without committing this offset");
-            shared.exec.fail(e.to_string());
+            shared.exec.fail(e);
         }
     }
 }

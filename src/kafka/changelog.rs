@@ -13,13 +13,14 @@ use rdkafka::admin::{
 };
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::error::KafkaError;
+use rdkafka::error::KafkaError as ClientError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{info, warn};
 
+use super::KafkaError;
 use crate::config::{ChangelogConfig, Config, KafkaConfig};
-use crate::store::changelog::{Acked, Entry, SendFuture, Sink};
+use crate::store::changelog::{Acked, Entry, SendError, SendFuture, Sink};
 
 /// How long a metadata request or a topic creation may take at start-up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,12 +35,12 @@ pub enum TopicError {
     #[error("{0}")]
     Mismatch(String),
     /// The brokers could not be asked or refused (worth trying again).
-    #[error("{0:#}")]
-    Other(#[from] anyhow::Error),
+    #[error("{0}")]
+    Other(#[from] super::KafkaError),
 }
 
-impl From<KafkaError> for TopicError {
-    fn from(e: KafkaError) -> TopicError {
+impl From<ClientError> for TopicError {
+    fn from(e: ClientError) -> TopicError {
         TopicError::Other(e.into())
     }
 }
@@ -62,7 +63,7 @@ fn partition_counts(
     kafka: &KafkaConfig,
     topics: Option<&[String]>,
     timeout: Duration,
-) -> anyhow::Result<BTreeMap<String, i32>> {
+) -> Result<BTreeMap<String, i32>, KafkaError> {
     let client: BaseConsumer = super::options::admin(kafka).create()?;
     let mut counts = BTreeMap::new();
     let mut take = |md: rdkafka::metadata::Metadata| {
@@ -85,7 +86,7 @@ fn partition_counts(
 
 /// The changelog topics the source topics of `config` need (those that exist now;
 /// a source topic created later is looked at when one of its partitions is assigned).
-pub fn plan(config: &Config, changelog: &ChangelogConfig, timeout: Duration) -> anyhow::Result<Plan> {
+pub fn plan(config: &Config, changelog: &ChangelogConfig, timeout: Duration) -> Result<Plan, KafkaError> {
     let counts = partition_counts(&config.kafka, None, timeout)?;
     let sources: Vec<(&String, i32)> = counts
         .iter()
@@ -101,7 +102,12 @@ pub fn plan(config: &Config, changelog: &ChangelogConfig, timeout: Duration) -> 
 /// deletes records before `store.retention` is over cannot serve (a new owner
 /// would not know those events as handled); one that is not compacted works, but
 /// keeps every write, so restores read more.
-fn check_settings(kafka: &KafkaConfig, retention: Duration, plan: &mut Plan, timeout: Duration) -> anyhow::Result<()> {
+fn check_settings(
+    kafka: &KafkaConfig,
+    retention: Duration,
+    plan: &mut Plan,
+    timeout: Duration,
+) -> Result<(), KafkaError> {
     if plan.existing.is_empty() {
         return Ok(());
     }
@@ -113,27 +119,40 @@ fn check_settings(kafka: &KafkaConfig, retention: Duration, plan: &mut Plan, tim
     let described = futures::executor::block_on(admin.describe_configs(&specifiers, &options))?;
     let mut by_name = BTreeMap::new();
     for result in described {
-        let resource = result.map_err(|code| anyhow::anyhow!("describing the changelog topics: {code}"))?;
+        let resource =
+            result.map_err(|code| KafkaError::Refused { what: "describing the changelog topics".into(), code })?;
         if let OwnedResourceSpecifier::Topic(name) = &resource.specifier {
             by_name.insert(name.clone(), resource);
         }
     }
     for (source, name, _) in &plan.existing {
-        let resource =
-            by_name.get(name).ok_or_else(|| anyhow::anyhow!("the brokers did not describe changelog topic {name}"))?;
+        let resource = by_name
+            .get(name)
+            .ok_or_else(|| KafkaError::Missing(format!("the brokers did not describe changelog topic {name}")))?;
         let value = |key: &str| resource.get(key).and_then(|e| e.value.clone());
         let judged = judge_settings(name, source, value("cleanup.policy").as_deref(), value("retention.ms"), retention);
         match judged {
-            Err(reason) => plan.mismatched.push(reason),
-            Ok(Some(warning)) => plan.warnings.push(warning),
-            Ok(None) => {}
+            Judged::Refused(reason) => plan.mismatched.push(reason),
+            Judged::Worse(warning) => plan.warnings.push(warning),
+            Judged::Fits => {}
         }
     }
     Ok(())
 }
 
+/// What an existing changelog topic's settings mean for the records in it.
+#[derive(Debug, PartialEq)]
+enum Judged {
+    /// Nothing to say.
+    Fits,
+    /// It works, but worse than it could (the warning to log).
+    Worse(String),
+    /// Records would leave Kafka while they still count: it cannot serve (why).
+    Refused(String),
+}
+
 /// What a changelog topic's `cleanup.policy` and `retention.ms` mean for the
-/// records in it: `Err` when records would leave Kafka before `store.retention`
+/// records in it: refused when records would leave Kafka before `store.retention`
 /// is over, a warning when it is not compacted.
 fn judge_settings(
     name: &str,
@@ -141,14 +160,14 @@ fn judge_settings(
     policy: Option<&str>,
     retention_ms: Option<String>,
     retention: Duration,
-) -> Result<Option<String>, String> {
+) -> Judged {
     let policy = policy.unwrap_or("delete");
     let policies: Vec<&str> = policy.split(',').map(str::trim).collect();
     let wanted = retention.as_millis();
     if policies.contains(&"delete") {
         let kept = retention_ms.as_deref().and_then(|v| v.parse::<i64>().ok()).unwrap_or(-1);
         if kept >= 0 && (kept as u128) < wanted {
-            return Err(format!(
+            return Judged::Refused(format!(
                 "changelog topic {name} (for {source}) deletes records after retention.ms={kept}, but store.retention \
                  is {wanted} ms: records would leave Kafka while they still count, and a new owner of a partition \
                  would run those events again. Raise its retention.ms to at least {wanted} (kafka-configs.sh \
@@ -158,13 +177,13 @@ fn judge_settings(
         }
     }
     if !policies.contains(&"compact") {
-        return Ok(Some(format!(
+        return Judged::Worse(format!(
             "changelog topic {name} (for {source}) has cleanup.policy={policy}, not compacted: it keeps every \
              write, so restores read more than the latest record of each event. outboxd creates its topics \
              with cleanup.policy=compact,delete"
-        )));
+        ));
     }
-    Ok(None)
+    Judged::Fits
 }
 
 fn plan_for(changelog: &ChangelogConfig, sources: &[(&String, i32)], counts: &BTreeMap<String, i32>) -> Plan {
@@ -224,7 +243,9 @@ pub async fn ensure(
             Ok(name) => info!(changelog_topic = %name, "changelog topic created"),
             // Another instance created it meanwhile: its partition count is checked below.
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => return Err(anyhow::anyhow!("creating changelog topic {name}: {code}").into()),
+            Err((name, code)) => {
+                return Err(KafkaError::Refused { what: format!("creating changelog topic {name}"), code }.into())
+            }
         }
     }
     // Whoever created them, they must match now.
@@ -252,14 +273,14 @@ pub async fn ensure_one(
         let names = vec![source2.clone(), changelog2.topic_for(&source2)];
         let counts = partition_counts(&kafka2, Some(&names), ADMIN_TIMEOUT)?;
         let Some(&n) = counts.get(&source2) else {
-            return Err(anyhow::anyhow!("source topic {source2} has no partitions in the metadata").into());
+            return Err(KafkaError::Missing(format!("source topic {source2} has no partitions in the metadata")).into());
         };
         let mut plan = plan_for(&changelog2, &[(&source2, n)], &counts);
         check_settings(&kafka2, retention, &mut plan, ADMIN_TIMEOUT)?;
         Ok(plan)
     })
     .await
-    .map_err(anyhow::Error::from)??;
+    .map_err(KafkaError::from)??;
     ensure(kafka, changelog, retention, &plan).await
 }
 
@@ -271,7 +292,7 @@ pub struct ChangelogProducer {
 
 impl ChangelogProducer {
     /// An idempotent producer with acks=all for the changelog topics of `changelog`.
-    pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> anyhow::Result<ChangelogProducer> {
+    pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<ChangelogProducer, KafkaError> {
         Ok(ChangelogProducer {
             producer: super::options::changelog_producer(kafka, changelog).create()?,
             changelog: changelog.clone(),
@@ -298,7 +319,8 @@ impl Sink for ChangelogProducer {
                     Ok(d) => return Ok(Acked { changelog_topic: topic, partition: d.partition, offset: d.offset }),
                     Err((error, _)) if missing(&error) => return Err(gone(&topic, entry.partition)),
                     Err((error, _)) if fatal(&error) => {
-                        return Err(format!("{topic}/{}: {error}", entry.partition));
+                        let (changelog_topic, partition) = (topic, entry.partition);
+                        return Err(SendError::Refused { changelog_topic, partition, error: error.into() });
                     }
                     Err((error, _)) => {
                         // librdkafka may only time out on a topic deleted under it: ask.
@@ -316,12 +338,8 @@ impl Sink for ChangelogProducer {
     }
 }
 
-fn gone(topic: &str, partition: i32) -> String {
-    format!(
-        "changelog topic {topic} (partition {partition}) does not exist: was it deleted? Its records are gone from \
-         Kafka; outboxd stopped rather than go on without them. Restart to recreate it empty (instances that never \
-         had its records no longer know those events as handled)"
-    )
+fn gone(topic: &str, partition: i32) -> SendError {
+    SendError::Gone { changelog_topic: topic.to_owned(), partition }
 }
 
 /// Whether the broker still lists the changelog partition (true when it cannot be asked).
@@ -340,13 +358,13 @@ async fn exists(producer: &FutureProducer, topic: &str, partition: i32) -> bool 
 }
 
 /// The changelog topic or partition is not there (deleted, or fewer partitions).
-fn missing(error: &KafkaError) -> bool {
+fn missing(error: &ClientError) -> bool {
     use RDKafkaErrorCode as C;
     matches!(error.rdkafka_error_code(), Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition))
 }
 
 /// Errors no resend can cure.
-fn fatal(error: &KafkaError) -> bool {
+fn fatal(error: &ClientError) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
         error.rdkafka_error_code(),
@@ -393,14 +411,14 @@ mod tests {
         let week = Duration::from_secs(7 * 24 * 3600);
         let judge =
             |policy: Option<&str>, ms: Option<&str>| judge_settings("cl", "src", policy, ms.map(str::to_owned), week);
-        assert_eq!(judge(Some("compact,delete"), Some("604800000")), Ok(None));
-        assert_eq!(judge(Some("compact"), Some("1000")), Ok(None), "compact only never deletes by time");
-        assert_eq!(judge(Some("compact,delete"), Some("-1")), Ok(None), "-1: kept forever");
-        let early = judge(Some("compact,delete"), Some("86400000")).unwrap_err();
+        assert_eq!(judge(Some("compact,delete"), Some("604800000")), Judged::Fits);
+        assert_eq!(judge(Some("compact"), Some("1000")), Judged::Fits, "compact only never deletes by time");
+        assert_eq!(judge(Some("compact,delete"), Some("-1")), Judged::Fits, "-1: kept forever");
+        let Judged::Refused(early) = judge(Some("compact,delete"), Some("86400000")) else { panic!("not refused") };
         assert!(early.contains("retention.ms=86400000") && early.contains("at least 604800000"), "{early}");
         // The broker's default policy is delete (with its default retention of 7 days).
-        assert!(judge(None, Some("3600000")).is_err());
-        let warning = judge(Some("delete"), Some("-1")).unwrap().unwrap();
+        assert!(matches!(judge(None, Some("3600000")), Judged::Refused(_)));
+        let Judged::Worse(warning) = judge(Some("delete"), Some("-1")) else { panic!("no warning") };
         assert!(warning.contains("cleanup.policy=delete") && warning.contains("not compacted"), "{warning}");
     }
 }

@@ -165,7 +165,7 @@ impl Consumer {
         subscriptions: &[String],
         tracker: Tracker,
         broker_up: Arc<AtomicBool>,
-    ) -> anyhow::Result<Consumer> {
+    ) -> Result<Consumer, super::KafkaError> {
         let inner: StreamConsumer<Ctx> = super::options::consumer(kafka).create_with_context(Ctx {
             tracker,
             broker_up,

@@ -3,6 +3,7 @@
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use super::KafkaError;
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
 
@@ -21,7 +22,7 @@ pub struct DeadLetters {
 
 impl DeadLetters {
     /// A producer to `kafka.brokers`, with the connection and security settings of `kafka.options`.
-    pub fn build(kafka: &KafkaConfig) -> anyhow::Result<DeadLetters> {
+    pub fn build(kafka: &KafkaConfig) -> Result<DeadLetters, KafkaError> {
         Ok(DeadLetters { producer: super::options::dead_letter_producer(kafka).create()? })
     }
 

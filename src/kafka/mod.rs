@@ -6,10 +6,12 @@
 pub mod changelog;
 mod consumer;
 mod dead_letters;
+mod error;
 mod options;
 mod restore;
 
 pub use consumer::{to_raw, Consumer, RecvError, Tracker};
 pub use dead_letters::{DeadLetterInfo, DeadLetters, DlqError};
+pub use error::KafkaError;
 pub use options::validate_options;
-pub use restore::{Batch, Restorer};
+pub use restore::{Batch, Reading, Restorer};

@@ -5,17 +5,18 @@
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::BaseConsumer;
 
+use super::KafkaError;
 use crate::config::{ChangelogConfig, KafkaConfig};
 
 /// Lets librdkafka check `kafka.options` (names, values, files such as CA
 /// certificates) by creating a client that is never used; nothing is sent.
-pub fn validate_options(kafka: &KafkaConfig) -> anyhow::Result<()> {
+pub fn validate_options(kafka: &KafkaConfig) -> Result<(), KafkaError> {
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", &kafka.brokers).set("group.id", &kafka.group_id);
     for (k, v) in &kafka.options {
         cc.set(k, v);
     }
-    let _: BaseConsumer = cc.create().map_err(|e| anyhow::anyhow!("kafka.options: librdkafka rejects them: {e}"))?;
+    let _: BaseConsumer = cc.create().map_err(KafkaError::Options)?;
     Ok(())
 }
 

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::KafkaError;
 use crate::config::KafkaConfig;
 use crate::store::changelog::ChangelogRecord;
 
@@ -20,6 +20,13 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// A consumer of changelog partitions, one at a time, assigned by hand.
 pub struct Restorer {
     consumer: BaseConsumer,
+}
+
+/// One changelog partition assigned to a [`Restorer`] ([`Restorer::start`]):
+/// unassigned when dropped, however the read ends (at the end, left off, or
+/// failed), so that no later read finds a partition still assigned from before.
+pub struct Reading<'a> {
+    restorer: &'a Restorer,
 }
 
 /// One batch read from the assigned changelog partition.
@@ -32,20 +39,22 @@ pub struct Batch {
 
 impl Restorer {
     /// A consumer that never joins the group nor commits.
-    pub fn build(kafka: &KafkaConfig) -> anyhow::Result<Restorer> {
+    pub fn build(kafka: &KafkaConfig) -> Result<Restorer, KafkaError> {
         Ok(Restorer { consumer: super::options::restore_consumer(kafka).create()? })
     }
 
     /// The first and the end offset of a changelog partition now.
-    pub fn range(&self, topic: &str, partition: i32) -> Result<(i64, i64), String> {
-        self.consumer
-            .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
-            .map_err(|e| format!("{topic}/{partition}: {e}"))
+    pub fn range(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
+        self.consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT).map_err(|error| KafkaError::Partition {
+            topic: topic.to_owned(),
+            partition,
+            error,
+        })
     }
 
     /// The partition count of every topic on the cluster (one metadata request).
-    pub fn partition_counts(&self) -> Result<BTreeMap<String, i32>, String> {
-        let metadata = self.consumer.fetch_metadata(None, REQUEST_TIMEOUT).map_err(|e| e.to_string())?;
+    pub fn partition_counts(&self) -> Result<BTreeMap<String, i32>, KafkaError> {
+        let metadata = self.consumer.fetch_metadata(None, REQUEST_TIMEOUT)?;
         Ok(metadata
             .topics()
             .iter()
@@ -54,22 +63,28 @@ impl Restorer {
             .collect())
     }
 
-    /// Reads `topic`/`partition` from `from` on (replacing what was assigned).
-    pub fn start(&self, topic: &str, partition: i32, from: i64) -> Result<(), String> {
+    /// Reads `topic`/`partition` from `from` on (replacing what was assigned),
+    /// until the returned guard is dropped.
+    pub fn start(&self, topic: &str, partition: i32, from: i64) -> Result<Reading<'_>, KafkaError> {
+        let at = |error| KafkaError::Partition { topic: topic.to_owned(), partition, error };
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(from)).map_err(|e| e.to_string())?;
-        self.consumer.assign(&tpl).map_err(|e| format!("{topic}/{partition}: {e}"))
+        tpl.add_partition_offset(topic, partition, Offset::Offset(from)).map_err(at)?;
+        self.consumer.assign(&tpl).map_err(at)?;
+        Ok(Reading { restorer: self })
     }
+}
 
+impl Reading<'_> {
     /// Up to `max` records below `end`, waiting at most `wait` for the first.
-    pub fn next(&self, end: i64, max: usize, wait: Duration) -> Result<Batch, String> {
+    pub fn next(&self, end: i64, max: usize, wait: Duration) -> Result<Batch, KafkaError> {
+        let consumer = &self.restorer.consumer;
         let mut records = Vec::new();
         let mut timeout = wait;
         while records.len() < max {
-            match self.consumer.poll(timeout) {
+            match consumer.poll(timeout) {
                 None => break,
-                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(Batch { records, at_end: true }),
-                Some(Err(e)) => return Err(e.to_string()),
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return Ok(Batch { records, at_end: true }),
+                Some(Err(e)) => return Err(e.into()),
                 Some(Ok(m)) => {
                     if m.offset() >= end {
                         return Ok(Batch { records, at_end: true });
@@ -89,9 +104,11 @@ impl Restorer {
         }
         Ok(Batch { records, at_end: false })
     }
+}
 
-    /// Stops reading (between restores).
-    pub fn stop(&self) {
-        let _ = self.consumer.unassign();
+impl Drop for Reading<'_> {
+    /// Stops reading (between reads).
+    fn drop(&mut self) {
+        let _ = self.restorer.consumer.unassign();
     }
 }

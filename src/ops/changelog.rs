@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use crate::config::{ChangelogConfig, KafkaConfig, RawConfig};
 use crate::kafka::changelog::ChangelogProducer;
-use crate::store::changelog::{Entry, SendFuture, Sink};
+use crate::store::changelog::{Entry, SendError, SendFuture, Sink};
 use crate::store::{Store, StoreError};
 
 /// The service's changelog producer, with a deadline: a command must end when
@@ -23,11 +23,9 @@ struct Bounded {
 impl Sink for Bounded {
     fn send(&self, entry: Entry) -> SendFuture {
         let (sent, within) = (self.producer.send(entry), self.within);
-        Box::pin(async move {
-            tokio::time::timeout(within, sent).await.unwrap_or_else(|_| {
-                Err(format!("no acknowledgement from the brokers within {within:?} (store.changelog.delivery_timeout)"))
-            })
-        })
+        Box::pin(
+            async move { tokio::time::timeout(within, sent).await.unwrap_or(Err(SendError::Unanswered { within })) },
+        )
     }
 }
 

@@ -69,7 +69,41 @@ pub struct Acked {
 }
 
 /// What [`Sink::send`] returns: where the entry went, or why it never will.
-pub type SendFuture = Pin<Box<dyn Future<Output = Result<Acked, String>> + Send>>;
+pub type SendFuture = Pin<Box<dyn Future<Output = Result<Acked, SendError>> + Send>>;
+
+/// Why a changelog entry will never be acknowledged (the store then fails the
+/// write: no offset may move past it).
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The changelog topic or partition is not there: deleted under the service.
+    #[error(
+        "changelog topic {changelog_topic} (partition {partition}) does not exist: was it deleted? Its records are \
+         gone from Kafka; outboxd stopped rather than go on without them. Restart to recreate it empty (instances \
+         that never had its records no longer know those events as handled)"
+    )]
+    Gone {
+        /// The changelog topic.
+        changelog_topic: String,
+        /// Its partition.
+        partition: i32,
+    },
+    /// The brokers refused the entry for good (no resend can cure it).
+    #[error("{changelog_topic}/{partition}: {error}")]
+    Refused {
+        /// The changelog topic.
+        changelog_topic: String,
+        /// Its partition.
+        partition: i32,
+        /// What the client said.
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// No acknowledgement came within the bound a command sets.
+    #[error("no acknowledgement from the brokers within {within:?} (store.changelog.delivery_timeout)")]
+    Unanswered {
+        /// The bound (`store.changelog.delivery_timeout`).
+        within: Duration,
+    },
+}
 
 /// Writes changelog entries. Answers once the broker acknowledged the entry, or
 /// with the reason it never will (then the store fails: no offset may move).

@@ -41,7 +41,11 @@ impl Sink for Recorded {
         let fail = self.fail;
         Box::pin(async move {
             if fail {
-                Err("broker said no".to_owned())
+                Err(SendError::Refused {
+                    changelog_topic: acked.changelog_topic,
+                    partition: acked.partition,
+                    error: "broker said no".into(),
+                })
             } else {
                 Ok(acked)
             }

@@ -115,7 +115,7 @@ pub enum StoreError {
     /// With a changelog: the broker did not acknowledge a record's entry (the
     /// reason), so the write does not count.
     #[error("changelog write failed: {0}")]
-    Changelog(String),
+    Changelog(changelog::SendError),
 }
 
 /// Counts for `outboxd store stats`.

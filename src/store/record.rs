@@ -35,16 +35,21 @@ impl State {
     }
 }
 
-impl std::str::FromStr for State {
-    type Err = String;
+/// A state's name that is none of [`State`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown state {0:?}; one of: claimed, done, dead, parked")]
+pub struct UnknownState(pub String);
 
-    fn from_str(s: &str) -> Result<State, String> {
+impl std::str::FromStr for State {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<State, UnknownState> {
         match s {
             "claimed" => Ok(State::Claimed),
             "done" => Ok(State::Done),
             "dead" => Ok(State::Dead),
             "parked" => Ok(State::Parked),
-            other => Err(format!("unknown state {other:?}; one of: claimed, done, dead, parked")),
+            other => Err(UnknownState(other.to_owned())),
         }
     }
 }

@@ -85,7 +85,8 @@ struct ListQuery {
 impl ListQuery {
     /// `?state=`, or a 400 naming the states there are.
     fn state_filter(&self) -> Result<Option<RecordState>, ApiError> {
-        self.state.as_deref().map(str::parse).transpose().map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))
+        let parsed = self.state.as_deref().map(str::parse::<RecordState>).transpose();
+        parsed.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))
     }
 }
 

@@ -1,0 +1,211 @@
+//! The one changelog reader: restore, standby, follow and `store rebuild` all
+//! read a changelog partition with [`Reader::read`] (range → start → next batch
+//! → apply → checkpoint → stop), and differ only in what they pass in a
+//! [`Pass`]: where the read starts and stops, whether each batch moves the
+//! checkpoint, which offsets to skip, what to count. A checkpoint or durability
+//! fix is one edit here (docs/architecture.md, "The changelog model").
+//!
+//! Every batch goes through the store's one apply path
+//! ([`Store::apply_restoring`]: decoded, collapsed per key, in key order, one
+//! lookup per record, none for a scope the store held nothing of), and a
+//! checkpoint is never made durable without the records it covers
+//! ([`Store::restored_to`], [`Store::caught_up_to`] wait for the group commit).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use crate::config::ChangelogConfig;
+use crate::kafka::{KafkaError, Restorer};
+use crate::offsets::PartitionId;
+use crate::store::{Store, StoreError};
+
+/// How long one read waits for changelog records before it asks whether to go on.
+pub(super) const READ_WAIT: Duration = Duration::from_millis(500);
+
+/// Why a read of a changelog partition failed. The caller branches on it: the
+/// brokers may come back (try again from the checkpoint), a store that failed
+/// does not (the service stops).
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The brokers did not answer or refused: the checkpoint stays where the
+    /// last durable batch left it, and a later read goes on from there.
+    #[error("{0}")]
+    Kafka(#[from] KafkaError),
+    /// The local store failed (after a failed sync every later wait fails too).
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+/// Where the first offset to read is: at the local checkpoint, or at `low` when
+/// there is none, when retention removed records below it, or when it is past
+/// `end` (the topic was recreated).
+pub(super) fn read_from(checkpoint: Option<i64>, low: i64, end: i64) -> i64 {
+    match checkpoint {
+        Some(c) if c <= end => c.max(low),
+        _ => low,
+    }
+}
+
+/// How a read moves the partition's checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Checkpoint {
+    /// After every batch, durably with it (restore, standby). `restored`: the
+    /// read makes the partition restored once it reaches its end, so that this
+    /// instance's own acknowledged writes move the checkpoint on from there; a
+    /// restore with nothing to read sets it too.
+    EachBatch {
+        /// Reaching the end makes the partition restored (a restore, not a standby pass).
+        restored: bool,
+    },
+    /// Once, when the read reached its end (follow: the records skipped as this
+    /// instance's own are already covered by its checkpoint).
+    AtEnd,
+}
+
+/// What one batch did, for the caller's metrics.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Progress {
+    /// Records read in this batch.
+    pub read: u64,
+    /// Of those, records that changed the local store.
+    pub applied: u64,
+    /// The next offset to read.
+    pub next: i64,
+}
+
+/// What a read is asked to do.
+pub(super) struct Pass<'a> {
+    /// The source partition whose changelog partition is read.
+    pub partition: &'a PartitionId,
+    /// The first offset to read.
+    pub from: i64,
+    /// The offset it stops before (the end seen when the read began, or earlier).
+    pub upto: i64,
+    /// How the checkpoint moves.
+    pub checkpoint: Checkpoint,
+    /// Offsets not applied (this instance's own writes).
+    pub skip: &'a BTreeSet<i64>,
+    /// Asked before each batch: a read it stops leaves the checkpoint where the
+    /// last durable batch put it.
+    pub keep_going: &'a dyn Fn() -> bool,
+    /// Told after each batch.
+    pub progress: &'a dyn Fn(Progress),
+}
+
+/// What a read did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Read {
+    /// Records read.
+    pub read: u64,
+    /// Of those, records that changed the local store.
+    pub applied: u64,
+    /// False when `keep_going` stopped it before its end.
+    pub complete: bool,
+    /// Batches read.
+    pub batches: u64,
+    /// Time spent waiting for the brokers.
+    pub reading: Duration,
+    /// Time spent applying records.
+    pub applying: Duration,
+    /// Time spent waiting for checkpoints to be durable.
+    pub syncing: Duration,
+}
+
+/// Reads changelog partitions into the store. Blocking: run it off the runtime's
+/// workers (`runtime` waits for the group commit).
+pub(super) struct Reader<'a> {
+    pub store: &'a Store,
+    pub restorer: &'a Restorer,
+    pub changelog: &'a ChangelogConfig,
+    pub runtime: &'a tokio::runtime::Handle,
+}
+
+impl Reader<'_> {
+    /// The changelog topic of a source partition, and its first and end offsets now.
+    pub(super) fn range(&self, partition: &PartitionId) -> Result<(String, i64, i64), KafkaError> {
+        let changelog_topic = self.changelog.topic_for(&partition.0);
+        let (low, end) = self.restorer.range(&changelog_topic, partition.1)?;
+        Ok((changelog_topic, low, end))
+    }
+
+    /// Reads `pass.from..pass.upto` of the partition's changelog into the store.
+    pub(super) fn read(&self, pass: &Pass<'_>) -> Result<Read, RestoreError> {
+        let (topic, p) = (&pass.partition.0, pass.partition.1);
+        let changelog_topic = self.changelog.topic_for(topic);
+        let mut done = Read::default();
+        if pass.from >= pass.upto {
+            if pass.checkpoint == (Checkpoint::EachBatch { restored: true }) {
+                self.synced(&mut done, self.store.restored_to(&changelog_topic, p, pass.upto, true))?;
+            }
+            done.complete = true;
+            return Ok(done);
+        }
+        let reading = self.restorer.start(&changelog_topic, p, pass.from)?;
+        let mut restoring = self.store.begin_restore(topic);
+        let mut next = pass.from;
+        loop {
+            if !(pass.keep_going)() {
+                return Ok(done);
+            }
+            let t = Instant::now();
+            let mut batch = reading.next(pass.upto, self.changelog.restore_batch, READ_WAIT)?;
+            done.reading += t.elapsed();
+            done.batches += 1;
+            if let Some(last) = batch.records.last() {
+                next = last.offset + 1;
+            }
+            if batch.at_end {
+                next = pass.upto;
+            }
+            let read = batch.records.len() as u64;
+            batch.records.retain(|r| !pass.skip.contains(&r.offset));
+            let t = Instant::now();
+            let applied = self.store.apply_restoring(topic, &batch.records, &mut restoring)?;
+            done.applying += t.elapsed();
+            done.read += read;
+            done.applied += applied;
+            (pass.progress)(Progress { read, applied, next });
+            if let Checkpoint::EachBatch { restored } = pass.checkpoint {
+                if read > 0 || batch.at_end {
+                    let durable = self.store.restored_to(&changelog_topic, p, next, restored && batch.at_end);
+                    self.synced(&mut done, durable)?;
+                }
+            }
+            if batch.at_end {
+                break;
+            }
+        }
+        drop(reading);
+        if pass.checkpoint == Checkpoint::AtEnd {
+            self.synced(&mut done, self.store.caught_up_to(&changelog_topic, p, pass.upto))?;
+        }
+        done.complete = true;
+        Ok(done)
+    }
+
+    /// Waits for a checkpoint to be durable, counting the time.
+    fn synced(
+        &self,
+        done: &mut Read,
+        durable: impl std::future::Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
+        let t = Instant::now();
+        self.runtime.block_on(durable)?;
+        done.syncing += t.elapsed();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_from;
+
+    #[test]
+    fn a_read_starts_at_the_checkpoint_within_the_records_kafka_still_has() {
+        assert_eq!(read_from(None, 0, 10), 0, "never read here: from the beginning");
+        assert_eq!(read_from(Some(4), 0, 10), 4);
+        assert_eq!(read_from(Some(2), 5, 10), 5, "retention removed records below the checkpoint");
+        assert_eq!(read_from(Some(10), 0, 10), 10, "at the end: nothing to read");
+        assert_eq!(read_from(Some(12), 0, 10), 0, "past the end: the topic was recreated");
+    }
+}
