@@ -26,4 +26,5 @@ mod scale_churn;
 mod scale_repairs;
 mod scale_standby;
 mod scale_topics;
+mod store_failure;
 mod tls_config;

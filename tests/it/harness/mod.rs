@@ -25,6 +25,7 @@
 //!   the tables, publications, slots and connectors a test creates.
 //! - [`avro`]: the schema registry (Confluent API), Confluent's AvroConverter on
 //!   Connect, the Confluent wire format, and stopping/starting the registry.
+//! - [`tmpfs`]: a size-limited tmpfs (a store whose filesystem fills up) and a filler.
 //! - [`turns`]: the locks by which tests that change the one Connect worker or the
 //!   registry take turns, now that every test runs in one process.
 
@@ -38,6 +39,7 @@ pub mod logs;
 pub mod metrics;
 pub mod receiver;
 pub mod store;
+pub mod tmpfs;
 pub mod turns;
 
 use std::fmt::Display;
