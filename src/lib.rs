@@ -11,7 +11,7 @@
 //! ```
 //!
 //! **Guarantee.** A handler runs only after its event id is claimed (in memory for
-//! `on_uncertain = retry`, durably for `verify`/`park`: see `DESIGN.md`, invariant 1); an
+//! `on_uncertain = retry`, durably for `verify`/`park`: see `docs/architecture.md` §2, invariant 1); an
 //! event recorded `done` is never run again while its record is retained, at
 //! whatever offset it comes back (records are keyed by event id and dedup scope,
 //! by default the topic); an offset is stored for commit only when the
