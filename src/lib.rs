@@ -11,7 +11,7 @@
 //! ```
 //!
 //! **Guarantee.** A handler runs only after its event id is claimed (in memory for
-//! `on_uncertain = retry`, durably for `verify`/`park`: see `DESIGN.md`, invariant 1); an
+//! `on_uncertain = retry`, durably for `verify`/`park`: see `docs/architecture.md` §2, invariant 1); an
 //! event recorded `done` is never run again while its record is retained, at
 //! whatever offset it comes back (records are keyed by event id and dedup scope,
 //! by default the topic); an offset is stored for commit only when the
@@ -24,8 +24,9 @@
 //! partition go on; `/readyz` names a partition that stalls anyway.
 //!
 //! ## Where things live
-//! Imports flow one way, from `cli` and `app` down to the leaves (`config`, `event`,
-//! `template`, `metrics`); `scripts/module-dag` fails CI on a loop.
+//! Imports flow one way, from `cli` and `app` down to the leaves (`event`, `template`,
+//! `metrics`, `offsets`; `config` uses only `template`); `scripts/module-dag` fails CI on a
+//! loop. `docs/architecture.md` §5 says what each module owns, §6 lists the imports.
 //! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
 //! - [`template`]: URL templates; event data only in path and query, percent-encoded.
 //! - [`event`] / [`codec`]: the one decoder, Kafka message → [`event::OutboxEvent`] (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
@@ -40,7 +41,7 @@
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
 //! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment,
 //!   standby replicas of partitions owned elsewhere (`store.changelog.standby`).
-//! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest, only here), `log`, closures.
+//! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest calls to the receivers), `log`, closures.
 //! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
 //! - [`app`]: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).

@@ -1,5 +1,5 @@
 //! In-memory claims: events being handled under `on_uncertain = retry`, whose
-//! claim is never written (shared/DESIGN.md, invariant 1). Kept so that the
+//! claim is never written (docs/architecture.md §2, invariant 1). Kept so that the
 //! running service still shows them (`store get`, the `claimed` count); bounded
 //! by the events in flight, since each is removed with its final record.
 
