@@ -318,7 +318,7 @@ impl Executor {
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
         let scope = hc.dedup_scope.of(topic);
         // With `retry`, a crash during the handler leads to the same re-execution with
-        // the same idempotency key whether or not the claim was durable (DESIGN.md, invariant 1).
+        // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
         let claim = if hc.on_uncertain == OnUncertain::Retry {
             self.store.claim_in_memory(event, scope).await?
         } else {

@@ -1,6 +1,6 @@
 //! The store's side of the changelog (`[store.changelog]`): the local store is a
-//! cache of changelog partitions, one per source partition (shared/DESIGN.md,
-//! "Scale-out").
+//! cache of changelog partitions, one per source partition (docs/architecture.md §4,
+//! "The changelog model").
 //!
 //! - Write: a final record (and, for `on_uncertain = verify | park`, a claim) is
 //!   written locally and sent to the changelog at once; the write counts (its

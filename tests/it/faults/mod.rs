@@ -1,5 +1,5 @@
 //! Fault injection: many events over several partitions while something goes wrong,
-//! then the invariants of docs/DESIGN:
+//! then the invariants of docs/architecture.md §2:
 //!
 //! - nothing is lost: every good event is `done`, every poison message is dead (and
 //!   dead-lettered when a dead-letter topic is configured);
