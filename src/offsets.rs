@@ -4,6 +4,7 @@
 //! (invariant 3), whatever order events finish in.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// A partition's identity.
@@ -17,6 +18,30 @@ pub fn name((topic, partition): &PartitionId) -> String {
 /// Partitions named for a log field: `t/0,t/1`.
 pub fn describe(parts: &[PartitionId]) -> String {
     parts.iter().map(name).collect::<Vec<_>>().join(",")
+}
+
+/// The offset tracker as the consumer's rebalance callbacks, the engine and the
+/// admin server share it: one lock, one rule for a poisoned lock.
+///
+/// The rule: a panic while the tracker was held may have left it half-changed,
+/// and a tracker that may be wrong could let an offset move past an unfinished
+/// event (invariant 3). So every later lock panics too: the process stops
+/// rather than commit, offsets stay where they were, and the events after them
+/// are delivered again.
+#[derive(Debug, Clone, Default)]
+pub struct Tracker(Arc<Mutex<OffsetTracker>>);
+
+impl Tracker {
+    /// Shares `tracker`.
+    pub fn new(tracker: OffsetTracker) -> Tracker {
+        Tracker(Arc::new(Mutex::new(tracker)))
+    }
+
+    /// The tracker, locked (see the type's poison rule). Hold it for a few
+    /// steps, never across an await.
+    pub fn lock(&self) -> MutexGuard<'_, OffsetTracker> {
+        self.0.lock().expect("the offset tracker was poisoned by a panic: no offset may move from it")
+    }
 }
 
 #[derive(Debug)]

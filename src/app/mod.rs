@@ -17,7 +17,7 @@ pub use rebuild::{rebuild, Rebuilt};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::task::JoinSet;
@@ -93,7 +93,7 @@ impl App {
         let restore = changelog(&config, &store).await?;
         let token = CancellationToken::new();
         let tracker = if restore.is_some() { OffsetTracker::with_restore() } else { OffsetTracker::default() };
-        let tracker: Tracker = Arc::new(Mutex::new(tracker));
+        let tracker = Tracker::new(tracker);
         let subscriptions = config.subscriptions();
         let prometheus = crate::metrics::install().context("setting up metrics")?;
         let broker_up = Arc::new(AtomicBool::new(false));

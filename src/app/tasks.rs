@@ -41,7 +41,7 @@ pub async fn stall_watch(tracker: Tracker, bound: Duration, stop: CancellationTo
     let mut tick = tokio::time::interval(STALL_WATCH_INTERVAL);
     let mut reported = Vec::new();
     while ticked(&mut tick, &stop).await {
-        let stalled = tracker.lock().unwrap_or_else(std::sync::PoisonError::into_inner).stalled(Instant::now(), bound);
+        let stalled = tracker.lock().stalled(Instant::now(), bound);
         metrics::gauge!(names::STALLED).set(stalled.len() as f64);
         if stalled != reported {
             if stalled.is_empty() {

@@ -58,6 +58,9 @@ pub struct Counters {
     pub reexecuted: AtomicU64,
 }
 
+/// A lookup of an uncertain event that gave up: the reason the event is recorded dead with.
+struct Unverified(String);
+
 /// Takes each event through decode, durable claim, handler and durable record;
 /// shared by the engine's chains, the admin server and `outboxd store retry`.
 pub struct Executor {
@@ -315,8 +318,7 @@ impl Executor {
         event: &OutboxEvent,
         msg: &RawMessage,
     ) -> Result<(), StoreError> {
-        let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
-        let scope = hc.dedup_scope.of(topic);
+        let scope = hc.dedup_scope.of(&event.position.topic);
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
         let claim = if hc.on_uncertain == OnUncertain::Retry {
@@ -325,13 +327,33 @@ impl Executor {
             self.store.claim(event, scope).await?
         };
         let _release = Release { store: &self.store, id: &event.id, scope };
-        let mut claimed = match claim {
+        let Some(claimed) = self.resolve_claim(hc, handler, event, msg, claim).await? else { return Ok(()) };
+        if claimed.is_durable() {
+            // A new owner of the partition must find the outcome uncertain, not absent.
+            self.store.log_claim(&claimed).await?;
+        }
+        self.run_attempts(hc, handler, event, msg, claimed).await
+    }
+
+    /// What a claim comes to before the handler runs: `None` when the event is
+    /// final already (a duplicate suppressed; parked or verified as done under
+    /// `on_uncertain`), else the claim to run it under (a re-execution logged).
+    async fn resolve_claim(
+        &self,
+        hc: &HandlerConfig,
+        handler: &dyn Handler,
+        event: &OutboxEvent,
+        msg: &RawMessage,
+        claim: Claim,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
+        Ok(Some(match claim {
             Claim::Finished { state, same_offset } => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                 let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
                 metrics::counter!(names::DUPLICATES, "topic" => topic.clone(), "cause" => cause).increment(1);
                 info!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
-                return Ok(());
+                return Ok(None);
             }
             Claim::Claimed(c) if !c.reexecution() => c,
             Claim::Claimed(c) => {
@@ -345,29 +367,43 @@ impl Executor {
                     }
                     OnUncertain::Park => {
                         let reason = "parked: an earlier attempt's outcome is unknown (on_uncertain = park); resolve with `outboxd store resolve`";
-                        return self.failed(hc, event, msg, c, State::Parked, reason.to_owned()).await;
+                        self.failed(hc, event, msg, c, State::Parked, reason.to_owned()).await?;
+                        return Ok(None);
                     }
                     OnUncertain::Verify => match self.verify(hc, handler, event).await {
                         Ok(Verified::Happened(outcome)) => {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
                             self.counters.handled.fetch_add(1, Ordering::Relaxed);
-                            return self.store.finish(c, State::Done, outcome).await;
+                            self.store.finish(c, State::Done, outcome).await?;
+                            return Ok(None);
                         }
                         Ok(Verified::Missing) => {
                             warn!(event_id = %event.id, %topic, partition, offset, attempt,
                                 "re-executing: verify found no trace of the earlier attempt");
                         }
-                        Err(reason) => return self.failed(hc, event, msg, c, State::Dead, reason).await,
+                        Err(Unverified(reason)) => {
+                            self.failed(hc, event, msg, c, State::Dead, reason).await?;
+                            return Ok(None);
+                        }
                     },
                 }
                 c
             }
-        };
-        if claimed.is_durable() {
-            // A new owner of the partition must find the outcome uncertain, not absent.
-            self.store.log_claim(&claimed).await?;
-        }
+        }))
+    }
+
+    /// Runs the handler under `claimed`, retrying by the handler's policy, until
+    /// the event is durably done or dead.
+    async fn run_attempts(
+        &self,
+        hc: &HandlerConfig,
+        handler: &dyn Handler,
+        event: &OutboxEvent,
+        msg: &RawMessage,
+        mut claimed: Claimed,
+    ) -> Result<(), StoreError> {
+        let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
         let mut attempt = claimed.attempt();
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);
@@ -407,23 +443,28 @@ impl Executor {
     }
 
     /// Asks the receiver about an uncertain event, retrying the lookup like the handler.
-    async fn verify(&self, hc: &HandlerConfig, handler: &dyn Handler, event: &OutboxEvent) -> Result<Verified, String> {
+    async fn verify(
+        &self,
+        hc: &HandlerConfig,
+        handler: &dyn Handler,
+        event: &OutboxEvent,
+    ) -> Result<Verified, Unverified> {
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);
         loop {
             match handler.verify(event).await {
                 Ok(v) => return Ok(v),
-                Err(HandlerError::Permanent(reason)) => return Err(reason),
+                Err(HandlerError::Permanent(reason)) => return Err(Unverified(reason)),
                 Err(HandlerError::Retryable { reason, retry_after }) => {
                     let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
-                        return Err(format!("verify gave up: {reason}"));
+                        return Err(Unverified(format!("verify gave up: {reason}")));
                     };
                     warn!(event_id = %event.id, %reason, ?delay, "verify lookup failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
             }
             if self.stopped() {
-                return Err("stopping".to_owned());
+                return Err(Unverified("stopping".to_owned()));
             }
         }
     }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::reader::{Checkpoint, Pass, Reader, RestoreError};
-use super::worker::{lock, Shared};
+use super::worker::Shared;
 use crate::config::ChangelogConfig;
 use crate::kafka::Restorer;
 use crate::offsets::PartitionId;
@@ -74,7 +74,7 @@ impl Follow {
         }
         self.last = Instant::now();
         {
-            let tracker = lock(&shared.tracker);
+            let tracker = shared.tracker.lock();
             self.restored.retain(|p, g| tracker.owns(p, *g) && !tracker.is_restoring(p, *g));
         }
         self.seen.retain(|p, _| self.restored.contains_key(p));
@@ -87,7 +87,7 @@ impl Follow {
         let checked = tokio::task::spawn_blocking(move || {
             for (partition, generation) in &restored {
                 let ours = || {
-                    lock(&shared.tracker).owns(partition, *generation) && !shared.exec.stopped() && !stop.is_cancelled()
+                    shared.tracker.lock().owns(partition, *generation) && !shared.exec.stopped() && !stop.is_cancelled()
                 };
                 if !ours() {
                     continue;

@@ -126,14 +126,14 @@ impl Engine {
         let all = u32::try_from(self.max_in_flight).unwrap_or(u32::MAX);
         if failure.is_some() {
             // No in-flight event can record its outcome any more: waiting would only delay the exit.
-            let unfinished = tracker.lock().expect("offset tracker lock").unfinished();
+            let unfinished = tracker.lock().unfinished();
             warn!(unfinished,
                 "the store failed: not waiting for in-flight events; they stay uncommitted and are redelivered after a restart");
         } else {
             info!("draining: no new events; waiting for in-flight ones");
             let drain_timeout = self.drain_timeout;
             if tokio::time::timeout(drain_timeout, self.permits.acquire_many(all)).await.is_err() {
-                let unfinished = tracker.lock().expect("offset tracker lock").unfinished();
+                let unfinished = tracker.lock().unfinished();
                 warn!(unfinished, ?drain_timeout,
                     "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
             }

@@ -19,7 +19,7 @@ use super::fatal::Fatal;
 use super::follow::Follow;
 use super::reader::{read_from, Checkpoint, Pass, Progress, Reader, RestoreError};
 use super::standby::Standby;
-use super::worker::{lock, Shared};
+use super::worker::Shared;
 use crate::config::{ChangelogConfig, KafkaConfig};
 use crate::kafka::changelog::{ensure_one, TopicError};
 use crate::kafka::Restorer;
@@ -68,7 +68,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
     // Some partition was restored since the last time none was waiting.
     let mut restored_some = false;
     loop {
-        let waiting = lock(&shared.tracker).restoring();
+        let waiting = shared.tracker.lock().restoring();
         metrics::gauge!(names::RESTORING).set(waiting.len() as f64);
         standby.hand_over(&waiting, &shared, &setup.changelog);
         if waiting.is_empty() {
@@ -91,7 +91,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             if setup.changelog.is_changelog(&partition.0) {
                 // A topic_pattern matched a changelog topic: nothing to restore (its
                 // messages are skipped, see `Executor::execute_owned`).
-                if lock(&shared.tracker).restored(&partition, generation) {
+                if shared.tracker.lock().restored(&partition, generation) {
                     shared.consumer.resume(&partition);
                 }
                 continue;
@@ -116,13 +116,13 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             let runtime = tokio::runtime::Handle::current();
             let ended = tokio::task::spawn_blocking(move || {
                 let (shared, restorer, changelog, partition) = &task;
-                let ours = || lock(&shared.tracker).is_restoring(partition, generation) && !shared.exec.stopped();
+                let ours = || shared.tracker.lock().is_restoring(partition, generation) && !shared.exec.stopped();
                 restore_partition(&shared.exec.store, restorer, changelog, partition, &ours, &runtime)
             })
             .await;
             match ended {
                 Ok(Ok(Some(_))) => {
-                    if lock(&shared.tracker).restored(&partition, generation) {
+                    if shared.tracker.lock().restored(&partition, generation) {
                         shared.consumer.resume(&partition);
                         restored_some = true;
                         follow.restored(partition.clone(), generation);

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::reader::{read_from, Checkpoint, Pass, Progress, Reader, RestoreError};
-use super::worker::{lock, Shared};
+use super::worker::Shared;
 use crate::config::ChangelogConfig;
 use crate::kafka::Restorer;
 use crate::metrics::names;
@@ -80,7 +80,7 @@ impl Standby {
             self.ask_sources(shared, restorer, changelog).await;
         }
         let wanted = {
-            let tracker = lock(&shared.tracker);
+            let tracker = shared.tracker.lock();
             standby_partitions(&self.sources, |p| tracker.generation(p).is_some())
         };
         self.log_changes(&wanted, shared, changelog);
@@ -96,7 +96,7 @@ impl Standby {
             for partition in &tailed {
                 // Not ours, and no restore waits for this pass to end.
                 let keep_going = || {
-                    let tracker = lock(&shared.tracker);
+                    let tracker = shared.tracker.lock();
                     tracker.generation(partition).is_none()
                         && tracker.restoring().is_empty()
                         && !shared.exec.stopped()
@@ -172,7 +172,7 @@ impl Standby {
                 "standing by for the partition: tailing its changelog (it is not assigned here)");
         }
         for p in self.tailed.difference(wanted) {
-            let reason = if lock(&shared.tracker).generation(p).is_some() {
+            let reason = if shared.tracker.lock().generation(p).is_some() {
                 "assigned here: its restore reads from this checkpoint"
             } else {
                 "no longer listed by the brokers"

@@ -53,7 +53,7 @@ pub struct Shared {
 pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, permits: Permits) {
     let partition = (msg.topic.clone(), msg.partition);
     let generation = {
-        let mut tracker = lock(&shared.tracker);
+        let mut tracker = shared.tracker.lock();
         let g = tracker.generation(&partition).unwrap_or_else(|| tracker.assign(partition.clone()));
         tracker.start(&partition, g, msg.offset);
         g
@@ -144,7 +144,7 @@ async fn process(shared: &Shared, job: &Job) {
     let partition = (msg.topic.clone(), msg.partition);
     // No event of a partition begins before its changelog is restored (the
     // consumer pauses it; this holds what was fetched before the pause).
-    while lock(&shared.tracker).is_restoring(&partition, job.generation) {
+    while shared.tracker.lock().is_restoring(&partition, job.generation) {
         if shared.exec.stopped() {
             return;
         }
@@ -152,10 +152,10 @@ async fn process(shared: &Shared, job: &Job) {
     }
     // A partition being revoked (or already reassigned) starts nothing new: its next
     // owner reads from the last committed offset.
-    if !lock(&shared.tracker).begin(&partition, job.generation) {
+    if !shared.tracker.lock().begin(&partition, job.generation) {
         return;
     }
-    let owned = || lock(&shared.tracker).owns(&partition, job.generation);
+    let owned = || shared.tracker.lock().owns(&partition, job.generation);
     // A bug (a panic) while handling one message must not take its key's chain and
     // its partition with it: the message is recorded dead instead.
     let result = match AssertUnwindSafe(shared.exec.execute_owned(msg, &owned)).catch_unwind().await {
@@ -165,12 +165,12 @@ async fn process(shared: &Shared, job: &Job) {
     match result {
         Ok(Executed::Final) => {
             // Under the lock so that stored offsets never go backwards.
-            let mut tracker = lock(&shared.tracker);
+            let mut tracker = shared.tracker.lock();
             if let Some(next) = tracker.finish(&partition, job.generation, msg.offset) {
                 shared.consumer.store_offset(&partition, next);
             }
         }
-        Ok(Executed::Abandoned) => lock(&shared.tracker).abandon(&partition, job.generation),
+        Ok(Executed::Abandoned) => shared.tracker.lock().abandon(&partition, job.generation),
         Err(e) => {
             error!(error = %e, topic = %msg.topic, partition = msg.partition, offset = msg.offset,
                 "store failed; stopping without committing this offset");

@@ -3,7 +3,7 @@
 //! committing offsets.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
@@ -14,10 +14,8 @@ use tracing::{info, warn};
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
 use crate::metrics::names;
-use crate::offsets::{describe, OffsetTracker, PartitionId};
-
-/// The offset tracker, shared by the consumer's callbacks, the engine and the admin server.
-pub type Tracker = Arc<Mutex<OffsetTracker>>;
+pub use crate::offsets::Tracker;
+use crate::offsets::{describe, PartitionId};
 
 /// Keeps the offset tracker in step with assignments.
 struct Ctx {
@@ -75,7 +73,7 @@ impl ConsumerContext for Ctx {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions(tpl);
-                let mut tracker = self.tracker.lock().expect("offset tracker lock");
+                let mut tracker = self.tracker.lock();
                 for p in &assigned {
                     tracker.assign(p.clone());
                 }
@@ -106,7 +104,7 @@ impl Ctx {
         let lost = consumer.assignment_lost();
         // No new event starts in these partitions; running ones may finish
         // (bounded by the drain timeout) so their offsets can be committed.
-        let mut running = self.tracker.lock().expect("offset tracker lock").start_revoke(&revoked);
+        let mut running = self.tracker.lock().start_revoke(&revoked);
         if running > 0 && !lost {
             info!(partitions = %describe(&revoked), running, drain_timeout = ?self.drain_timeout,
                 "revoking: waiting for running events to finish");
@@ -114,9 +112,9 @@ impl Ctx {
         let deadline = Instant::now() + self.drain_timeout;
         while running > 0 && !lost && Instant::now() < deadline {
             std::thread::sleep(REVOKE_POLL);
-            running = self.tracker.lock().expect("offset tracker lock").running(&revoked);
+            running = self.tracker.lock().running(&revoked);
         }
-        let mut tracker = self.tracker.lock().expect("offset tracker lock");
+        let mut tracker = self.tracker.lock();
         let finished: Vec<_> = tracker.committable().into_iter().filter(|(p, _)| revoked.contains(p)).collect();
         if lost {
             // Another member may own them already: committing could move its offsets.
@@ -209,7 +207,7 @@ impl Consumer {
 
     /// Commits every finished offset now (shutdown).
     pub fn commit_now(&self, tracker: &Tracker) {
-        let finished = tracker.lock().expect("offset tracker lock").committable();
+        let finished = tracker.lock().committable();
         if finished.is_empty() {
             return;
         }
@@ -247,10 +245,10 @@ mod tests {
     #[test]
     fn a_revoke_on_the_only_runtime_worker_lets_the_running_event_finish() {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let tracker: Tracker = Arc::default();
+        let tracker = Tracker::default();
         let partition: PartitionId = ("t".to_owned(), 0);
         let generation = {
-            let mut t = tracker.lock().unwrap();
+            let mut t = tracker.lock();
             let g = t.assign(partition.clone());
             t.start(&partition, g, 0);
             assert!(t.begin(&partition, g));
@@ -277,7 +275,7 @@ mod tests {
                 (tracker.clone(), partition.clone(), finished.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                event_tracker.lock().unwrap().finish(&event_partition, generation, 0);
+                event_tracker.lock().finish(&event_partition, generation, 0);
                 event_finished.store(true, Ordering::SeqCst);
             });
             // The poll loop, on the only worker, receives the revoke.

@@ -23,7 +23,6 @@ use serde_json::json;
 use crate::metrics::names;
 
 use crate::engine::Executor;
-use crate::offsets::OffsetTracker;
 use crate::store::StoreError;
 
 /// What the admin endpoints look at.
@@ -31,7 +30,7 @@ pub struct AdminState {
     /// The service's executor: its store answers the store API, `store retry` runs through it.
     pub exec: Arc<Executor>,
     /// The consumer's offset tracker: assigned, stalled and in-flight counts.
-    pub tracker: Arc<std::sync::Mutex<OffsetTracker>>,
+    pub tracker: crate::offsets::Tracker,
     /// Set once the engine stopped taking events (`/readyz` answers 503).
     pub draining: Arc<AtomicBool>,
     /// Whether the consumer reaches a broker, as its last statistics or assignment said.
@@ -104,7 +103,7 @@ impl From<StoreError> for ApiError {
 
 async fn readyz(State(s): State<Shared>) -> Response {
     let (partitions, stalled, restoring) = {
-        let tracker = s.tracker.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tracker = s.tracker.lock();
         let restoring: Vec<String> = tracker.restoring().iter().map(|(p, _)| crate::offsets::name(p)).collect();
         (tracker.assigned(), tracker.stalled(std::time::Instant::now(), s.stall_timeout), restoring)
     };
@@ -121,7 +120,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
 }
 
 async fn metrics(State(s): State<Shared>) -> String {
-    let in_flight = s.tracker.lock().expect("offset tracker lock").unfinished();
+    let in_flight = s.tracker.lock().unfinished();
     metrics::gauge!(names::IN_FLIGHT).set(in_flight as f64);
     s.prometheus.render()
 }
