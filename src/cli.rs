@@ -285,7 +285,7 @@ async fn rebuild(args: &StoreArgs) -> anyhow::Result<()> {
         let lines: Vec<Value> = rebuilt
             .iter()
             .map(|r| {
-                serde_json::json!({"topic": r.partition.0, "partition": r.partition.1, "changelog_topic": r.changelog_topic,
+                serde_json::json!({"topic": r.partition.topic, "partition": r.partition.partition, "changelog_topic": r.changelog_topic,
                     "read": r.restored.read, "applied": r.restored.applied, "checkpoint": r.restored.checkpoint})
             })
             .collect();
@@ -295,7 +295,12 @@ async fn rebuild(args: &StoreArgs) -> anyhow::Result<()> {
     for r in &rebuilt {
         println!(
             "{}/{}: {} record(s) read from {}, {} applied, checkpoint {}",
-            r.partition.0, r.partition.1, r.restored.read, r.changelog_topic, r.restored.applied, r.restored.checkpoint
+            r.partition.topic,
+            r.partition.partition,
+            r.restored.read,
+            r.changelog_topic,
+            r.restored.applied,
+            r.restored.checkpoint
         );
     }
     let read: u64 = rebuilt.iter().map(|r| r.restored.read).sum();

@@ -7,17 +7,31 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// A partition's identity.
-pub type PartitionId = (String, i32);
+/// A partition's identity. Shown as `topic/partition`, as logs and `/readyz` name it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PartitionId {
+    /// The topic.
+    pub topic: String,
+    /// The partition's number.
+    pub partition: i32,
+}
 
-/// `topic/partition`, as logs and `/readyz` name a partition.
-pub fn name((topic, partition): &PartitionId) -> String {
-    format!("{topic}/{partition}")
+impl PartitionId {
+    /// Partition `partition` of `topic`.
+    pub fn new(topic: impl Into<String>, partition: i32) -> PartitionId {
+        PartitionId { topic: topic.into(), partition }
+    }
+}
+
+impl std::fmt::Display for PartitionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.topic, self.partition)
+    }
 }
 
 /// Partitions named for a log field: `t/0,t/1`.
 pub fn describe(parts: &[PartitionId]) -> String {
-    parts.iter().map(name).collect::<Vec<_>>().join(",")
+    parts.iter().map(PartitionId::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// The offset tracker as the consumer's rebalance callbacks, the engine and the
@@ -255,7 +269,7 @@ mod tests {
     use super::*;
 
     fn tp() -> PartitionId {
-        ("t".to_owned(), 0)
+        PartitionId::new("t", 0)
     }
 
     #[test]

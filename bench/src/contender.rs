@@ -51,7 +51,7 @@ impl ConsumerContext for Ctx {
         if let Rebalance::Revoke(tpl) = rebalance {
             let mut t = self.tracker.lock().unwrap();
             for e in tpl.elements() {
-                t.revoke(&(e.topic().to_owned(), e.partition()));
+                t.revoke(&outboxd::offsets::PartitionId::new(e.topic(), e.partition()));
             }
         }
     }
@@ -60,7 +60,7 @@ impl ConsumerContext for Ctx {
         if let Rebalance::Assign(tpl) = rebalance {
             let mut t = self.tracker.lock().unwrap();
             for e in tpl.elements() {
-                t.assign((e.topic().to_owned(), e.partition()));
+                t.assign(outboxd::offsets::PartitionId::new(e.topic(), e.partition()));
             }
             // The bench driver starts its clock on this line (outboxd logs the same words).
             eprintln!("partitions assigned: {}", tpl.count());
@@ -147,7 +147,7 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
         match msg {
             Ok(raw) => {
                 let generation = if track_offsets {
-                    let p = (raw.topic.clone(), raw.partition);
+                    let p = outboxd::offsets::PartitionId::new(&raw.topic, raw.partition);
                     let mut t = shared.tracker.lock().unwrap();
                     let g = t.generation(&p).unwrap_or_else(|| t.assign(p.clone()));
                     t.start(&p, g, raw.offset);
@@ -200,11 +200,11 @@ async fn process(shared: &Shared, raw: &RawMessage, generation: u64) -> anyhow::
         },
     }
     if shared.pg.is_some() {
-        let p = (raw.topic.clone(), raw.partition);
+        let p = outboxd::offsets::PartitionId::new(&raw.topic, raw.partition);
         let mut t = shared.tracker.lock().unwrap();
         if let Some(next) = t.finish(&p, generation, raw.offset) {
             let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(&p.0, p.1, Offset::Offset(next))?;
+            tpl.add_partition_offset(&p.topic, p.partition, Offset::Offset(next))?;
             if let Err(e) = shared.consumer.store_offsets(&tpl) {
                 eprintln!("store offset: {e}");
             }

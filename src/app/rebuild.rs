@@ -52,7 +52,7 @@ pub async fn rebuild(config: &Config) -> anyhow::Result<Vec<Rebuilt>> {
     let mut rebuilt = Vec::new();
     for (source, changelog_topic, partitions) in plan.existing {
         for p in 0..partitions {
-            let partition: PartitionId = (source.clone(), p);
+            let partition = PartitionId::new(&source, p);
             let (store, restorer, changelog, runtime) =
                 (store.clone(), restorer.clone(), changelog.clone(), tokio::runtime::Handle::current());
             let task = partition.clone();

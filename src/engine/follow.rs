@@ -97,13 +97,13 @@ impl Follow {
                 match catch_up(&reader, partition, &mut seen, &ours) {
                     Ok(_) => {}
                     Err(RestoreError::Store(error)) => {
-                        error!(%error, topic = %partition.0, partition = partition.1,
+                        error!(%error, topic = %partition.topic, partition = partition.partition,
                             "store failed while catching up with the changelog; stopping, nothing more is handled");
                         shared.exec.fail(error);
                         break;
                     }
                     Err(RestoreError::Kafka(error)) => {
-                        warn!(%error, topic = %partition.0, partition = partition.1,
+                        warn!(%error, topic = %partition.topic, partition = partition.partition,
                             "catching up with the changelog failed; trying again at the next check");
                         // The brokers may be away: one warning per check, not one per partition.
                         seen.clear();
@@ -130,7 +130,7 @@ fn catch_up(
     seen: &mut HashMap<PartitionId, i64>,
     keep_going: &dyn Fn() -> bool,
 ) -> Result<u64, RestoreError> {
-    let (topic, p) = (&partition.0, partition.1);
+    let (topic, p) = (&partition.topic, partition.partition);
     let (changelog_topic, _, end) = reader.range(partition)?;
     let Some(upto) = seen.insert(partition.clone(), end) else { return Ok(0) };
     let Some((from, own)) = reader.store.followed_checkpoint(&changelog_topic, p) else { return Ok(0) };

@@ -123,14 +123,14 @@ pub(super) struct Reader<'a> {
 impl Reader<'_> {
     /// The changelog topic of a source partition, and its first and end offsets now.
     pub(super) fn range(&self, partition: &PartitionId) -> Result<(String, i64, i64), KafkaError> {
-        let changelog_topic = self.changelog.topic_for(&partition.0);
-        let (low, end) = self.restorer.range(&changelog_topic, partition.1)?;
+        let changelog_topic = self.changelog.topic_for(&partition.topic);
+        let (low, end) = self.restorer.range(&changelog_topic, partition.partition)?;
         Ok((changelog_topic, low, end))
     }
 
     /// Reads `pass.from..pass.upto` of the partition's changelog into the store.
     pub(super) fn read(&self, pass: &Pass<'_>) -> Result<Read, RestoreError> {
-        let (topic, p) = (&pass.partition.0, pass.partition.1);
+        let (topic, p) = (&pass.partition.topic, pass.partition.partition);
         let changelog_topic = self.changelog.topic_for(topic);
         let mut done = Read::default();
         if pass.from >= pass.upto {

@@ -88,7 +88,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             if stop.is_cancelled() || shared.exec.stopped() {
                 return;
             }
-            if setup.changelog.is_changelog(&partition.0) {
+            if setup.changelog.is_changelog(&partition.topic) {
                 // A topic_pattern matched a changelog topic: nothing to restore (its
                 // messages are skipped, see `Executor::execute_owned`).
                 if shared.tracker.lock().restored(&partition, generation) {
@@ -96,17 +96,17 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                 }
                 continue;
             }
-            if !ensured.contains(&partition.0) {
-                match ensure_one(&setup.kafka, &setup.changelog, setup.retention, &partition.0).await {
+            if !ensured.contains(&partition.topic) {
+                match ensure_one(&setup.kafka, &setup.changelog, setup.retention, &partition.topic).await {
                     Ok(()) => {
-                        ensured.insert(partition.0.clone());
+                        ensured.insert(partition.topic.clone());
                     }
                     Err(mismatch @ TopicError::Mismatch(_)) => {
                         error!(reason = %mismatch, "the changelog topic does not fit its source topic; stopping, nothing more is handled");
                         return shared.exec.fail(Fatal::Changelog(Arc::new(mismatch)));
                     }
                     Err(TopicError::Other(error)) => {
-                        warn!(error = %format!("{error:#}"), topic = %partition.0, "changelog topic not ready; trying again");
+                        warn!(error = %format!("{error:#}"), topic = %partition.topic, "changelog topic not ready; trying again");
                         tokio::time::sleep(RETRY_PAUSE).await;
                         break;
                     }
@@ -130,20 +130,20 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                 }
                 Ok(Ok(None)) => {}
                 Ok(Err(RestoreError::Store(error))) => {
-                    error!(%error, topic = %partition.0, partition = partition.1,
+                    error!(%error, topic = %partition.topic, partition = partition.partition,
                         "store failed during the restore; stopping, nothing more is handled");
                     return shared.exec.fail(error);
                 }
                 Ok(Err(RestoreError::Kafka(error))) => {
-                    warn!(%error, topic = %partition.0, partition = partition.1,
+                    warn!(%error, topic = %partition.topic, partition = partition.partition,
                         "restore failed; trying again from its checkpoint (the partition waits)");
                     // The topic may have changed (gained partitions): check it again first.
-                    ensured.remove(&partition.0);
+                    ensured.remove(&partition.topic);
                     tokio::time::sleep(RETRY_PAUSE).await;
                     break;
                 }
                 Err(panic) => {
-                    let partition = crate::offsets::name(&partition);
+                    let partition = partition.to_string();
                     return shared.exec.fail(Fatal::Panicked { partition, message: panic.to_string() });
                 }
             }
@@ -163,7 +163,7 @@ pub fn restore_partition(
     keep_going: &dyn Fn() -> bool,
     runtime: &tokio::runtime::Handle,
 ) -> Result<Option<Restored>, RestoreError> {
-    let (topic, p) = (&partition.0, partition.1);
+    let (topic, p) = (&partition.topic, partition.partition);
     let reader = Reader { store, restorer, changelog, runtime };
     let (changelog_topic, low, end) = reader.range(partition)?;
     let checkpoint = store.checkpoint(&changelog_topic, p);

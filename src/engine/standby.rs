@@ -110,12 +110,12 @@ impl Standby {
                 match tail(&reader, partition, &keep_going) {
                     Ok(_) => {}
                     Err(RestoreError::Store(error)) => {
-                        error!(%error, topic = %partition.0, partition = partition.1,
+                        error!(%error, topic = %partition.topic, partition = partition.partition,
                             "store failed while standing by for a partition; stopping, nothing more is handled");
                         return shared.exec.fail(error);
                     }
                     Err(RestoreError::Kafka(error)) => {
-                        warn!(%error, topic = %partition.0, partition = partition.1,
+                        warn!(%error, topic = %partition.topic, partition = partition.partition,
                             "tailing a standby changelog partition failed; trying again at the next pass");
                         // The brokers may be away: one warning per pass, not one per partition.
                         break;
@@ -166,9 +166,9 @@ impl Standby {
     /// One log line per partition that starts or stops being tailed.
     fn log_changes(&self, wanted: &BTreeSet<PartitionId>, shared: &Shared, changelog: &ChangelogConfig) {
         let store = &shared.exec.store;
-        let checkpoint = |p: &PartitionId| store.checkpoint(&changelog.topic_for(&p.0), p.1).unwrap_or(-1);
+        let checkpoint = |p: &PartitionId| store.checkpoint(&changelog.topic_for(&p.topic), p.partition).unwrap_or(-1);
         for p in wanted.difference(&self.tailed) {
-            info!(topic = %p.0, partition = p.1, changelog_topic = %changelog.topic_for(&p.0), checkpoint = checkpoint(p),
+            info!(topic = %p.topic, partition = p.partition, changelog_topic = %changelog.topic_for(&p.topic), checkpoint = checkpoint(p),
                 "standing by for the partition: tailing its changelog (it is not assigned here)");
         }
         for p in self.tailed.difference(wanted) {
@@ -177,7 +177,7 @@ impl Standby {
             } else {
                 "no longer listed by the brokers"
             };
-            info!(topic = %p.0, partition = p.1, changelog_topic = %changelog.topic_for(&p.0), checkpoint = checkpoint(p),
+            info!(topic = %p.topic, partition = p.partition, changelog_topic = %changelog.topic_for(&p.topic), checkpoint = checkpoint(p),
                 reason, "no longer standing by for the partition");
         }
     }
@@ -196,7 +196,7 @@ fn source_partitions(
         .iter()
         .filter(|(topic, _)| is_source(topic) && !changelog.is_changelog(topic))
         .filter(|(topic, n)| counts.get(&changelog.topic_for(topic)) == Some(n))
-        .flat_map(|(topic, n)| (0..*n).map(move |p| (topic.clone(), p)))
+        .flat_map(|(topic, n)| (0..*n).map(move |p| PartitionId::new(topic, p)))
         .collect()
 }
 
@@ -209,7 +209,7 @@ fn standby_partitions(sources: &[PartitionId], assigned: impl Fn(&PartitionId) -
 /// the end seen now, applying every record, in batches that each move the
 /// checkpoint durably with them. Returns how many records were applied.
 fn tail(reader: &Reader<'_>, partition: &PartitionId, keep_going: &dyn Fn() -> bool) -> Result<u64, RestoreError> {
-    let (topic, p) = (&partition.0, partition.1);
+    let (topic, p) = (&partition.topic, partition.partition);
     let (changelog_topic, low, end) = reader.range(partition)?;
     let from = read_from(reader.store.checkpoint(&changelog_topic, p), low, end);
     if from >= end {
@@ -254,7 +254,7 @@ mod tests {
     }
 
     fn p(topic: &str, partition: i32) -> PartitionId {
-        (topic.to_owned(), partition)
+        PartitionId::new(topic, partition)
     }
 
     #[test]

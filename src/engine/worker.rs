@@ -16,6 +16,7 @@ use super::executor::{Executed, Executor};
 const RESTORE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 use crate::event::RawMessage;
 use crate::kafka::{Consumer, Tracker};
+use crate::offsets::PartitionId;
 
 /// Events of one Kafka key in one partition run one at a time, in offset order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,7 +52,7 @@ pub struct Shared {
 
 /// Queues a consumed message behind earlier events of its key.
 pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, permits: Permits) {
-    let partition = (msg.topic.clone(), msg.partition);
+    let partition = PartitionId::new(&msg.topic, msg.partition);
     let generation = {
         let mut tracker = shared.tracker.lock();
         let g = tracker.generation(&partition).unwrap_or_else(|| tracker.assign(partition.clone()));
@@ -141,7 +142,7 @@ async fn process(shared: &Shared, job: &Job) {
     if shared.exec.stopped() {
         return;
     }
-    let partition = (msg.topic.clone(), msg.partition);
+    let partition = PartitionId::new(&msg.topic, msg.partition);
     // No event of a partition begins before its changelog is restored (the
     // consumer pauses it; this holds what was fetched before the pause).
     while shared.tracker.lock().is_restoring(&partition, job.generation) {

@@ -132,12 +132,12 @@ impl Ctx {
 }
 
 fn partitions(tpl: &TopicPartitionList) -> Vec<PartitionId> {
-    tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
+    tpl.elements().iter().map(|e| PartitionId::new(e.topic(), e.partition())).collect()
 }
 
 fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
-    for ((topic, partition), offset) in offsets {
+    for (PartitionId { topic, partition }, offset) in offsets {
         // An offset from our own tracker is always valid for the list.
         let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
     }
@@ -191,9 +191,9 @@ impl Consumer {
     /// Lets a partition's messages come again (after its restore).
     pub fn resume(&self, partition: &PartitionId) {
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&partition.0, partition.1);
+        tpl.add_partition(&partition.topic, partition.partition);
         if let Err(error) = self.inner.resume(&tpl) {
-            warn!(%error, topic = %partition.0, partition = partition.1, "could not resume a restored partition");
+            warn!(%error, topic = %partition.topic, partition = partition.partition, "could not resume a restored partition");
         }
     }
 
@@ -201,7 +201,7 @@ impl Consumer {
     pub fn store_offset(&self, partition: &PartitionId, next: i64) {
         if let Err(error) = self.inner.store_offsets(&to_tpl(&[(partition.clone(), next)])) {
             // Happens when the partition was revoked meanwhile; its next owner re-reads.
-            warn!(%error, topic = %partition.0, partition = partition.1, next, "could not store offset");
+            warn!(%error, topic = %partition.topic, partition = partition.partition, next, "could not store offset");
         }
     }
 
@@ -246,7 +246,7 @@ mod tests {
     fn a_revoke_on_the_only_runtime_worker_lets_the_running_event_finish() {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let tracker = Tracker::default();
-        let partition: PartitionId = ("t".to_owned(), 0);
+        let partition: PartitionId = PartitionId::new("t", 0);
         let generation = {
             let mut t = tracker.lock();
             let g = t.assign(partition.clone());

@@ -104,7 +104,7 @@ impl From<StoreError> for ApiError {
 async fn readyz(State(s): State<Shared>) -> Response {
     let (partitions, stalled, restoring) = {
         let tracker = s.tracker.lock();
-        let restoring: Vec<String> = tracker.restoring().iter().map(|(p, _)| crate::offsets::name(p)).collect();
+        let restoring: Vec<String> = tracker.restoring().iter().map(|(p, _)| p.to_string()).collect();
         (tracker.assigned(), tracker.stalled(std::time::Instant::now(), s.stall_timeout), restoring)
     };
     let broker = s.broker_up.load(Ordering::Relaxed);
@@ -112,7 +112,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
     let store_ok = !s.exec.stopped();
     // A partition being restored handles nothing yet: not ready (a rolling deploy waits).
     let ready = store_ok && broker && partitions > 0 && !draining && stalled.is_empty() && restoring.is_empty();
-    let stalled: Vec<String> = stalled.iter().map(crate::offsets::name).collect();
+    let stalled: Vec<String> = stalled.iter().map(ToString::to_string).collect();
     let body = json!({"ready": ready, "store": store_ok, "broker": broker, "partitions": partitions,
         "draining": draining, "stalled": stalled, "restoring": restoring});
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
