@@ -3,7 +3,7 @@
 //! the `metrics` facade (`metrics::counter!(names::HANDLED, ...)`); only this
 //! module knows the exporter.
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Names, so call sites and the dashboard agree.
 pub mod names {
@@ -67,8 +67,14 @@ const SECONDS_BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0];
 
+/// The Prometheus recorder could not be installed (another recorder is set in
+/// this process, or a bucket list is invalid); the exporter's text.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct InstallError(#[from] BuildError);
+
 /// Installs the global recorder once; later calls return the same handle.
-pub fn install() -> anyhow::Result<PrometheusHandle> {
+pub fn install() -> Result<PrometheusHandle, InstallError> {
     static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
     if let Some(h) = HANDLE.get() {
         return Ok(h.clone());

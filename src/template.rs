@@ -77,15 +77,42 @@ pub enum RenderError {
     Invalid(String),
 }
 
+/// Why a URL template is refused. Messages show the template only as written
+/// (`${VAR}` unexpanded).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TemplateError {
+    /// A `{` without its `}`; the template as written.
+    #[error("unclosed '{{' in {0:?}")]
+    Unclosed(String),
+    /// A `}` without its `{`; the template as written.
+    #[error("unmatched '}}' in {0:?}")]
+    Unmatched(String),
+    /// A placeholder other than the four known ones.
+    #[error("unknown placeholder {{{0}}}; known: {{event_id}} {{aggregate_id}} {{event_type}} {{topic}}")]
+    UnknownPlaceholder(String),
+    /// A placeholder before the path: event data could change the host.
+    #[error("placeholders may only appear in the path or query, after the host")]
+    PlaceholderBeforePath,
+    /// A sample rendering is not a URL.
+    #[error(transparent)]
+    Render(RenderError),
+    /// A scheme other than `http` and `https`.
+    #[error("scheme must be http or https, got {0:?}")]
+    Scheme(String),
+    /// A URL without a host.
+    #[error("URL has no host")]
+    NoHost,
+}
+
 impl UrlTemplate {
     /// A template without secrets: shown as it is.
-    pub fn parse(text: &str) -> Result<UrlTemplate, String> {
+    pub fn parse(text: &str) -> Result<UrlTemplate, TemplateError> {
         UrlTemplate::parse_shown(text, text)
     }
 
     /// `text` with `${VAR}` already expanded; `shown` is the same before expansion,
     /// the only form that appears in messages.
-    pub fn parse_shown(text: &str, shown: &str) -> Result<UrlTemplate, String> {
+    pub fn parse_shown(text: &str, shown: &str) -> Result<UrlTemplate, TemplateError> {
         let mut parts = Vec::new();
         let mut rest = text;
         while let Some(open) = rest.find('{') {
@@ -93,16 +120,14 @@ impl UrlTemplate {
                 parts.push(Part::Literal(rest[..open].to_owned()));
             }
             let after = &rest[open + 1..];
-            let close = after.find('}').ok_or_else(|| format!("unclosed '{{' in {shown:?}"))?;
+            let close = after.find('}').ok_or_else(|| TemplateError::Unclosed(shown.to_owned()))?;
             let name = &after[..close];
-            let var = Var::from_name(name).ok_or_else(|| {
-                format!("unknown placeholder {{{name}}}; known: {{event_id}} {{aggregate_id}} {{event_type}} {{topic}}")
-            })?;
+            let var = Var::from_name(name).ok_or_else(|| TemplateError::UnknownPlaceholder(name.to_owned()))?;
             parts.push(Part::Var(var));
             rest = &after[close + 1..];
         }
         if rest.contains('}') {
-            return Err(format!("unmatched '}}' in {shown:?}"));
+            return Err(TemplateError::Unmatched(shown.to_owned()));
         }
         if !rest.is_empty() {
             parts.push(Part::Literal(rest.to_owned()));
@@ -113,7 +138,7 @@ impl UrlTemplate {
     }
 
     /// Placeholders only after the authority; the sample rendering must be an http(s) URL.
-    fn check_structure(&self) -> Result<(), String> {
+    fn check_structure(&self) -> Result<(), TemplateError> {
         let prefix: String = self
             .parts
             .iter()
@@ -127,16 +152,16 @@ impl UrlTemplate {
             let after_scheme = prefix.find("://").map(|i| i + 3);
             let path_started = after_scheme.is_some_and(|i| prefix[i..].contains(['/', '?']));
             if !path_started {
-                return Err("placeholders may only appear in the path or query, after the host".to_owned());
+                return Err(TemplateError::PlaceholderBeforePath);
             }
         }
         let sample = Vars { event_id: "e", aggregate_id: Some("a"), event_type: Some("t"), topic: "topic" };
-        let url = self.render(&sample).map_err(|e| e.to_string())?;
+        let url = self.render(&sample).map_err(TemplateError::Render)?;
         if url.scheme() != "http" && url.scheme() != "https" {
-            return Err(format!("scheme must be http or https, got {:?}", url.scheme()));
+            return Err(TemplateError::Scheme(url.scheme().to_owned()));
         }
         if url.host_str().is_none_or(str::is_empty) {
-            return Err("URL has no host".to_owned());
+            return Err(TemplateError::NoHost);
         }
         Ok(())
     }
@@ -221,7 +246,7 @@ mod tests {
 
     #[test]
     fn unknown_or_unclosed_placeholder_is_rejected() {
-        assert!(UrlTemplate::parse("http://h/{nope}").unwrap_err().contains("{nope}"));
+        assert!(UrlTemplate::parse("http://h/{nope}").unwrap_err().to_string().contains("{nope}"));
         assert!(UrlTemplate::parse("http://h/{event_id").is_err());
         assert!(UrlTemplate::parse("ftp://h/{event_id}").is_err());
     }
@@ -240,7 +265,7 @@ mod tests {
             assert!(shown.contains("${HOOK}") && shown.contains("${KEY}"), "{shown}");
         }
         let e = UrlTemplate::parse_shown("https://h/s3cr3t/{event_id", "https://h/${HOOK}/{event_id").unwrap_err();
-        assert!(!e.contains("s3cr3t"), "{e}");
+        assert!(!e.to_string().contains("s3cr3t"), "{e}");
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! setup is not. No error or log shows the credentials of the registry URL.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -81,6 +82,28 @@ struct Entry {
     subjects: Subjects,
 }
 
+/// Why a registry client could not be set up ([`Registry::new`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrySetupError {
+    /// `schema_registry.ca_file` could not be read.
+    #[error("schema_registry.ca_file {}: {error}", path.display())]
+    CaFile {
+        /// The file as configured.
+        path: PathBuf,
+        /// What the read said.
+        error: std::io::Error,
+    },
+    /// `schema_registry.ca_file` is not a PEM certificate; reqwest's text.
+    #[error(transparent)]
+    Certificate(reqwest::Error),
+    /// The HTTP client could not be built; reqwest's text.
+    #[error(transparent)]
+    Client(reqwest::Error),
+    /// The cache directory could not be created; the system's text.
+    #[error(transparent)]
+    CacheDir(std::io::Error),
+}
+
 /// The schema registry client: writer schemas by id, from memory, the disk
 /// cache, local `<id>.avsc` files or the registry, checked against the topic's subjects.
 pub struct Registry {
@@ -98,7 +121,7 @@ pub struct Registry {
 impl Registry {
     /// A client for `opts`: reads the CA file and creates the cache directory, sends
     /// nothing yet. Sets apache-avro's allocation limit, once per process (the first value stays).
-    pub fn new(opts: RegistryOptions) -> anyhow::Result<Registry> {
+    pub fn new(opts: RegistryOptions) -> Result<Registry, RegistrySetupError> {
         let limit = apache_avro::util::max_allocation_bytes(opts.max_allocation_bytes);
         if limit != opts.max_allocation_bytes {
             tracing::warn!(
@@ -112,15 +135,16 @@ impl Registry {
             Some(_) => {
                 let mut b = reqwest::Client::builder().timeout(opts.timeout);
                 if let Some(ca) = &opts.ca_file {
-                    let pem = std::fs::read(ca)
-                        .map_err(|e| anyhow::anyhow!("schema_registry.ca_file {}: {e}", ca.display()))?;
-                    b = b.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+                    let pem =
+                        std::fs::read(ca).map_err(|error| RegistrySetupError::CaFile { path: ca.clone(), error })?;
+                    let cert = reqwest::Certificate::from_pem(&pem).map_err(RegistrySetupError::Certificate)?;
+                    b = b.add_root_certificate(cert);
                 }
-                Some(b.build()?)
+                Some(b.build().map_err(RegistrySetupError::Client)?)
             }
         };
         if let Some(dir) = &opts.cache_dir {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir).map_err(RegistrySetupError::CacheDir)?;
         }
         let shown_url = opts.url.as_deref().map(redact).unwrap_or_default();
         Ok(Registry {

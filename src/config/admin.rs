@@ -1,10 +1,10 @@
 //! `[admin]`: the admin HTTP server's address, its token and the `Host` values
 //! the store API answers to.
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use super::values::expand_env;
+use super::ConfigError;
 
 /// Prometheus' registered default port for exporters of this kind; loopback only.
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
@@ -37,21 +37,29 @@ pub struct AdminConfig {
 }
 
 /// The section is optional: absent means every default.
-pub(super) fn validate(raw: Option<RawAdmin>, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<AdminConfig> {
+pub(super) fn validate(
+    raw: Option<RawAdmin>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<AdminConfig, ConfigError> {
     let raw = raw.unwrap_or_default();
     let token = raw.token.map(|t| expand_env("admin.token", &t, env)).transpose()?;
     if token.as_deref().is_some_and(str::is_empty) {
-        bail!("admin.token: must not be empty");
+        return Err(ConfigError::field("admin.token", "must not be empty"));
     }
     let listen = match raw.listen.as_deref().map(str::trim) {
         Some("off") => None,
         other => {
             let text = other.unwrap_or(DEFAULT_ADMIN_LISTEN);
-            let addr: std::net::SocketAddr = text
-                .parse()
-                .map_err(|e| anyhow::anyhow!("admin.listen: {text:?} is not host:port ({e}), or \"off\""))?;
+            let addr: std::net::SocketAddr = text.parse().map_err(|e| {
+                ConfigError::field("admin.listen", format!("{text:?} is not host:port ({e}), or \"off\""))
+            })?;
             if !addr.ip().is_loopback() && token.is_none() {
-                bail!("admin.token: required when admin.listen ({addr}) is not a loopback address (repair operations need it)");
+                return Err(ConfigError::field(
+                    "admin.token",
+                    format!(
+                        "required when admin.listen ({addr}) is not a loopback address (repair operations need it)"
+                    ),
+                ));
             }
             Some(addr)
         }
@@ -60,8 +68,10 @@ pub(super) fn validate(raw: Option<RawAdmin>, env: &dyn Fn(&str) -> Option<Strin
         .allowed_hosts
         .iter()
         .enumerate()
-        .map(|(i, h)| allowed_host(h).map_err(|e| anyhow::anyhow!("admin.allowed_hosts[{i}]: {h:?} {e}")))
-        .collect::<anyhow::Result<_>>()?;
+        .map(|(i, h)| {
+            allowed_host(h).map_err(|e| ConfigError::field(format!("admin.allowed_hosts[{i}]"), format!("{h:?} {e}")))
+        })
+        .collect::<Result<_, _>>()?;
     Ok(AdminConfig { listen, token, allowed_hosts })
 }
 

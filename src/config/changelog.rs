@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use super::values::duration;
+use super::ConfigError;
 
 /// One changelog topic per source topic and consumer group: two groups reading the
 /// same topic keep separate dedup state, as they keep separate offsets.
@@ -95,46 +95,62 @@ impl ChangelogConfig {
 
 impl RawChangelog {
     /// `None` when disabled. `group_id` fills `{group_id}` of the template.
-    pub(super) fn validate(self, group_id: &str) -> anyhow::Result<Option<ChangelogConfig>> {
+    pub(super) fn validate(self, group_id: &str) -> Result<Option<ChangelogConfig>, ConfigError> {
         if !self.enabled.unwrap_or(true) {
             return Ok(None);
         }
         let template = self.topic.unwrap_or_else(|| DEFAULT_TOPIC_TEMPLATE.to_owned());
         if !template.contains("{topic}") {
-            bail!("store.changelog.topic: {template:?} must contain {{topic}}: each source topic needs its own changelog topic");
+            return Err(ConfigError::field(
+                "store.changelog.topic",
+                format!("{template:?} must contain {{topic}}: each source topic needs its own changelog topic"),
+            ));
         }
         let rest = template.replace("{topic}", "").replace("{group_id}", "");
         if rest.contains('{') || rest.contains('}') {
-            bail!("store.changelog.topic: {template:?}: only {{group_id}} and {{topic}} may be used");
+            return Err(ConfigError::field(
+                "store.changelog.topic",
+                format!("{template:?}: only {{group_id}} and {{topic}} may be used"),
+            ));
         }
         let topic_template = template.replace("{group_id}", group_id);
         let sample = topic_template.replace("{topic}", "t");
         if let Some(bad) = sample.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-            bail!(
-                "store.changelog.topic: {sample:?} (with kafka.group_id filled in) contains {bad:?}; Kafka topic names allow only letters, digits, '.', '_' and '-'"
-            );
+            return Err(ConfigError::field("store.changelog.topic", format!("{sample:?} (with kafka.group_id filled in) contains {bad:?}; Kafka topic names allow only letters, digits, '.', '_' and '-'")));
         }
         if sample.len() > MAX_TOPIC_NAME {
-            bail!("store.changelog.topic: {sample:?} is longer than Kafka's {MAX_TOPIC_NAME} characters");
+            return Err(ConfigError::field(
+                "store.changelog.topic",
+                format!("{sample:?} is longer than Kafka's {MAX_TOPIC_NAME} characters"),
+            ));
         }
         if let Some(rf) = self.replication_factor {
             if !(1..=i32::from(i16::MAX)).contains(&rf) {
-                bail!("store.changelog.replication_factor: must be between 1 and 32767, got {rf}");
+                return Err(ConfigError::field(
+                    "store.changelog.replication_factor",
+                    format!("must be between 1 and 32767, got {rf}"),
+                ));
             }
         }
         let restore_batch = self.restore_batch.unwrap_or(DEFAULT_RESTORE_BATCH);
         if restore_batch == 0 || restore_batch > MAX_RESTORE_BATCH {
-            bail!("store.changelog.restore_batch: must be between 1 and {MAX_RESTORE_BATCH}, got {restore_batch}");
+            return Err(ConfigError::field(
+                "store.changelog.restore_batch",
+                format!("must be between 1 and {MAX_RESTORE_BATCH}, got {restore_batch}"),
+            ));
         }
         let delivery_timeout =
             duration("store.changelog.delivery_timeout", self.delivery_timeout.as_deref(), DEFAULT_DELIVERY_TIMEOUT)?;
         if delivery_timeout < Duration::from_millis(1) {
-            bail!("store.changelog.delivery_timeout: must be at least 1ms");
+            return Err(ConfigError::field("store.changelog.delivery_timeout", "must be at least 1ms"));
         }
         let follow_interval =
             duration("store.changelog.follow_interval", self.follow_interval.as_deref(), DEFAULT_FOLLOW_INTERVAL)?;
         if follow_interval < Duration::from_millis(10) {
-            bail!("store.changelog.follow_interval: must be at least 10ms (one watermark request per owned partition each time)");
+            return Err(ConfigError::field(
+                "store.changelog.follow_interval",
+                "must be at least 10ms (one watermark request per owned partition each time)",
+            ));
         }
         Ok(Some(ChangelogConfig {
             topic_template,
@@ -153,7 +169,7 @@ mod tests {
     use super::super::testing::{env, BASE};
     use super::super::Config;
 
-    fn parse(changelog: &str) -> anyhow::Result<Config> {
+    fn parse(changelog: &str) -> Result<Config, super::super::ConfigError> {
         Config::parse(&format!("{BASE}{changelog}\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"), &env)
     }
 

@@ -5,12 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use super::http::{HttpConfig, RawVerify, StatusMatch};
 use super::retry::{RawRetry, RetryConfig};
 use super::topics::TopicMatch;
+use super::ConfigError;
 
 const DEFAULT_EVENT_ID_HEADER: &str = "id";
 /// Where Debezium puts it with `table.fields.additional.placement=type:header:eventType`.
@@ -205,7 +205,11 @@ pub struct HandlerConfig {
 }
 
 impl RawHandler {
-    pub(super) fn validate(self, index: usize, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<HandlerConfig> {
+    pub(super) fn validate(
+        self,
+        index: usize,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<HandlerConfig, ConfigError> {
         let at = format!("handlers[{index}]");
         let topics = TopicMatch::from_raw(&at, self.topics.as_deref(), self.topic_pattern.as_deref())?;
         self.check_http_only_fields(&at)?;
@@ -233,7 +237,7 @@ impl RawHandler {
     }
 
     /// The http fields mean nothing to another kind: setting one is a mistake.
-    fn check_http_only_fields(&self, at: &str) -> anyhow::Result<()> {
+    fn check_http_only_fields(&self, at: &str) -> Result<(), ConfigError> {
         if self.kind == HandlerKind::Http {
             return Ok(());
         }
@@ -249,26 +253,31 @@ impl RawHandler {
             ("verify", self.verify.is_some()),
         ];
         match set.iter().find(|(_, set)| *set) {
-            Some((name, _)) => bail!("{at}.{name}: only valid for kind = \"http\""),
+            Some((name, _)) => Err(ConfigError::field(format!("{at}.{name}"), "only valid for kind = \"http\"")),
             None => Ok(()),
         }
     }
 
     /// `verify` goes with `on_uncertain = "verify"`, both ways.
-    fn uncertain_policy(&self, at: &str) -> anyhow::Result<OnUncertain> {
+    fn uncertain_policy(&self, at: &str) -> Result<OnUncertain, ConfigError> {
         let on_uncertain = self.on_uncertain.unwrap_or_default();
         if on_uncertain == OnUncertain::Verify && self.verify.is_none() {
-            bail!("{at}.verify: on_uncertain = \"verify\" needs [{at}.verify] url = \"...\"");
+            return Err(ConfigError::field(
+                format!("{at}.verify"),
+                format!("on_uncertain = \"verify\" needs [{at}.verify] url = \"...\""),
+            ));
         }
         if self.verify.is_some() && on_uncertain != OnUncertain::Verify {
-            bail!("{at}.verify: only used with on_uncertain = \"verify\"");
+            return Err(ConfigError::field(format!("{at}.verify"), "only used with on_uncertain = \"verify\""));
         }
         Ok(on_uncertain)
     }
 
-    fn dead_letter_topic(&self, at: &str) -> anyhow::Result<Option<String>> {
+    fn dead_letter_topic(&self, at: &str) -> Result<Option<String>, ConfigError> {
         match &self.dead_letter {
-            Some(d) if d.topic.trim().is_empty() => bail!("{at}.dead_letter.topic: must not be empty"),
+            Some(d) if d.topic.trim().is_empty() => {
+                Err(ConfigError::field(format!("{at}.dead_letter.topic"), "must not be empty"))
+            }
             Some(d) => Ok(Some(d.topic.clone())),
             None => Ok(None),
         }
@@ -276,11 +285,11 @@ impl RawHandler {
 }
 
 /// Unset: header `id`, as Debezium's EventRouter writes it.
-fn event_id(at: &str, raw: Option<EventIdSource>) -> anyhow::Result<EventIdSource> {
+fn event_id(at: &str, raw: Option<EventIdSource>) -> Result<EventIdSource, ConfigError> {
     let event_id = raw.unwrap_or_default();
     match &event_id {
         EventIdSource::Header(h) | EventIdSource::Field(h) if h.trim().is_empty() => {
-            bail!("{at}.event_id: must name a header or a field")
+            Err(ConfigError::field(format!("{at}.event_id"), "must name a header or a field"))
         }
         _ => Ok(event_id),
     }

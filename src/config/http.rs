@@ -4,11 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use super::values::{duration, expand_env};
-use super::RawHandler;
+use super::{ConfigError, RawHandler};
 use crate::template::UrlTemplate;
 
 /// An HTTP receiver that has not answered by then is treated as failed (retried).
@@ -112,9 +111,9 @@ impl HttpConfig {
         at: &str,
         h: &RawHandler,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> anyhow::Result<HttpConfig> {
+    ) -> Result<HttpConfig, ConfigError> {
         let Some(url) = &h.url else {
-            bail!("{at}.url: required for kind = \"http\"");
+            return Err(ConfigError::field(format!("{at}.url"), "required for kind = \"http\""));
         };
         let url = url_template(&format!("{at}.url"), url, env)?;
         let method = method(&format!("{at}.method"), h.method.as_deref().unwrap_or(DEFAULT_METHOD))?;
@@ -122,7 +121,7 @@ impl HttpConfig {
         let idempotency_header = idempotency_header(at, h.idempotency_header.as_deref())?;
         let timeout = duration(&format!("{at}.timeout"), h.timeout.as_deref(), DEFAULT_HTTP_TIMEOUT)?;
         if timeout.is_zero() {
-            bail!("{at}.timeout: must be greater than 0");
+            return Err(ConfigError::field(format!("{at}.timeout"), "must be greater than 0"));
         }
         let classify =
             StatusRules { success_on: h.success_on.clone(), fail_on: h.fail_on.clone(), retry_on: h.retry_on.clone() };
@@ -132,7 +131,7 @@ impl HttpConfig {
 }
 
 impl VerifyConfig {
-    fn from_raw(at: &str, v: &RawVerify, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<VerifyConfig> {
+    fn from_raw(at: &str, v: &RawVerify, env: &dyn Fn(&str) -> Option<String>) -> Result<VerifyConfig, ConfigError> {
         let url = url_template(&format!("{at}.verify.url"), &v.url, env)?;
         let method = method(&format!("{at}.verify.method"), v.method.as_deref().unwrap_or(DEFAULT_VERIFY_METHOD))?;
         Ok(VerifyConfig { url, method })
@@ -140,14 +139,15 @@ impl VerifyConfig {
 }
 
 /// `${VAR}` expanded for the requests; shown everywhere as written.
-fn url_template(field: &str, written: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<UrlTemplate> {
+fn url_template(field: &str, written: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<UrlTemplate, ConfigError> {
     let expanded = expand_env(field, written, env)?;
-    UrlTemplate::parse_shown(&expanded, written).map_err(|e| anyhow::anyhow!("{field}: {e}"))
+    UrlTemplate::parse_shown(&expanded, written)
+        .map_err(|error| ConfigError::Template { field: field.to_owned(), error })
 }
 
-fn method(field: &str, text: &str) -> anyhow::Result<reqwest::Method> {
+fn method(field: &str, text: &str) -> Result<reqwest::Method, ConfigError> {
     reqwest::Method::from_bytes(text.to_ascii_uppercase().as_bytes())
-        .map_err(|_| anyhow::anyhow!("{field}: invalid HTTP method {text:?}"))
+        .map_err(|_| ConfigError::field(field, format!("invalid HTTP method {text:?}")))
 }
 
 /// Static headers, values with `${VAR}` expanded and checked.
@@ -155,27 +155,29 @@ fn headers(
     at: &str,
     raw: &BTreeMap<String, String>,
     env: &dyn Fn(&str) -> Option<String>,
-) -> anyhow::Result<Vec<(String, String)>> {
+) -> Result<Vec<(String, String)>, ConfigError> {
     let mut headers = Vec::new();
     for (name, value) in raw {
         let field = format!("{at}.headers.{name}");
         reqwest::header::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| anyhow::anyhow!("{field}: invalid header name"))?;
+            .map_err(|_| ConfigError::field(&field, "invalid header name"))?;
         let value = expand_env(&field, value, env)?;
-        reqwest::header::HeaderValue::from_str(&value).map_err(|_| anyhow::anyhow!("{field}: invalid header value"))?;
+        reqwest::header::HeaderValue::from_str(&value)
+            .map_err(|_| ConfigError::field(&field, "invalid header value"))?;
         headers.push((name.clone(), value));
     }
     Ok(headers)
 }
 
 /// Unset: the default header; `""`: none.
-fn idempotency_header(at: &str, raw: Option<&str>) -> anyhow::Result<Option<String>> {
+fn idempotency_header(at: &str, raw: Option<&str>) -> Result<Option<String>, ConfigError> {
     match raw {
         None => Ok(Some(DEFAULT_IDEMPOTENCY_HEADER.to_owned())),
         Some("") => Ok(None),
         Some(h) => {
-            reqwest::header::HeaderName::from_bytes(h.as_bytes())
-                .map_err(|_| anyhow::anyhow!("{at}.idempotency_header: invalid header name {h:?}"))?;
+            reqwest::header::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                ConfigError::field(format!("{at}.idempotency_header"), format!("invalid header name {h:?}"))
+            })?;
             Ok(Some(h.to_owned()))
         }
     }

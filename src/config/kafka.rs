@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use super::values::{duration, expand_env};
+use super::ConfigError;
 
 /// Offsets are committed this often; a crash re-delivers at most this much,
 /// and the dedup store absorbs it.
@@ -59,16 +59,19 @@ pub struct KafkaConfig {
 }
 
 impl RawKafka {
-    pub(super) fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<KafkaConfig> {
+    pub(super) fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<KafkaConfig, ConfigError> {
         if self.brokers.trim().is_empty() {
-            bail!("kafka.brokers: must not be empty");
+            return Err(ConfigError::field("kafka.brokers", "must not be empty"));
         }
         if self.group_id.trim().is_empty() {
-            bail!("kafka.group_id: must not be empty");
+            return Err(ConfigError::field("kafka.group_id", "must not be empty"));
         }
         for reserved in RESERVED_OPTIONS {
             if self.options.contains_key(reserved) {
-                bail!("kafka.options.\"{reserved}\": set by outboxd itself (offsets are stored only after events are durably finished)");
+                return Err(ConfigError::field(
+                    format!("kafka.options.\"{reserved}\""),
+                    "set by outboxd itself (offsets are stored only after events are durably finished)",
+                ));
             }
         }
         let mut options = BTreeMap::new();
@@ -93,23 +96,29 @@ impl RawKafka {
             options,
         };
         if kafka.stall_timeout.is_some_and(|t| t.is_zero()) {
-            bail!("kafka.stall_timeout: must be greater than 0");
+            return Err(ConfigError::field("kafka.stall_timeout", "must be greater than 0"));
         }
         if kafka.commit_interval.is_zero() {
-            bail!("kafka.commit_interval: must be greater than 0");
+            return Err(ConfigError::field("kafka.commit_interval", "must be greater than 0"));
         }
         let session_timeout = match kafka.options.get("session.timeout.ms") {
             None => DEFAULT_SESSION_TIMEOUT,
             Some(ms) => Duration::from_millis(ms.trim().parse().map_err(|_| {
-                anyhow::anyhow!("kafka.options.\"session.timeout.ms\": not a number of milliseconds: {ms:?}")
+                ConfigError::field(
+                    "kafka.options.\"session.timeout.ms\"",
+                    format!("not a number of milliseconds: {ms:?}"),
+                )
             })?),
         };
         if kafka.drain_timeout >= session_timeout {
-            bail!(
-                "kafka.drain_timeout: {} must be shorter than session.timeout.ms ({}), or the group evicts outboxd while it drains",
-                humantime::format_duration(kafka.drain_timeout),
-                humantime::format_duration(session_timeout)
-            );
+            return Err(ConfigError::field(
+                "kafka.drain_timeout",
+                format!(
+                    "{} must be shorter than session.timeout.ms ({}), or the group evicts outboxd while it drains",
+                    humantime::format_duration(kafka.drain_timeout),
+                    humantime::format_duration(session_timeout)
+                ),
+            ));
         }
         Ok(kafka)
     }

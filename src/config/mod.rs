@@ -10,7 +10,8 @@
 //! - `admin`: `[admin]`, the admin server's address, token and allowed `Host`s;
 //! - `schema_registry`: `[schema_registry]`, Avro schemas and decoding limits;
 //! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts;
-//! - `values`: durations, sizes and `${VAR}`, shared by all of them.
+//! - `values`: durations, sizes and `${VAR}`, shared by all of them;
+//! - `error`: [`ConfigError`], what is wrong and in which field; `{:#}` prints it as the CLI shows it.
 //!
 //! Everything other modules use is re-exported here (`crate::config::HandlerConfig`).
 //! The reference for users is `docs/configuration.md`; a test keeps it complete.
@@ -18,11 +19,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use serde::Deserialize;
 
 mod admin;
 mod changelog;
+mod error;
 mod handler;
 mod http;
 mod kafka;
@@ -37,6 +38,7 @@ mod doc_keys;
 
 pub use admin::{AdminConfig, RawAdmin};
 pub use changelog::{ChangelogConfig, RawChangelog};
+pub use error::{ConfigError, EnvError};
 pub use handler::{
     Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnUncertain, RawDeadLetter,
     RawHandler,
@@ -88,15 +90,15 @@ pub struct Config {
 
 impl Config {
     /// Reads, parses and validates the file; `${VAR}` comes from `env`.
-    pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.to_owned(), error })?;
         Config::parse(&text, &|name| std::env::var(name).ok())
-            .with_context(|| format!("invalid config {}", path.display()))
+            .map_err(|error| ConfigError::File { path: path.to_owned(), error: Box::new(error) })
     }
 
     /// Parses and validates the text of a config file; `env` resolves `${VAR}`
     /// (a variable it answers `None` for is an error).
-    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text)?;
         raw.validate(env)
     }
@@ -139,14 +141,14 @@ impl Config {
 
 impl RawConfig {
     /// Each section in file order, then the checks across sections.
-    pub fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+    pub fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let kafka = self.kafka.validate(env)?;
         let store = self.store.validate(&kafka.group_id)?;
         let admin = admin::validate(self.admin, env)?;
         let schema_registry = self.schema_registry.map(|r| r.validate(&store.path, env)).transpose()?;
 
         if self.handlers.is_empty() {
-            bail!("handlers: at least one [[handlers]] entry is required");
+            return Err(ConfigError::NoHandlers);
         }
         let mut handlers = Vec::with_capacity(self.handlers.len());
         for (index, h) in self.handlers.into_iter().enumerate() {
@@ -155,7 +157,7 @@ impl RawConfig {
         topics::check_overlaps(&handlers)?;
         if let Some(h) = handlers.iter().find(|h| h.format == Format::Avro) {
             if schema_registry.is_none() {
-                bail!("handlers[{}].format: \"avro\" needs a [schema_registry] section (url or schemas_dir)", h.index);
+                return Err(ConfigError::AvroWithoutRegistry { index: h.index });
             }
         }
         Ok(Config { kafka, store, admin, schema_registry, handlers })
@@ -165,7 +167,7 @@ impl RawConfig {
 /// What the tests of every section start from.
 #[cfg(test)]
 mod testing {
-    use super::Config;
+    use super::{Config, ConfigError};
 
     pub fn env(name: &str) -> Option<String> {
         (name == "TOKEN").then(|| "s3cret".to_owned())
@@ -180,7 +182,7 @@ path = "./data"
 "#;
 
     /// `BASE` followed by `handlers`.
-    pub fn parse(handlers: &str) -> anyhow::Result<Config> {
+    pub fn parse(handlers: &str) -> Result<Config, ConfigError> {
         Config::parse(&format!("{BASE}{handlers}"), &env)
     }
 

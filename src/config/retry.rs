@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use super::values::duration;
+use super::ConfigError;
 
 /// A few quick retries; permanent failures and exhausted retries end `dead`.
 const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -51,7 +51,7 @@ pub struct RetryConfig {
 
 impl RawRetry {
     /// `at` names the handler (`handlers[2]`).
-    pub(super) fn validate(self, at: &str) -> anyhow::Result<RetryConfig> {
+    pub(super) fn validate(self, at: &str) -> Result<RetryConfig, ConfigError> {
         let retry = RetryConfig {
             multiplier: self.multiplier.unwrap_or(DEFAULT_BACKOFF_MULTIPLIER),
             max_elapsed: duration(
@@ -72,16 +72,16 @@ impl RawRetry {
             )?,
         };
         if retry.max_attempts == 0 {
-            bail!("{at}.retry.max_attempts: must be at least 1");
+            return Err(ConfigError::field(format!("{at}.retry.max_attempts"), "must be at least 1"));
         }
         if retry.max_backoff < retry.initial_backoff {
-            bail!("{at}.retry.max_backoff: must not be less than initial_backoff");
+            return Err(ConfigError::field(format!("{at}.retry.max_backoff"), "must not be less than initial_backoff"));
         }
         if !(1.0..=100.0).contains(&retry.multiplier) {
-            bail!("{at}.retry.multiplier: must be between 1.0 and 100.0");
+            return Err(ConfigError::field(format!("{at}.retry.multiplier"), "must be between 1.0 and 100.0"));
         }
         if retry.max_elapsed.is_zero() {
-            bail!("{at}.retry.max_elapsed: must be greater than 0");
+            return Err(ConfigError::field(format!("{at}.retry.max_elapsed"), "must be greater than 0"));
         }
         Ok(retry)
     }

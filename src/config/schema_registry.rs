@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use super::values::{duration, expand_env, parse_size};
+use super::ConfigError;
 
 /// `[schema_registry]` as the Avro decoder uses it: validated, durations and sizes parsed.
 #[derive(Debug, Clone)]
@@ -74,26 +74,29 @@ impl RawSchemaRegistry {
         self,
         store_path: &Path,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> anyhow::Result<RegistryOptions> {
+    ) -> Result<RegistryOptions, ConfigError> {
         let url = self.url.map(|u| expand_env("schema_registry.url", &u, env)).transpose()?;
         if let Some(u) = &url {
-            let parsed = url::Url::parse(u).map_err(|e| anyhow::anyhow!("schema_registry.url: {e}"))?;
+            let parsed = url::Url::parse(u).map_err(|e| ConfigError::field("schema_registry.url", e.to_string()))?;
             if parsed.scheme() != "http" && parsed.scheme() != "https" {
-                bail!("schema_registry.url: scheme must be http or https");
+                return Err(ConfigError::field("schema_registry.url", "scheme must be http or https"));
             }
         }
         if url.is_none() && self.schemas_dir.is_none() {
-            bail!("schema_registry: set url, schemas_dir, or both");
+            return Err(ConfigError::field("schema_registry", "set url, schemas_dir, or both"));
         }
         let password = self.password.map(|p| expand_env("schema_registry.password", &p, env)).transpose()?;
         let username = self.username.map(|u| expand_env("schema_registry.username", &u, env)).transpose()?;
         if password.is_some() && username.is_none() {
-            bail!("schema_registry.username: required with a password");
+            return Err(ConfigError::field("schema_registry.username", "required with a password"));
         }
         let max_allocation_bytes = match self.max_allocation_bytes.as_deref() {
             None => DEFAULT_MAX_ALLOCATION_BYTES,
             Some(text) => parse_size(text).filter(|n| *n > 0).ok_or_else(|| {
-                anyhow::anyhow!("schema_registry.max_allocation_bytes: {text:?} is not a size such as \"16MiB\"")
+                ConfigError::field(
+                    "schema_registry.max_allocation_bytes",
+                    format!("{text:?} is not a size such as \"16MiB\""),
+                )
             })?,
         };
         Ok(RegistryOptions {

@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use super::changelog::{ChangelogConfig, RawChangelog};
 use super::values::{duration, parse_size};
+use super::ConfigError;
 
 /// Done/dead records are kept this long; a redelivery older than that runs again.
 pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -92,13 +92,16 @@ pub struct StoreConfig {
 
 impl RawStore {
     /// `group_id` names the changelog topics.
-    pub(super) fn validate(self, group_id: &str) -> anyhow::Result<StoreConfig> {
+    pub(super) fn validate(self, group_id: &str) -> Result<StoreConfig, ConfigError> {
         if self.path.as_os_str().is_empty() {
-            bail!("store.path: must not be empty");
+            return Err(ConfigError::field("store.path", "must not be empty"));
         }
         let max_in_flight = self.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
         if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT_LIMIT {
-            bail!("store.max_in_flight: must be between 1 and {MAX_IN_FLIGHT_LIMIT}, got {max_in_flight}");
+            return Err(ConfigError::field(
+                "store.max_in_flight",
+                format!("must be between 1 and {MAX_IN_FLIGHT_LIMIT}, got {max_in_flight}"),
+            ));
         }
         let max_in_flight_bytes = match self.max_in_flight_bytes.as_deref() {
             None => DEFAULT_MAX_IN_FLIGHT_BYTES,
@@ -106,21 +109,22 @@ impl RawStore {
                 .filter(|n| (1..=u64::from(u32::MAX)).contains(n))
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "store.max_in_flight_bytes: {text:?} is not a size between 1 byte and 4GiB such as \"256MiB\""
+                    ConfigError::field(
+                        "store.max_in_flight_bytes",
+                        format!("{text:?} is not a size between 1 byte and 4GiB such as \"256MiB\""),
                     )
                 })?,
         };
         let max_message_copy_bytes = match self.max_message_copy_bytes.as_deref() {
             None => DEFAULT_MAX_MESSAGE_COPY_BYTES,
             Some(text) => parse_size(text).ok_or_else(|| {
-                anyhow::anyhow!("store.max_message_copy_bytes: {text:?} is not a size such as \"1GiB\"")
+                ConfigError::field("store.max_message_copy_bytes", format!("{text:?} is not a size such as \"1GiB\""))
             })?,
         };
         let cache_bytes = match self.cache_size.as_deref() {
             None => DEFAULT_STORE_CACHE_BYTES,
             Some(text) => parse_size(text).ok_or_else(|| {
-                anyhow::anyhow!("store.cache_size: {text:?} is not a size such as \"64MiB\" or \"1GiB\"")
+                ConfigError::field("store.cache_size", format!("{text:?} is not a size such as \"64MiB\" or \"1GiB\""))
             })?,
         };
         let store = StoreConfig {
@@ -140,10 +144,10 @@ impl RawStore {
             changelog: self.changelog.validate(group_id)?,
         };
         if store.retention.is_zero() {
-            bail!("store.retention: must be greater than 0");
+            return Err(ConfigError::field("store.retention", "must be greater than 0"));
         }
         if store.gc_interval.is_zero() {
-            bail!("store.gc_interval: must be greater than 0");
+            return Err(ConfigError::field("store.gc_interval", "must be greater than 0"));
         }
         Ok(store)
     }
@@ -155,7 +159,7 @@ impl super::RawConfig {
     pub fn kafka_and_store(
         self,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> anyhow::Result<(super::KafkaConfig, StoreConfig)> {
+    ) -> Result<(super::KafkaConfig, StoreConfig), ConfigError> {
         let kafka = self.kafka.validate(env)?;
         let store = self.store.validate(&kafka.group_id)?;
         Ok((kafka, store))

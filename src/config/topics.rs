@@ -1,10 +1,9 @@
 //! Which topics a handler takes (`topics` or `topic_pattern`), and the rule that
 //! each topic has exactly one handler.
 
-use anyhow::bail;
 use regex::Regex;
 
-use super::HandlerConfig;
+use super::{ConfigError, HandlerConfig};
 
 /// The topics a handler takes.
 #[derive(Debug, Clone)]
@@ -35,25 +34,38 @@ impl TopicMatch {
     }
 
     /// `handlers[i].topics` or `.topic_pattern`: exactly one of them, each well formed.
-    pub(super) fn from_raw(at: &str, topics: Option<&[String]>, pattern: Option<&str>) -> anyhow::Result<TopicMatch> {
+    pub(super) fn from_raw(
+        at: &str,
+        topics: Option<&[String]>,
+        pattern: Option<&str>,
+    ) -> Result<TopicMatch, ConfigError> {
         match (topics, pattern) {
-            (Some(_), Some(_)) => bail!("{at}: set either topics or topic_pattern, not both"),
-            (None, None) => bail!("{at}: one of topics or topic_pattern is required"),
+            (Some(_), Some(_)) => Err(ConfigError::field(at, "set either topics or topic_pattern, not both")),
+            (None, None) => Err(ConfigError::field(at, "one of topics or topic_pattern is required")),
             (Some(t), None) => {
                 if t.is_empty() || t.iter().any(|s| s.trim().is_empty()) {
-                    bail!("{at}.topics: must list at least one non-empty topic name");
+                    return Err(ConfigError::field(
+                        format!("{at}.topics"),
+                        "must list at least one non-empty topic name",
+                    ));
                 }
                 if let Some(bad) = t.iter().find(|s| s.starts_with('^')) {
-                    bail!("{at}.topics: {bad:?} looks like a pattern; use topic_pattern for regular expressions");
+                    return Err(ConfigError::field(
+                        format!("{at}.topics"),
+                        format!("{bad:?} looks like a pattern; use topic_pattern for regular expressions"),
+                    ));
                 }
                 Ok(TopicMatch::Exact(t.to_vec()))
             }
             (None, Some(p)) => {
                 // librdkafka matches subscriptions with its own small regex engine.
                 if p.contains("(?") {
-                    bail!("{at}.topic_pattern: (?...) groups and flags are not supported by librdkafka's regex engine; use plain (a|b) groups");
+                    return Err(ConfigError::field(
+                        format!("{at}.topic_pattern"),
+                        "(?...) groups and flags are not supported by librdkafka's regex engine; use plain (a|b) groups",
+                    ));
                 }
-                let re = Regex::new(p).map_err(|e| anyhow::anyhow!("{at}.topic_pattern: {e}"))?;
+                let re = Regex::new(p).map_err(|e| ConfigError::field(format!("{at}.topic_pattern"), e.to_string()))?;
                 Ok(TopicMatch::Pattern(re))
             }
         }
@@ -70,7 +82,7 @@ impl std::fmt::Display for TopicMatch {
 }
 
 /// A topic claimed by two handlers is ambiguous: refuse it.
-pub(super) fn check_overlaps(handlers: &[HandlerConfig]) -> anyhow::Result<()> {
+pub(super) fn check_overlaps(handlers: &[HandlerConfig]) -> Result<(), ConfigError> {
     for (i, a) in handlers.iter().enumerate() {
         for b in &handlers[i + 1..] {
             let clash = match (&a.topics, &b.topics) {
@@ -78,17 +90,13 @@ pub(super) fn check_overlaps(handlers: &[HandlerConfig]) -> anyhow::Result<()> {
                 (_, TopicMatch::Exact(tb)) => tb.iter().find(|t| a.topics.matches(t)),
                 (TopicMatch::Pattern(pa), TopicMatch::Pattern(pb)) => {
                     if pa.as_str() == pb.as_str() {
-                        bail!("handlers[{}].topic_pattern: same pattern as handlers[{}]", b.index, a.index);
+                        return Err(ConfigError::SamePattern { index: b.index, other: a.index });
                     }
                     None
                 }
             };
             if let Some(topic) = clash {
-                bail!(
-                    "handlers[{}].topics: topic {topic:?} is also claimed by handlers[{}]; each topic needs exactly one handler",
-                    b.index,
-                    a.index
-                );
+                return Err(ConfigError::TopicClaimedTwice { index: b.index, topic: topic.clone(), other: a.index });
             }
         }
     }

@@ -2,34 +2,35 @@
 
 use std::time::Duration;
 
-use anyhow::bail;
+use super::{ConfigError, EnvError};
 
 /// A duration such as `"250ms"`, `"10s"`, `"5m"`, `"7d"`; `default` when unset.
-pub(super) fn duration(field: &str, value: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
+pub(super) fn duration(field: &str, value: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
     match value {
         None => Ok(default),
         Some(v) => humantime::parse_duration(v.trim())
-            .map_err(|e| anyhow::anyhow!("{field}: {e} (expected e.g. \"250ms\", \"10s\", \"5m\", \"7d\")")),
+            .map_err(|e| ConfigError::field(field, format!("{e} (expected e.g. \"250ms\", \"10s\", \"5m\", \"7d\")"))),
     }
 }
 
 /// Replaces `${VAR}` with the environment's value; an unset variable is an error.
-pub fn expand_env(field: &str, value: &str, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<String> {
+pub fn expand_env(field: &str, value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    let fail = |error| ConfigError::Env { field: field.to_owned(), error };
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
         let Some(end) = after.find('}') else {
-            bail!("{field}: unterminated \"${{\"");
+            return Err(fail(EnvError::Unterminated));
         };
         let name = &after[..end];
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            bail!("{field}: invalid variable name {name:?}");
+            return Err(fail(EnvError::InvalidName(name.to_owned())));
         }
         match env(name) {
             Some(v) => out.push_str(&v),
-            None => bail!("{field}: environment variable {name} is not set"),
+            None => return Err(fail(EnvError::Unset(name.to_owned()))),
         }
         rest = &after[end + 1..];
     }

@@ -104,7 +104,7 @@ impl Executor {
         custom: HashMap<String, Arc<dyn Handler>>,
     ) -> anyhow::Result<Executor> {
         check_custom_topics(&config, &custom)?;
-        let handlers = config.handlers.iter().map(handler::build).collect::<anyhow::Result<Vec<_>>>()?;
+        let handlers = config.handlers.iter().map(handler::build).collect::<Result<Vec<_>, _>>()?;
         let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
             Some(DeadLetters::build(&config.kafka)?)
         } else {

@@ -2,13 +2,28 @@
 //! idempotency key so a re-execution after an unknown outcome is safe for
 //! receivers that honour it. reqwest is used only here.
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, InvalidHeaderName, InvalidHeaderValue, CONTENT_TYPE};
 use reqwest::StatusCode;
 
 use super::{async_trait, Handler, HandlerError, Outcome, Verified};
 use crate::config::{HttpConfig, StatusRules};
 use crate::event::OutboxEvent;
 use crate::template::Vars;
+
+/// Why a handler could not be built (only the http handler can fail). The texts
+/// are reqwest's own.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The HTTP client could not be built (e.g. its TLS backend failed to start).
+    #[error(transparent)]
+    Client(#[from] reqwest::Error),
+    /// A static header name that cannot be sent (the config's validation refuses these first).
+    #[error(transparent)]
+    HeaderName(#[from] InvalidHeaderName),
+    /// A static header value that cannot be sent (the config's validation refuses these first).
+    #[error(transparent)]
+    HeaderValue(#[from] InvalidHeaderValue),
+}
 
 /// `kind = "http"`: one request per event to the rendered URL, the event id in the
 /// idempotency header; the status is classified as success, retryable or permanent.
@@ -21,7 +36,7 @@ pub struct HttpHandler {
 
 impl HttpHandler {
     /// A handler for `config`; redirects are not followed (a permanent failure instead).
-    pub fn new(config: HttpConfig) -> anyhow::Result<HttpHandler> {
+    pub fn new(config: HttpConfig) -> Result<HttpHandler, BuildError> {
         // A redirect could lead to another host; it is reported as a permanent failure instead.
         let client =
             reqwest::Client::builder().timeout(config.timeout).redirect(reqwest::redirect::Policy::none()).build()?;

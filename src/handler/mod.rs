@@ -17,7 +17,7 @@ use crate::event::OutboxEvent;
 /// Implementing [`Handler`] outside this crate: `#[outboxd::handler::async_trait]`
 /// on the impl, without a dependency of your own.
 pub use async_trait::async_trait;
-pub use http::HttpHandler;
+pub use http::{BuildError, HttpHandler};
 pub use log::LogHandler;
 
 /// What the handler reports on success, kept in the store as the record's
@@ -80,7 +80,7 @@ pub trait Handler: Send + Sync {
 }
 
 /// The handler a `[[handlers]]` entry configures.
-pub fn build(config: &HandlerConfig) -> anyhow::Result<Arc<dyn Handler>> {
+pub fn build(config: &HandlerConfig) -> Result<Arc<dyn Handler>, BuildError> {
     Ok(match &config.spec {
         HandlerSpec::Http(http) => Arc::new(HttpHandler::new((**http).clone())?),
         HandlerSpec::Log => Arc::new(LogHandler),
