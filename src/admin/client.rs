@@ -161,6 +161,23 @@ impl AdminClient {
         self.call(self.http.get(url), "GET /v1/events/{id}").await
     }
 
+    /// `GET /v1/events`: one page of up to `limit` records in id order after
+    /// the cursor `after` (the service caps `limit`), with the cursor of the next.
+    pub async fn page(
+        &self,
+        state: Option<&str>,
+        topic: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<PageView, AdminError> {
+        let mut q = vec![("limit", limit.to_string())];
+        q.extend(state.map(|s| ("state", s.to_owned())));
+        q.extend(topic.map(|t| ("topic", t.to_owned())));
+        q.extend(after.map(|a| ("after", a.to_owned())));
+        let req = self.http.get(format!("{}/v1/events", self.base)).query(&q);
+        self.call(req, "GET /v1/events").await?.ok_or(AdminError::Missing("list"))
+    }
+
     /// Up to `limit` records in id order (`usize::MAX`: all of them), asked
     /// for page by page, each page starting after the last id of the one before.
     pub async fn list(
@@ -172,12 +189,7 @@ impl AdminClient {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         while out.len() < limit {
-            let mut q = vec![("limit", self.page.min(limit - out.len()).to_string())];
-            q.extend(state.map(|s| ("state", s.to_owned())));
-            q.extend(topic.map(|t| ("topic", t.to_owned())));
-            q.extend(after.take().map(|a| ("after", a)));
-            let req = self.http.get(format!("{}/v1/events", self.base)).query(&q);
-            let page: PageView = self.call(req, "GET /v1/events").await?.ok_or(AdminError::Missing("list"))?;
+            let page = self.page(state, topic, after.take().as_deref(), self.page.min(limit - out.len())).await?;
             out.extend(page.records);
             match page.next {
                 Some(n) => after = Some(n),
