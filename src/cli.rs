@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::config::{Config, EventIdSource, HandlerSpec};
 use crate::ops::{self, Needs, Opened, Rerun, StoreApi};
-use crate::store::view::{self, plain, table};
+use crate::store::view::{self, table};
 use crate::store::State;
 
 /// The `outboxd` command line.
@@ -207,38 +207,38 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
 async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Result<()> {
     match cmd {
         StoreCommand::Stats(args) => {
-            let value = api.stats().await?;
+            let stats = api.stats().await?;
             if args.json {
-                println!("{value}");
+                println!("{}", serde_json::to_string(&stats)?);
             } else {
-                println!("{}\n{}", api.source(), view::stats_table(&value));
+                println!("{}\n{}", api.source(), view::stats_table(&stats));
             }
         }
         StoreCommand::Get { event_id, args } => {
-            let Some(value) = api.get(&event_id).await? else {
+            let Some(record) = api.get(&event_id).await? else {
                 bail!("no record for event {event_id:?}");
             };
             if args.json {
-                println!("{value}");
+                println!("{}", serde_json::to_string(&record)?);
             } else {
-                println!("{}", view::record_table(&value));
+                println!("{}", view::record_table(&record));
             }
         }
         StoreCommand::List { state, limit, args } => {
-            let values = api.list(state, None, limit).await?;
+            let records = api.list(state, None, limit).await?;
             if args.json {
-                println!("{}", Value::Array(values));
+                println!("{}", serde_json::to_string(&records)?);
             } else {
-                println!("{}\n{} record(s)", view::records_table(&values), values.len());
+                println!("{}\n{} record(s)", view::records_table(&records), records.len());
             }
         }
         StoreCommand::Forget { event_id, .. } => {
             let r = api.forget(&event_id).await?;
-            println!("forgot {event_id} (was {}, {} attempt(s))", plain(&r["state"]), plain(&r["attempts"]));
+            println!("forgot {event_id} (was {}, {} attempt(s))", r.state, r.attempts);
         }
         StoreCommand::Gc(_) => {
-            let removed = api.gc().await?;
-            println!("removed {removed} expired record(s)");
+            let gc = api.gc().await?;
+            println!("removed {} expired record(s)", gc.removed);
         }
         // Handled before a store is opened (it needs the brokers, not the store API).
         StoreCommand::Rebuild(args) => return rebuild(&args).await,
@@ -310,17 +310,16 @@ async fn rebuild(args: &StoreArgs) -> anyhow::Result<()> {
 
 /// Runs stored copies again (the handler, retries, dead letters), one line per event.
 async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     let (mut done, mut failed) = (0, 0);
     for id in ids {
         match api.rerun(id).await? {
-            Rerun::Finished(r) if r["state"] == "done" => {
+            Rerun::Finished(r) if r.state == State::Done => {
                 done += 1;
-                println!("{id}: done ({})", text(&r["outcome"]));
+                println!("{id}: done ({})", r.outcome.unwrap_or_default());
             }
             Rerun::Finished(r) => {
                 failed += 1;
-                println!("{id}: {} again ({})", text(&r["state"]), text(&r["reason"]));
+                println!("{id}: {} again ({})", r.state, r.reason.unwrap_or_default());
             }
             Rerun::Redecoded => {
                 // An undecodable message that now decodes is recorded under its real event id.

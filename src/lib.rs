@@ -33,7 +33,8 @@
 //! - [`avro`]: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
 //! - [`store`]: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
 //!   log and of new blob files; a failed sync fails every later wait), time slices, message copies within a
-//!   quota. Only place that uses sled. [`store::view`]: records, stats and message copies as JSON and tables.
+//!   quota. Only place that uses sled. [`store::view`]: records, stats, pages and repair answers as typed views
+//!   (the admin API's JSON, `store … --json`) and the tables `store …` prints.
 //!   [`store::changelog`]: with `[store.changelog]` the store is a cache of changelog partitions: final
 //!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far.
 //! - [`offsets`]: per-partition tracker of the next committable offset.

@@ -1,11 +1,84 @@
 //! `outboxd store …` talking to a running service through its admin API
-//! (found in the store's owner file), so answers match a direct read.
+//! (found in the store's owner file), so answers match a direct read. Answers
+//! are read into the views of [`crate::store::view`], the types the server
+//! writes them from: a field missing from an answer is an error naming it.
 
-use anyhow::{bail, Context};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+use crate::store::view::{GcView, PageView, RecordView, RetryView, StatsView};
 
 /// Records asked for per request when a list is paged through.
 const DEFAULT_PAGE: usize = 1_000;
+
+/// What went wrong asking a running service, as its caller may branch on it:
+/// whether the service was reached, what status it answered, what it said.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// `OUTBOXD_ADMIN_PAGE_SIZE` is not a positive number.
+    #[error("OUTBOXD_ADMIN_PAGE_SIZE={0:?}: not a positive number")]
+    PageSize(String),
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Client(reqwest::Error),
+    /// The recorded address does not make a URL.
+    #[error(transparent)]
+    Address(#[from] url::ParseError),
+    /// The recorded address makes a URL without a path (e.g. `mailto:`).
+    #[error("bad admin address")]
+    NotABase,
+    /// The service could not be reached, or the connection broke.
+    #[error("asking the running service at {base}")]
+    Unreachable {
+        /// The service's base URL.
+        base: String,
+        /// Why.
+        #[source]
+        error: reqwest::Error,
+    },
+    /// The service's answer is not JSON.
+    #[error("reading the answer of {base}")]
+    Unreadable {
+        /// The service's base URL.
+        base: String,
+        /// Why.
+        #[source]
+        error: reqwest::Error,
+    },
+    /// The answer is JSON of another shape than this client reads: a field is
+    /// missing, renamed or of another type (a service of another version?).
+    #[error("unexpected answer from {base} to {request}")]
+    Unexpected {
+        /// The service's base URL.
+        base: String,
+        /// The request, e.g. `GET /v1/stats`.
+        request: String,
+        /// What does not fit.
+        #[source]
+        error: serde_json::Error,
+    },
+    /// The service refused or failed the request (e.g. 401 without an accepted token,
+    /// 409 for a record in another state).
+    #[error("{}", failure(*status, message))]
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// The `error` of the answer (`request failed` when it has none).
+        message: String,
+    },
+    /// The service has no answer for a request that always has one (404 for stats or a list).
+    #[error("no {0}")]
+    Missing(&'static str),
+    /// The service refused an export.
+    #[error("export failed")]
+    Export(#[source] Box<AdminError>),
+    /// An export's stream broke off.
+    #[error(transparent)]
+    Stream(reqwest::Error),
+    /// Writing an export out failed.
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
+}
 
 /// A client of a running service's store API (`/v1/*`), with the bearer token.
 pub struct AdminClient {
@@ -23,16 +96,16 @@ impl AdminClient {
     /// service), else `run_token`, the one the service wrote next to its
     /// address in the store's owner file. `OUTBOXD_ADMIN_PAGE_SIZE` sets how
     /// many records one list request asks for.
-    pub fn new(addr: &str, run_token: Option<String>) -> anyhow::Result<AdminClient> {
-        let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(60)).build()?;
+    pub fn new(addr: &str, run_token: Option<String>) -> Result<AdminClient, AdminError> {
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .map_err(AdminError::Client)?;
         let token = std::env::var("OUTBOXD_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(run_token);
         let page = match std::env::var("OUTBOXD_ADMIN_PAGE_SIZE") {
-            Ok(v) => v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n > 0)
-                .with_context(|| format!("OUTBOXD_ADMIN_PAGE_SIZE={v:?}: not a positive number"))?,
+            Ok(v) => {
+                v.trim().parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| AdminError::PageSize(v.clone()))?
+            }
             Err(_) => DEFAULT_PAGE,
         };
         Ok(AdminClient { base: format!("http://{addr}"), token, page, http })
@@ -50,56 +123,76 @@ impl AdminClient {
         }
     }
 
-    async fn call(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Option<Value>> {
-        let resp = self
-            .authorized(req)
-            .send()
-            .await
-            .with_context(|| format!("asking the running service at {}", self.base))?;
+    /// Sends `req` (`request` names it in errors) and reads its answer as a `T`;
+    /// `None` for a 404.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        request: &str,
+    ) -> Result<Option<T>, AdminError> {
+        let base = &self.base;
+        let resp =
+            self.authorized(req).send().await.map_err(|error| AdminError::Unreachable { base: base.clone(), error })?;
         let status = resp.status();
-        let body: Value = resp.json().await.with_context(|| format!("reading the answer of {}", self.base))?;
+        let body: Value = resp.json().await.map_err(|error| AdminError::Unreadable { base: base.clone(), error })?;
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
         if !status.is_success() {
-            bail!("{}", failure(status, &body));
+            return Err(status_error(status, &body));
         }
-        Ok(Some(body))
+        serde_json::from_value(body).map(Some).map_err(|error| AdminError::Unexpected {
+            base: base.clone(),
+            request: request.to_owned(),
+            error,
+        })
     }
 
     /// `GET /v1/stats`: the store's statistics, as `outboxd store stats` shows them.
-    pub async fn stats(&self) -> anyhow::Result<Value> {
-        self.call(self.http.get(format!("{}/v1/stats", self.base))).await?.context("no stats")
+    pub async fn stats(&self) -> Result<StatsView, AdminError> {
+        let req = self.http.get(format!("{}/v1/stats", self.base));
+        self.call(req, "GET /v1/stats").await?.ok_or(AdminError::Missing("stats"))
     }
 
     /// `GET /v1/events/{id}`: the record of one event; `None` when there is none.
-    pub async fn get(&self, id: &str) -> anyhow::Result<Option<Value>> {
+    pub async fn get(&self, id: &str) -> Result<Option<RecordView>, AdminError> {
         let mut url = url::Url::parse(&format!("{}/v1/events/", self.base))?;
-        url.path_segments_mut()
-            .map_err(|()| anyhow::anyhow!("bad admin address"))?
-            .pop_if_empty()
-            .extend(id.split('/'));
-        self.call(self.http.get(url)).await
+        url.path_segments_mut().map_err(|()| AdminError::NotABase)?.pop_if_empty().extend(id.split('/'));
+        self.call(self.http.get(url), "GET /v1/events/{id}").await
+    }
+
+    /// `GET /v1/events`: one page of up to `limit` records in id order after
+    /// the cursor `after` (the service caps `limit`), with the cursor of the next.
+    pub async fn page(
+        &self,
+        state: Option<&str>,
+        topic: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<PageView, AdminError> {
+        let mut q = vec![("limit", limit.to_string())];
+        q.extend(state.map(|s| ("state", s.to_owned())));
+        q.extend(topic.map(|t| ("topic", t.to_owned())));
+        q.extend(after.map(|a| ("after", a.to_owned())));
+        let req = self.http.get(format!("{}/v1/events", self.base)).query(&q);
+        self.call(req, "GET /v1/events").await?.ok_or(AdminError::Missing("list"))
     }
 
     /// Up to `limit` records in id order (`usize::MAX`: all of them), asked
     /// for page by page, each page starting after the last id of the one before.
-    pub async fn list(&self, state: Option<&str>, topic: Option<&str>, limit: usize) -> anyhow::Result<Vec<Value>> {
+    pub async fn list(
+        &self,
+        state: Option<&str>,
+        topic: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<RecordView>, AdminError> {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         while out.len() < limit {
-            let mut q = vec![("limit", self.page.min(limit - out.len()).to_string())];
-            q.extend(state.map(|s| ("state", s.to_owned())));
-            q.extend(topic.map(|t| ("topic", t.to_owned())));
-            q.extend(after.take().map(|a| ("after", a)));
-            let page =
-                self.call(self.http.get(format!("{}/v1/events", self.base)).query(&q)).await?.context("no list")?;
-            let (Some(records), Some(next)) = (page["records"].as_array(), page.get("next")) else {
-                bail!("unexpected answer from {}: {}", self.base, page);
-            };
-            out.extend(records.iter().cloned());
-            match next.as_str() {
-                Some(n) => after = Some(n.to_owned()),
+            let page = self.page(state, topic, after.take().as_deref(), self.page.min(limit - out.len())).await?;
+            out.extend(page.records);
+            match page.next {
+                Some(n) => after = Some(n),
                 None => break,
             }
         }
@@ -113,7 +206,7 @@ impl AdminClient {
         topic: Option<&str>,
         out: &mut impl std::io::Write,
         progress: &indicatif::ProgressBar,
-    ) -> anyhow::Result<u64> {
+    ) -> Result<u64, AdminError> {
         let mut q = Vec::new();
         if let Some(s) = state {
             q.push(("state", s));
@@ -127,14 +220,14 @@ impl AdminClient {
             .authorized(req)
             .send()
             .await
-            .with_context(|| format!("asking the running service at {}", self.base))?;
+            .map_err(|error| AdminError::Unreachable { base: self.base.clone(), error })?;
         let status = resp.status();
         if !status.is_success() {
             let body: Value = resp.json().await.unwrap_or_default();
-            bail!("export failed: {}", failure(status, &body));
+            return Err(AdminError::Export(Box::new(status_error(status, &body))));
         }
         let mut lines = 0u64;
-        while let Some(chunk) = resp.chunk().await? {
+        while let Some(chunk) = resp.chunk().await.map_err(AdminError::Stream)? {
             lines += chunk.iter().filter(|b| **b == b'\n').count() as u64;
             out.write_all(&chunk)?;
             progress.set_position(lines);
@@ -142,23 +235,49 @@ impl AdminClient {
         Ok(lines)
     }
 
-    /// `forget`, `resolve`, `retry` of one event, or `gc`.
-    pub async fn repair(&self, op: &str, id: &str) -> anyhow::Result<Value> {
-        match self.call(self.http.post(format!("{}/v1/{op}", self.base)).query(&[("id", id)])).await? {
-            Some(v) => Ok(v),
-            None => bail!("no record for event {id:?}"),
-        }
+    /// `POST /v1/{op}?id=…`, a repair of one event; `None` when there is no record of it.
+    async fn repair<T: DeserializeOwned>(&self, op: &str, id: &str) -> Result<Option<T>, AdminError> {
+        let req = self.http.post(format!("{}/v1/{op}", self.base)).query(&[("id", id)]);
+        self.call(req, &format!("POST /v1/{op}")).await
     }
+
+    /// `POST /v1/forget`: removes the record; answers it as it was.
+    pub async fn forget(&self, id: &str) -> Result<Option<RecordView>, AdminError> {
+        self.repair("forget", id).await
+    }
+
+    /// `POST /v1/resolve`: records the event done by hand; answers its record as it is now.
+    pub async fn resolve(&self, id: &str) -> Result<Option<RecordView>, AdminError> {
+        self.repair("resolve", id).await
+    }
+
+    /// `POST /v1/retry`: runs the event again in the service; answers what it came to.
+    pub async fn retry(&self, id: &str) -> Result<Option<RetryView>, AdminError> {
+        self.repair("retry", id).await
+    }
+
+    /// `POST /v1/gc`: removes expired records now; answers how many.
+    pub async fn gc(&self) -> Result<GcView, AdminError> {
+        let req = self.http.post(format!("{}/v1/gc", self.base));
+        self.call(req, "POST /v1/gc").await?.ok_or(AdminError::Missing("gc answer"))
+    }
+}
+
+/// The error of an answer with a failure status: its `error`, or `request failed`.
+fn status_error(status: reqwest::StatusCode, body: &Value) -> AdminError {
+    let message = body.get("error").and_then(Value::as_str).unwrap_or("request failed").to_owned();
+    AdminError::Status { status: status.as_u16(), message }
 }
 
 /// `401 Unauthorized: missing credential: …`, with a hint for a 401 that the
 /// caller can act on.
-fn failure(status: reqwest::StatusCode, body: &Value) -> String {
-    let error = body.get("error").and_then(Value::as_str).unwrap_or("request failed");
-    let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
+fn failure(status: u16, message: &str) -> String {
+    let hint = if status == reqwest::StatusCode::UNAUTHORIZED.as_u16() {
         " (run as the user running outboxd, who can read the store's owner file, or set OUTBOXD_ADMIN_TOKEN)"
     } else {
         ""
     };
-    format!("{status}: {error}{hint}")
+    // `401 Unauthorized`: the number with its reason, as the status was answered.
+    let status = reqwest::StatusCode::from_u16(status).map_or_else(|_| status.to_string(), |s| s.to_string());
+    format!("{status}: {message}{hint}")
 }

@@ -5,8 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-
+use super::OpsError;
 use crate::config::{ChangelogConfig, KafkaConfig, RawConfig};
 use crate::kafka::changelog::ChangelogProducer;
 use crate::store::changelog::{Entry, SendError, SendFuture, Sink};
@@ -31,20 +30,21 @@ impl Sink for Bounded {
 
 /// Attaches the changelog of `kafka` and `changelog` to `store`, so repairs made
 /// through it are written there first (see `Store::settle_entry`).
-pub(super) fn attach(store: &Store, kafka: &KafkaConfig, changelog: &ChangelogConfig) -> anyhow::Result<()> {
-    let producer = ChangelogProducer::build(kafka, changelog).context("creating the changelog producer")?;
+pub(super) fn attach(store: &Store, kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<(), OpsError> {
+    let producer =
+        ChangelogProducer::build(kafka, changelog).map_err(OpsError::config("creating the changelog producer"))?;
     store.attach_changelog(Arc::new(Bounded { producer, within: changelog.delivery_timeout }));
     Ok(())
 }
 
 /// Attaches the changelog that the config file at `config` names, unless
 /// `[store.changelog]` is off there.
-pub(super) fn attach_from(store: &Store, config: &std::path::Path) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
-    let raw: RawConfig = toml::from_str(&text).with_context(|| format!("invalid config {}", config.display()))?;
-    let (kafka, store_config) = raw
-        .kafka_and_store(&|name| std::env::var(name).ok())
-        .with_context(|| format!("invalid config {}", config.display()))?;
+pub(super) fn attach_from(store: &Store, config: &std::path::Path) -> Result<(), OpsError> {
+    let text = std::fs::read_to_string(config).map_err(OpsError::config(format!("reading {}", config.display())))?;
+    let invalid = format!("invalid config {}", config.display());
+    let raw: RawConfig = toml::from_str(&text).map_err(OpsError::config(invalid.clone()))?;
+    let (kafka, store_config) =
+        raw.kafka_and_store(&|name| std::env::var(name).ok()).map_err(OpsError::config(invalid))?;
     match &store_config.changelog {
         Some(changelog) => attach(store, &kafka, changelog),
         None => Ok(()),
@@ -52,12 +52,9 @@ pub(super) fn attach_from(store: &Store, config: &std::path::Path) -> anyhow::Re
 }
 
 /// Says what a repair that failed left behind.
-pub(super) fn explain(id: &str, error: StoreError) -> anyhow::Error {
+pub(super) fn explain(id: &str, error: StoreError) -> OpsError {
     match error {
-        StoreError::Changelog(_) => anyhow::Error::new(error).context(format!(
-            "{id}: nothing was changed in the store (a repair is written to the changelog first, and the \
-             brokers did not take it); run the command again when they answer"
-        )),
+        StoreError::Changelog(_) => OpsError::NothingChanged { id: id.to_owned(), error },
         other => other.into(),
     }
 }

@@ -5,14 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use serde_json::Value;
-
 use super::changelog::explain;
-use super::{Rerun, StoreApi};
+use super::{OpsError, Rerun, StoreApi};
 use crate::config::{Config, RawConfig};
 use crate::engine::Executor;
-use crate::store::{now_us, view, Role, State, Store, StoreError, StoreOptions};
+use crate::store::view::{self, ExportLine, GcView, PageView, RecordView, StatsView};
+use crate::store::{now_us, Role, State, Store, StoreError, StoreOptions};
 
 /// The note a record resolved by hand keeps as its outcome.
 const RESOLVED_DONE: &str = "resolved by hand: done";
@@ -29,15 +27,6 @@ pub struct Local {
     /// service's store (its changelog is attached), or a store named by `--path`
     /// without a config file.
     config: Option<PathBuf>,
-}
-
-/// One page of records in id order; `next`, when more follow, is the cursor
-/// to ask for the next page with.
-pub struct Page {
-    /// The records' JSON views ([`view::record_json`]).
-    pub records: Vec<Value>,
-    /// The id to continue after; `None` on the last page.
-    pub next: Option<String>,
 }
 
 impl Local {
@@ -57,20 +46,20 @@ impl Local {
     }
 
     /// Opened with the settings and the handlers of the whole config, to re-run events.
-    pub(super) fn for_reruns(config: &Path, path: Option<&Path>) -> anyhow::Result<Local> {
-        let config = Config::load(config)?;
+    pub(super) fn for_reruns(config: &Path, path: Option<&Path>) -> Result<Local, OpsError> {
+        let config = Config::load(config).map_err(OpsError::setup)?;
         let opts = StoreOptions::command(&config.store, Role::StoreRetry);
         let path = path.map_or_else(|| config.store.path.clone(), Path::to_path_buf);
         let store = Arc::new(Store::open(&path, &opts)?);
         if let Some(changelog) = &config.store.changelog {
             super::changelog::attach(&store, &config.kafka, changelog)?;
         }
-        let exec = Arc::new(Executor::new(config, store.clone())?);
+        let exec = Arc::new(Executor::new(config, store.clone()).map_err(OpsError::setup)?);
         Ok(Local { store, exec: Some(exec), config: None })
     }
 
     /// Before a repair by `outboxd store`: the changelog of the config is attached.
-    fn attach_changelog(&self) -> anyhow::Result<()> {
+    fn attach_changelog(&self) -> Result<(), OpsError> {
         match &self.config {
             Some(config) if !self.store.has_changelog() => super::changelog::attach_from(&self.store, config),
             _ => Ok(()),
@@ -78,23 +67,24 @@ impl Local {
     }
 
     /// Counts every record (a full scan: blocking).
-    pub fn stats(&self) -> Result<Value, StoreError> {
-        Ok(view::stats_json(&self.store.stats()?))
+    pub fn stats(&self) -> Result<StatsView, StoreError> {
+        Ok(StatsView::from(&self.store.stats()?))
     }
 
-    /// One record's JSON view, if there is one.
-    pub fn get(&self, id: &str) -> Result<Option<Value>, StoreError> {
-        Ok(self.store.get(id)?.map(|r| view::record_json(&r)))
+    /// One record's view, if there is one.
+    pub fn get(&self, id: &str) -> Result<Option<RecordView>, StoreError> {
+        Ok(self.store.get(id)?.as_ref().map(RecordView::from))
     }
 
-    /// Up to `limit` records after the cursor `after` (blocking).
+    /// Up to `limit` records after the cursor `after` (blocking); the page's
+    /// `next`, when more follow, is the cursor to ask for the next page with.
     pub fn page(
         &self,
         state: Option<State>,
         topic: Option<&str>,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Page, StoreError> {
+    ) -> Result<PageView, StoreError> {
         // One more than the page tells whether there is a next page.
         let mut records = self.store.list_after(state, topic, after, limit.saturating_add(1))?;
         let next = if records.len() > limit {
@@ -103,7 +93,7 @@ impl Local {
         } else {
             None
         };
-        Ok(Page { records: records.iter().map(view::record_json).collect(), next })
+        Ok(PageView { records: records.iter().map(RecordView::from).collect(), next })
     }
 
     /// Calls `f` with each export line ([`view::export_line`]) in id order,
@@ -112,25 +102,25 @@ impl Local {
         &self,
         state: Option<State>,
         topic: Option<&str>,
-        mut f: impl FnMut(Value) -> Result<(), E>,
+        mut f: impl FnMut(ExportLine) -> Result<(), E>,
     ) -> Result<(), E> {
         self.store.scan(state, topic, |r| f(view::export_line(&self.store, &r)?))
     }
 
     /// Removes a record, so the event runs again when it is redelivered; answers the record as it was.
-    pub async fn forget(&self, id: &str) -> Result<Value, StoreError> {
-        Ok(view::record_json(&self.store.forget(id).await?))
+    pub async fn forget(&self, id: &str) -> Result<RecordView, StoreError> {
+        Ok(RecordView::from(&self.store.forget(id).await?))
     }
 
     /// Records the event done by hand; answers its record as it is now.
-    pub async fn resolve_done(&self, id: &str) -> Result<Option<Value>, StoreError> {
+    pub async fn resolve_done(&self, id: &str) -> Result<Option<RecordView>, StoreError> {
         self.store.resolve_done(id, RESOLVED_DONE.to_owned()).await?;
         self.get(id)
     }
 
     /// Removes expired records now; answers how many.
-    pub async fn gc(&self) -> Result<u64, StoreError> {
-        self.store.gc(now_us()).await
+    pub async fn gc(&self) -> Result<GcView, StoreError> {
+        Ok(GcView { removed: self.store.gc(now_us()).await? })
     }
 }
 
@@ -138,7 +128,7 @@ impl Local {
 /// (the handler, its retries, dead letters).
 pub async fn rerun(exec: &Executor, id: &str) -> Result<Rerun, StoreError> {
     Ok(match exec.rerun(id).await? {
-        Some(r) => Rerun::Finished(view::record_json(&r)),
+        Some(r) => Rerun::Finished(Box::new(RecordView::from(&r))),
         None => Rerun::Redecoded,
     })
 }
@@ -152,37 +142,37 @@ impl StoreApi for Local {
         Some(self.store.len() as u64)
     }
 
-    async fn stats(&self) -> anyhow::Result<Value> {
+    async fn stats(&self) -> Result<StatsView, OpsError> {
         Ok(Local::stats(self)?)
     }
 
-    async fn get(&self, id: &str) -> anyhow::Result<Option<Value>> {
+    async fn get(&self, id: &str) -> Result<Option<RecordView>, OpsError> {
         Ok(Local::get(self, id)?)
     }
 
-    async fn list(&self, state: Option<State>, topic: Option<&str>, limit: usize) -> anyhow::Result<Vec<Value>> {
+    async fn list(&self, state: Option<State>, topic: Option<&str>, limit: usize) -> Result<Vec<RecordView>, OpsError> {
         Ok(self.page(state, topic, None, limit)?.records)
     }
 
-    async fn forget(&self, id: &str) -> anyhow::Result<Value> {
+    async fn forget(&self, id: &str) -> Result<RecordView, OpsError> {
         self.attach_changelog()?;
         Local::forget(self, id).await.map_err(|e| explain(id, e))
     }
 
-    async fn resolve_done(&self, id: &str) -> anyhow::Result<()> {
+    async fn resolve_done(&self, id: &str) -> Result<(), OpsError> {
         self.attach_changelog()?;
         Local::resolve_done(self, id).await.map_err(|e| explain(id, e))?;
         Ok(())
     }
 
-    async fn rerun(&self, id: &str) -> anyhow::Result<Rerun> {
+    async fn rerun(&self, id: &str) -> Result<Rerun, OpsError> {
         let Some(exec) = &self.exec else {
-            bail!("re-running {id:?} needs the handlers: the store was opened without them");
+            return Err(OpsError::NoHandlers(id.to_owned()));
         };
-        rerun(exec, id).await.map_err(|e| explain(id, e)).with_context(|| format!("retrying {id}"))
+        rerun(exec, id).await.map_err(|e| OpsError::Rerun { id: id.to_owned(), error: Box::new(explain(id, e)) })
     }
 
-    async fn gc(&self) -> anyhow::Result<u64> {
+    async fn gc(&self) -> Result<GcView, OpsError> {
         Ok(Local::gc(self).await?)
     }
 
@@ -192,9 +182,9 @@ impl StoreApi for Local {
         topic: Option<&str>,
         out: &mut dyn std::io::Write,
         progress: &indicatif::ProgressBar,
-    ) -> anyhow::Result<u64> {
+    ) -> Result<u64, OpsError> {
         let mut lines = 0;
-        Local::export(self, state, topic, |line| -> anyhow::Result<()> {
+        Local::export(self, state, topic, |line| -> Result<(), OpsError> {
             writeln!(out, "{line}")?;
             lines += 1;
             progress.inc(1);
@@ -206,24 +196,30 @@ impl StoreApi for Local {
 
 /// Opens the store for a command (small cache, no group-commit window, fsync),
 /// refusing a directory where nothing has run yet.
-pub(super) fn open_store(config: &Path, path: Option<&Path>) -> anyhow::Result<Store> {
+pub(super) fn open_store(config: &Path, path: Option<&Path>) -> Result<Store, OpsError> {
     let (path, retention) = match path {
         Some(p) => (p.to_path_buf(), None),
         None => store_section(config)?,
     };
     if !path.exists() {
-        bail!("no store at {} (nothing has run with this config yet?)", path.display());
+        return Err(OpsError::NoStore(path));
     }
     let opts = StoreOptions::inspect(retention);
     Ok(Store::open(&path, &opts)?)
 }
 
 /// Only `[store]` is needed: `${VAR}`s elsewhere need not be set for `store` commands.
-fn store_section(config: &Path) -> anyhow::Result<(PathBuf, Option<Duration>)> {
-    let text = std::fs::read_to_string(config)
-        .with_context(|| format!("reading {} (or pass --path to the store directory)", config.display()))?;
-    let raw: RawConfig = toml::from_str(&text).with_context(|| format!("invalid config {}", config.display()))?;
-    let retention =
-        raw.store.retention.as_deref().map(humantime::parse_duration).transpose().context("store.retention")?;
+fn store_section(config: &Path) -> Result<(PathBuf, Option<Duration>), OpsError> {
+    let reading = format!("reading {} (or pass --path to the store directory)", config.display());
+    let text = std::fs::read_to_string(config).map_err(OpsError::config(reading))?;
+    let raw: RawConfig =
+        toml::from_str(&text).map_err(OpsError::config(format!("invalid config {}", config.display())))?;
+    let retention = raw
+        .store
+        .retention
+        .as_deref()
+        .map(humantime::parse_duration)
+        .transpose()
+        .map_err(OpsError::config("store.retention"))?;
     Ok((raw.store.path, retention))
 }

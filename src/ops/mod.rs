@@ -3,8 +3,9 @@
 //! [`Local`] works on the store itself and re-runs events through the
 //! [`Executor`](crate::engine::Executor); [`Remote`] asks a running service
 //! through its admin API. `outboxd store …` gets one from [`open`]; the admin
-//! server answers `/v1` with [`Local`]. Answers are the JSON views of
-//! [`crate::store::view`], so both sides print alike.
+//! server answers `/v1` with [`Local`]. Answers are the typed views of
+//! [`crate::store::view`] (the admin API's wire format), so both sides print
+//! alike; failures are an [`OpsError`].
 //!
 //! Repairs (forget, resolve, re-run) reach the changelog wherever they are made:
 //! the service's store has its changelog attached, and `outboxd store` on a
@@ -12,24 +13,25 @@
 //! `[store.changelog]` is on, failing with nothing changed when the brokers do not answer.
 
 mod changelog;
+mod error;
 mod local;
 mod remote;
 
 use std::path::Path;
 
-use serde_json::{json, Value};
-
 use crate::admin::client::AdminClient;
+use crate::store::view::{GcView, RecordView, RedecodedView, RetryView, StatsView};
 use crate::store::{Owner, State, StoreError};
 
-pub use local::{rerun, Local, Page};
+pub use error::{BoxError, OpsError};
+pub use local::{rerun, Local};
 pub use remote::Remote;
 
 /// What a re-run came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Rerun {
-    /// It ran and ended in this record (its JSON view): `done`, or `dead` or `parked` again.
-    Finished(Value),
+    /// It ran and ended in this record: `done`, or `dead` or `parked` again.
+    Finished(Box<RecordView>),
     /// The stored message of an undecodable record now decodes: it ran, and
     /// is recorded under its decoded event id.
     Redecoded,
@@ -37,28 +39,26 @@ pub enum Rerun {
 
 impl Rerun {
     /// The answer of `/v1/retry` for event `id`.
-    pub fn to_json(&self, id: &str) -> Value {
+    pub fn to_view(&self, id: &str) -> RetryView {
         match self {
-            Rerun::Finished(record) => record.clone(),
-            Rerun::Redecoded => {
-                json!({"event_id": id, "state": "rerun", "note": "recorded under its decoded event id"})
-            }
+            Rerun::Finished(record) => RetryView::Finished(record.clone()),
+            Rerun::Redecoded => RetryView::Redecoded(RedecodedView::new(id)),
         }
     }
+}
 
+impl From<RetryView> for Rerun {
     /// Reads an answer of `/v1/retry`.
-    pub fn from_json(answer: Value) -> Rerun {
-        if answer["state"] == "rerun" {
-            Rerun::Redecoded
-        } else {
-            Rerun::Finished(answer)
+    fn from(answer: RetryView) -> Rerun {
+        match answer {
+            RetryView::Finished(record) => Rerun::Finished(record),
+            RetryView::Redecoded(_) => Rerun::Redecoded,
         }
     }
 }
 
 /// The store operations, on the store itself ([`Local`]) or through a running
-/// service ([`Remote`]). Records come back as their JSON views
-/// ([`crate::store::view::record_json`]).
+/// service ([`Remote`]). Answers are the views of [`crate::store::view`].
 // Callers are generic over the implementation and await on their own task;
 // no caller needs the futures to be `Send`, so the `async fn`s need no bound.
 #[allow(async_fn_in_trait)]
@@ -68,19 +68,19 @@ pub trait StoreApi {
     /// Records in the store, when known without a scan (for a progress bar).
     fn known_len(&self) -> Option<u64>;
     /// Counts per state, duplicates suppressed, size on disk, oldest/newest.
-    async fn stats(&self) -> anyhow::Result<Value>;
+    async fn stats(&self) -> Result<StatsView, OpsError>;
     /// One record, if there is one.
-    async fn get(&self, id: &str) -> anyhow::Result<Option<Value>>;
+    async fn get(&self, id: &str) -> Result<Option<RecordView>, OpsError>;
     /// Up to `limit` records in id order (`usize::MAX`: all), optionally of one state and topic.
-    async fn list(&self, state: Option<State>, topic: Option<&str>, limit: usize) -> anyhow::Result<Vec<Value>>;
+    async fn list(&self, state: Option<State>, topic: Option<&str>, limit: usize) -> Result<Vec<RecordView>, OpsError>;
     /// Removes a record, so the event runs again when it is redelivered; answers the record as it was.
-    async fn forget(&self, id: &str) -> anyhow::Result<Value>;
+    async fn forget(&self, id: &str) -> Result<RecordView, OpsError>;
     /// Records a parked (or dead) event `done` by hand: it will not run again.
-    async fn resolve_done(&self, id: &str) -> anyhow::Result<()>;
+    async fn resolve_done(&self, id: &str) -> Result<(), OpsError>;
     /// Runs a dead or parked event again from its stored copy, through its handler.
-    async fn rerun(&self, id: &str) -> anyhow::Result<Rerun>;
+    async fn rerun(&self, id: &str) -> Result<Rerun, OpsError>;
     /// Removes expired done/dead records now; answers how many.
-    async fn gc(&self) -> anyhow::Result<u64>;
+    async fn gc(&self) -> Result<GcView, OpsError>;
     /// Writes records (with the message copies of dead and parked events) as
     /// JSON Lines to `out`, moving `progress` along; answers how many.
     async fn export(
@@ -89,7 +89,7 @@ pub trait StoreApi {
         topic: Option<&str>,
         out: &mut dyn std::io::Write,
         progress: &indicatif::ProgressBar,
-    ) -> anyhow::Result<u64>;
+    ) -> Result<u64, OpsError>;
 }
 
 /// What a command needs of the config besides the store's place.
@@ -114,7 +114,7 @@ pub enum Opened {
 /// outboxd holds it and recorded its admin address, goes through that service
 /// instead, with the token it wrote next to the address (when this user may
 /// read the owner file).
-pub fn open(config: &Path, path: Option<&Path>, needs: Needs) -> anyhow::Result<Opened> {
+pub fn open(config: &Path, path: Option<&Path>, needs: Needs) -> Result<Opened, OpsError> {
     match local::open_store(config, path) {
         Ok(store) => match needs {
             // Repairs read `[kafka]` and `[store.changelog]` of the config; with
@@ -127,21 +127,19 @@ pub fn open(config: &Path, path: Option<&Path>, needs: Needs) -> anyhow::Result<
                 Ok(Opened::Local(Local::for_reruns(config, path)?))
             }
         },
-        Err(e) => match e.downcast_ref::<StoreError>() {
-            Some(StoreError::Locked { path, admin: Some(addr), .. }) => {
-                // The token of the run that recorded this address, not of a later one.
-                let token = Owner::read(path).filter(|o| o.admin.as_ref() == Some(addr)).and_then(|o| o.admin_token);
-                Ok(Opened::Remote(Remote::new(AdminClient::new(addr, token)?)))
-            }
-            _ => Err(e),
-        },
+        Err(OpsError::Store(StoreError::Locked { path, admin: Some(addr), .. })) => {
+            // The token of the run that recorded this address, not of a later one.
+            let token = Owner::read(&path).filter(|o| o.admin.as_ref() == Some(&addr)).and_then(|o| o.admin_token);
+            Ok(Opened::Remote(Remote::new(AdminClient::new(&addr, token)?)))
+        }
+        Err(e) => Err(e),
     }
 }
 
 /// The ids of every dead record (of one topic, when named).
-pub async fn dead_ids(api: &impl StoreApi, topic: Option<&str>) -> anyhow::Result<Vec<String>> {
+pub async fn dead_ids(api: &impl StoreApi, topic: Option<&str>) -> Result<Vec<String>, OpsError> {
     let dead = api.list(Some(State::Dead), topic, usize::MAX).await?;
-    Ok(dead.iter().filter_map(|r| r["event_id"].as_str().map(str::to_owned)).collect())
+    Ok(dead.into_iter().map(|r| r.event_id).collect())
 }
 
 #[cfg(test)]

@@ -1,10 +1,9 @@
 //! The operations through a running service's admin API (`/v1`), for
 //! `outboxd store …` while that service holds the store.
 
-use serde_json::Value;
-
-use super::{Rerun, StoreApi};
+use super::{OpsError, Rerun, StoreApi};
 use crate::admin::client::AdminClient;
+use crate::store::view::{GcView, RecordView, StatsView};
 use crate::store::State;
 
 /// The store of a running service, through its admin API.
@@ -28,33 +27,34 @@ impl StoreApi for Remote {
         None
     }
 
-    async fn stats(&self) -> anyhow::Result<Value> {
-        self.client.stats().await
+    async fn stats(&self) -> Result<StatsView, OpsError> {
+        Ok(self.client.stats().await?)
     }
 
-    async fn get(&self, id: &str) -> anyhow::Result<Option<Value>> {
-        self.client.get(id).await
+    async fn get(&self, id: &str) -> Result<Option<RecordView>, OpsError> {
+        Ok(self.client.get(id).await?)
     }
 
-    async fn list(&self, state: Option<State>, topic: Option<&str>, limit: usize) -> anyhow::Result<Vec<Value>> {
-        self.client.list(state.map(State::as_str), topic, limit).await
+    async fn list(&self, state: Option<State>, topic: Option<&str>, limit: usize) -> Result<Vec<RecordView>, OpsError> {
+        Ok(self.client.list(state.map(State::as_str), topic, limit).await?)
     }
 
-    async fn forget(&self, id: &str) -> anyhow::Result<Value> {
-        self.client.repair("forget", id).await
+    async fn forget(&self, id: &str) -> Result<RecordView, OpsError> {
+        self.client.forget(id).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))
     }
 
-    async fn resolve_done(&self, id: &str) -> anyhow::Result<()> {
-        self.client.repair("resolve", id).await?;
+    async fn resolve_done(&self, id: &str) -> Result<(), OpsError> {
+        self.client.resolve(id).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
         Ok(())
     }
 
-    async fn rerun(&self, id: &str) -> anyhow::Result<Rerun> {
-        Ok(Rerun::from_json(self.client.repair("retry", id).await?))
+    async fn rerun(&self, id: &str) -> Result<Rerun, OpsError> {
+        let answer = self.client.retry(id).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
+        Ok(Rerun::from(answer))
     }
 
-    async fn gc(&self) -> anyhow::Result<u64> {
-        Ok(self.client.repair("gc", "").await?["removed"].as_u64().unwrap_or(0))
+    async fn gc(&self) -> Result<GcView, OpsError> {
+        Ok(self.client.gc().await?)
     }
 
     async fn export(
@@ -63,7 +63,7 @@ impl StoreApi for Remote {
         topic: Option<&str>,
         mut out: &mut dyn std::io::Write,
         progress: &indicatif::ProgressBar,
-    ) -> anyhow::Result<u64> {
+    ) -> Result<u64, OpsError> {
         let lines = self.client.export(state.map(State::as_str), topic, &mut out, progress).await?;
         progress.set_position(lines);
         Ok(lines)

@@ -1,8 +1,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
-
 use super::*;
 use crate::event::{OutboxEvent, Payload, Position};
 use crate::store::{Claim, Role, Store, StoreOptions};
@@ -33,11 +31,25 @@ async fn store_with_done(dir: &Path, ids: &[&str]) -> Arc<Store> {
     store
 }
 
-#[test]
-fn a_rerun_answer_reads_back_as_what_it_was() {
-    let record = json!({"event_id": "e1", "state": "dead", "reason": "http 422"});
-    for rerun in [Rerun::Finished(record), Rerun::Redecoded] {
-        assert_eq!(Rerun::from_json(rerun.to_json("e1")), rerun);
+/// An error as `outboxd` prints it (`{:#}` of anyhow): each cause after its error, joined by `: `.
+fn printed(e: &OpsError) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_rerun_answer_reads_back_as_what_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = Local::new(store_with_done(dir.path(), &["a"]).await);
+    let record = local.get("a").unwrap().expect("a record");
+    for rerun in [Rerun::Finished(Box::new(record)), Rerun::Redecoded] {
+        let wire = serde_json::to_string(&rerun.to_view("a")).unwrap();
+        assert_eq!(Rerun::from(serde_json::from_str::<RetryView>(&wire).unwrap()), rerun, "{wire}");
     }
 }
 
@@ -46,7 +58,7 @@ async fn a_page_names_the_next_cursor_only_when_more_records_follow() {
     let dir = tempfile::tempdir().unwrap();
     let local = Local::new(store_with_done(dir.path(), &["a", "b", "c"]).await);
     let first = local.page(None, None, None, 2).unwrap();
-    let ids = |p: &Page| p.records.iter().map(|r| r["event_id"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+    let ids = |p: &crate::store::view::PageView| p.records.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>();
     assert_eq!(ids(&first), ["a", "b"]);
     let next = first.next.expect("a cursor: c follows");
     let second = local.page(None, None, Some(&next), 2).unwrap();
@@ -60,7 +72,8 @@ async fn a_store_opened_without_handlers_refuses_to_rerun() {
     let dir = tempfile::tempdir().unwrap();
     let local = Local::new(store_with_done(dir.path(), &["a"]).await);
     let e = StoreApi::rerun(&local, "a").await.unwrap_err();
-    assert!(format!("{e:#}").contains("needs the handlers"), "{e:#}");
+    assert!(matches!(&e, OpsError::NoHandlers(id) if id == "a"), "{e:?}");
+    assert_eq!(printed(&e), "re-running \"a\" needs the handlers: the store was opened without them");
 }
 
 #[test]
@@ -68,7 +81,8 @@ fn opening_a_directory_where_nothing_has_run_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("store");
     let Err(e) = open(Path::new("unused.toml"), Some(&missing), Needs::Records) else { panic!("opened") };
-    assert!(format!("{e:#}").starts_with("no store at"), "{e:#}");
+    assert!(matches!(e, OpsError::NoStore(_)), "{e:?}");
+    assert!(printed(&e).starts_with("no store at"), "{e}");
     assert!(!missing.exists(), "nothing created");
 }
 
@@ -83,12 +97,19 @@ async fn a_repair_from_the_command_line_with_the_brokers_down_changes_nothing_an
     std::fs::write(&config, text).unwrap();
     let local = Local::with_config(store.clone(), &config);
     let e = StoreApi::forget(&local, "a").await.unwrap_err();
-    assert!(format!("{e:#}").contains("nothing was changed"), "{e:#}");
+    assert!(matches!(&e, OpsError::NothingChanged { id, .. } if id == "a"), "{e:?}");
+    // Printed once each: what was left behind, then the changelog's reason.
+    let said = printed(&e);
+    assert!(said.starts_with("a: nothing was changed in the store"), "{said}");
+    assert_eq!(said.matches("changelog write failed: ").count(), 1, "{said}");
     assert!(store.has_changelog(), "the service's producer was attached");
     assert_eq!(store.get("a").unwrap().unwrap().state, State::Done, "the record is still there");
 
     // With the changelog off, the repair is the store's alone, as before.
     std::fs::write(&config, format!("{text}enabled = false\n")).unwrap();
     let off = Local::with_config(store_with_done(&dir.path().join("off"), &["b"]).await, &config);
-    assert_eq!(StoreApi::forget(&off, "b").await.unwrap()["event_id"], "b");
+    assert_eq!(StoreApi::forget(&off, "b").await.unwrap().event_id, "b");
+    let e = StoreApi::forget(&off, "b").await.unwrap_err();
+    assert!(matches!(&e, OpsError::NotFound(id) if id == "b"), "forgotten already: {e:?}");
+    assert_eq!(printed(&e), "no record for event \"b\"");
 }

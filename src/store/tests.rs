@@ -487,11 +487,12 @@ async fn each_scope_of_an_id_keeps_its_own_message_copy() {
     let mut values = Vec::new();
     store
         .scan(None, None, |r| -> Result<(), StoreError> {
-            values.push(super::view::export_line(&store, &r)?["message"]["value"].clone());
+            values.push(super::view::export_line(&store, &r)?.message.and_then(|m| m.value));
             Ok(())
         })
         .unwrap();
-    assert_eq!(values, [serde_json::json!("xxx"), serde_json::json!("xxxxx")]);
+    let text = |s: &str| Some(super::view::BytesView::Text(s.to_owned()));
+    assert_eq!(values, [text("xxx"), text("xxxxx")]);
 }
 
 /// A re-run that fails again past the quota: its new copy is not kept, and the copy

@@ -45,11 +45,19 @@ pub struct AdminState {
 
 type Shared = Arc<AdminState>;
 
+/// The admin address cannot be listened on (taken, or not this host's).
+#[derive(Debug, thiserror::Error)]
+#[error("admin.listen: cannot listen on {addr}: {error} (set [admin] listen to another port, or \"off\")")]
+pub struct BindError {
+    /// `[admin] listen`.
+    pub addr: SocketAddr,
+    /// What the system said (part of the message, not a separate cause).
+    pub error: std::io::Error,
+}
+
 /// Binds the listener (so a taken port fails start-up, not later).
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        anyhow::anyhow!("admin.listen: cannot listen on {addr}: {e} (set [admin] listen to another port, or \"off\")")
-    })
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, BindError> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|error| BindError { addr, error })
 }
 
 /// Serves until `shutdown`. The store API accepts `[admin] token` and the

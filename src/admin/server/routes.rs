@@ -11,12 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use super::ApiError;
 use crate::engine::Executor;
 use crate::ops::{self, Local};
+use crate::store::view::{GcView, PageView, RecordView, RetryView, StatsView};
 use crate::store::{State as RecordState, StoreError};
 
 /// Records in one page of `/v1/events` when the request names no `limit`.
@@ -56,16 +56,16 @@ fn join_error(e: tokio::task::JoinError) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
-async fn stats(State(l): State<Local>) -> Result<Json<Value>, ApiError> {
+async fn stats(State(l): State<Local>) -> Result<Json<StatsView>, ApiError> {
     Ok(Json(tokio::task::spawn_blocking(move || l.stats()).await.map_err(join_error)??))
 }
 
-async fn get_event(State(l): State<Local>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn get_event(State(l): State<Local>, Path(id): Path<String>) -> Result<Json<RecordView>, ApiError> {
     found(&id, l.get(&id)?)
 }
 
 /// The record, or a 404 naming the event.
-fn found(id: &str, record: Option<Value>) -> Result<Json<Value>, ApiError> {
+fn found(id: &str, record: Option<RecordView>) -> Result<Json<RecordView>, ApiError> {
     match record {
         Some(r) => Ok(Json(r)),
         None => Err(ApiError(StatusCode::NOT_FOUND, format!("no record for event {id:?}"))),
@@ -92,13 +92,13 @@ impl ListQuery {
 
 /// One page of records in id order: `{"records": [...], "next": ID | null}`.
 /// `next` is set when more records follow; ask again with `?after=ID`.
-async fn list(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
+async fn list(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Json<PageView>, ApiError> {
     let state = q.state_filter()?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
     let page = tokio::task::spawn_blocking(move || l.page(state, q.topic.as_deref(), q.after.as_deref(), limit))
         .await
         .map_err(join_error)??;
-    Ok(Json(json!({"records": page.records, "next": page.next})))
+    Ok(Json(page))
 }
 
 #[derive(Deserialize)]
@@ -106,17 +106,17 @@ struct IdQuery {
     id: String,
 }
 
-async fn forget(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+async fn forget(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<RecordView>, ApiError> {
     Ok(Json(l.forget(&q.id).await?))
 }
 
-async fn resolve(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+async fn resolve(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<RecordView>, ApiError> {
     let record = l.resolve_done(&q.id).await?;
     found(&q.id, record)
 }
 
-async fn gc(State(l): State<Local>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!({"removed": l.gc().await?})))
+async fn gc(State(l): State<Local>) -> Result<Json<GcView>, ApiError> {
+    Ok(Json(l.gc().await?))
 }
 
 /// JSON Lines of records (with message copies), streamed while the store is scanned.
@@ -141,7 +141,7 @@ async fn export(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Re
 /// drops this handler when the client goes away, and a re-execution dropped
 /// between its claim and its outcome would leave the record `claimed`, with
 /// no Kafka delivery left to finish it.
-async fn retry(State(r): State<Arc<Retries>>, Query(q): Query<IdQuery>) -> Result<Json<Value>, ApiError> {
+async fn retry(State(r): State<Arc<Retries>>, Query(q): Query<IdQuery>) -> Result<Json<RetryView>, ApiError> {
     let turn = r.turns.clone().acquire_owned().await.expect("the retry semaphore is never closed");
     let exec = r.exec.clone();
     let run = tokio::spawn(async move {
@@ -150,7 +150,7 @@ async fn retry(State(r): State<Arc<Retries>>, Query(q): Query<IdQuery>) -> Resul
         if let Err(e) = &answer {
             tracing::warn!(event_id = %q.id, error = %e.1, "admin retry failed");
         }
-        answer.map(|r| Json(r.to_json(&q.id)))
+        answer.map(|r| Json(r.to_view(&q.id)))
     });
     run.await.map_err(join_error)?
 }
