@@ -22,13 +22,83 @@ use super::MAX_DEPTH;
 /// may hold: a block count is otherwise bounded by the bytes that are left.
 const MAX_EMPTY_ITEMS: usize = 65_536;
 
+/// Why a datum is not exactly one value of its schema within the bounds above.
+/// `what` names the part being read: "a string", "a block count", ...
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DatumError {
+    /// A part claims more bytes than are left.
+    #[error("datum ends early: {what} needs {needs} bytes at byte {at}, {left} left")]
+    Truncated {
+        /// The part being read.
+        what: &'static str,
+        /// The bytes it needs.
+        needs: usize,
+        /// Where it starts.
+        at: usize,
+        /// The bytes left from there.
+        left: usize,
+    },
+    /// The input ends inside a varint.
+    #[error("datum ends early: {what} is cut off at byte {at}")]
+    CutOff {
+        /// The part being read.
+        what: &'static str,
+        /// Where the input ends.
+        at: usize,
+    },
+    /// A varint without an end within the 10 bytes a `long` takes.
+    #[error("{what} at byte {at} is longer than 10 bytes")]
+    LongVarint {
+        /// The part being read.
+        what: &'static str,
+        /// Where the varint starts.
+        at: usize,
+    },
+    /// A length prefix below zero.
+    #[error("{what} has a negative length ({len})")]
+    NegativeLength {
+        /// The part being read.
+        what: &'static str,
+        /// The length it claims.
+        len: i64,
+    },
+    /// A union index with no variant.
+    #[error("union index {index} of {variants} variants")]
+    UnionIndex {
+        /// The index read.
+        index: i64,
+        /// The variants the union has.
+        variants: usize,
+    },
+    /// A reference to a named type that neither the schema nor its references define.
+    #[error("unknown named type {0}")]
+    UnknownName(Name),
+    /// Records, arrays and maps nested deeper than [`MAX_DEPTH`].
+    #[error("value nests deeper than {MAX_DEPTH} records, arrays and maps")]
+    TooDeep,
+    /// A block count beyond what the bytes left (and [`MAX_EMPTY_ITEMS`]) can hold.
+    #[error("a block claims {count} items with {left} bytes left")]
+    BlockCount {
+        /// The items the block claims.
+        count: u64,
+        /// The bytes left.
+        left: usize,
+    },
+    /// More than [`MAX_EMPTY_ITEMS`] items that take no bytes.
+    #[error("more than {MAX_EMPTY_ITEMS} items without content")]
+    EmptyItems,
+    /// Bytes after the end of the value.
+    #[error("{0} bytes left after the datum")]
+    Trailing(usize),
+}
+
 /// `Ok` when `datum` is exactly one value of `schema`, within the bounds above.
-pub(super) fn check(schema: &Schema, names: &HashMap<Name, &Schema>, datum: &[u8]) -> Result<(), String> {
+pub(super) fn check(schema: &Schema, names: &HashMap<Name, &Schema>, datum: &[u8]) -> Result<(), DatumError> {
     let mut scan = Scan { names, input: datum, pos: 0, empty_items: 0 };
     scan.value(schema, 0)?;
     match datum.len() - scan.pos {
         0 => Ok(()),
-        left => Err(format!("{left} bytes left after the datum")),
+        left => Err(DatumError::Trailing(left)),
     }
 }
 
@@ -46,20 +116,20 @@ impl Scan<'_> {
         self.input.len() - self.pos
     }
 
-    fn skip(&mut self, n: usize, what: &str) -> Result<(), String> {
+    fn skip(&mut self, n: usize, what: &'static str) -> Result<(), DatumError> {
         if n > self.left() {
-            return Err(format!("datum ends early: {what} needs {n} bytes at byte {}, {} left", self.pos, self.left()));
+            return Err(DatumError::Truncated { what, needs: n, at: self.pos, left: self.left() });
         }
         self.pos += n;
         Ok(())
     }
 
     /// A zig-zag varint (Avro `int` and `long`).
-    fn long(&mut self, what: &str) -> Result<i64, String> {
+    fn long(&mut self, what: &'static str) -> Result<i64, DatumError> {
         let mut n: u64 = 0;
         for i in 0..10 {
             let Some(&b) = self.input.get(self.pos) else {
-                return Err(format!("datum ends early: {what} is cut off at byte {}", self.pos));
+                return Err(DatumError::CutOff { what, at: self.pos });
             };
             self.pos += 1;
             n |= u64::from(b & 0x7f) << (7 * i);
@@ -67,17 +137,17 @@ impl Scan<'_> {
                 return Ok((n >> 1) as i64 ^ -((n & 1) as i64));
             }
         }
-        Err(format!("{what} at byte {} is longer than 10 bytes", self.pos - 10))
+        Err(DatumError::LongVarint { what, at: self.pos - 10 })
     }
 
     /// A length prefix, then that many bytes.
-    fn bytes(&mut self, what: &str) -> Result<(), String> {
+    fn bytes(&mut self, what: &'static str) -> Result<(), DatumError> {
         let len = self.long(what)?;
-        let len = usize::try_from(len).map_err(|_| format!("{what} has a negative length ({len})"))?;
+        let len = usize::try_from(len).map_err(|_| DatumError::NegativeLength { what, len })?;
         self.skip(len, what)
     }
 
-    fn value(&mut self, schema: &Schema, depth: usize) -> Result<(), String> {
+    fn value(&mut self, schema: &Schema, depth: usize) -> Result<(), DatumError> {
         match schema {
             Schema::Null => Ok(()),
             Schema::Boolean => self.skip(1, "a boolean"),
@@ -102,11 +172,11 @@ impl Scan<'_> {
                 let variant = usize::try_from(index)
                     .ok()
                     .and_then(|i| u.variants().get(i))
-                    .ok_or_else(|| format!("union index {index} of {} variants", u.variants().len()))?;
+                    .ok_or_else(|| DatumError::UnionIndex { index, variants: u.variants().len() })?;
                 self.value(variant, depth)
             }
             Schema::Ref { name } => {
-                let named = self.names.get(name).ok_or_else(|| format!("unknown named type {name}"))?;
+                let named = self.names.get(name).ok_or_else(|| DatumError::UnknownName(name.clone()))?;
                 self.value(named, depth)
             }
             Schema::Record(r) => {
@@ -119,7 +189,7 @@ impl Scan<'_> {
     }
 
     /// Blocks of items (and keys, for a map) up to the block of count 0.
-    fn items(&mut self, item: &Schema, key: Option<&Schema>, depth: usize) -> Result<(), String> {
+    fn items(&mut self, item: &Schema, key: Option<&Schema>, depth: usize) -> Result<(), DatumError> {
         loop {
             let count = self.long("a block count")?;
             if count == 0 {
@@ -132,7 +202,7 @@ impl Scan<'_> {
             let count = count.unsigned_abs();
             let room = self.left() + (MAX_EMPTY_ITEMS - self.empty_items);
             if count > room as u64 {
-                return Err(format!("a block claims {count} items with {} bytes left", self.left()));
+                return Err(DatumError::BlockCount { count, left: self.left() });
             }
             for _ in 0..count {
                 let before = self.pos;
@@ -143,7 +213,7 @@ impl Scan<'_> {
                 if self.pos == before {
                     self.empty_items += 1;
                     if self.empty_items > MAX_EMPTY_ITEMS {
-                        return Err(format!("more than {MAX_EMPTY_ITEMS} items without content"));
+                        return Err(DatumError::EmptyItems);
                     }
                 }
             }
@@ -151,9 +221,9 @@ impl Scan<'_> {
     }
 }
 
-fn nested(depth: usize) -> Result<usize, String> {
+fn nested(depth: usize) -> Result<usize, DatumError> {
     if depth >= MAX_DEPTH {
-        return Err(format!("value nests deeper than {MAX_DEPTH} records, arrays and maps"));
+        return Err(DatumError::TooDeep);
     }
     Ok(depth + 1)
 }

@@ -40,14 +40,56 @@ pub(super) enum Unit {
     Nanos,
 }
 
+/// Why a decoded value cannot be written as JSON.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum JsonError {
+    /// A reference to a named type that neither the schema nor its references define.
+    #[error("unknown named type {0}")]
+    UnknownName(Name),
+    /// Records, arrays and maps nested deeper than [`MAX_DEPTH`].
+    #[error("value nests deeper than {MAX_DEPTH} records, arrays and maps")]
+    TooDeep,
+    /// A union value whose index has no variant in the union's schema.
+    #[error("union index out of range")]
+    UnionIndex,
+    /// A record value whose schema is not a record.
+    #[error("record value without a record schema")]
+    NotARecord,
+    /// A field declared as Debezium JSON whose string does not parse as JSON.
+    #[error("field {field}: {DEBEZIUM_JSON} string is not JSON: {error}")]
+    NotJson {
+        /// The field's name.
+        field: String,
+        /// serde_json's complaint.
+        error: serde_json::Error,
+    },
+    /// A decimal value apache-avro cannot turn back into its bytes.
+    #[error(transparent)]
+    DecimalBytes(apache_avro::Error),
+    /// A decimal's unscaled value takes more bytes than an `i128`.
+    #[error("decimal of {0} bytes is larger than supported (16)")]
+    DecimalTooLong(usize),
+    /// A decimal's scale is beyond [`MAX_DECIMAL_SCALE`].
+    #[error("decimal scale {0} is larger than supported ({MAX_DECIMAL_SCALE})")]
+    DecimalScale(usize),
+}
+
+#[cfg(test)]
+impl JsonError {
+    /// Whether the message contains `text`, as the tests ask of it.
+    pub(super) fn contains(&self, text: &str) -> bool {
+        self.to_string().contains(text)
+    }
+}
+
 /// `depth`: records, arrays and maps around `value`; bounded by [`MAX_DEPTH`].
-pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>, depth: usize) -> Result<Value, String> {
+pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>, depth: usize) -> Result<Value, JsonError> {
     let schema = match schema {
-        Schema::Ref { name } => ctx.names.get(name).copied().ok_or_else(|| format!("unknown named type {name}"))?,
+        Schema::Ref { name } => ctx.names.get(name).copied().ok_or_else(|| JsonError::UnknownName(name.clone()))?,
         s => s,
     };
     if matches!(value, Avro::Record(_) | Avro::Array(_) | Avro::Map(_)) && depth >= MAX_DEPTH {
-        return Err(format!("value nests deeper than {MAX_DEPTH} records, arrays and maps"));
+        return Err(JsonError::TooDeep);
     }
     Ok(match value {
         Avro::Null => Value::Null,
@@ -61,7 +103,7 @@ pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>, depth: usize
         Avro::Enum(_, symbol) => json!(symbol),
         Avro::Union(index, inner) => {
             let Schema::Union(u) = schema else { return to_json(inner, schema, ctx, depth) };
-            let variant = u.variants().get(*index as usize).ok_or("union index out of range")?;
+            let variant = u.variants().get(*index as usize).ok_or(JsonError::UnionIndex)?;
             to_json(inner, variant, ctx, depth)?
         }
         Avro::Array(items) => {
@@ -85,14 +127,14 @@ pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>, depth: usize
             Value::Object(out)
         }
         Avro::Record(fields) => {
-            let Schema::Record(r) = schema else { return Err("record value without a record schema".into()) };
+            let Schema::Record(r) = schema else { return Err(JsonError::NotARecord) };
             let mut out = serde_json::Map::new();
             for ((name, v), field) in fields.iter().zip(&r.fields) {
                 let mut json = to_json(v, &field.schema, ctx, depth + 1)?;
                 let declared_json = ctx.json_fields.contains(&(r.name.name.clone(), name.clone()));
                 if let (Value::String(s), true) = (&json, declared_json) {
-                    json = serde_json::from_str(s)
-                        .map_err(|e| format!("field {name}: {DEBEZIUM_JSON} string is not JSON: {e}"))?;
+                    json =
+                        serde_json::from_str(s).map_err(|error| JsonError::NotJson { field: name.clone(), error })?;
                 }
                 out.insert(name.clone(), json);
             }
@@ -104,7 +146,7 @@ pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>, depth: usize
                 Schema::Decimal(ds) => ds.scale,
                 _ => 0,
             };
-            let bytes: Vec<u8> = Vec::try_from(d).map_err(|e| e.to_string())?;
+            let bytes: Vec<u8> = Vec::try_from(d).map_err(JsonError::DecimalBytes)?;
             decimal(&bytes, scale)?
         }
         Avro::BigDecimal(d) => json!(d.to_string()),
@@ -190,12 +232,12 @@ fn civil(days: i64) -> Option<(i64, i64, i64)> {
 }
 
 /// A two's-complement big-endian unscaled value with `scale` digits after the point.
-pub(super) fn decimal(bytes: &[u8], scale: usize) -> Result<Value, String> {
+pub(super) fn decimal(bytes: &[u8], scale: usize) -> Result<Value, JsonError> {
     if bytes.len() > 16 {
-        return Err(format!("decimal of {} bytes is larger than supported (16)", bytes.len()));
+        return Err(JsonError::DecimalTooLong(bytes.len()));
     }
     if scale > MAX_DECIMAL_SCALE {
-        return Err(format!("decimal scale {scale} is larger than supported ({MAX_DECIMAL_SCALE})"));
+        return Err(JsonError::DecimalScale(scale));
     }
     let fill = if bytes.first().is_some_and(|b| b & 0x80 != 0) { 0xff } else { 0 };
     let mut buf = [fill; 16];

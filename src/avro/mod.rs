@@ -234,7 +234,7 @@ impl ParsedSchema {
         let mut datum = framed.get(5..).ok_or(AvroError::NotFramed)?;
         let id = self.id;
         let names = self.names();
-        check::check(&self.schema, &names, datum).map_err(|error| AvroError::Datum { id, error })?;
+        check::check(&self.schema, &names, datum).map_err(|e| AvroError::Datum { id, error: e.to_string() })?;
         // The top-level schema too (after the references it uses): its named
         // types may be used again inside it.
         let schemata = self.schemata.iter().chain(std::iter::once(&self.schema)).collect();
@@ -244,7 +244,7 @@ impl ParsedSchema {
             return Err(AvroError::Datum { id, error: format!("{} bytes left after the datum", datum.len()) });
         }
         let ctx = Ctx { names: &names, json_fields: &self.json_fields };
-        let json = to_json(&value, &self.schema, &ctx, 0).map_err(|error| AvroError::Datum { id, error })?;
+        let json = to_json(&value, &self.schema, &ctx, 0).map_err(|e| AvroError::Datum { id, error: e.to_string() })?;
         match json {
             Value::String(s) if self.top_is_json => serde_json::from_str(&s)
                 .map_err(|e| AvroError::Datum { id, error: format!("{DEBEZIUM_JSON} string is not JSON: {e}") }),

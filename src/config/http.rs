@@ -46,11 +46,16 @@ impl StatusMatch {
     }
 }
 
-impl TryFrom<toml::Value> for StatusMatch {
-    type Error = String;
+/// A `success_on`, `fail_on` or `retry_on` entry that is neither a status nor a class.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("expected a status such as 409 or a class such as \"5xx\", got {0}")]
+pub struct StatusMatchError(toml::Value);
 
-    fn try_from(v: toml::Value) -> Result<StatusMatch, String> {
-        let bad = || format!("expected a status such as 409 or a class such as \"5xx\", got {v}");
+impl TryFrom<toml::Value> for StatusMatch {
+    type Error = StatusMatchError;
+
+    fn try_from(v: toml::Value) -> Result<StatusMatch, StatusMatchError> {
+        let bad = || StatusMatchError(v.clone());
         match &v {
             toml::Value::Integer(i) if (100..=599).contains(i) => Ok(StatusMatch::Code(*i as u16)),
             toml::Value::String(s) => {
