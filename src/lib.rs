@@ -23,51 +23,92 @@
 //! handling one message is contained: it is recorded dead and its key and
 //! partition go on; `/readyz` names a partition that stalls anyway.
 //!
+//! ## Embedding outboxd
+//! The public API is what a program that embeds outboxd needs: [`App`] (the service,
+//! with handlers of your own for some topics, and [`App::own_metrics`] when the
+//! program records metrics itself), [`config`] (the TOML file, parsed and validated),
+//! [`handler`] (the [`handler::Handler`] trait, [`handler::from_fn`] for a closure) and
+//! [`event`] (what a handler is given). The guarantee above holds for your handlers
+//! too: one runs for an event only after its id is claimed, and an event it already
+//! finished is never given to it again; a re-execution after a crash gets the same
+//! event, so use its id as the receiver's idempotency key.
+//!
+//! ```no_run
+//! use outboxd::handler::{from_fn, Outcome};
+//!
+//! # async fn example() -> anyhow::Result<()> {
+//! let config = outboxd::config::Config::load("outboxd.toml".as_ref())?;
+//! outboxd::App::new(config)
+//!     .handler("outbox.event.payment", from_fn(|event| async move {
+//!         println!("payment event {} at {}", event.id, event.position);
+//!         Ok(Outcome("printed".to_owned()))
+//!     }))
+//!     .run(async { tokio::signal::ctrl_c().await.unwrap() })
+//!     .await
+//! # }
+//! ```
+//!
+//! The other modules are public only for the `outboxd` binary, the benchmark, the
+//! fuzz targets and the tests (hidden from this documentation): they are not an API
+//! to build on, and change without notice.
+//!
 //! ## Where things live
 //! Imports flow one way, from `cli` and `app` down to the leaves (`event`, `template`,
 //! `metrics`, `offsets`; `config` uses only `template`); `scripts/module-dag` fails CI on a
 //! loop. `docs/architecture.md` §5 says what each module owns, §6 lists the imports.
 //! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
-//! - [`template`]: URL templates; event data only in path and query, percent-encoded.
-//! - [`event`] / [`codec`]: the one decoder, Kafka message → [`event::OutboxEvent`] (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
-//! - [`avro`]: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
-//! - [`store`]: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
+//! - `template`: URL templates; event data only in path and query, percent-encoded.
+//! - [`event`] / `codec`: the one decoder, Kafka message → `event::OutboxEvent` (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
+//! - `avro`: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
+//! - `store`: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
 //!   log and of new blob files; a failed sync fails every later wait), time slices, message copies within a
-//!   quota. Only place that uses sled. [`store::view`]: records, stats, pages and repair answers as typed views
+//!   quota. Only place that uses sled. `store::view`: records, stats, pages and repair answers as typed views
 //!   (the admin API's JSON, `store … --json`) and the tables `store …` prints.
-//!   [`store::changelog`]: with `[store.changelog]` the store is a cache of changelog partitions: final
+//!   `store::changelog`: with `[store.changelog]` the store is a cache of changelog partitions: final
 //!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far.
-//! - [`offsets`]: per-partition tracker of the next committable offset.
-//! - [`kafka`]: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
+//! - `offsets`: per-partition tracker of the next committable offset.
+//! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
-//! - [`engine`]: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment,
+//! - `engine`: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment,
 //!   standby replicas of partitions owned elsewhere (`store.changelog.standby`).
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest calls to the receivers), `log`, closures.
-//! - [`metrics`]: metric names and the Prometheus recorder (a leaf).
-//! - [`app`]: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
+//! - `metrics`: metric names and the Prometheus recorder (a leaf).
+//! - `app`: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
-//! - [`ops`]: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export),
-//!   written once against [`ops::StoreApi`]: on the store itself, or through a running service.
-//! - [`admin`]: [`admin::server`]: health, readiness, Prometheus metrics (open), the store API behind a bearer
-//!   token (axum), answered by [`ops`]; [`admin::client`]: that API's client, which `store …` uses.
-//! - [`cli`]: `run`, `check-config`, `store …`: parses arguments, calls [`ops`], prints.
+//! - `ops`: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export),
+//!   written once against `ops::StoreApi`: on the store itself, or through a running service.
+//! - `admin`: `admin::server`: health, readiness, Prometheus metrics (open), the store API behind a bearer
+//!   token (axum), answered by `ops`; `admin::client`: that API's client, which `store …` uses.
+//! - `cli`: `run`, `check-config`, `store …`: parses arguments, calls `ops`, prints.
 
 #![warn(missing_docs)]
 
+#[doc(hidden)]
 pub mod admin;
+#[doc(hidden)]
 pub mod app;
+#[doc(hidden)]
 pub mod avro;
+#[doc(hidden)]
 pub mod cli;
+#[doc(hidden)]
 pub mod codec;
 pub mod config;
+#[doc(hidden)]
 pub mod engine;
 pub mod event;
 pub mod handler;
+#[doc(hidden)]
 pub mod kafka;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod offsets;
+#[doc(hidden)]
 pub mod ops;
+#[doc(hidden)]
 pub mod store;
+#[doc(hidden)]
 pub mod template;
 
 pub use app::App;

@@ -62,12 +62,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 pub struct App {
     config: Config,
     custom: HashMap<String, Arc<dyn Handler>>,
+    /// outboxd installs its Prometheus recorder (and serves `/metrics`) unless
+    /// the program records metrics itself ([`App::own_metrics`]).
+    install_metrics: bool,
 }
 
 impl App {
     /// The service as `config` describes it (validated: [`Config::load`], [`Config::parse`]).
     pub fn new(config: Config) -> App {
-        App { config, custom: HashMap::new() }
+        App { config, custom: HashMap::new(), install_metrics: true }
+    }
+
+    /// The program records metrics itself: it installed a recorder of its own
+    /// (of the `metrics` crate), or none. outboxd then installs no Prometheus
+    /// recorder (a second one could not be installed anyway), records its
+    /// metrics through whatever recorder is installed, and its admin server
+    /// answers `/metrics` with 404.
+    pub fn own_metrics(mut self) -> App {
+        self.install_metrics = false;
+        self
     }
 
     /// Runs `handler` for the events of `topic` (an exact topic name) instead of
@@ -87,7 +100,7 @@ impl App {
     /// Fails at start-up for a topic given to [`App::handler`] that no
     /// `[[handlers]]` entry covers, and at the end when the store failed.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let App { config, custom } = self;
+        let App { config, custom, install_metrics } = self;
         crate::engine::check_custom_topics(&config, &custom)?;
         let store = open_store(&config)?;
         let restore = changelog(&config, &store).await?;
@@ -95,7 +108,8 @@ impl App {
         let tracker = if restore.is_some() { OffsetTracker::with_restore() } else { OffsetTracker::default() };
         let tracker = Tracker::new(tracker);
         let subscriptions = config.subscriptions();
-        let prometheus = crate::metrics::install().context("setting up metrics")?;
+        let prometheus =
+            if install_metrics { Some(crate::metrics::install().context("setting up metrics")?) } else { None };
         let broker_up = Arc::new(AtomicBool::new(false));
         let consumer = Arc::new(
             Consumer::build(&config.kafka, &subscriptions, tracker.clone(), broker_up.clone())
@@ -138,7 +152,9 @@ impl App {
         }
         tasks.spawn(tasks::store_gauges(store.clone(), background.clone()));
         tasks.spawn(tasks::stall_watch(tracker, stall_timeout, background.clone()));
-        tasks.spawn(tasks::metrics_upkeep(prometheus, background.clone()));
+        if let Some(prometheus) = prometheus {
+            tasks.spawn(tasks::metrics_upkeep(prometheus, background.clone()));
+        }
         tasks.spawn(tasks::retention(store.clone(), gc_interval, background.clone()));
         if let Some(setup) = restore {
             tasks.spawn(engine.restore_task(setup, token.clone()));

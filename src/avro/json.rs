@@ -74,14 +74,6 @@ pub(super) enum JsonError {
     DecimalScale(usize),
 }
 
-#[cfg(test)]
-impl JsonError {
-    /// Whether the message contains `text`, as the tests ask of it.
-    pub(super) fn contains(&self, text: &str) -> bool {
-        self.to_string().contains(text)
-    }
-}
-
 /// `depth`: records, arrays and maps around `value`; bounded by [`MAX_DEPTH`].
 pub(super) fn to_json(value: &Avro, schema: &Schema, ctx: &Ctx<'_>, depth: usize) -> Result<Value, JsonError> {
     let schema = match schema {

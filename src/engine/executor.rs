@@ -92,7 +92,7 @@ pub struct Executor {
 impl Executor {
     /// With the configured handlers only; builds them, the dead-letter producer
     /// (when a handler has a dead-letter topic) and the registry client (when configured).
-    pub fn new(config: Config, store: Arc<Store>) -> anyhow::Result<Executor> {
+    pub fn new(config: Config, store: Arc<Store>) -> Result<Executor, SetupError> {
         Executor::with_handlers(config, store, HashMap::new())
     }
 
@@ -102,7 +102,7 @@ impl Executor {
         config: Config,
         store: Arc<Store>,
         custom: HashMap<String, Arc<dyn Handler>>,
-    ) -> anyhow::Result<Executor> {
+    ) -> Result<Executor, SetupError> {
         check_custom_topics(&config, &custom)?;
         let handlers = config.handlers.iter().map(handler::build).collect::<Result<Vec<_>, _>>()?;
         let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
@@ -492,15 +492,31 @@ impl Executor {
 }
 
 /// Every topic given its own handler must be covered by a `[[handlers]]` entry.
-pub fn check_custom_topics(config: &Config, custom: &HashMap<String, Arc<dyn Handler>>) -> anyhow::Result<()> {
-    for topic in custom.keys() {
-        anyhow::ensure!(
-            config.handler_for(topic).is_some(),
-            "a handler is given for topic {topic:?}, but no [[handlers]] entry covers it \
-             (the entry says how its events are read, retried and dead-lettered)"
-        );
+pub fn check_custom_topics(config: &Config, custom: &HashMap<String, Arc<dyn Handler>>) -> Result<(), SetupError> {
+    match custom.keys().find(|topic| config.handler_for(topic).is_none()) {
+        Some(topic) => Err(SetupError::Uncovered(topic.clone())),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// Why an [`Executor`] could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// An embedding program gave a handler for a topic no `[[handlers]]` entry covers.
+    #[error(
+        "a handler is given for topic {0:?}, but no [[handlers]] entry covers it \
+         (the entry says how its events are read, retried and dead-lettered)"
+    )]
+    Uncovered(String),
+    /// A configured handler could not be built.
+    #[error("{0}")]
+    Handler(#[from] handler::BuildError),
+    /// The dead-letter producer could not be created.
+    #[error("{0}")]
+    DeadLetters(#[from] crate::kafka::KafkaError),
+    /// The schema registry client could not be set up.
+    #[error("{0}")]
+    Registry(#[from] avro::RegistrySetupError),
 }
 
 /// Debug builds only (compiled out of release builds): a bug to contain, for the

@@ -14,16 +14,12 @@
 //! about two intervals of a repair made elsewhere may still meet the state before it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
-use super::reader::{Checkpoint, Pass, Reader, RestoreError};
-use super::worker::Shared;
+use super::reader::{Checkpoint, Pass, Reader, Readers, RestoreError};
 use crate::config::ChangelogConfig;
-use crate::kafka::Restorer;
 use crate::offsets::PartitionId;
 
 /// The partitions followed, and where their changelogs ended at the last check.
@@ -62,53 +58,36 @@ impl Follow {
 
     /// When an interval has passed: applies what other instances wrote to the
     /// changelogs of the partitions still owned. Blocking reads run off the runtime's workers.
-    pub(super) async fn check(
-        &mut self,
-        shared: &Arc<Shared>,
-        restorer: &Arc<Restorer>,
-        changelog: &ChangelogConfig,
-        stop: &CancellationToken,
-    ) {
+    pub(super) async fn check(&mut self, readers: &Readers) {
         if self.last.elapsed() < self.interval {
             return;
         }
         self.last = Instant::now();
         {
-            let tracker = shared.tracker.lock();
+            let tracker = readers.shared.tracker.lock();
             self.restored.retain(|p, g| tracker.owns(p, *g) && !tracker.is_restoring(p, *g));
         }
         self.seen.retain(|p, _| self.restored.contains_key(p));
         if self.restored.is_empty() {
             return;
         }
-        let (shared, restorer, changelog, stop) = (shared.clone(), restorer.clone(), changelog.clone(), stop.clone());
-        let (restored, mut seen) = (self.restored.clone(), std::mem::take(&mut self.seen));
+        let (readers, restored, mut seen) = (readers.clone(), self.restored.clone(), std::mem::take(&mut self.seen));
         let runtime = tokio::runtime::Handle::current();
         let checked = tokio::task::spawn_blocking(move || {
             for (partition, generation) in &restored {
-                let ours = || {
-                    shared.tracker.lock().owns(partition, *generation) && !shared.exec.stopped() && !stop.is_cancelled()
-                };
+                let ours = || readers.shared.tracker.lock().owns(partition, *generation) && readers.running();
                 if !ours() {
                     continue;
                 }
-                let reader =
-                    Reader { store: &shared.exec.store, restorer: &restorer, changelog: &changelog, runtime: &runtime };
-                match catch_up(&reader, partition, &mut seen, &ours) {
-                    Ok(_) => {}
-                    Err(RestoreError::Store(error)) => {
-                        error!(%error, topic = %partition.topic, partition = partition.partition,
-                            "store failed while catching up with the changelog; stopping, nothing more is handled");
-                        shared.exec.fail(error);
-                        break;
-                    }
-                    Err(RestoreError::Kafka(error)) => {
-                        warn!(%error, topic = %partition.topic, partition = partition.partition,
-                            "catching up with the changelog failed; trying again at the next check");
-                        // The brokers may be away: one warning per check, not one per partition.
-                        seen.clear();
-                        break;
-                    }
+                if let Err(error) = catch_up(&readers.reader(&runtime), partition, &mut seen, &ours) {
+                    readers.failed(
+                        error,
+                        partition,
+                        "catching up with the changelog",
+                        "trying again at the next check",
+                    );
+                    seen.clear();
+                    break;
                 }
             }
             seen

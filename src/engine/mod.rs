@@ -14,7 +14,7 @@ mod retry;
 mod standby;
 mod worker;
 
-pub use executor::{check_custom_topics, Counters, Executor};
+pub use executor::{check_custom_topics, Counters, Executor, SetupError};
 pub use fatal::Fatal;
 pub use reader::RestoreError;
 pub use restore::{restore_partition, RestoreSetup, Restored};

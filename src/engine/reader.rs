@@ -12,8 +12,13 @@
 //! ([`Store::restored_to`], [`Store::caught_up_to`] wait for the group commit).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn};
+
+use super::worker::Shared;
 use crate::config::ChangelogConfig;
 use crate::kafka::{KafkaError, Restorer};
 use crate::offsets::PartitionId;
@@ -193,6 +198,60 @@ impl Reader<'_> {
         self.runtime.block_on(durable)?;
         done.syncing += t.elapsed();
         Ok(())
+    }
+}
+
+/// What the reads between restores (follow, standby) share; cheap to clone into
+/// the blocking thread a pass runs in.
+#[derive(Clone)]
+pub(super) struct Readers {
+    pub shared: Arc<Shared>,
+    pub restorer: Arc<Restorer>,
+    pub changelog: ChangelogConfig,
+    /// Cancelled when the service stops.
+    pub stop: CancellationToken,
+}
+
+impl Readers {
+    /// A reader into the engine's store.
+    pub(super) fn reader<'a>(&'a self, runtime: &'a tokio::runtime::Handle) -> Reader<'a> {
+        Reader { store: &self.shared.exec.store, restorer: &self.restorer, changelog: &self.changelog, runtime }
+    }
+
+    /// Neither is the service stopping nor has the store failed.
+    pub(super) fn running(&self) -> bool {
+        !self.shared.exec.stopped() && !self.stop.is_cancelled()
+    }
+
+    /// A read of `partition` failed while `doing` it: a store failure stops the
+    /// service; the brokers end the pass (`again` says when it is tried again),
+    /// with one warning a pass, not one a partition.
+    pub(super) fn failed(&self, error: RestoreError, partition: &PartitionId, doing: &str, again: &str) {
+        let (topic, p) = (&partition.topic, partition.partition);
+        match error {
+            RestoreError::Store(error) => {
+                error!(%error, %topic, partition = p, "store failed while {doing}; stopping, nothing more is handled");
+                self.shared.exec.fail(error);
+            }
+            RestoreError::Kafka(error) => warn!(%error, %topic, partition = p, "{doing} failed; {again}"),
+        }
+    }
+}
+
+impl<'a> Pass<'a> {
+    /// A read from `from` to the end seen now, every batch moving the checkpoint
+    /// with it (a restore, when `restored`; else a standby pass).
+    pub(super) fn to_end(
+        partition: &'a PartitionId,
+        from: i64,
+        end: i64,
+        restored: bool,
+        keep_going: &'a dyn Fn() -> bool,
+        progress: &'a dyn Fn(Progress),
+    ) -> Pass<'a> {
+        static NONE: BTreeSet<i64> = BTreeSet::new();
+        let checkpoint = Checkpoint::EachBatch { restored };
+        Pass { partition, from, upto: end, checkpoint, skip: &NONE, keep_going, progress }
     }
 }
 

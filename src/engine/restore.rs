@@ -8,7 +8,7 @@
 //! wrote to their changelogs (`follow`), and with `store.changelog.standby` the
 //! partitions other instances own are tailed (`standby`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 
 use super::fatal::Fatal;
 use super::follow::Follow;
-use super::reader::{read_from, Checkpoint, Pass, Progress, Reader, RestoreError};
+use super::reader::{read_from, Pass, Progress, Reader, Readers, RestoreError};
 use super::standby::Standby;
 use super::worker::Shared;
 use crate::config::{ChangelogConfig, KafkaConfig};
@@ -62,6 +62,12 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
         Ok(r) => Arc::new(r),
         Err(e) => return shared.exec.fail(Fatal::Restorer(Arc::new(e))),
     };
+    let readers = Readers {
+        shared: shared.clone(),
+        restorer: restorer.clone(),
+        changelog: setup.changelog.clone(),
+        stop: stop.clone(),
+    };
     let mut ensured: HashSet<String> = HashSet::new();
     let mut follow = Follow::new(&setup.changelog);
     let mut standby = Standby::new(&setup.changelog);
@@ -80,8 +86,8 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                 () = wakeup.notified() => {}
                 () = tokio::time::sleep(LOOK_EVERY.min(follow.interval())) => {}
             }
-            follow.check(&shared, &restorer, &setup.changelog, &stop).await;
-            standby.check(&shared, &restorer, &setup.changelog, &stop).await;
+            follow.check(&readers).await;
+            standby.check(&readers).await;
             continue;
         }
         for (partition, generation) in waiting {
@@ -184,16 +190,7 @@ pub fn restore_partition(
         metrics::counter!(names::RESTORED, &labels).increment(batch.read);
         metrics::gauge!(names::RESTORE_LAG, &labels).set((end - batch.next).max(0) as f64);
     };
-    let pass = Pass {
-        partition,
-        from,
-        upto: end,
-        checkpoint: Checkpoint::EachBatch { restored: true },
-        skip: &BTreeSet::new(),
-        keep_going,
-        progress: &progress,
-    };
-    let read = reader.read(&pass)?;
+    let read = reader.read(&Pass::to_end(partition, from, end, true, keep_going, &progress))?;
     if !read.complete {
         info!(%topic, partition = p, read = read.read, "restore left off: the partition is no longer ours");
         return Ok(None);

@@ -15,16 +15,13 @@
 //! its restore: the restore starts from wherever the pass left the checkpoint.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
-use super::reader::{read_from, Checkpoint, Pass, Progress, Reader, RestoreError};
+use super::reader::{read_from, Pass, Progress, Reader, Readers, RestoreError};
 use super::worker::Shared;
 use crate::config::ChangelogConfig;
-use crate::kafka::Restorer;
 use crate::metrics::names;
 use crate::offsets::PartitionId;
 
@@ -65,19 +62,14 @@ impl Standby {
 
     /// When an interval has passed: reads the changelogs of the partitions other
     /// instances own up to their ends. Blocking reads run off the runtime's workers.
-    pub(super) async fn check(
-        &mut self,
-        shared: &Arc<Shared>,
-        restorer: &Arc<Restorer>,
-        changelog: &ChangelogConfig,
-        stop: &CancellationToken,
-    ) {
+    pub(super) async fn check(&mut self, readers: &Readers) {
+        let (shared, changelog) = (&readers.shared, &readers.changelog);
         if !self.enabled || self.last.elapsed() < self.interval {
             return;
         }
         self.last = Instant::now();
         if self.sources_at.is_none_or(|at| at.elapsed() >= METADATA_EVERY) {
-            self.ask_sources(shared, restorer, changelog).await;
+            self.ask_sources(readers).await;
         }
         let wanted = {
             let tracker = shared.tracker.lock();
@@ -89,37 +81,22 @@ impl Standby {
         if self.tailed.is_empty() {
             return;
         }
-        let (shared, restorer, changelog, stop) = (shared.clone(), restorer.clone(), changelog.clone(), stop.clone());
-        let tailed = self.tailed.clone();
+        let (readers, tailed) = (readers.clone(), self.tailed.clone());
         let runtime = tokio::runtime::Handle::current();
         let passed = tokio::task::spawn_blocking(move || {
             for partition in &tailed {
                 // Not ours, and no restore waits for this pass to end.
                 let keep_going = || {
-                    let tracker = shared.tracker.lock();
-                    tracker.generation(partition).is_none()
-                        && tracker.restoring().is_empty()
-                        && !shared.exec.stopped()
-                        && !stop.is_cancelled()
+                    let tracker = readers.shared.tracker.lock();
+                    tracker.generation(partition).is_none() && tracker.restoring().is_empty() && readers.running()
                 };
                 if !keep_going() {
                     continue;
                 }
-                let reader =
-                    Reader { store: &shared.exec.store, restorer: &restorer, changelog: &changelog, runtime: &runtime };
-                match tail(&reader, partition, &keep_going) {
-                    Ok(_) => {}
-                    Err(RestoreError::Store(error)) => {
-                        error!(%error, topic = %partition.topic, partition = partition.partition,
-                            "store failed while standing by for a partition; stopping, nothing more is handled");
-                        return shared.exec.fail(error);
-                    }
-                    Err(RestoreError::Kafka(error)) => {
-                        warn!(%error, topic = %partition.topic, partition = partition.partition,
-                            "tailing a standby changelog partition failed; trying again at the next pass");
-                        // The brokers may be away: one warning per pass, not one per partition.
-                        break;
-                    }
+                if let Err(error) = tail(&readers.reader(&runtime), partition, &keep_going) {
+                    let doing = "tailing a standby changelog partition";
+                    readers.failed(error, partition, doing, "trying again at the next pass");
+                    break;
                 }
             }
         })
@@ -146,12 +123,12 @@ impl Standby {
 
     /// Asks the brokers for the partitions of the source topics (keeps the last
     /// answer when they do not answer).
-    async fn ask_sources(&mut self, shared: &Arc<Shared>, restorer: &Arc<Restorer>, changelog: &ChangelogConfig) {
-        let asked = restorer.clone();
+    async fn ask_sources(&mut self, readers: &Readers) {
+        let asked = readers.restorer.clone();
         match tokio::task::spawn_blocking(move || asked.partition_counts()).await {
             Ok(Ok(counts)) => {
-                let config = &shared.exec.config;
-                self.sources = source_partitions(&counts, |t| config.handler_for(t).is_some(), changelog);
+                let config = &readers.shared.exec.config;
+                self.sources = source_partitions(&counts, |t| config.handler_for(t).is_some(), &readers.changelog);
                 self.sources_at = Some(Instant::now());
             }
             Ok(Err(error)) => {
@@ -218,16 +195,7 @@ fn tail(reader: &Reader<'_>, partition: &PartitionId, keep_going: &dyn Fn() -> b
     let labels = [("topic", topic.clone()), ("partition", p.to_string())];
     let started = Instant::now();
     let progress = |batch: Progress| metrics::counter!(names::STANDBY_APPLIED, &labels).increment(batch.applied);
-    let pass = Pass {
-        partition,
-        from,
-        upto: end,
-        checkpoint: Checkpoint::EachBatch { restored: false },
-        skip: &BTreeSet::new(),
-        keep_going,
-        progress: &progress,
-    };
-    let read = reader.read(&pass)?;
+    let read = reader.read(&Pass::to_end(partition, from, end, false, keep_going, &progress))?;
     // A pass that read more than one batch is a catch-up worth a line (a takeover
     // now restores from `end`); the passes that follow stay quiet.
     if read.complete && read.read >= reader.changelog.restore_batch as u64 {

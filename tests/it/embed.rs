@@ -101,3 +101,26 @@ async fn a_handler_for_a_topic_without_a_config_entry_is_refused_at_start() {
     let e = format!("{e:#}");
     assert!(e.contains("\"embed-unknown\"") && e.contains("no [[handlers]] entry covers it"), "{e}");
 }
+
+/// A program that records metrics itself (its own recorder of the `metrics` crate,
+/// or none) runs outboxd without outboxd installing its Prometheus recorder: events
+/// are handled, and the admin server leaves `/metrics` to the program (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedding_program_that_records_metrics_itself_runs_outboxd_without_its_recorder() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("embed-own-metrics"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let config = Config::parse(&od.config.to_toml(), &|_| None).expect("a valid config");
+    let shutdown = CancellationToken::new();
+    let app = tokio::spawn(outboxd::App::new(config).own_metrics().run(shutdown.clone().cancelled_owned()));
+    let id = new_event_id();
+    kafka.producer().send_event(&topic, "order-1", &id, Some("OrderCreated"), &json!({"n": 1})).await;
+    harness::wait_until("the receiver to answer the event", HANDLED_TIMEOUT, || receiver.call_count(&id) == 1).await;
+    let metrics = reqwest::get(format!("http://{}/metrics", od.admin_address())).await.expect("ask /metrics");
+    assert_eq!(metrics.status(), reqwest::StatusCode::NOT_FOUND, "/metrics belongs to the program's recorder");
+    shutdown.cancel();
+    let ended = tokio::time::timeout(Duration::from_secs(30), app).await.expect("the app drains and stops");
+    ended.expect("the app task").expect("the app ends without an error");
+    assert_eq!(receiver.call_count(&id), 1);
+}

@@ -37,8 +37,9 @@ pub struct AdminState {
     pub broker_up: Arc<AtomicBool>,
     /// A partition whose events wait longer than this without its offset moving is stalled.
     pub stall_timeout: std::time::Duration,
-    /// Renders `/metrics`.
-    pub prometheus: PrometheusHandle,
+    /// Renders `/metrics`; `None` when the embedding program records metrics
+    /// itself ([`crate::App::own_metrics`]): `/metrics` then answers 404.
+    pub prometheus: Option<PrometheusHandle>,
     /// `[admin] token`: accepted by the store API besides this run's token.
     pub token: Option<String>,
 }
@@ -127,8 +128,13 @@ async fn readyz(State(s): State<Shared>) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn metrics(State(s): State<Shared>) -> String {
+async fn metrics(State(s): State<Shared>) -> Response {
     let in_flight = s.tracker.lock().unfinished();
     metrics::gauge!(names::IN_FLIGHT).set(in_flight as f64);
-    s.prometheus.render()
+    match &s.prometheus {
+        Some(prometheus) => prometheus.render().into_response(),
+        None => {
+            (StatusCode::NOT_FOUND, "metrics go to the recorder of the program that embeds outboxd\n").into_response()
+        }
+    }
 }
