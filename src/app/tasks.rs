@@ -25,11 +25,11 @@ const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 pub async fn store_gauges(store: Arc<Store>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(STORE_GAUGES_INTERVAL);
     while ticked(&mut tick, &stop).await {
-        for (state, n) in store.counts() {
+        for (state, n) in store.reads().counts() {
             metrics::gauge!(names::RECORDS, "state" => state.as_str()).set(n as f64);
         }
-        metrics::gauge!(names::COPY_BYTES).set(store.message_bytes() as f64);
-        if let Ok(bytes) = store.bytes_on_disk() {
+        metrics::gauge!(names::COPY_BYTES).set(store.reads().message_bytes() as f64);
+        if let Ok(bytes) = store.reads().bytes_on_disk() {
             metrics::gauge!(names::STORE_BYTES).set(bytes as f64);
         }
     }
@@ -69,7 +69,7 @@ pub async fn metrics_upkeep(handle: PrometheusHandle, stop: CancellationToken) {
 pub async fn retention(store: Arc<Store>, interval: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     while ticked(&mut tick, &stop).await {
-        match store.gc(now_us()).await {
+        match store.repairs().gc(now_us()).await {
             Ok(0) => {}
             Ok(removed) => info!(removed, "retention: expired records removed"),
             Err(error) => warn!(%error, "retention pass failed"),

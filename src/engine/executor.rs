@@ -188,11 +188,11 @@ impl Executor {
     /// settled. Returns the record under `id` now; `None` when the message ran under
     /// its decoded event id (an undecodable message that decodes now).
     pub async fn rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        let message = self.store.reopen(id).await?;
+        let message = self.store.repairs().reopen(id).await?;
         self.execute(&message).await?;
-        let record = self.store.settle_rerun(id).await?;
+        let record = self.store.repairs().settle_rerun(id).await?;
         if record.as_ref().is_some_and(|r| r.state == State::Done) {
-            self.store.drop_message(id).await?;
+            self.store.repairs().drop_message(id).await?;
         }
         Ok(record)
     }
@@ -209,7 +209,7 @@ impl Executor {
         metrics::counter!(names::PANICS, "topic" => msg.topic.clone()).increment(1);
         metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
         let dlq = self.dead_letter(self.config.handler_for(&msg.topic), msg, &reason, 0).await;
-        self.store.record_undecodable(&id, msg, reason, dlq).await
+        self.store.handling().record_undecodable(&id, msg, reason, dlq).await
     }
 
     /// Decodes as the handler's entry says. While the schema registry cannot
@@ -254,7 +254,7 @@ impl Executor {
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
         let dlq = self.dead_letter(hc, msg, &reason, 0).await;
-        self.store.record_undecodable(&id, msg, reason, dlq).await
+        self.store.handling().record_undecodable(&id, msg, reason, dlq).await
     }
 
     /// Produces the dead letter when the handler has a topic, retrying until the
@@ -322,15 +322,15 @@ impl Executor {
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
         let claim = if hc.on_uncertain == OnUncertain::Retry {
-            self.store.claim_in_memory(event, scope).await?
+            self.store.handling().claim_in_memory(event, scope).await?
         } else {
-            self.store.claim(event, scope).await?
+            self.store.handling().claim(event, scope).await?
         };
         let _release = Release { store: &self.store, id: &event.id, scope };
         let Some(claimed) = self.resolve_claim(hc, handler, event, msg, claim).await? else { return Ok(()) };
         if claimed.is_durable() {
             // A new owner of the partition must find the outcome uncertain, not absent.
-            self.store.log_claim(&claimed).await?;
+            self.store.handling().log_claim(&claimed).await?;
         }
         self.run_attempts(hc, handler, event, msg, claimed).await
     }
@@ -375,7 +375,7 @@ impl Executor {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
                             self.counters.handled.fetch_add(1, Ordering::Relaxed);
-                            self.store.finish(c, State::Done, outcome).await?;
+                            self.store.handling().finish(c, State::Done, outcome).await?;
                             return Ok(None);
                         }
                         Ok(Verified::Missing) => {
@@ -415,7 +415,7 @@ impl Executor {
             metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(call.elapsed().as_secs_f64());
             match result {
                 Ok(outcome) => {
-                    self.store.finish(claimed, State::Done, outcome.0.clone()).await?;
+                    self.store.handling().finish(claimed, State::Done, outcome.0.clone()).await?;
                     self.counters.handled.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(names::HANDLED, "topic" => topic.clone()).increment(1);
                     if let Some(ts) = event.timestamp_ms {
@@ -436,7 +436,7 @@ impl Executor {
                     warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
                     metrics::counter!(names::RETRIED, "topic" => topic.clone()).increment(1);
                     tokio::time::sleep(delay).await;
-                    attempt = self.store.record_attempt(&mut claimed).await?;
+                    attempt = self.store.handling().record_attempt(&mut claimed).await?;
                 }
             }
         }
@@ -487,7 +487,7 @@ impl Executor {
         let metric = if state == State::Parked { names::PARKED } else { names::DEAD };
         metrics::counter!(metric, "topic" => p.topic.clone()).increment(1);
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
-        self.store.finish_failed(claimed, state, reason, msg, dlq).await
+        self.store.handling().finish_failed(claimed, state, reason, msg, dlq).await
     }
 }
 

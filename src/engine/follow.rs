@@ -112,7 +112,7 @@ fn catch_up(
     let (topic, p) = (&partition.topic, partition.partition);
     let (changelog_topic, _, end) = reader.range(partition)?;
     let Some(upto) = seen.insert(partition.clone(), end) else { return Ok(0) };
-    let Some((from, own)) = reader.store.followed_checkpoint(&changelog_topic, p) else { return Ok(0) };
+    let Some((from, own)) = reader.store.restore().followed_checkpoint(&changelog_topic, p) else { return Ok(0) };
     if from >= upto {
         return Ok(0);
     }

@@ -18,7 +18,7 @@ pub(super) struct Release<'a> {
 
 impl Drop for Release<'_> {
     fn drop(&mut self) {
-        self.store.release(self.id, self.scope);
+        self.store.handling().release(self.id, self.scope);
     }
 }
 

@@ -123,7 +123,7 @@ impl Fixture {
     }
 
     fn record(&self, id: &str) -> Record {
-        self.exec.store.get(id).unwrap().expect("a record")
+        self.exec.store.reads().get(id).unwrap().expect("a record")
     }
 
     /// An earlier run claimed the event and died before recording its outcome.
@@ -137,7 +137,7 @@ impl Fixture {
             timestamp_ms: None,
             traceparent: None,
         };
-        assert!(matches!(self.exec.store.claim(&event, TOPIC).await.unwrap(), Claim::Claimed(_)));
+        assert!(matches!(self.exec.store.handling().claim(&event, TOPIC).await.unwrap(), Claim::Claimed(_)));
     }
 
     fn counter(&self, which: fn(&super::executor::Counters) -> &std::sync::atomic::AtomicU64) -> u64 {

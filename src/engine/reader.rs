@@ -137,16 +137,17 @@ impl Reader<'_> {
     pub(super) fn read(&self, pass: &Pass<'_>) -> Result<Read, RestoreError> {
         let (topic, p) = (&pass.partition.topic, pass.partition.partition);
         let changelog_topic = self.changelog.topic_for(topic);
+        let store = self.store.restore();
         let mut done = Read::default();
         if pass.from >= pass.upto {
             if pass.checkpoint == (Checkpoint::EachBatch { restored: true }) {
-                self.synced(&mut done, self.store.restored_to(&changelog_topic, p, pass.upto, true))?;
+                self.synced(&mut done, store.restored_to(&changelog_topic, p, pass.upto, true))?;
             }
             done.complete = true;
             return Ok(done);
         }
         let reading = self.restorer.start(&changelog_topic, p, pass.from)?;
-        let mut restoring = self.store.begin_restore(topic);
+        let mut restoring = store.start(topic);
         let mut next = pass.from;
         loop {
             if !(pass.keep_going)() {
@@ -165,14 +166,14 @@ impl Reader<'_> {
             let read = batch.records.len() as u64;
             batch.records.retain(|r| !pass.skip.contains(&r.offset));
             let t = Instant::now();
-            let applied = self.store.apply_restoring(topic, &batch.records, &mut restoring)?;
+            let applied = store.apply(topic, &batch.records, &mut restoring)?;
             done.applying += t.elapsed();
             done.read += read;
             done.applied += applied;
             (pass.progress)(Progress { read, applied, next });
             if let Checkpoint::EachBatch { restored } = pass.checkpoint {
                 if read > 0 || batch.at_end {
-                    let durable = self.store.restored_to(&changelog_topic, p, next, restored && batch.at_end);
+                    let durable = store.restored_to(&changelog_topic, p, next, restored && batch.at_end);
                     self.synced(&mut done, durable)?;
                 }
             }
@@ -182,7 +183,7 @@ impl Reader<'_> {
         }
         drop(reading);
         if pass.checkpoint == Checkpoint::AtEnd {
-            self.synced(&mut done, self.store.caught_up_to(&changelog_topic, p, pass.upto))?;
+            self.synced(&mut done, store.caught_up_to(&changelog_topic, p, pass.upto))?;
         }
         done.complete = true;
         Ok(done)

@@ -172,7 +172,7 @@ pub fn restore_partition(
     let (topic, p) = (&partition.topic, partition.partition);
     let reader = Reader { store, restorer, changelog, runtime };
     let (changelog_topic, low, end) = reader.range(partition)?;
-    let checkpoint = store.checkpoint(&changelog_topic, p);
+    let checkpoint = store.restore().checkpoint(&changelog_topic, p);
     let from = read_from(checkpoint, low, end);
     if let Some(c) = checkpoint.filter(|c| *c > end) {
         warn!(

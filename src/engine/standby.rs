@@ -143,7 +143,8 @@ impl Standby {
     /// One log line per partition that starts or stops being tailed.
     fn log_changes(&self, wanted: &BTreeSet<PartitionId>, shared: &Shared, changelog: &ChangelogConfig) {
         let store = &shared.exec.store;
-        let checkpoint = |p: &PartitionId| store.checkpoint(&changelog.topic_for(&p.topic), p.partition).unwrap_or(-1);
+        let checkpoint =
+            |p: &PartitionId| store.restore().checkpoint(&changelog.topic_for(&p.topic), p.partition).unwrap_or(-1);
         for p in wanted.difference(&self.tailed) {
             info!(topic = %p.topic, partition = p.partition, changelog_topic = %changelog.topic_for(&p.topic), checkpoint = checkpoint(p),
                 "standing by for the partition: tailing its changelog (it is not assigned here)");
@@ -188,7 +189,7 @@ fn standby_partitions(sources: &[PartitionId], assigned: impl Fn(&PartitionId) -
 fn tail(reader: &Reader<'_>, partition: &PartitionId, keep_going: &dyn Fn() -> bool) -> Result<u64, RestoreError> {
     let (topic, p) = (&partition.topic, partition.partition);
     let (changelog_topic, low, end) = reader.range(partition)?;
-    let from = read_from(reader.store.checkpoint(&changelog_topic, p), low, end);
+    let from = read_from(reader.store.restore().checkpoint(&changelog_topic, p), low, end);
     if from >= end {
         return Ok(0);
     }

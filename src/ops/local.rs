@@ -68,12 +68,12 @@ impl Local {
 
     /// Counts every record (a full scan: blocking).
     pub fn stats(&self) -> Result<StatsView, StoreError> {
-        Ok(StatsView::from(&self.store.stats()?))
+        Ok(StatsView::from(&self.store.reads().stats()?))
     }
 
     /// One record's view, if there is one.
     pub fn get(&self, id: &str) -> Result<Option<RecordView>, StoreError> {
-        Ok(self.store.get(id)?.as_ref().map(RecordView::from))
+        Ok(self.store.reads().get(id)?.as_ref().map(RecordView::from))
     }
 
     /// Up to `limit` records after the cursor `after` (blocking); the page's
@@ -86,7 +86,7 @@ impl Local {
         limit: usize,
     ) -> Result<PageView, StoreError> {
         // One more than the page tells whether there is a next page.
-        let mut records = self.store.list_after(state, topic, after, limit.saturating_add(1))?;
+        let mut records = self.store.reads().list_after(state, topic, after, limit.saturating_add(1))?;
         let next = if records.len() > limit {
             records.truncate(limit);
             records.last().map(crate::store::page_cursor)
@@ -104,23 +104,23 @@ impl Local {
         topic: Option<&str>,
         mut f: impl FnMut(ExportLine) -> Result<(), E>,
     ) -> Result<(), E> {
-        self.store.scan(state, topic, |r| f(view::export_line(&self.store, &r)?))
+        self.store.reads().scan(state, topic, |r| f(view::export_line(&self.store, &r)?))
     }
 
     /// Removes a record, so the event runs again when it is redelivered; answers the record as it was.
     pub async fn forget(&self, id: &str) -> Result<RecordView, StoreError> {
-        Ok(RecordView::from(&self.store.forget(id).await?))
+        Ok(RecordView::from(&self.store.repairs().forget(id).await?))
     }
 
     /// Records the event done by hand; answers its record as it is now.
     pub async fn resolve_done(&self, id: &str) -> Result<Option<RecordView>, StoreError> {
-        self.store.resolve_done(id, RESOLVED_DONE.to_owned()).await?;
+        self.store.repairs().resolve_done(id, RESOLVED_DONE.to_owned()).await?;
         self.get(id)
     }
 
     /// Removes expired records now; answers how many.
     pub async fn gc(&self) -> Result<GcView, StoreError> {
-        Ok(GcView { removed: self.store.gc(now_us()).await? })
+        Ok(GcView { removed: self.store.repairs().gc(now_us()).await? })
     }
 }
 
@@ -139,7 +139,7 @@ impl StoreApi for Local {
     }
 
     fn known_len(&self) -> Option<u64> {
-        Some(self.store.len() as u64)
+        Some(self.store.reads().len() as u64)
     }
 
     async fn stats(&self) -> Result<StatsView, OpsError> {

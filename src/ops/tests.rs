@@ -25,8 +25,8 @@ async fn store_with_done(dir: &Path, ids: &[&str]) -> Arc<Store> {
             timestamp_ms: None,
             traceparent: None,
         };
-        let Claim::Claimed(c) = store.claim(&event, "t").await.unwrap() else { panic!("{id} claimed") };
-        store.finish(c, State::Done, "http 200".into()).await.unwrap();
+        let Claim::Claimed(c) = store.handling().claim(&event, "t").await.unwrap() else { panic!("{id} claimed") };
+        store.handling().finish(c, State::Done, "http 200".into()).await.unwrap();
     }
     store
 }
@@ -103,7 +103,7 @@ async fn a_repair_from_the_command_line_with_the_brokers_down_changes_nothing_an
     assert!(said.starts_with("a: nothing was changed in the store"), "{said}");
     assert_eq!(said.matches("changelog write failed: ").count(), 1, "{said}");
     assert!(store.has_changelog(), "the service's producer was attached");
-    assert_eq!(store.get("a").unwrap().unwrap().state, State::Done, "the record is still there");
+    assert_eq!(store.reads().get("a").unwrap().unwrap().state, State::Done, "the record is still there");
 
     // With the changelog off, the repair is the store's alone, as before.
     std::fs::write(&config, format!("{text}enabled = false\n")).unwrap();

@@ -374,7 +374,7 @@ impl Store {
     }
 
     /// The next offset to restore of a changelog partition (`None`: never restored here).
-    pub fn checkpoint(&self, changelog_topic: &str, partition: i32) -> Option<i64> {
+    pub(in crate::store) fn checkpoint(&self, changelog_topic: &str, partition: i32) -> Option<i64> {
         self.changelog.checkpoints.get(changelog_topic, partition)
     }
 
@@ -438,7 +438,7 @@ impl Store {
     /// Puts a durable claim into the changelog too (before its handler runs), so
     /// that a new owner of the partition finds the outcome uncertain. Without a
     /// changelog, nothing to do.
-    pub async fn log_claim(&self, claimed: &Claimed) -> Result<(), StoreError> {
+    pub(in crate::store) async fn log_claim(&self, claimed: &Claimed) -> Result<(), StoreError> {
         if self.has_changelog() {
             self.settle(&claimed.record).await?;
         }
@@ -448,8 +448,14 @@ impl Store {
     /// Applies records read from a changelog partition of `source_topic` to the
     /// local store (not yet durable: see [`Store::restored_to`]). A record replaces
     /// the local one, except that a final local record is never turned back into a
-    /// claim; expired ones are not written. Returns how many were applied.
-    pub fn apply_changelog(&self, source_topic: &str, records: &[ChangelogRecord]) -> Result<u64, StoreError> {
+    /// claim; expired ones are not written. Returns how many were applied. (The
+    /// store's tests; a read applies batches with `apply_restoring`, the same path.)
+    #[cfg(test)]
+    pub(in crate::store) fn apply_changelog(
+        &self,
+        source_topic: &str,
+        records: &[ChangelogRecord],
+    ) -> Result<u64, StoreError> {
         self.apply_restoring(source_topic, records, &mut Restoring::looking_up())
     }
 
@@ -514,14 +520,23 @@ impl Store {
     /// the offsets above it that this instance wrote itself. `None` when it is not
     /// followed. Used to catch up with what other instances wrote there (a repair
     /// made on another instance): offsets from the checkpoint up that are not in the set.
-    pub fn followed_checkpoint(&self, changelog_topic: &str, partition: i32) -> Option<(i64, BTreeSet<i64>)> {
+    pub(in crate::store) fn followed_checkpoint(
+        &self,
+        changelog_topic: &str,
+        partition: i32,
+    ) -> Option<(i64, BTreeSet<i64>)> {
         self.changelog.checkpoints.followed(changelog_topic, partition)
     }
 
     /// Others' records below `next` of a followed changelog partition are applied
     /// ([`Store::apply_changelog`]): the checkpoint moves there (and on over this
     /// instance's own acknowledged writes), durably with them.
-    pub async fn caught_up_to(&self, changelog_topic: &str, partition: i32, next: i64) -> Result<(), StoreError> {
+    pub(in crate::store) async fn caught_up_to(
+        &self,
+        changelog_topic: &str,
+        partition: i32,
+        next: i64,
+    ) -> Result<(), StoreError> {
         self.changelog.checkpoints.caught_up(changelog_topic, partition, next);
         self.durable().await
     }
@@ -529,7 +544,7 @@ impl Store {
     /// Records up to `next` (exclusive) of a changelog partition are applied: the
     /// checkpoint moves, durably with them. `done`: the restore reached the end,
     /// and from now on this instance's own acknowledged writes move it further.
-    pub async fn restored_to(
+    pub(in crate::store) async fn restored_to(
         &self,
         changelog_topic: &str,
         partition: i32,

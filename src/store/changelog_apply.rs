@@ -64,7 +64,7 @@ fn total(store: &Store) -> i64 {
 
 impl Store {
     /// Begins restoring a changelog partition of `source_topic`: see [`Restoring`].
-    pub fn begin_restore(&self, source_topic: &str) -> Restoring {
+    pub(in crate::store) fn start_restore(&self, source_topic: &str) -> Restoring {
         let fresh = (self.names.find(source_topic).is_none() && now_us() >= self.legacy_until).then(|| Fresh {
             scope: source_topic.to_owned(),
             written: HashSet::new(),
@@ -76,7 +76,7 @@ impl Store {
 
     /// [`Store::apply_changelog`] within a restore: the same outcome, in one pass
     /// per batch. Returns how many records were applied.
-    pub fn apply_restoring(
+    pub(in crate::store) fn apply_restoring(
         &self,
         source_topic: &str,
         records: &[ChangelogRecord],

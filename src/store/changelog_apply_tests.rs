@@ -65,7 +65,7 @@ fn a_restore_into_a_new_store_gives_what_applying_record_by_record_gives() {
     let records = changelog();
     let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, b) = (Store::open(a_dir.path(), &opts()).unwrap(), Store::open(b_dir.path(), &opts()).unwrap());
-    let mut restoring = a.begin_restore("t");
+    let mut restoring = a.start_restore("t");
     assert!(restoring.is_fresh(), "a new store holds no record of the topic");
     let mut applied = 0;
     // Batch boundaries fall between a claim and its outcome too.
@@ -99,7 +99,7 @@ fn a_restore_into_a_store_with_records_of_the_topic_looks_each_one_up() {
         .collect();
     a.apply_one_by_one("t", &local).unwrap();
     b.apply_one_by_one("t", &local).unwrap();
-    let mut restoring = a.begin_restore("t");
+    let mut restoring = a.start_restore("t");
     assert!(!restoring.is_fresh());
     let mut applied = 0;
     for batch in records.chunks(5) {
@@ -114,7 +114,7 @@ async fn a_record_written_by_the_service_during_a_fresh_restore_ends_the_fast_pa
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts()).unwrap();
     let id = "0190a3c4-5e6f-7a8b-9c0d-00000000ffff";
-    let mut restoring = store.begin_restore("t");
+    let mut restoring = store.start_restore("t");
     store
         .apply_restoring("t", &[rec(0, "0190a3c4-5e6f-7a8b-9c0d-000000000001", State::Done, 1, None)], &mut restoring)
         .unwrap();

@@ -59,7 +59,7 @@ impl Store {
     /// already final there (then the duplicate is counted and nothing runs). For
     /// `on_uncertain = verify | park`: a crash during the handler must leave the
     /// outcome found uncertain.
-    pub async fn claim(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
+    pub(in crate::store) async fn claim(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
         self.claim_as(event, scope, true).await
     }
 
@@ -113,7 +113,7 @@ impl Store {
 
     /// A further attempt within the same claim (a retry after a handler error):
     /// written durably for a durable claim, counted in memory otherwise.
-    pub async fn record_attempt(&self, claimed: &mut Claimed) -> Result<u32, StoreError> {
+    pub(in crate::store) async fn record_attempt(&self, claimed: &mut Claimed) -> Result<u32, StoreError> {
         let r = &mut claimed.record;
         r.attempts += 1;
         r.updated_at_us = now_us();
@@ -128,7 +128,12 @@ impl Store {
     }
 
     /// Records the final state of a claimed event durably; only then may the offset move on.
-    pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
+    pub(in crate::store) async fn finish(
+        &self,
+        claimed: Claimed,
+        state: State,
+        text: String,
+    ) -> Result<(), StoreError> {
         debug_assert!(state.is_final());
         let from = claimed.slice.and_then(|s| self.slices.get(s));
         let mut r = *claimed.record;
@@ -139,7 +144,7 @@ impl Store {
 
     /// Records a dead or parked event with its message copy and, when one was
     /// produced and acknowledged, its dead-letter position.
-    pub async fn finish_failed(
+    pub(in crate::store) async fn finish_failed(
         &self,
         claimed: Claimed,
         state: State,
@@ -179,7 +184,7 @@ impl Store {
     }
 
     /// Records a message that never became an event (it could not be decoded) as dead.
-    pub async fn record_undecodable(
+    pub(in crate::store) async fn record_undecodable(
         &self,
         id: &str,
         message: &RawMessage,

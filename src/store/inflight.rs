@@ -62,13 +62,17 @@ impl Store {
     /// handler, a durable claim would lead to the same re-execution with the same
     /// idempotency key as no claim at all. The caller serialises one id (the
     /// executor's live ids) and calls [`Store::release`] when it is done.
-    pub async fn claim_in_memory(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
+    pub(in crate::store) async fn claim_in_memory(
+        &self,
+        event: &OutboxEvent,
+        scope: &str,
+    ) -> Result<Claim, StoreError> {
         self.claim_as(event, scope, false).await
     }
 
     /// Forgets the in-memory claim of `id` in `scope` (its final record is written,
     /// or it never will be here: the store failed, the work was abandoned).
-    pub fn release(&self, id: &str, scope: &str) {
+    pub(in crate::store) fn release(&self, id: &str, scope: &str) {
         self.claims.remove(id, scope);
     }
 

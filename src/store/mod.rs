@@ -26,6 +26,7 @@ mod owner;
 mod read;
 mod record;
 mod repair;
+mod roles;
 mod slices;
 mod sync;
 mod varint;
@@ -39,6 +40,7 @@ pub use keys::UNDECODABLE_SCOPE;
 pub use options::{Role, StoreOptions, SMALL_CACHE_BYTES};
 pub(crate) use owner::Owner;
 pub use record::{now_us, Record, State};
+pub use roles::{Handling, Reads, Repairs, Restore};
 pub use sync::SyncStats;
 
 use crate::event::{OutboxEvent, RawMessage};
@@ -143,7 +145,7 @@ pub struct Stats {
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
-    /// Claimed now (durably, or in memory: see [`Store::claim_in_memory`]).
+    /// Claimed now (durably, or in memory: see [`Handling::claim_in_memory`](crate::store::Handling::claim_in_memory)).
     Claimed(Claimed),
     /// Already final: do not run; the duplicate was counted.
     Finished {
@@ -155,7 +157,7 @@ pub enum Claim {
 }
 
 /// A claimed event: the record as claimed and the slice it is stored in,
-/// handed back to [`Store::finish`] so the final write reads nothing again.
+/// handed back to [`Handling::finish`](crate::store::Handling::finish) so the final write reads nothing again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {
     record: Box<Record>,
@@ -313,13 +315,13 @@ impl Store {
     }
 
     /// The group commit's batches so far.
-    pub fn sync_stats(&self) -> SyncStats {
+    fn sync_stats(&self) -> SyncStats {
         self.sync.stats()
     }
 
     /// The record of event `id`, in whichever scope it is (the first, should the
     /// same id be kept in several): what `outboxd store get|forget|retry` act on.
-    pub fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
+    fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
         if let Some(r) = self.claims.get(id) {
             return Ok(Some(r));
         }
@@ -329,7 +331,7 @@ impl Store {
     /// Removes the records whose retention ended before `now_us`: every slice
     /// that ended `retention` ago is dropped whole, with its message copies.
     /// No record is read. Returns how many were removed.
-    pub async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
+    async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
         let mut removed = 0u64;
         for slice in self.slices.drop_expired(now_us)? {
             removed += slice.counts.values().iter().map(|n| (*n).max(0) as u64).sum::<u64>();

@@ -109,14 +109,16 @@ impl Store {
         Merged::new(self.slices.all(), start)
     }
 
-    /// Records in id order, optionally of one state.
-    pub fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Record>, StoreError> {
+    /// Records in id order, optionally of one state (the store's tests; callers page
+    /// with `list_after` or walk with `scan`).
+    #[cfg(test)]
+    pub(in crate::store) fn list(&self, state: Option<State>, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.list_filtered(state, None, limit)
     }
 
     /// Calls `f` for every record of the state and topic, in id order, without
     /// holding them all in memory.
-    pub fn scan<E: From<StoreError>>(
+    pub(in crate::store) fn scan<E: From<StoreError>>(
         &self,
         state: Option<State>,
         topic: Option<&str>,
@@ -133,22 +135,23 @@ impl Store {
     }
 
     /// Number of records (all states) from the kept counts, without a scan: for progress display.
-    pub fn len(&self) -> usize {
+    pub(in crate::store) fn len(&self) -> usize {
         self.counts().iter().map(|(_, n)| *n as usize).sum()
     }
 
     /// Size of the store's files.
-    pub fn bytes_on_disk(&self) -> Result<u64, StoreError> {
+    pub(in crate::store) fn bytes_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk()?)
     }
 
     /// No record in any slice (looks at the trees, not at the kept counts).
-    pub fn is_empty(&self) -> bool {
+    pub(in crate::store) fn is_empty(&self) -> bool {
         self.slices.all().iter().all(|s| s.tree.is_empty())
     }
 
     /// Records in id order, optionally of one state and one topic.
-    pub fn list_filtered(
+    #[cfg(test)]
+    pub(in crate::store) fn list_filtered(
         &self,
         state: Option<State>,
         topic: Option<&str>,
@@ -160,7 +163,7 @@ impl Store {
     /// Like [`Store::list_filtered`], starting after `after` (exclusive): the
     /// `next` cursor of the previous page ([`super::page_cursor`]), or an event id
     /// (the page starts past every record of it).
-    pub fn list_after(
+    pub(in crate::store) fn list_after(
         &self,
         state: Option<State>,
         topic: Option<&str>,
@@ -230,7 +233,7 @@ impl Store {
 
     /// Records per state without scanning (what the service's gauges show);
     /// `claimed` includes the claims held in memory.
-    pub fn counts(&self) -> [(State, u64); 4] {
+    pub(in crate::store) fn counts(&self) -> [(State, u64); 4] {
         let mut t = self.slices.totals();
         t[0] += self.claims.unstored() as i64;
         [State::Claimed, State::Done, State::Dead, State::Parked]
@@ -244,7 +247,7 @@ impl Store {
 
     /// Counts every record (a full scan). On a store no service is writing to,
     /// the kept per-slice counts are corrected to what the scan found.
-    pub fn stats(&self) -> Result<Stats, StoreError> {
+    pub(in crate::store) fn stats(&self) -> Result<Stats, StoreError> {
         let mut s = Stats::default();
         let mut per_slice = Vec::new();
         for slice in self.slices.all() {

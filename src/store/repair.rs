@@ -17,7 +17,7 @@ impl Store {
 
     /// Removes a record so the event may run again (with a changelog, a tombstone
     /// under its key goes there first). Returns what was removed.
-    pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
+    pub(in crate::store) async fn forget(&self, id: &str) -> Result<Record, StoreError> {
         let f = self.existing(id)?;
         self.settle_entry(Change::Gone(&f.record), || {
             f.slice.tree.remove(&f.key)?;
@@ -34,7 +34,7 @@ impl Store {
     /// re-execution), keeping its message copy, which is returned. A re-run that was
     /// interrupted (the process died, the client went away) leaves it like that, and
     /// it may be reopened again: a reopened event is never lost between the two steps.
-    pub async fn reopen(&self, id: &str) -> Result<RawMessage, StoreError> {
+    pub(in crate::store) async fn reopen(&self, id: &str) -> Result<RawMessage, StoreError> {
         let f = self.existing(id)?;
         let mut r = f.record;
         let interrupted_rerun = r.state == State::Claimed && r.attempts == 0;
@@ -57,7 +57,7 @@ impl Store {
     /// After the re-run of a reopened record: if it is still waiting (the message
     /// ran under another id, as an undecodable or failed message does once it
     /// decodes), it is removed with its copy. Returns the record under `id` now.
-    pub async fn settle_rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
+    pub(in crate::store) async fn settle_rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
         match self.get(id)? {
             Some(r) if r.state == State::Claimed && r.attempts == 0 => {
                 self.forget(id).await?;
@@ -68,7 +68,7 @@ impl Store {
     }
 
     /// A person resolved a parked (or dead) event as done.
-    pub async fn resolve_done(&self, id: &str, note: String) -> Result<(), StoreError> {
+    pub(in crate::store) async fn resolve_done(&self, id: &str, note: String) -> Result<(), StoreError> {
         let f = self.existing(id)?;
         let mut r = f.record;
         if !matches!(r.state, State::Dead | State::Parked) {
@@ -89,7 +89,7 @@ impl Store {
     }
 
     /// Drops the message copy of an event that is done after all.
-    pub async fn drop_message(&self, id: &str) -> Result<(), StoreError> {
+    pub(in crate::store) async fn drop_message(&self, id: &str) -> Result<(), StoreError> {
         if let Some(f) = self.find_any(id)? {
             self.messages.remove(&copy_key(f.slice.start, &f.key))?;
         }
@@ -97,7 +97,7 @@ impl Store {
     }
 
     /// The stored copy of a dead or parked event's message.
-    pub fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
+    pub(in crate::store) fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
         match self.find_any(event_id)? {
             Some(f) => self.messages.get(&copy_key(f.slice.start, &f.key), event_id),
             None => Ok(None),
@@ -106,7 +106,7 @@ impl Store {
 
     /// The stored copy of this record's message: the record's own key, so equal ids
     /// in two scopes each have theirs.
-    pub fn message_of(&self, r: &Record) -> Result<Option<RawMessage>, StoreError> {
+    pub(in crate::store) fn message_of(&self, r: &Record) -> Result<Option<RawMessage>, StoreError> {
         let scope = match &r.scope {
             Some(s) => match self.names.find(s) {
                 Some(id) => id,
@@ -142,7 +142,7 @@ impl Store {
     }
 
     /// Bytes kept in message copies.
-    pub fn message_bytes(&self) -> u64 {
+    pub(in crate::store) fn message_bytes(&self) -> u64 {
         self.messages.bytes()
     }
 }

@@ -1,0 +1,265 @@
+//! The store's methods by role: each caller takes the handle of what it does,
+//! so a change to one role's methods shows who can be affected, and no caller
+//! reaches what its role does not need.
+//!
+//! - [`Handling`]: the event path of the engine: claim, attempts, final records.
+//! - [`Restore`]: changelog partitions read into the store, their checkpoints.
+//! - [`Repairs`]: what a person changes (`outboxd store forget|resolve|retry|gc`).
+//! - [`Reads`]: records, counts and message copies as they are.
+//!
+//! What stays on [`Store`] itself is its life: open, close, durability, the
+//! changelog it writes to, the admin address it advertises.
+
+use std::collections::BTreeSet;
+
+use super::changelog::ChangelogRecord;
+use super::changelog::Restoring;
+use super::sync::SyncStats;
+use super::{Claim, Claimed, Record, State, Stats, Store, StoreError};
+use crate::event::{OutboxEvent, RawMessage};
+
+impl Store {
+    /// The event path: claim, attempts, final records.
+    pub fn handling(&self) -> Handling<'_> {
+        Handling(self)
+    }
+
+    /// Changelog partitions read into the store, and their checkpoints.
+    pub fn restore(&self) -> Restore<'_> {
+        Restore(self)
+    }
+
+    /// The repairs a person makes.
+    pub fn repairs(&self) -> Repairs<'_> {
+        Repairs(self)
+    }
+
+    /// Records, counts and message copies.
+    pub fn reads(&self) -> Reads<'_> {
+        Reads(self)
+    }
+}
+
+/// The event path of the engine ([`Store::handling`]).
+#[derive(Clone, Copy)]
+pub struct Handling<'a>(&'a Store);
+
+impl Handling<'_> {
+    /// Claims `event` in `scope` durably (`on_uncertain = verify | park`), or
+    /// finds it final or claimed already.
+    pub async fn claim(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
+        self.0.claim(event, scope).await
+    }
+
+    /// Claims `event` in memory (`on_uncertain = retry`): see [`Handling::claim`].
+    pub async fn claim_in_memory(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
+        self.0.claim_in_memory(event, scope).await
+    }
+
+    /// Forgets an in-memory claim (the final record, if any, is written already).
+    pub fn release(&self, id: &str, scope: &str) {
+        self.0.release(id, scope)
+    }
+
+    /// Puts a durable claim into the changelog too, before its handler runs.
+    pub async fn log_claim(&self, claimed: &Claimed) -> Result<(), StoreError> {
+        self.0.log_claim(claimed).await
+    }
+
+    /// Counts one more attempt of a claimed event; returns the attempt's number.
+    pub async fn record_attempt(&self, claimed: &mut Claimed) -> Result<u32, StoreError> {
+        self.0.record_attempt(claimed).await
+    }
+
+    /// Records the event final (`done`, with the handler's outcome).
+    pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
+        self.0.finish(claimed, state, text).await
+    }
+
+    /// Records the event dead or parked, with its message copy and dead-letter position.
+    pub async fn finish_failed(
+        &self,
+        claimed: Claimed,
+        state: State,
+        reason: String,
+        message: &RawMessage,
+        dead_letter: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.0.finish_failed(claimed, state, reason, message, dead_letter).await
+    }
+
+    /// Records a message that could not be decoded dead, under `id`, with its copy.
+    pub async fn record_undecodable(
+        &self,
+        id: &str,
+        message: &RawMessage,
+        reason: String,
+        dead_letter: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.0.record_undecodable(id, message, reason, dead_letter).await
+    }
+}
+
+/// Changelog partitions read into the store ([`Store::restore`]).
+#[derive(Clone, Copy)]
+pub struct Restore<'a>(&'a Store);
+
+impl Restore<'_> {
+    /// The next offset to read of a changelog partition (`None`: never read here).
+    pub fn checkpoint(&self, changelog_topic: &str, partition: i32) -> Option<i64> {
+        self.0.checkpoint(changelog_topic, partition)
+    }
+
+    /// A followed changelog partition's checkpoint, and the offsets above it this
+    /// instance wrote itself (`None` when it is not followed).
+    pub fn followed_checkpoint(&self, changelog_topic: &str, partition: i32) -> Option<(i64, BTreeSet<i64>)> {
+        self.0.followed_checkpoint(changelog_topic, partition)
+    }
+
+    /// Starts a read of a changelog partition of `source_topic`: see [`Restoring`].
+    pub fn start(&self, source_topic: &str) -> Restoring {
+        self.0.start_restore(source_topic)
+    }
+
+    /// Applies a batch of changelog records (not yet durable: see [`Restore::restored_to`]);
+    /// returns how many changed the store.
+    pub fn apply(
+        &self,
+        source_topic: &str,
+        records: &[ChangelogRecord],
+        restoring: &mut Restoring,
+    ) -> Result<u64, StoreError> {
+        self.0.apply_restoring(source_topic, records, restoring)
+    }
+
+    /// Records below `next` are applied: the checkpoint moves, durably with them
+    /// (`done`: the read reached the end; own writes move it on from there).
+    pub async fn restored_to(
+        &self,
+        changelog_topic: &str,
+        partition: i32,
+        next: i64,
+        done: bool,
+    ) -> Result<(), StoreError> {
+        self.0.restored_to(changelog_topic, partition, next, done).await
+    }
+
+    /// Others' records below `next` of a followed partition are applied: the
+    /// checkpoint moves there, durably with them.
+    pub async fn caught_up_to(&self, changelog_topic: &str, partition: i32, next: i64) -> Result<(), StoreError> {
+        self.0.caught_up_to(changelog_topic, partition, next).await
+    }
+}
+
+/// The repairs a person makes ([`Store::repairs`]); each goes to the changelog first.
+#[derive(Clone, Copy)]
+pub struct Repairs<'a>(&'a Store);
+
+impl Repairs<'_> {
+    /// Removes a record, so the event runs again when redelivered; answers the record as it was.
+    pub async fn forget(&self, id: &str) -> Result<Record, StoreError> {
+        self.0.forget(id).await
+    }
+
+    /// Claims a dead or parked event again for a re-run; answers its message copy.
+    pub async fn reopen(&self, id: &str) -> Result<RawMessage, StoreError> {
+        self.0.reopen(id).await
+    }
+
+    /// After a re-run of an undecodable record: settles it (see the store's docs).
+    pub async fn settle_rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        self.0.settle_rerun(id).await
+    }
+
+    /// Records a parked or dead event done by hand, with `note`.
+    pub async fn resolve_done(&self, id: &str, note: String) -> Result<(), StoreError> {
+        self.0.resolve_done(id, note).await
+    }
+
+    /// Drops the message copy of an event that is done after all.
+    pub async fn drop_message(&self, id: &str) -> Result<(), StoreError> {
+        self.0.drop_message(id).await
+    }
+
+    /// Removes the records whose retention ended before `now_us`; answers how many.
+    pub async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
+        self.0.gc(now_us).await
+    }
+}
+
+/// Records, counts and message copies ([`Store::reads`]).
+#[derive(Clone, Copy)]
+pub struct Reads<'a>(&'a Store);
+
+impl Reads<'_> {
+    /// The record of event `id`, in whichever scope it is.
+    pub fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        self.0.get(id)
+    }
+
+    /// Every record (of one state, of one topic) in id order, handed to `f`.
+    pub fn scan<E: From<StoreError>>(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        f: impl FnMut(Record) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.0.scan(state, topic, f)
+    }
+
+    /// Up to `limit` records after the cursor `after`, in id order.
+    pub fn list_after(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.0.list_after(state, topic, after, limit)
+    }
+
+    /// Records in the store (without a scan).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// No record at all.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Records per state without scanning; `claimed` includes in-memory claims.
+    pub fn counts(&self) -> [(State, u64); 4] {
+        self.0.counts()
+    }
+
+    /// Counts per state, duplicates suppressed, size on disk, oldest and newest.
+    pub fn stats(&self) -> Result<Stats, StoreError> {
+        self.0.stats()
+    }
+
+    /// The store's size on disk.
+    pub fn bytes_on_disk(&self) -> Result<u64, StoreError> {
+        self.0.bytes_on_disk()
+    }
+
+    /// The stored copy of a dead or parked event's message.
+    pub fn message(&self, event_id: &str) -> Result<Option<RawMessage>, StoreError> {
+        self.0.message(event_id)
+    }
+
+    /// The stored copy of this record's message.
+    pub fn message_of(&self, r: &Record) -> Result<Option<RawMessage>, StoreError> {
+        self.0.message_of(r)
+    }
+
+    /// Bytes of message copies kept.
+    pub fn message_bytes(&self) -> u64 {
+        self.0.message_bytes()
+    }
+
+    /// The group commit's batches so far.
+    pub fn sync_stats(&self) -> SyncStats {
+        self.0.sync_stats()
+    }
+}
