@@ -109,7 +109,7 @@ impl OffsetTracker {
     }
 
     /// Whether assigned partitions are restored first.
-    pub fn restores(&self) -> bool {
+    pub fn restores_first(&self) -> bool {
         self.restore
     }
 
@@ -136,7 +136,7 @@ impl OffsetTracker {
 
     /// The restore of the partition (assigned in `generation`) is complete: its
     /// events may begin. False when it was revoked or reassigned meanwhile.
-    pub fn restored(&mut self, partition: &PartitionId, generation: u64) -> bool {
+    pub fn restore_done(&mut self, partition: &PartitionId, generation: u64) -> bool {
         match self.partitions.get_mut(partition).filter(|p| p.generation == generation) {
             Some(p) => {
                 p.restoring = false;
@@ -158,7 +158,7 @@ impl OffsetTracker {
     }
 
     /// A message was consumed and is now being worked on.
-    pub fn start(&mut self, partition: &PartitionId, generation: u64, offset: i64) {
+    pub fn consumed(&mut self, partition: &PartitionId, generation: u64, offset: i64) {
         if let Some(p) = self.partitions.get_mut(partition).filter(|p| p.generation == generation) {
             if p.pending.is_empty() {
                 p.moved_at = Instant::now();
@@ -167,9 +167,9 @@ impl OffsetTracker {
         }
     }
 
-    /// Execution of the event at `offset` may begin: false when the partition is
+    /// The event starts running: false when the partition is
     /// being revoked or was reassigned since (the next owner handles it).
-    pub fn begin(&mut self, partition: &PartitionId, generation: u64) -> bool {
+    pub fn start_running(&mut self, partition: &PartitionId, generation: u64) -> bool {
         match self.partitions.get_mut(partition).filter(|p| p.generation == generation && !p.revoking) {
             Some(p) => {
                 p.running += 1;
@@ -277,7 +277,7 @@ mod tests {
         let mut t = OffsetTracker::default();
         let g = t.assign(tp());
         for o in 0..3 {
-            t.start(&tp(), g, o);
+            t.consumed(&tp(), g, o);
         }
         assert_eq!(t.finish(&tp(), g, 0), Some(1));
         assert_eq!(t.finish(&tp(), g, 1), Some(2));
@@ -290,7 +290,7 @@ mod tests {
         let mut t = OffsetTracker::default();
         let g = t.assign(tp());
         for o in 10..15 {
-            t.start(&tp(), g, o);
+            t.consumed(&tp(), g, o);
         }
         assert_eq!(t.finish(&tp(), g, 11), None);
         assert_eq!(t.finish(&tp(), g, 14), None);
@@ -307,8 +307,8 @@ mod tests {
         // Compacted topics and transaction markers leave holes in offsets.
         let mut t = OffsetTracker::default();
         let g = t.assign(tp());
-        t.start(&tp(), g, 3);
-        t.start(&tp(), g, 7);
+        t.consumed(&tp(), g, 3);
+        t.consumed(&tp(), g, 7);
         assert_eq!(t.finish(&tp(), g, 7), None);
         assert_eq!(t.finish(&tp(), g, 3), Some(8));
     }
@@ -317,11 +317,11 @@ mod tests {
     fn completions_from_a_previous_assignment_are_ignored() {
         let mut t = OffsetTracker::default();
         let old = t.assign(tp());
-        t.start(&tp(), old, 5);
+        t.consumed(&tp(), old, 5);
         t.revoke(&tp());
         assert_eq!(t.finish(&tp(), old, 5), None);
         let new = t.assign(tp());
-        t.start(&tp(), new, 5);
+        t.consumed(&tp(), new, 5);
         assert_eq!(t.finish(&tp(), old, 5), None, "stale generation");
         assert!(t.committable().is_empty());
         assert_eq!(t.finish(&tp(), new, 5), Some(6));
@@ -331,11 +331,11 @@ mod tests {
     fn revoking_partition_starts_nothing_new_and_counts_running_work() {
         let mut t = OffsetTracker::default();
         let g = t.assign(tp());
-        t.start(&tp(), g, 0);
-        t.start(&tp(), g, 1);
-        assert!(t.begin(&tp(), g));
+        t.consumed(&tp(), g, 0);
+        t.consumed(&tp(), g, 1);
+        assert!(t.start_running(&tp(), g));
         assert_eq!(t.start_revoke(&[tp()]), 1);
-        assert!(!t.begin(&tp(), g), "no new work on a revoking partition");
+        assert!(!t.start_running(&tp(), g), "no new work on a revoking partition");
         assert_eq!(t.finish(&tp(), g, 0), Some(1));
         assert_eq!(t.running(&[tp()]), 0);
         assert_eq!(t.committable(), vec![(tp(), 1)], "offset 1 never began: not committed");
@@ -348,8 +348,8 @@ mod tests {
         let bound = Duration::from_secs(60);
         let later = Instant::now() + Duration::from_secs(61);
         assert!(t.stalled(later, bound).is_empty(), "nothing waits: idle, not stalled");
-        t.start(&tp(), g, 0);
-        t.start(&tp(), g, 1);
+        t.consumed(&tp(), g, 0);
+        t.consumed(&tp(), g, 1);
         assert!(t.stalled(Instant::now(), bound).is_empty());
         assert_eq!(t.stalled(later, bound), vec![tp()]);
         t.finish(&tp(), g, 1);
@@ -362,8 +362,8 @@ mod tests {
     fn an_abandoned_execution_stops_counting_as_running_and_keeps_its_offset_open() {
         let mut t = OffsetTracker::default();
         let g = t.assign(tp());
-        t.start(&tp(), g, 0);
-        assert!(t.begin(&tp(), g));
+        t.consumed(&tp(), g, 0);
+        assert!(t.start_running(&tp(), g));
         assert!(t.owns(&tp(), g));
         t.start_revoke(&[tp()]);
         assert!(!t.owns(&tp(), g));
@@ -379,17 +379,17 @@ mod tests {
         let g = t.assign(tp());
         assert!(t.is_restoring(&tp(), g) && !t.is_restoring(&tp(), old));
         assert_eq!(t.restoring(), vec![(tp(), g)]);
-        assert!(!t.restored(&tp(), old), "a restore of an earlier assignment does not count");
-        assert!(t.restored(&tp(), g));
+        assert!(!t.restore_done(&tp(), old), "a restore of an earlier assignment does not count");
+        assert!(t.restore_done(&tp(), g));
         assert!(t.restoring().is_empty() && !t.is_restoring(&tp(), g));
-        assert!(!OffsetTracker::default().restores());
+        assert!(!OffsetTracker::default().restores_first());
     }
 
     #[test]
     fn duplicate_finish_is_harmless() {
         let mut t = OffsetTracker::default();
         let g = t.assign(tp());
-        t.start(&tp(), g, 0);
+        t.consumed(&tp(), g, 0);
         assert_eq!(t.finish(&tp(), g, 0), Some(1));
         assert_eq!(t.finish(&tp(), g, 0), None);
     }

@@ -150,7 +150,7 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
                     let p = outboxd::offsets::PartitionId::new(&raw.topic, raw.partition);
                     let mut t = shared.tracker.lock().unwrap();
                     let g = t.generation(&p).unwrap_or_else(|| t.assign(p.clone()));
-                    t.start(&p, g, raw.offset);
+                    t.consumed(&p, g, raw.offset);
                     g
                 } else {
                     0

@@ -97,7 +97,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             if setup.changelog.is_changelog(&partition.topic) {
                 // A topic_pattern matched a changelog topic: nothing to restore (its
                 // messages are skipped, see `Executor::execute_owned`).
-                if shared.tracker.lock().restored(&partition, generation) {
+                if shared.tracker.lock().restore_done(&partition, generation) {
                     shared.consumer.resume(&partition);
                 }
                 continue;
@@ -128,7 +128,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             .await;
             match ended {
                 Ok(Ok(Some(_))) => {
-                    if shared.tracker.lock().restored(&partition, generation) {
+                    if shared.tracker.lock().restore_done(&partition, generation) {
                         shared.consumer.resume(&partition);
                         restored_some = true;
                         follow.restored(partition.clone(), generation);

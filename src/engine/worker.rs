@@ -56,7 +56,7 @@ pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, permits: Permits) {
     let generation = {
         let mut tracker = shared.tracker.lock();
         let g = tracker.generation(&partition).unwrap_or_else(|| tracker.assign(partition.clone()));
-        tracker.start(&partition, g, msg.offset);
+        tracker.consumed(&partition, g, msg.offset);
         g
     };
     let key = KeyId { topic: msg.topic.clone(), partition: msg.partition, key: msg.key.clone() };
@@ -153,7 +153,7 @@ async fn process(shared: &Shared, job: &Job) {
     }
     // A partition being revoked (or already reassigned) starts nothing new: its next
     // owner reads from the last committed offset.
-    if !shared.tracker.lock().begin(&partition, job.generation) {
+    if !shared.tracker.lock().start_running(&partition, job.generation) {
         return;
     }
     let owned = || shared.tracker.lock().owns(&partition, job.generation);

@@ -77,7 +77,7 @@ impl ConsumerContext for Ctx {
                 for p in &assigned {
                     tracker.assign(p.clone());
                 }
-                if tracker.restores() && !assigned.is_empty() {
+                if tracker.restores_first() && !assigned.is_empty() {
                     // Nothing of them is fetched until their changelog is restored (the
                     // restore resumes each); what was fetched already is fetched again then.
                     if let Err(error) = consumer.pause(tpl) {
@@ -250,8 +250,8 @@ mod tests {
         let generation = {
             let mut t = tracker.lock();
             let g = t.assign(partition.clone());
-            t.start(&partition, g, 0);
-            assert!(t.begin(&partition, g));
+            t.consumed(&partition, g, 0);
+            assert!(t.start_running(&partition, g));
             g
         };
         let ctx = Ctx {
