@@ -1,6 +1,7 @@
 //! `kind = "http"`: one request per event, with the event id as the
 //! idempotency key so a re-execution after an unknown outcome is safe for
-//! receivers that honour it. reqwest is used only here.
+//! receivers that honour it. Receivers are called with reqwest here (the schema
+//! registry and admin clients use it too).
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, InvalidHeaderName, InvalidHeaderValue, CONTENT_TYPE};
 use reqwest::StatusCode;
