@@ -22,6 +22,7 @@ use super::worker::Shared;
 use crate::config::ChangelogConfig;
 use crate::kafka::{KafkaError, Restorer};
 use crate::offsets::PartitionId;
+use crate::store::changelog::Restoring;
 use crate::store::{Store, StoreError};
 
 /// How long one read waits for changelog records before it asks whether to go on.
@@ -147,7 +148,11 @@ impl Reader<'_> {
             return Ok(done);
         }
         let reading = self.restorer.start(&changelog_topic, p, pass.from)?;
-        let mut restoring = store.start(topic);
+        // A read of a partition that flows meanwhile (follow) looks every record up,
+        // as it always did: the fast path for a scope the store holds nothing of is
+        // for reads of partitions whose events wait (restore) or run elsewhere (standby).
+        let mut restoring =
+            if pass.checkpoint == Checkpoint::AtEnd { Restoring::looking_up() } else { store.start(topic) };
         let mut next = pass.from;
         loop {
             if !(pass.keep_going)() {
