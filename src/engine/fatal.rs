@@ -32,16 +32,6 @@ pub enum Fatal {
     },
 }
 
-impl Fatal {
-    /// The store failure, if that is what this is.
-    pub fn store(&self) -> Option<&StoreError> {
-        match self {
-            Fatal::Store(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
 impl From<StoreError> for Fatal {
     fn from(e: StoreError) -> Fatal {
         Fatal::Store(Arc::new(e))

@@ -116,7 +116,16 @@ fn catch_up(
     if from >= upto {
         return Ok(0);
     }
-    let pass = Pass { partition, from, upto, checkpoint: Checkpoint::AtEnd, skip: &own, keep_going, progress: &|_| {} };
+    let pass = Pass {
+        partition,
+        from,
+        upto,
+        checkpoint: Checkpoint::AtEnd,
+        skip: &own,
+        flowing: true,
+        keep_going,
+        progress: &|_| {},
+    };
     let read = reader.read(&pass)?;
     if read.complete && read.applied > 0 {
         info!(%topic, partition = p, changelog_topic, from, to = upto, read = read.read, applied = read.applied,

@@ -91,6 +91,10 @@ pub(super) struct Pass<'a> {
     pub checkpoint: Checkpoint,
     /// Offsets not applied (this instance's own writes).
     pub skip: &'a BTreeSet<i64>,
+    /// The partition's events run here meanwhile (follow): every record is looked
+    /// up, and the apply path's fast path for a scope the store holds nothing of
+    /// (safe only while nothing else writes that partition's records) is not taken.
+    pub flowing: bool,
     /// Asked before each batch: a read it stops leaves the checkpoint where the
     /// last durable batch put it.
     pub keep_going: &'a dyn Fn() -> bool,
@@ -148,11 +152,7 @@ impl Reader<'_> {
             return Ok(done);
         }
         let reading = self.restorer.start(&changelog_topic, p, pass.from)?;
-        // A read of a partition that flows meanwhile (follow) looks every record up,
-        // as it always did: the fast path for a scope the store holds nothing of is
-        // for reads of partitions whose events wait (restore) or run elsewhere (standby).
-        let mut restoring =
-            if pass.checkpoint == Checkpoint::AtEnd { Restoring::looking_up() } else { store.start(topic) };
+        let mut restoring = if pass.flowing { Restoring::looking_up() } else { store.start(topic) };
         let mut next = pass.from;
         loop {
             if !(pass.keep_going)() {
@@ -257,7 +257,7 @@ impl<'a> Pass<'a> {
     ) -> Pass<'a> {
         static NONE: BTreeSet<i64> = BTreeSet::new();
         let checkpoint = Checkpoint::EachBatch { restored };
-        Pass { partition, from, upto: end, checkpoint, skip: &NONE, keep_going, progress }
+        Pass { partition, from, upto: end, checkpoint, skip: &NONE, flowing: false, keep_going, progress }
     }
 }
 
