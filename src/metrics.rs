@@ -61,6 +61,9 @@ pub mod names {
     pub const STANDBY: &str = "outboxd_partitions_standby";
     /// Changelog records of partitions owned elsewhere applied to the local store (labels `topic`, `partition`).
     pub const STANDBY_APPLIED: &str = "outboxd_changelog_records_standby_applied_total";
+    /// Partitions fenced because the group may have given them to another member
+    /// (label `cause`: `client`, `gap`, `lost`).
+    pub const FENCED: &str = "outboxd_partitions_fenced_total";
 }
 
 const SECONDS_BUCKETS: &[f64] =
@@ -136,6 +139,10 @@ fn describe() {
     describe_counter!(
         names::STANDBY_APPLIED,
         "Changelog records of partitions owned elsewhere applied to the local store, per source partition."
+    );
+    describe_counter!(
+        names::FENCED,
+        "Partitions fenced because the group may have given them to another member, per cause."
     );
     describe_gauge!(
         names::RESTORING,

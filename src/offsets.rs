@@ -4,8 +4,11 @@
 //! (invariant 3), whatever order events finish in.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use tracing::warn;
 
 /// A partition's identity. Shown as `topic/partition`, as logs and `/readyz` name it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,19 +45,62 @@ pub fn describe(parts: &[PartitionId]) -> String {
 /// event (invariant 3). So every later lock panics too: the process stops
 /// rather than commit, offsets stay where they were, and the events after them
 /// are delivered again.
-#[derive(Debug, Clone, Default)]
-pub struct Tracker(Arc<Mutex<OffsetTracker>>);
+#[derive(Debug, Clone)]
+pub struct Tracker {
+    inner: Arc<Mutex<OffsetTracker>>,
+    /// The tracker's alarms, raised without its lock ([`Tracker::raise_alarm`]).
+    alarms: Arc<AtomicU64>,
+}
+
+impl Default for Tracker {
+    fn default() -> Tracker {
+        Tracker::new(OffsetTracker::default())
+    }
+}
 
 impl Tracker {
     /// Shares `tracker`.
     pub fn new(tracker: OffsetTracker) -> Tracker {
-        Tracker(Arc::new(Mutex::new(tracker)))
+        let alarms = tracker.alarms.clone();
+        Tracker { inner: Arc::new(Mutex::new(tracker)), alarms }
     }
 
     /// The tracker, locked (see the type's poison rule). Hold it for a few
     /// steps, never across an await.
     pub fn lock(&self) -> MutexGuard<'_, OffsetTracker> {
-        self.0.lock().expect("the offset tracker was poisoned by a panic: no offset may move from it")
+        self.inner.lock().expect("the offset tracker was poisoned by a panic: no offset may move from it")
+    }
+
+    /// The consumer's client says the group may have moved our partitions (its
+    /// session timed out, or the poll interval was exceeded): every partition is
+    /// fenced the next time anyone looks at the tracker, before any event
+    /// starts or any offset moves. Takes no lock: librdkafka says so from its own
+    /// threads, which may be what a holder of the lock waits for.
+    pub fn raise_alarm(&self) {
+        self.alarms.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Why partitions were fenced (a metric label and a log field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceCause {
+    /// The consumer's client reported a session timeout or an exceeded poll interval.
+    Client,
+    /// The poll loop did not confirm ownership for longer than `kafka.fence_after`
+    /// (the process was frozen or starved).
+    Gap,
+    /// A revoke said the assignment was lost.
+    Lost,
+}
+
+impl FenceCause {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            FenceCause::Client => "client",
+            FenceCause::Gap => "gap",
+            FenceCause::Lost => "lost",
+        }
     }
 }
 
@@ -99,6 +145,20 @@ pub struct OffsetTracker {
     next_generation: u64,
     /// Every assigned partition is restored from its changelog before its events begin.
     restore: bool,
+    /// Raised by [`Tracker::raise_alarm`]; `seen_alarms` is how many were handled.
+    alarms: Arc<AtomicU64>,
+    seen_alarms: u64,
+    /// When the poll loop last confirmed that the group still has us
+    /// ([`OffsetTracker::confirm`]); `None` before the first confirmation.
+    confirmed: Option<Instant>,
+    /// A longer gap since the last confirmation fences every partition
+    /// (`kafka.fence_after`); `None`: never.
+    fence_after: Option<Duration>,
+    /// A gap fenced partitions: the consumer must leave and rejoin the group, so
+    /// that their ownership is confirmed again (or they go to their new owner).
+    rejoin: bool,
+    /// Partitions fenced so far.
+    fenced: u64,
 }
 
 impl OffsetTracker {
@@ -111,6 +171,80 @@ impl OffsetTracker {
     /// Whether assigned partitions are restored first.
     pub fn restores_first(&self) -> bool {
         self.restore
+    }
+
+    /// Fence every partition once the poll loop has not confirmed ownership for
+    /// longer than `after` ([`OffsetTracker::confirm`]).
+    pub fn fence_after(&mut self, after: Duration) {
+        self.fence_after = Some(after);
+    }
+
+    /// The poll loop is running and the group has not told it otherwise: what
+    /// this instance owns is confirmed as of `now`. A gap since the last
+    /// confirmation longer than `kafka.fence_after` fences every partition first.
+    pub fn confirm(&mut self, now: Instant) {
+        self.check(now);
+        self.confirmed = Some(now);
+    }
+
+    /// Whether a gap fenced partitions since the last call: the consumer must rejoin.
+    pub fn take_rejoin(&mut self) -> bool {
+        std::mem::take(&mut self.rejoin)
+    }
+
+    /// Partitions fenced since the tracker was made.
+    pub fn fenced(&self) -> u64 {
+        self.fenced
+    }
+
+    /// Fences the partitions: each gets a new generation and is being revoked,
+    /// so no event of before starts (`start_running`, `owns`), no running one
+    /// moves an offset (`finish`), and nothing new starts until they are
+    /// revoked and assigned again. Returns how many were fenced.
+    pub fn fence(&mut self, partitions: &[PartitionId], cause: FenceCause) -> usize {
+        let mut fenced = Vec::new();
+        for id in partitions {
+            let Some(p) = self.partitions.get_mut(id) else { continue };
+            if p.revoking && p.pending.is_empty() && p.running == 0 {
+                continue;
+            }
+            self.next_generation += 1;
+            let restoring = p.restoring;
+            *p = PartitionState::new(self.next_generation, restoring);
+            p.revoking = true;
+            fenced.push(id.clone());
+        }
+        if !fenced.is_empty() {
+            self.fenced += fenced.len() as u64;
+            metrics::counter!(crate::metrics::names::FENCED, "cause" => cause.label()).increment(fenced.len() as u64);
+            fenced.sort();
+            warn!(partitions = %describe(&fenced), cause = cause.label(),
+                "partitions fenced: they may belong to another member now; nothing of theirs starts or commits here until they are assigned again");
+        }
+        fenced.len()
+    }
+
+    /// Handles raised alarms and a gap since the last confirmation: both fence
+    /// every partition. Called by everything that starts work or moves an offset.
+    fn check(&mut self, now: Instant) {
+        let alarms = self.alarms.load(Ordering::SeqCst);
+        if alarms != self.seen_alarms {
+            self.seen_alarms = alarms;
+            let every: Vec<PartitionId> = self.partitions.keys().cloned().collect();
+            self.fence(&every, FenceCause::Client);
+        }
+        let gap = match (self.confirmed, self.fence_after) {
+            (Some(at), Some(after)) => now.saturating_duration_since(at) > after,
+            _ => false,
+        };
+        if gap {
+            // Confirmed again only by the rejoin: a later look must not fence twice.
+            self.confirmed = Some(now);
+            let every: Vec<PartitionId> = self.partitions.keys().cloned().collect();
+            if self.fence(&every, FenceCause::Gap) > 0 {
+                self.rejoin = true;
+            }
+        }
     }
 
     /// Starts tracking a freshly assigned partition; returns its generation.
@@ -170,6 +304,7 @@ impl OffsetTracker {
     /// The event starts running: false when the partition is
     /// being revoked or was reassigned since (the next owner handles it).
     pub fn start_running(&mut self, partition: &PartitionId, generation: u64) -> bool {
+        self.check(Instant::now());
         match self.partitions.get_mut(partition).filter(|p| p.generation == generation && !p.revoking) {
             Some(p) => {
                 p.running += 1;
@@ -180,8 +315,9 @@ impl OffsetTracker {
     }
 
     /// Whether work of `generation` may still start in the partition (assigned to
-    /// us in that generation and not being revoked).
-    pub fn owns(&self, partition: &PartitionId, generation: u64) -> bool {
+    /// us in that generation, not being revoked, not fenced: see [`OffsetTracker::fence`]).
+    pub fn owns(&mut self, partition: &PartitionId, generation: u64) -> bool {
+        self.check(Instant::now());
         self.partitions.get(partition).is_some_and(|p| p.generation == generation && !p.revoking)
     }
 
@@ -227,6 +363,7 @@ impl OffsetTracker {
     /// The event at `offset` is durably finished. Returns the new next offset
     /// to commit when it moved forward.
     pub fn finish(&mut self, partition: &PartitionId, generation: u64, offset: i64) -> Option<i64> {
+        self.check(Instant::now());
         let p = self.partitions.get_mut(partition).filter(|p| p.generation == generation)?;
         p.running = p.running.saturating_sub(1);
         match p.pending.get_mut(&offset) {
@@ -251,6 +388,19 @@ impl OffsetTracker {
     /// The next offset to commit for each partition that has one.
     pub fn committable(&self) -> Vec<(PartitionId, i64)> {
         self.partitions.iter().filter_map(|(k, p)| p.committable.map(|o| (k.clone(), o))).collect()
+    }
+
+    /// The partitions assigned, in name order.
+    pub fn partitions(&self) -> Vec<PartitionId> {
+        let mut all: Vec<PartitionId> = self.partitions.keys().cloned().collect();
+        all.sort();
+        all
+    }
+
+    /// Whether the partition's messages may be fetched: assigned, and not waiting
+    /// for its restore (whose end resumes it).
+    pub fn may_fetch(&self, partition: &PartitionId) -> bool {
+        self.partitions.get(partition).is_some_and(|p| !p.restoring)
     }
 
     /// Partitions currently assigned.
@@ -392,5 +542,72 @@ mod tests {
         t.consumed(&tp(), g, 0);
         assert_eq!(t.finish(&tp(), g, 0), Some(1));
         assert_eq!(t.finish(&tp(), g, 0), None);
+    }
+
+    /// A fenced partition starts nothing it had queued, moves no offset for what
+    /// was running, and takes nothing new until it is assigned again.
+    #[test]
+    fn a_fenced_partition_starts_and_commits_nothing_until_assigned_again() {
+        let mut t = OffsetTracker::default();
+        let g = t.assign(tp());
+        t.consumed(&tp(), g, 0);
+        t.consumed(&tp(), g, 1);
+        assert!(t.start_running(&tp(), g));
+        assert_eq!(t.fence(&[tp()], FenceCause::Lost), 1);
+        assert!(!t.start_running(&tp(), g), "a queued event of before the fence starts");
+        assert!(!t.owns(&tp(), g));
+        assert_eq!(t.finish(&tp(), g, 0), None, "a running event's outcome moved the offset");
+        assert!(t.committable().is_empty());
+        let now = t.generation(&tp()).unwrap();
+        t.consumed(&tp(), now, 2);
+        assert!(!t.start_running(&tp(), now), "a message fetched after the fence starts before a new assignment");
+        t.revoke(&tp());
+        let again = t.assign(tp());
+        t.consumed(&tp(), again, 0);
+        assert!(t.start_running(&tp(), again));
+        assert_eq!(t.finish(&tp(), again, 0), Some(1));
+    }
+
+    /// librdkafka's alarm (a session timeout) is raised without the lock; whoever
+    /// looks at the tracker next finds every partition fenced.
+    #[test]
+    fn an_alarm_fences_every_partition_before_the_next_start() {
+        let tracker = Tracker::default();
+        let (a, b) = (PartitionId::new("t", 0), PartitionId::new("t", 1));
+        let (ga, gb) = {
+            let mut t = tracker.lock();
+            let ga = t.assign(a.clone());
+            let gb = t.assign(b.clone());
+            t.consumed(&a, ga, 0);
+            t.consumed(&b, gb, 0);
+            (ga, gb)
+        };
+        tracker.raise_alarm();
+        let mut t = tracker.lock();
+        assert!(!t.start_running(&a, ga) && !t.start_running(&b, gb));
+        assert_eq!(t.fenced(), 2);
+        assert!(!t.take_rejoin(), "librdkafka rejoins by itself after its own alarm");
+    }
+
+    /// A gap without confirmation longer than `fence_after` (the process was
+    /// frozen, or the poll loop starved) fences every partition, and the
+    /// consumer is asked to rejoin; a shorter one does not.
+    #[test]
+    fn a_gap_in_confirmations_fences_every_partition_and_asks_for_a_rejoin() {
+        let mut t = OffsetTracker::default();
+        t.fence_after(Duration::from_secs(3));
+        let g = t.assign(tp());
+        t.consumed(&tp(), g, 0);
+        t.consumed(&tp(), g, 1);
+        let now = Instant::now();
+        t.confirm(now.checked_sub(Duration::from_secs(1)).unwrap());
+        assert!(t.start_running(&tp(), g), "a gap shorter than fence_after fenced");
+        assert_eq!(t.fenced(), 0);
+        t.confirm(now.checked_sub(Duration::from_secs(10)).unwrap());
+        assert!(!t.owns(&tp(), g), "a gap of 10 s did not fence");
+        assert_eq!(t.finish(&tp(), g, 0), None);
+        assert!(t.take_rejoin());
+        assert!(!t.take_rejoin());
+        assert_eq!(t.fenced(), 1);
     }
 }

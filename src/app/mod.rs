@@ -105,7 +105,8 @@ impl App {
         let store = open_store(&config)?;
         let restore = changelog(&config, &store).await?;
         let token = CancellationToken::new();
-        let tracker = if restore.is_some() { OffsetTracker::with_restore() } else { OffsetTracker::default() };
+        let mut tracker = if restore.is_some() { OffsetTracker::with_restore() } else { OffsetTracker::default() };
+        tracker.fence_after(config.kafka.fence_after);
         let tracker = Tracker::new(tracker);
         let subscriptions = config.subscriptions();
         let prometheus =

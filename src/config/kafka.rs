@@ -14,8 +14,11 @@ const DEFAULT_OFFSET_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// Below the default `session.timeout.ms` (45 s) so a drain never costs the
 /// group its member.
 const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// librdkafka's default `session.timeout.ms`.
+/// librdkafka's default `session.timeout.ms` (and the broker's default
+/// `group.consumer.session.timeout.ms` under `group.protocol = "consumer"`).
 const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
+/// librdkafka's default `max.poll.interval.ms`.
+const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
 /// Set by outboxd itself: offsets are stored only after events are durably finished.
 const RESERVED_OPTIONS: [&str; 3] = ["enable.auto.offset.store", "group.id", "bootstrap.servers"];
 
@@ -34,6 +37,9 @@ pub struct RawKafka {
     /// A partition whose events wait while its offset has not moved for this long is
     /// reported stalled (`/readyz`, `outboxd_partitions_stalled`).
     pub stall_timeout: Option<String>,
+    /// A gap this long in which the poll loop did not confirm the group still
+    /// has us (the process was frozen or starved) fences every partition.
+    pub fence_after: Option<String>,
     /// Passed to librdkafka as-is.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
@@ -53,6 +59,10 @@ pub struct KafkaConfig {
     pub drain_timeout: Duration,
     /// `None`: derived from the handlers (see `Config::stall_timeout`).
     pub stall_timeout: Option<Duration>,
+    /// A gap this long without the poll loop confirming ownership fences every
+    /// partition (default: half the session timeout, or of `max.poll.interval.ms`
+    /// when that is shorter); shorter than the session timeout.
+    pub fence_after: Duration,
     /// librdkafka properties passed as-is, `${VAR}` resolved; never one of the
     /// reserved `enable.auto.offset.store`, `group.id` and `bootstrap.servers`.
     pub options: BTreeMap<String, String>,
@@ -79,7 +89,7 @@ impl RawKafka {
             let field = format!("kafka.options.\"{key}\"");
             options.insert(key, expand_env(&field, &v, env)?);
         }
-        let kafka = KafkaConfig {
+        let mut kafka = KafkaConfig {
             brokers: self.brokers,
             group_id: self.group_id,
             commit_interval: duration(
@@ -93,6 +103,7 @@ impl RawKafka {
                 .as_deref()
                 .map(|v| duration("kafka.stall_timeout", Some(v), Duration::ZERO))
                 .transpose()?,
+            fence_after: Duration::ZERO,
             options,
         };
         if kafka.stall_timeout.is_some_and(|t| t.is_zero()) {
@@ -101,15 +112,22 @@ impl RawKafka {
         if kafka.commit_interval.is_zero() {
             return Err(ConfigError::field("kafka.commit_interval", "must be greater than 0"));
         }
-        let session_timeout = match kafka.options.get("session.timeout.ms") {
-            None => DEFAULT_SESSION_TIMEOUT,
-            Some(ms) => Duration::from_millis(ms.trim().parse().map_err(|_| {
-                ConfigError::field(
-                    "kafka.options.\"session.timeout.ms\"",
-                    format!("not a number of milliseconds: {ms:?}"),
-                )
-            })?),
-        };
+        let session_timeout = millis_option(&kafka.options, "session.timeout.ms", DEFAULT_SESSION_TIMEOUT)?;
+        let max_poll_interval = millis_option(&kafka.options, "max.poll.interval.ms", DEFAULT_MAX_POLL_INTERVAL)?;
+        // Half: a member frozen this long still has its partitions (its session
+        // outlives the gap), so the fence comes before the group could move them.
+        let derived = session_timeout.min(max_poll_interval) / 2;
+        kafka.fence_after = duration("kafka.fence_after", self.fence_after.as_deref(), derived)?;
+        if kafka.fence_after.is_zero() || kafka.fence_after >= session_timeout {
+            return Err(ConfigError::field(
+                "kafka.fence_after",
+                format!(
+                    "{} must be greater than 0 and shorter than session.timeout.ms ({}): a longer gap lets the group move partitions before outboxd fences them",
+                    humantime::format_duration(kafka.fence_after),
+                    humantime::format_duration(session_timeout)
+                ),
+            ));
+        }
         if kafka.drain_timeout >= session_timeout {
             return Err(ConfigError::field(
                 "kafka.drain_timeout",
@@ -121,6 +139,25 @@ impl RawKafka {
             ));
         }
         Ok(kafka)
+    }
+}
+
+impl KafkaConfig {
+    /// Whether the group uses the consumer rebalance protocol of KIP-848
+    /// (`group.protocol = "consumer"`): the broker assigns partitions and owns
+    /// the session timeout, so outboxd sets no assignment strategy.
+    pub fn consumer_protocol(&self) -> bool {
+        self.options.get("group.protocol").is_some_and(|p| p.trim().eq_ignore_ascii_case("consumer"))
+    }
+}
+
+/// A librdkafka option in milliseconds, or its default.
+fn millis_option(options: &BTreeMap<String, String>, name: &str, default: Duration) -> Result<Duration, ConfigError> {
+    match options.get(name) {
+        None => Ok(default),
+        Some(ms) => Ok(Duration::from_millis(ms.trim().parse().map_err(|_| {
+            ConfigError::field(format!("kafka.options.\"{name}\""), format!("not a number of milliseconds: {ms:?}"))
+        })?)),
     }
 }
 

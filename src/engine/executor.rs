@@ -306,18 +306,19 @@ impl Executor {
                 "partition moved while the event waited; left to its new owner");
             return Ok(Executed::Abandoned);
         }
-        self.claim_and_run(hc, handler, &event, msg).await?;
-        Ok(Executed::Final)
+        self.claim_and_run(hc, handler, &event, msg, owned).await
     }
 
-    /// Claim, run with retries, record. Returns once the event is durably final.
+    /// Claim, run with retries, record. Returns once the event is durably final,
+    /// or abandoned between attempts because its partition may have moved.
     async fn claim_and_run(
         &self,
         hc: &HandlerConfig,
         handler: &dyn Handler,
         event: &OutboxEvent,
         msg: &RawMessage,
-    ) -> Result<(), StoreError> {
+        owned: &Ownership<'_>,
+    ) -> Result<Executed, StoreError> {
         let scope = hc.dedup_scope.of(&event.position.topic);
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
@@ -327,12 +328,14 @@ impl Executor {
             self.store.handling().claim(event, scope).await?
         };
         let _release = Release { store: &self.store, id: &event.id, scope };
-        let Some(claimed) = self.resolve_claim(hc, handler, event, msg, claim).await? else { return Ok(()) };
+        let Some(claimed) = self.resolve_claim(hc, handler, event, msg, claim).await? else {
+            return Ok(Executed::Final);
+        };
         if claimed.is_durable() {
             // A new owner of the partition must find the outcome uncertain, not absent.
             self.store.handling().log_claim(&claimed).await?;
         }
-        self.run_attempts(hc, handler, event, msg, claimed).await
+        self.run_attempts(hc, handler, event, msg, claimed, owned).await
     }
 
     /// What a claim comes to before the handler runs: `None` when the event is
@@ -394,7 +397,9 @@ impl Executor {
     }
 
     /// Runs the handler under `claimed`, retrying by the handler's policy, until
-    /// the event is durably done or dead.
+    /// the event is durably done or dead. A retry is not made once the partition
+    /// may have moved: the event is left to the new owner, which finds it claimed
+    /// (or not at all) and runs it with the same idempotency key.
     async fn run_attempts(
         &self,
         hc: &HandlerConfig,
@@ -402,7 +407,8 @@ impl Executor {
         event: &OutboxEvent,
         msg: &RawMessage,
         mut claimed: Claimed,
-    ) -> Result<(), StoreError> {
+        owned: &Ownership<'_>,
+    ) -> Result<Executed, StoreError> {
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
         let mut attempt = claimed.attempt();
         let started = Instant::now();
@@ -423,19 +429,26 @@ impl Executor {
                         metrics::histogram!(names::AGE_SECONDS, "topic" => topic.clone()).record(age);
                     }
                     info!(event_id = %event.id, %topic, partition, offset, attempt, outcome = %outcome.0, "event handled");
-                    return Ok(());
+                    return Ok(Executed::Final);
                 }
                 Err(HandlerError::Permanent(reason)) => {
-                    return self.failed(hc, event, msg, claimed, State::Dead, reason).await;
+                    self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
+                    return Ok(Executed::Final);
                 }
                 Err(HandlerError::Retryable { reason, retry_after }) => {
                     let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
                         let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
-                        return self.failed(hc, event, msg, claimed, State::Dead, reason).await;
+                        self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
+                        return Ok(Executed::Final);
                     };
                     warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
                     metrics::counter!(names::RETRIED, "topic" => topic.clone()).increment(1);
                     tokio::time::sleep(delay).await;
+                    if !owned() {
+                        warn!(event_id = %event.id, %topic, partition, offset, attempt, idempotency_key = %event.id,
+                            "partition moved between attempts; not retrying here (its new owner runs it with the same idempotency key)");
+                        return Ok(Executed::Abandoned);
+                    }
                     attempt = self.store.handling().record_attempt(&mut claimed).await?;
                 }
             }

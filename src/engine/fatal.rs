@@ -22,6 +22,10 @@ pub enum Fatal {
     /// The consumer that reads changelog partitions could not be created.
     #[error("creating the changelog restore consumer: {0}")]
     Restorer(Arc<KafkaError>),
+    /// The Kafka consumer failed for good (a static member fenced by another
+    /// with its `group.instance.id`, an authentication failure).
+    #[error("the Kafka consumer failed and cannot go on: {0}")]
+    Consumer(String),
     /// A restore task panicked.
     #[error("the restore of {partition} failed: {message}")]
     Panicked {

@@ -64,7 +64,7 @@ impl Follow {
         }
         self.last = Instant::now();
         {
-            let tracker = readers.shared.tracker.lock();
+            let mut tracker = readers.shared.tracker.lock();
             self.restored.retain(|p, g| tracker.owns(p, *g) && !tracker.is_restoring(p, *g));
         }
         self.seen.retain(|p, _| self.restored.contains_key(p));

@@ -19,21 +19,19 @@ pub use fatal::Fatal;
 pub use reader::RestoreError;
 pub use restore::{restore_partition, RestoreSetup, Restored};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::kafka::{Consumer, Tracker};
+use crate::kafka::{Consumer, RecvError, Tracker};
 use crate::metrics::names;
+use crate::offsets::{describe, PartitionId};
 use worker::Shared;
-
-/// Pause after a consumer error before polling again.
-const CONSUMER_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// Consumes and runs events until shut down, then drains.
 pub struct Engine {
@@ -86,37 +84,93 @@ impl Engine {
     /// then drains: waits for events in flight (up to the drain timeout, not at
     /// all after a store failure) and commits every finished offset. Returns
     /// the store failure, if that is why it stopped.
+    ///
+    /// The loop never stops polling, however many events are in flight: a
+    /// message that finds read-ahead full waits here and its partitions are
+    /// paused until there is room, so rebalance callbacks and errors are served
+    /// and the group never takes a partition away for want of a poll.
     pub async fn run(&self, shutdown: &CancellationToken) -> Option<Fatal> {
         let consumer = &self.shared.consumer;
+        let mut full = Waiting::default();
+        let mut beat = tokio::time::interval(BEAT);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let permit = tokio::select! {
+            while let Some(permits) = full.front().and_then(|w| self.try_permits(w.size)) {
+                let w = full.pop();
+                worker::dispatch(&self.shared, w.msg, w.generation, permits);
+            }
+            if full.is_empty() {
+                full.resume(consumer, &self.shared.tracker);
+            }
+            let wanted = full.front().map(|w| w.size);
+            tokio::select! {
+                biased;
                 () = shutdown.cancelled() => break,
-                p = self.permits.clone().acquire_owned() => p.expect("the permit semaphore is never closed"),
-            };
-            let msg = tokio::select! {
-                () = shutdown.cancelled() => break,
-                m = consumer.recv() => m,
-            };
-            match msg {
-                Ok(raw) => {
-                    metrics::counter!(names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
-                    // Bytes as well as events are bounded; a message larger than the bound runs alone.
-                    let size = u32::try_from(raw.size()).unwrap_or(u32::MAX).clamp(1, self.max_bytes);
-                    let held = tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        b = self.bytes.clone().acquire_many_owned(size) => b.expect("the bytes semaphore is never closed"),
-                    };
-                    worker::dispatch(&self.shared, raw, worker::Permits { _events: permit, _bytes: held });
+                _ = beat.tick() => self.beat(),
+                permits = self.permits_for(wanted.unwrap_or(1)), if wanted.is_some() => {
+                    let w = full.pop();
+                    worker::dispatch(&self.shared, w.msg, w.generation, permits);
                 }
-                Err(error) => {
-                    warn!(%error, "kafka consumer error");
-                    drop(permit);
-                    // librdkafka retries by itself; this only keeps a persistent error from flooding the log.
-                    tokio::time::sleep(CONSUMER_ERROR_PAUSE).await;
-                }
+                msg = consumer.recv() => match msg {
+                    Ok(raw) => {
+                        metrics::counter!(names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
+                        let generation = worker::consumed(&self.shared, &raw);
+                        let size = self.size_of(&raw);
+                        match self.try_permits(size).filter(|_| full.is_empty()) {
+                            Some(permits) => worker::dispatch(&self.shared, raw, generation, permits),
+                            None => full.push(consumer, &self.shared.tracker, Wait { msg: raw, generation, size }),
+                        }
+                    }
+                    Err(RecvError::Fatal(reason)) => {
+                        error!(%reason, "the Kafka consumer failed; stopping");
+                        self.shared.exec.fail(Fatal::Consumer(reason));
+                        break;
+                    }
+                    Err(RecvError::PollExceeded(error)) => {
+                        // librdkafka leaves the group: nothing of ours may start or commit until it rejoins.
+                        warn!(%error, "kafka poll interval exceeded");
+                        self.shared.tracker.raise_alarm();
+                    }
+                    // librdkafka retries by itself and says so once per state change.
+                    Err(RecvError::Transient(error)) => warn!(%error, "kafka consumer error"),
+                },
             }
         }
         self.drain().await
+    }
+
+    /// The poll loop is alive: ownership is confirmed as of now (a gap since the
+    /// last beat longer than `kafka.fence_after` fences every partition first,
+    /// and the consumer then rejoins the group to have them assigned afresh).
+    fn beat(&self) {
+        let rejoin = {
+            let mut tracker = self.shared.tracker.lock();
+            tracker.confirm(Instant::now());
+            tracker.take_rejoin()
+        };
+        if rejoin {
+            self.shared.consumer.rejoin();
+        }
+    }
+
+    /// A message's share of `max_in_flight_bytes`; a message larger than the bound runs alone.
+    fn size_of(&self, raw: &crate::event::RawMessage) -> u32 {
+        u32::try_from(raw.size()).unwrap_or(u32::MAX).clamp(1, self.max_bytes)
+    }
+
+    /// Room for one more event of `size` bytes now, or `None`.
+    fn try_permits(&self, size: u32) -> Option<worker::Permits> {
+        let events = self.permits.clone().try_acquire_owned().ok()?;
+        let bytes = self.bytes.clone().try_acquire_many_owned(size).ok()?;
+        Some(worker::Permits { _events: events, _bytes: bytes })
+    }
+
+    /// Room for one more event of `size` bytes, once there is (cancel-safe: what
+    /// was taken is given back when the wait is dropped).
+    async fn permits_for(&self, size: u32) -> worker::Permits {
+        let events = self.permits.clone().acquire_owned().await.expect("the permit semaphore is never closed");
+        let bytes = self.bytes.clone().acquire_many_owned(size).await.expect("the bytes semaphore is never closed");
+        worker::Permits { _events: events, _bytes: bytes }
     }
 
     async fn drain(&self) -> Option<Fatal> {
@@ -132,7 +186,7 @@ impl Engine {
         } else {
             info!("draining: no new events; waiting for in-flight ones");
             let drain_timeout = self.drain_timeout;
-            if tokio::time::timeout(drain_timeout, self.permits.acquire_many(all)).await.is_err() {
+            if tokio::time::timeout(drain_timeout, self.wait_for_permits(all)).await.is_err() {
                 let unfinished = tracker.lock().unfinished();
                 warn!(unfinished, ?drain_timeout,
                     "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
@@ -140,5 +194,93 @@ impl Engine {
         }
         self.shared.consumer.commit_now(tracker);
         failure
+    }
+
+    /// Waits until `all` event permits are free (every event in flight ended),
+    /// confirming ownership meanwhile: librdkafka keeps the membership while
+    /// the service drains, and the events that finish may still commit.
+    async fn wait_for_permits(&self, all: u32) {
+        let freed = self.permits.acquire_many(all);
+        tokio::pin!(freed);
+        let mut beat = tokio::time::interval(BEAT);
+        loop {
+            tokio::select! {
+                _ = &mut freed => return,
+                _ = beat.tick() => self.shared.tracker.lock().confirm(Instant::now()),
+            }
+        }
+    }
+}
+
+/// How often the poll loop confirms ownership when no message comes; also how
+/// often at least it polls librdkafka, whatever is in flight.
+const BEAT: Duration = Duration::from_millis(200);
+
+/// A consumed message that found read-ahead full.
+struct Wait {
+    msg: crate::event::RawMessage,
+    generation: u64,
+    size: u32,
+}
+
+/// Messages that found read-ahead full, in the order they came, and the
+/// partitions paused meanwhile. A paused partition's messages already fetched
+/// are dropped by librdkafka and fetched again on resume, so this holds at most
+/// about one message per partition.
+#[derive(Default)]
+struct Waiting {
+    queue: VecDeque<Wait>,
+    paused: Vec<PartitionId>,
+}
+
+impl Waiting {
+    fn front(&self) -> Option<&Wait> {
+        self.queue.front()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn pop(&mut self) -> Wait {
+        self.queue.pop_front().expect("a message waits")
+    }
+
+    /// Keeps `w` and, the first time, pauses every assigned partition (then each
+    /// newly assigned one whose message comes while the others are paused).
+    fn push(&mut self, consumer: &Consumer, tracker: &Tracker, w: Wait) {
+        let to_pause: Vec<PartitionId> = if self.paused.is_empty() {
+            tracker.lock().partitions()
+        } else {
+            let p = PartitionId::new(&w.msg.topic, w.msg.partition);
+            if self.paused.contains(&p) {
+                Vec::new()
+            } else {
+                vec![p]
+            }
+        };
+        if !to_pause.is_empty() {
+            debug!(partitions = %describe(&to_pause), "read-ahead full: pausing until events finish");
+            consumer.pause(&to_pause);
+            self.paused.extend(to_pause);
+        }
+        self.queue.push_back(w);
+    }
+
+    /// Resumes what was paused for read-ahead, except partitions no longer
+    /// assigned and those waiting for their restore (the restore resumes them).
+    fn resume(&mut self, consumer: &Consumer, tracker: &Tracker) {
+        if self.paused.is_empty() {
+            return;
+        }
+        let paused = std::mem::take(&mut self.paused);
+        let resume: Vec<PartitionId> = {
+            let tracker = tracker.lock();
+            paused.into_iter().filter(|p| tracker.may_fetch(p)).collect()
+        };
+        if !resume.is_empty() {
+            debug!(partitions = %describe(&resume), "read-ahead has room: resuming");
+            consumer.resume_all(&resume);
+        }
     }
 }

@@ -50,15 +50,18 @@ pub struct Shared {
     pub chains: Mutex<HashMap<KeyId, VecDeque<Job>>>,
 }
 
-/// Queues a consumed message behind earlier events of its key.
-pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, permits: Permits) {
+/// A message was consumed: its offset is tracked from now on, in the
+/// partition's current generation (returned: the message runs in it or not at all).
+pub fn consumed(shared: &Shared, msg: &RawMessage) -> u64 {
     let partition = PartitionId::new(&msg.topic, msg.partition);
-    let generation = {
-        let mut tracker = shared.tracker.lock();
-        let g = tracker.generation(&partition).unwrap_or_else(|| tracker.assign(partition.clone()));
-        tracker.consumed(&partition, g, msg.offset);
-        g
-    };
+    let mut tracker = shared.tracker.lock();
+    let g = tracker.generation(&partition).unwrap_or_else(|| tracker.assign(partition.clone()));
+    tracker.consumed(&partition, g, msg.offset);
+    g
+}
+
+/// Queues a consumed message behind earlier events of its key.
+pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, generation: u64, permits: Permits) {
     let key = KeyId { topic: msg.topic.clone(), partition: msg.partition, key: msg.key.clone() };
     let job = Job { msg, generation, _permits: permits };
     let mut chains = lock(&shared.chains);

@@ -6,16 +6,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError as RdError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use tracing::{info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
 use crate::metrics::names;
 pub use crate::offsets::Tracker;
-use crate::offsets::{describe, PartitionId};
+use crate::offsets::{describe, FenceCause, PartitionId};
 
 /// Keeps the offset tracker in step with assignments.
 struct Ctx {
@@ -31,7 +34,31 @@ struct Ctx {
 /// How often a revoke looks whether running events have finished.
 const REVOKE_POLL: Duration = Duration::from_millis(10);
 
+/// librdkafka's log facilities that say the group may have given our partitions
+/// to another member: the session timed out, or the poll interval was exceeded.
+const PARTITIONS_MAY_BE_GONE: [&str; 2] = ["SESSTMOUT", "MAXPOLL"];
+
 impl ClientContext for Ctx {
+    /// librdkafka's log lines, as tracing events (target `librdkafka`). A session
+    /// timeout or an exceeded poll interval also fences every partition: the line
+    /// comes from librdkafka's own thread the moment it decides, before the lost
+    /// revoke reaches the poll loop.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if PARTITIONS_MAY_BE_GONE.contains(&fac) {
+            self.tracker.raise_alarm();
+        }
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                error!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            }
+            RDKafkaLogLevel::Warning => warn!(target: "librdkafka", "librdkafka: {fac} {log_message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                info!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            }
+            RDKafkaLogLevel::Debug => debug!(target: "librdkafka", "librdkafka: {fac} {log_message}"),
+        }
+    }
+
     /// librdkafka's statistics (every `statistics.interval.ms`): lag and committed
     /// offsets per assigned partition, and broker connectivity.
     fn stats(&self, stats: rdkafka::Statistics) {
@@ -102,6 +129,11 @@ impl Ctx {
     fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
         let revoked = partitions(tpl);
         let lost = consumer.assignment_lost();
+        if lost {
+            // Another member may own them already: nothing of theirs starts here
+            // and no running event's outcome moves an offset from now on.
+            self.tracker.lock().fence(&revoked, FenceCause::Lost);
+        }
         // No new event starts in these partitions; running ones may finish
         // (bounded by the drain timeout) so their offsets can be committed.
         let mut running = self.tracker.lock().start_revoke(&revoked);
@@ -112,7 +144,11 @@ impl Ctx {
         let deadline = Instant::now() + self.drain_timeout;
         while running > 0 && !lost && Instant::now() < deadline {
             std::thread::sleep(REVOKE_POLL);
-            running = self.tracker.lock().running(&revoked);
+            let mut tracker = self.tracker.lock();
+            // The wait is inside the poll, and librdkafka keeps the membership
+            // meanwhile: the other partitions stay confirmed.
+            tracker.confirm(Instant::now());
+            running = tracker.running(&revoked);
         }
         let mut tracker = self.tracker.lock();
         let finished: Vec<_> = tracker.committable().into_iter().filter(|(p, _)| revoked.contains(p)).collect();
@@ -135,6 +171,14 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<PartitionId> {
     tpl.elements().iter().map(|e| PartitionId::new(e.topic(), e.partition())).collect()
 }
 
+fn to_list(partitions: &[PartitionId]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition(&p.topic, p.partition);
+    }
+    tpl
+}
+
 fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     for (PartitionId { topic, partition }, offset) in offsets {
@@ -144,15 +188,27 @@ fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
     tpl
 }
 
-/// Why the consumer gave no message (librdkafka retries by itself; the poll loop pauses and polls again).
+/// Why the consumer gave no message.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct RecvError(String);
+pub enum RecvError {
+    /// librdkafka retries by itself; the poll loop polls again.
+    #[error("{0}")]
+    Transient(String),
+    /// The poll interval was exceeded: the group may have given our partitions away.
+    #[error("{0}")]
+    PollExceeded(String),
+    /// The consumer can do nothing more (a static member fenced by another with its
+    /// `group.instance.id`, an authentication failure): the service must stop.
+    #[error("{0}")]
+    Fatal(String),
+}
 
 /// The subscribed consumer. Offsets are stored by us only after an event is
 /// durably finished; librdkafka commits what was stored.
 pub struct Consumer {
     inner: StreamConsumer<Ctx>,
+    /// What it subscribed to (a rejoin subscribes again).
+    topics: Vec<String>,
 }
 
 impl Consumer {
@@ -172,14 +228,55 @@ impl Consumer {
         })?;
         let topics: Vec<&str> = subscriptions.iter().map(String::as_str).collect();
         inner.subscribe(&topics)?;
-        Ok(Consumer { inner })
+        Ok(Consumer { inner, topics: subscriptions.to_vec() })
     }
 
     /// The next message. Rebalance callbacks run inside this call.
     pub async fn recv(&self) -> Result<RawMessage, RecvError> {
         match self.inner.recv().await {
             Ok(m) => Ok(to_raw(&m)),
-            Err(e) => Err(RecvError(e.to_string())),
+            Err(RdError::MessageConsumptionFatal(code)) => {
+                // The event carries only "fatal"; the client knows which error it was.
+                let (code, reason) = self.inner.client().fatal_error().unwrap_or((code, code.to_string()));
+                Err(RecvError::Fatal(match code {
+                    RDKafkaErrorCode::FencedInstanceId => format!(
+                        "{reason} (another consumer joined the group with this one's group.instance.id; give every instance its own)"
+                    ),
+                    _ => format!("{reason} ({code:?})"),
+                }))
+            }
+            Err(e @ RdError::MessageConsumption(RDKafkaErrorCode::PollExceeded)) => {
+                Err(RecvError::PollExceeded(e.to_string()))
+            }
+            Err(e) => Err(RecvError::Transient(e.to_string())),
+        }
+    }
+
+    /// Leaves the group and joins it again: after a fence (a gap in polling),
+    /// ownership of every partition is confirmed again by a fresh assignment (or
+    /// the partitions go to their new owner) rather than assumed.
+    pub fn rejoin(&self) {
+        warn!("leaving and rejoining the consumer group so that the fenced partitions are assigned afresh");
+        self.inner.unsubscribe();
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        if let Err(error) = self.inner.subscribe(&topics) {
+            // librdkafka only refuses a subscription it accepted before for a bad topic list.
+            error!(%error, "could not subscribe again after leaving the group");
+        }
+    }
+
+    /// Stops fetching these partitions (read-ahead is full). What librdkafka
+    /// fetched of them already is dropped and fetched again on resume.
+    pub fn pause(&self, partitions: &[PartitionId]) {
+        if let Err(error) = self.inner.pause(&to_list(partitions)) {
+            warn!(%error, partitions = %describe(partitions), "could not pause partitions; their messages wait in memory");
+        }
+    }
+
+    /// Lets these partitions' messages come again.
+    pub fn resume_all(&self, partitions: &[PartitionId]) {
+        if let Err(error) = self.inner.resume(&to_list(partitions)) {
+            warn!(%error, partitions = %describe(partitions), "could not resume partitions");
         }
     }
 

@@ -8,15 +8,12 @@ use rdkafka::consumer::BaseConsumer;
 use super::KafkaError;
 use crate::config::{ChangelogConfig, KafkaConfig};
 
-/// Lets librdkafka check `kafka.options` (names, values, files such as CA
-/// certificates) by creating a client that is never used; nothing is sent.
+/// Lets librdkafka check the consumer's settings, `kafka.options` with what
+/// outboxd adds to them (names, values, how they combine, files such as CA
+/// certificates), by creating a client that is never used; nothing is sent. The
+/// service's consumer is made from the same settings, so what passes here starts.
 pub fn validate_options(kafka: &KafkaConfig) -> Result<(), KafkaError> {
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &kafka.brokers).set("group.id", &kafka.group_id);
-    for (k, v) in &kafka.options {
-        cc.set(k, v);
-    }
-    let _: BaseConsumer = cc.create().map_err(KafkaError::Options)?;
+    let _: BaseConsumer = consumer(kafka).create().map_err(KafkaError::Options)?;
     Ok(())
 }
 
@@ -31,8 +28,6 @@ pub(super) fn consumer(kafka: &KafkaConfig) -> ClientConfig {
         .set("client.id", "outboxd")
         // Lag, committed offsets and broker state for /metrics and /readyz.
         .set("statistics.interval.ms", "2000")
-        // Only the partitions that move are revoked; the others keep working.
-        .set("partition.assignment.strategy", "cooperative-sticky")
         // At most max_in_flight events run at once; librdkafka's default prefetch
         // (up to 64 MiB and 100,000 messages per partition) only holds memory.
         .set("queued.max.messages.kbytes", "16384")
@@ -40,6 +35,11 @@ pub(super) fn consumer(kafka: &KafkaConfig) -> ClientConfig {
         // ... and once it is full, fetch again soon instead of after librdkafka's 1 s
         // (a 1 s pause cost a third of the drain rate with the smaller prefetch).
         .set("fetch.queue.backoff.ms", "20");
+    if !kafka.consumer_protocol() {
+        // Only the partitions that move are revoked; the others keep working. (The
+        // consumer protocol of KIP-848 is incremental by itself, and the broker assigns.)
+        cc.set("partition.assignment.strategy", "cooperative-sticky");
+    }
     for (k, v) in &kafka.options {
         cc.set(k, v);
     }

@@ -18,6 +18,7 @@ mod decode_regressions;
 mod embed;
 mod failure;
 mod faults;
+mod fencing;
 mod hostile;
 mod kill_loop;
 mod kubernetes;

@@ -238,7 +238,8 @@ impl Outboxd {
         &self.config_path
     }
 
-    fn write_config(&self) {
+    /// Writes the config file (`start` does; one-shot commands before a start need it).
+    pub fn write_config(&self) {
         std::fs::write(&self.config_path, self.config.to_toml()).expect("write the config");
     }
 
@@ -355,6 +356,14 @@ impl Outboxd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends `signal` (a name `kill` takes: `STOP`, `CONT`) to the running process.
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("outboxd is not running");
+        let sent =
+            Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().expect("run kill");
+        assert!(sent.success(), "kill -{signal} {} failed", child.id());
     }
 
     /// SIGTERM and wait (bounded) for the exit; returns its status.

@@ -121,6 +121,8 @@ pub struct Req {
     pub nth: u32,
     /// `events` or `lookup`: the first path segment.
     pub kind: String,
+    /// The `X-Outboxd-Instance` header the tests configure per outboxd instance.
+    pub instance: Option<String>,
 }
 /// How to answer.
 #[derive(Clone, Debug)]
@@ -498,7 +500,8 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, headers:
             }
             None => 1,
         };
-        let req = Req { event_id: event_id.clone(), nth, kind: kind.clone() };
+        let instance = header_map.get("x-outboxd-instance").cloned();
+        let req = Req { event_id: event_id.clone(), nth, kind: kind.clone(), instance };
         let script = inner.script.clone();
         // The script is cheap and never blocks; calling it under the lock keeps
         // decisions and records in one order.

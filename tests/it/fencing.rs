@@ -1,0 +1,253 @@
+//! An instance that may have lost its partitions starts nothing of theirs: not
+//! when its poll loop would starve behind calls that hold every permit, not when
+//! the whole process was frozen past its session timeout, and a member fenced
+//! by another with its `group.instance.id` stops instead of polling forever.
+//!
+//! The oracle of each: no event recorded done by one instance starts on
+//! another (a call that starts after an earlier call of the same id was
+//! answered 2xx), nothing is lost, and calls that were in flight when the
+//! partition moved are reported with their idempotency key.
+
+use crate::harness;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use harness::receiver::{Call, Reply};
+use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+
+use crate::scale::{produce, two_instances};
+
+const PARTITIONS: i32 = 4;
+const KEYS: usize = 20;
+const HANDLED_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn events(n: usize) -> Vec<(String, String)> {
+    (0..n).map(|i| (format!("agg-{}", i % KEYS), new_event_id())).collect()
+}
+
+/// Handler calls by event id, in the order they reached the receiver.
+fn calls_by_id(receiver: &Receiver) -> HashMap<String, Vec<Call>> {
+    let mut by_id: HashMap<String, Vec<Call>> = HashMap::new();
+    for call in receiver.calls().into_iter().filter(Call::is_handler_call) {
+        by_id.entry(call.event_id.clone().unwrap_or_default()).or_default().push(call);
+    }
+    by_id
+}
+
+/// Every event executed, and none started again after an instance recorded it
+/// done (a handler call that reached the receiver after the earliest `done_at`
+/// of the event in any of the stopped instances' stores). Calls that repeated
+/// an earlier one before any record said done (in flight when its partition
+/// moved: the documented repeat, with the same idempotency key) are printed,
+/// not counted.
+fn assert_none_ran_after_done(receiver: &Receiver, instances: &[&Outboxd], events: &[(String, String)]) {
+    let mut done_at: HashMap<String, SystemTime> = HashMap::new();
+    for od in instances {
+        for r in od.store_list(Some("done"), events.len() * 2) {
+            let at = r.done_at();
+            done_at.entry(r.event_id.clone()).and_modify(|t| *t = (*t).min(at)).or_insert(at);
+        }
+    }
+    let by_id = calls_by_id(receiver);
+    let mut missing = Vec::new();
+    let mut again = Vec::new();
+    let mut in_flight = Vec::new();
+    for (_, id) in events {
+        let calls = by_id.get(id).map(Vec::as_slice).unwrap_or_default();
+        if !calls.iter().any(Call::effective) {
+            missing.push(id.clone());
+        }
+        let done = done_at.get(id);
+        for later in calls.iter().skip(1) {
+            if done.is_some_and(|d| later.started > *d) {
+                again.push(format!("{id} (by {})", later.instance().unwrap_or("?")));
+            } else {
+                in_flight.push(format!("{id} (idempotency key {:?})", later.header("idempotency-key")));
+            }
+        }
+    }
+    if !in_flight.is_empty() {
+        eprintln!("{} calls repeated one in flight when its partition moved: {in_flight:?}", in_flight.len());
+    }
+    assert!(
+        missing.is_empty(),
+        "{} events were never executed, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(
+        again.is_empty(),
+        "{} events started again after they were recorded done, e.g. {:?}",
+        again.len(),
+        &again[..again.len().min(5)]
+    );
+}
+
+/// Both instances with the test's group timing and a small read-ahead.
+fn pair(kafka: &Kafka, topic: &str, receiver: &Receiver, max_poll_ms: &str) -> (Outboxd, Outboxd) {
+    let (mut a, mut b) = two_instances(kafka, topic, receiver);
+    for od in [&mut a, &mut b] {
+        od.config.kafka_options.insert("max.poll.interval.ms".into(), max_poll_ms.into());
+        od.config.max_in_flight = 4;
+    }
+    (a, b)
+}
+
+/// A's receiver holds every call, so all of A's permits stay taken for longer
+/// than `max.poll.interval.ms`. The poll loop keeps polling (backpressure by
+/// pausing partitions), so the group never moves A's partitions; once the
+/// calls return, A handles the rest, each event once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_calls_hold_every_permit_keeps_polling_and_nothing_runs_twice() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("starved"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    let held = Arc::new(AtomicBool::new(true));
+    let hold = held.clone();
+    receiver.set_script(move |req| match req.instance.as_deref() {
+        Some("a") => Reply::ok().hold(&hold),
+        _ => Reply::ok(),
+    });
+    let (mut a, mut b) = pair(&kafka, &topic, &receiver, "7000");
+    a.start();
+    a.wait_for_assignment().await;
+    b.start();
+    b.wait_for_assignment().await;
+    let events = events(200);
+    produce(&kafka, &topic, &events).await;
+    a.wait_until("A's calls to take every permit", HANDLED_TIMEOUT, || receiver.in_flight_from("a") >= 4).await;
+    // Longer than max.poll.interval.ms with every permit of A taken: the window in
+    // which a loop that waits for a permit before it polls loses its partitions.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    held.store(false, Ordering::SeqCst);
+    let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
+    a.wait_until("every event to be handled", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len()).await;
+    // Time for a queued event of a partition A lost to start after its calls returned.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    a.stop();
+    b.stop();
+    assert_none_ran_after_done(&receiver, &[&a, &b], &events);
+    assert!(!a.log().contains("poll interval exceeded"), "A stopped polling:\n{}", a.log_tails(40, 0));
+}
+
+/// A is frozen (SIGSTOP) past its session timeout with events queued behind
+/// slow calls; B takes its partitions and handles them. When A resumes, the
+/// gap since its poll loop last confirmed ownership fences every partition
+/// before any queued event starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_instance_starts_none_of_its_queued_events_after_it_resumes() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("frozen"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    receiver.set_script(|_| Reply::ok().delay(Duration::from_millis(500)));
+    let (mut a, mut b) = pair(&kafka, &topic, &receiver, "300000");
+    for od in [&mut a, &mut b] {
+        od.config.max_in_flight = 64;
+    }
+    a.start();
+    a.wait_for_assignment().await;
+    b.start();
+    b.wait_for_assignment().await;
+    let events = events(300);
+    produce(&kafka, &topic, &events).await;
+    a.wait_until("A to handle some events and have calls in flight", HANDLED_TIMEOUT, || {
+        receiver.calls_from("a") >= 10 && receiver.in_flight_from("a") > 0
+    })
+    .await;
+    a.signal("STOP");
+    let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
+    harness::wait_until("B to handle every event while A is frozen", HANDLED_TIMEOUT, || {
+        receiver.count_answered_ok(&ids) == ids.len()
+    })
+    .await;
+    a.signal("CONT");
+    // The repeats this guards against started within milliseconds of the resume.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.stop();
+    b.stop();
+    assert_none_ran_after_done(&receiver, &[&a, &b], &events);
+    assert!(a.log().contains("partitions fenced"), "A did not fence on resume:\n{}", a.log_tails(40, 0));
+}
+
+/// Two members with one `group.instance.id`: the broker fences the older one.
+/// It stops with a clear message and a non-zero exit instead of polling forever
+/// while `/healthz` says OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_member_fenced_by_another_with_its_instance_id_exits_with_the_reason() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("static"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let instance_id = unique_name("member");
+    for od in [&mut a, &mut b] {
+        od.config.kafka_options.insert("group.instance.id".into(), instance_id.clone());
+    }
+    a.start();
+    a.wait_for_assignment().await;
+    b.start();
+    let status = a.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "the fenced member exited 0");
+    let log = a.log();
+    assert!(log.contains("group.instance.id"), "the reason does not name group.instance.id:\n{}", a.log_tails(20, 0));
+    b.wait_for_assignment().await;
+    let events = events(20);
+    produce(&kafka, &topic, &events).await;
+    let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
+    b.wait_until("B to handle the events", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len()).await;
+    b.stop();
+}
+
+/// KIP-848's consumer protocol (`group.protocol = "consumer"`): outboxd starts
+/// with the restore gate, a second instance takes partitions over, and replays
+/// of every handled event at new offsets run nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_consumer_protocol_partitions_move_and_replays_are_suppressed() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("kip848"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    for od in [&mut a, &mut b] {
+        // The session belongs to the broker under this protocol.
+        od.config.kafka_options.remove("session.timeout.ms");
+        od.config.kafka_options.remove("heartbeat.interval.ms");
+        od.config.kafka_options.insert("group.protocol".into(), "consumer".into());
+    }
+    a.write_config();
+    let checked = a.command(&["check-config"]);
+    assert!(checked.status.success(), "check-config refused: {}", String::from_utf8_lossy(&checked.stderr));
+    a.start();
+    a.wait_for_assignment().await;
+    let events = events(200);
+    produce(&kafka, &topic, &events).await;
+    let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
+    a.wait_until("A to handle every event", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len()).await;
+    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    a.wait_until("A's offsets to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    b.start();
+    b.wait_for_assignment().await;
+    a.wait_until("B to take partitions over", HANDLED_TIMEOUT, || b.log().contains("partition restored")).await;
+    produce(&kafka, &topic, &events).await;
+    a.wait_until("the replays to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    a.stop();
+    b.stop();
+    crate::scale::assert_each_executed_once(&receiver, &events);
+}
+
+/// `check-config` validates what outboxd adds to `kafka.options`, so a file the
+/// service would refuse is refused by the check too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_refuses_options_the_consumer_refuses_with_what_outboxd_adds() {
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &["t"], &receiver);
+    od.config.kafka_options.insert("group.protocol".into(), "consumer".into());
+    // Kept from the classic protocol: the broker owns the session under KIP-848.
+    od.write_config();
+    let out = od.command(&["check-config"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "check-config accepted session.timeout.ms under group.protocol = consumer");
+    assert!(stderr.contains("session.timeout.ms"), "{stderr}");
+}
