@@ -25,7 +25,11 @@ const KEYS: usize = 20;
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn events(n: usize) -> Vec<(String, String)> {
-    (0..n).map(|i| (format!("agg-{}", i % KEYS), new_event_id())).collect()
+    events_on(n, KEYS)
+}
+
+fn events_on(n: usize, keys: usize) -> Vec<(String, String)> {
+    (0..n).map(|i| (format!("agg-{}", i % keys), new_event_id())).collect()
 }
 
 /// Handler calls by event id, in the order they reached the receiver.
@@ -91,7 +95,7 @@ fn pair(kafka: &Kafka, topic: &str, receiver: &Receiver, max_poll_ms: &str) -> (
     let (mut a, mut b) = two_instances(kafka, topic, receiver);
     for od in [&mut a, &mut b] {
         od.config.kafka_options.insert("max.poll.interval.ms".into(), max_poll_ms.into());
-        od.config.max_in_flight = 4;
+        od.config.max_in_flight = 8;
     }
     (a, b)
 }
@@ -112,13 +116,19 @@ async fn an_instance_whose_calls_hold_every_permit_keeps_polling_and_nothing_run
         _ => Reply::ok(),
     });
     let (mut a, mut b) = pair(&kafka, &topic, &receiver, "7000");
+    for od in [&mut a, &mut b] {
+        // What a catch-up pass would read of B's writes must not hide a lost
+        // partition: the guarantee may not rest on it (it reads only older records).
+        od.config.store_extra.push_str("follow_interval = \"1h\"\n");
+    }
     a.start();
     a.wait_for_assignment().await;
     b.start();
     b.wait_for_assignment().await;
-    let events = events(200);
+    // Few keys: most of A's permits are taken by events queued behind a held call of their key.
+    let events = events_on(200, 6);
     produce(&kafka, &topic, &events).await;
-    a.wait_until("A's calls to take every permit", HANDLED_TIMEOUT, || receiver.in_flight_from("a") >= 4).await;
+    a.wait_until("A's calls to be held", HANDLED_TIMEOUT, || receiver.in_flight_from("a") >= 1).await;
     // Longer than max.poll.interval.ms with every permit of A taken: the window in
     // which a loop that waits for a permit before it polls loses its partitions.
     tokio::time::sleep(Duration::from_secs(12)).await;
@@ -133,19 +143,29 @@ async fn an_instance_whose_calls_hold_every_permit_keeps_polling_and_nothing_run
     assert!(!a.log().contains("poll interval exceeded"), "A stopped polling:\n{}", a.log_tails(40, 0));
 }
 
-/// A is frozen (SIGSTOP) past its session timeout with events queued behind
-/// slow calls; B takes its partitions and handles them. When A resumes, the
-/// gap since its poll loop last confirmed ownership fences every partition
-/// before any queued event starts.
+/// A is frozen (SIGSTOP) past its session timeout with calls held by the
+/// receiver and events queued behind them; B takes its partitions and handles
+/// them. When A resumes, its held calls have timed out and its queued events
+/// are ready to start: the gap since its poll loop last confirmed ownership
+/// fences every partition first, so neither a retry nor a queued event runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_instance_starts_none_of_its_queued_events_after_it_resumes() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("frozen"), PARTITIONS, &[]).await;
     let receiver = Receiver::start();
-    receiver.set_script(|_| Reply::ok().delay(Duration::from_millis(500)));
+    let holding = Arc::new(AtomicBool::new(false));
+    let hold = holding.clone();
+    receiver.set_script(move |req| {
+        if req.instance.as_deref() == Some("a") && hold.load(Ordering::SeqCst) {
+            Reply::ok().hold(&hold)
+        } else {
+            Reply::ok().delay(Duration::from_millis(300))
+        }
+    });
     let (mut a, mut b) = pair(&kafka, &topic, &receiver, "300000");
     for od in [&mut a, &mut b] {
         od.config.max_in_flight = 64;
+        od.config.handler_timeout = "3s".into();
     }
     a.start();
     a.wait_for_assignment().await;
@@ -153,19 +173,25 @@ async fn a_frozen_instance_starts_none_of_its_queued_events_after_it_resumes() {
     b.wait_for_assignment().await;
     let events = events(300);
     produce(&kafka, &topic, &events).await;
-    a.wait_until("A to handle some events and have calls in flight", HANDLED_TIMEOUT, || {
-        receiver.calls_from("a") >= 10 && receiver.in_flight_from("a") > 0
-    })
-    .await;
+    a.wait_until("A to handle some events", HANDLED_TIMEOUT, || receiver.calls_from("a") >= 10).await;
+    let before = receiver.calls_from("a");
+    holding.store(true, Ordering::SeqCst);
+    a.wait_until("A to have a call held", HANDLED_TIMEOUT, || receiver.calls_from("a") > before).await;
     a.signal("STOP");
     let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
     harness::wait_until("B to handle every event while A is frozen", HANDLED_TIMEOUT, || {
         receiver.count_answered_ok(&ids) == ids.len()
     })
     .await;
+    // Past A's handler timeout: its held calls time out the moment it resumes.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     a.signal("CONT");
-    // The repeats this guards against started within milliseconds of the resume.
+    // The repeats this guards against start within milliseconds of the resume
+    // (queued events) or after the first retry backoff (timed-out calls).
     tokio::time::sleep(Duration::from_secs(5)).await;
+    holding.store(false, Ordering::SeqCst);
+    harness::wait_until("every event to be handled", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len())
+        .await;
     a.stop();
     b.stop();
     assert_none_ran_after_done(&receiver, &[&a, &b], &events);
