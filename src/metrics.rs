@@ -61,6 +61,9 @@ pub mod names {
     pub const STANDBY: &str = "outboxd_partitions_standby";
     /// Changelog records of partitions owned elsewhere applied to the local store (labels `topic`, `partition`).
     pub const STANDBY_APPLIED: &str = "outboxd_changelog_records_standby_applied_total";
+    /// Changelog records not applied because their MAC did not check (labels `topic`, `partition`, `reason`:
+    /// `unsigned`, `malformed`, `unknown_key`, `forged`).
+    pub const CHANGELOG_REJECTED: &str = "outboxd_changelog_records_rejected_total";
 }
 
 const SECONDS_BUCKETS: &[f64] =
@@ -136,6 +139,10 @@ fn describe() {
     describe_counter!(
         names::STANDBY_APPLIED,
         "Changelog records of partitions owned elsewhere applied to the local store, per source partition."
+    );
+    describe_counter!(
+        names::CHANGELOG_REJECTED,
+        "Changelog records not applied because their MAC did not check (store.changelog.key), per reason."
     );
     describe_gauge!(
         names::RESTORING,
