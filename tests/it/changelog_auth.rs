@@ -192,3 +192,29 @@ async fn without_a_key_start_up_warns_that_whoever_writes_the_changelog_steers_s
         assert!(warning.contains(says), "the warning says {says:?}: {warning}");
     }
 }
+
+#[test]
+fn check_config_refuses_a_short_changelog_key_and_names_the_one_that_signs() {
+    let kafka = Kafka::connect();
+    let receiver = Receiver::start();
+    let mut od = signed(&kafka, "outbox.event.check", &receiver, None);
+    let check = |od: &Outboxd| {
+        std::fs::write(od.config_path(), od.config.to_toml()).expect("write the config");
+        let out = od.command(&["check-config"]);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stdout, stderr) = check(&od);
+    assert!(ok, "{stdout}{stderr}");
+    let id = keys(KEY).key_id().expect("a key id");
+    assert!(stdout.contains(&format!("records signed with key id {id}")), "{stdout}");
+    assert!(stdout.contains("unsigned records rejected"), "{stdout}");
+
+    od.config.env.insert("CHANGELOG_KEY".into(), "hunter2".into());
+    let (ok, stdout, stderr) = check(&od);
+    assert!(!ok, "a 7-byte key is refused\n{stdout}");
+    assert!(stderr.contains("store.changelog.key") && stderr.contains("too short"), "{stderr}");
+}
