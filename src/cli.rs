@@ -346,6 +346,18 @@ fn print_changelog_plan(config: &Config) -> Vec<String> {
         return Vec::new();
     };
     println!("changelog: on, topics {}", changelog.topic_template);
+    let keys = crate::store::changelog::mac::Keys::new(changelog);
+    match (&changelog.keys, keys.key_id()) {
+        (Some(k), Some(id)) => println!(
+            "changelog: records signed with key id {id}; previous key ids accepted: [{}]; unsigned records {}",
+            keys.previous_key_ids().join(", "),
+            if k.accept_unsigned { "accepted (accept_unsigned)" } else { "rejected" }
+        ),
+        _ => println!(
+            "changelog: WARNING records are not signed (store.changelog.key unset): whoever can write to the \
+             changelog topics steers side effects (docs/security.md)"
+        ),
+    }
     match crate::kafka::changelog::plan(config, changelog, CHECK_BROKERS_TIMEOUT) {
         Err(error) => {
             println!("changelog: brokers not reachable ({error:#}); topics not checked");

@@ -65,7 +65,8 @@
 //!   quota. Only place that uses sled. `store::view`: records, stats, pages and repair answers as typed views
 //!   (the admin API's JSON, `store … --json`) and the tables `store …` prints.
 //!   `store::changelog`: with `[store.changelog]` the store is a cache of changelog partitions: final
-//!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far.
+//!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far;
+//!   with `key`, each carries a MAC (`store::changelog::mac`) and reads apply only records that check.
 //! - `offsets`: per-partition tracker of the next committable offset.
 //! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.

@@ -64,6 +64,9 @@ pub mod names {
     /// Partitions fenced because the group may have given them to another member
     /// (label `cause`: `client`, `gap`, `lost`).
     pub const FENCED: &str = "outboxd_partitions_fenced_total";
+    /// Changelog records not applied because their MAC did not check (labels `topic`, `partition`, `reason`:
+    /// `unsigned`, `malformed`, `unknown_key`, `forged`).
+    pub const CHANGELOG_REJECTED: &str = "outboxd_changelog_records_rejected_total";
 }
 
 const SECONDS_BUCKETS: &[f64] =
@@ -143,6 +146,10 @@ fn describe() {
     describe_counter!(
         names::FENCED,
         "Partitions fenced because the group may have given them to another member, per cause."
+    );
+    describe_counter!(
+        names::CHANGELOG_REJECTED,
+        "Changelog records not applied because their MAC did not check (store.changelog.key), per reason."
     );
     describe_gauge!(
         names::RESTORING,

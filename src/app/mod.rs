@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::admin;
-use crate::config::Config;
+use crate::config::{ChangelogConfig, Config};
 use crate::engine::{Counters, Engine, Executor, Fatal, RestoreSetup};
 use crate::handler::Handler;
 use crate::kafka::{self, Consumer, Tracker};
@@ -207,8 +207,29 @@ async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<Option
     let producer = kafka::changelog::ChangelogProducer::build(&config.kafka, &changelog)
         .context("creating the changelog producer")?;
     store.attach_changelog(Arc::new(producer));
+    warn_unsigned(&changelog);
     info!(changelog_topics = %changelog.topic_template, "final records go to changelog topics; assigned partitions are restored first");
     Ok(Some(RestoreSetup { kafka: config.kafka.clone(), changelog, retention: config.store.retention }))
+}
+
+/// Without `store.changelog.key`, says once who can then steer side effects; with
+/// `accept_unsigned`, that the door is still open.
+fn warn_unsigned(changelog: &ChangelogConfig) {
+    match &changelog.keys {
+        None => warn!(
+            changelog_topics = %changelog.topic_template,
+            "store.changelog.key is not set: changelog records are neither signed nor checked, so anyone who can \
+             write to the changelog topics can make events count as handled (they never run) or run handled events \
+             again; set a key and restrict the topics with Kafka ACLs (docs/security.md, \"The changelog topics\")"
+        ),
+        Some(keys) if keys.accept_unsigned => warn!(
+            changelog_topics = %changelog.topic_template,
+            "store.changelog.accept_unsigned is on: changelog records without a MAC are still applied, so whoever can \
+             write to the changelog topics can still steer side effects; turn it off once no unsigned record \
+             remains (docs/security.md, \"The changelog topics\")"
+        ),
+        Some(_) => {}
+    }
 }
 
 /// After the drain: awaits the background tasks (told to stop), closes the

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::duration;
+use super::values::{duration, expand_env};
 use super::ConfigError;
 
 /// One changelog topic per source topic and consumer group: two groups reading the
@@ -34,6 +34,15 @@ const DEFAULT_FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_STANDBY: bool = false;
 /// Kafka's limit on topic names.
 const MAX_TOPIC_NAME: usize = 249;
+/// The shortest changelog key accepted: HMAC-SHA256 takes a key of any length, so
+/// the only question is how hard it is to guess; 32 bytes of a random string
+/// (`openssl rand -base64 32` prints 44 characters) leave no chance to, and a
+/// word or a short password is refused rather than trusted.
+const MIN_KEY_BYTES: usize = 32;
+/// Keys accepted besides the signing one: a rotation needs one at a time; a
+/// few more cover a rotation begun before the last one ended. Each costs a
+/// MAC computation only for the records that name it.
+const MAX_PREVIOUS_KEYS: usize = 4;
 
 /// `[store.changelog]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -55,6 +64,44 @@ pub struct RawChangelog {
     pub follow_interval: Option<String>,
     /// `true`: also tail the changelog partitions of source partitions owned elsewhere.
     pub standby: Option<bool>,
+    /// The secret that signs the changelog records this instance writes and verifies
+    /// the ones it reads, e.g. `"${OUTBOXD_CHANGELOG_KEY}"`.
+    pub key: Option<String>,
+    /// Earlier keys, still accepted when verifying (a key rotation).
+    pub previous_keys: Option<Vec<String>>,
+    /// With `key`: records without a MAC are applied too (while records written
+    /// before the key was configured are still on the topics).
+    pub accept_unsigned: Option<bool>,
+}
+
+/// A secret from the config file: `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret's bytes (the key of a MAC).
+    pub fn expose(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// `key`, `previous_keys` and `accept_unsigned` of `[store.changelog]`, validated:
+/// how changelog records are signed and which ones are applied (docs/security.md,
+/// "The changelog topics").
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangelogKeys {
+    /// `key`: signs every record this instance writes; verifies too.
+    pub signing: Secret,
+    /// `previous_keys`: verify only (records written before a rotation).
+    pub previous: Vec<Secret>,
+    /// `accept_unsigned`: records without a MAC are applied too (default false).
+    pub accept_unsigned: bool,
 }
 
 /// The validated `[store.changelog]`; present only when enabled.
@@ -77,6 +124,9 @@ pub struct ChangelogConfig {
     /// partitions other instances own are read into the local store too, so that
     /// taking one over reads only what was written since (default false).
     pub standby: bool,
+    /// `None` without `key`: records are neither signed nor verified, and
+    /// whoever can write to the changelog topics steers what counts as handled.
+    pub keys: Option<ChangelogKeys>,
 }
 
 impl ChangelogConfig {
@@ -94,11 +144,17 @@ impl ChangelogConfig {
 }
 
 impl RawChangelog {
-    /// `None` when disabled. `group_id` fills `{group_id}` of the template.
-    pub(super) fn validate(self, group_id: &str) -> Result<Option<ChangelogConfig>, ConfigError> {
+    /// `None` when disabled. `group_id` fills `{group_id}` of the template; `env`
+    /// resolves the `${VAR}` of the keys.
+    pub(super) fn validate(
+        self,
+        group_id: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<ChangelogConfig>, ConfigError> {
         if !self.enabled.unwrap_or(true) {
             return Ok(None);
         }
+        let keys = keys(self.key, self.previous_keys, self.accept_unsigned, env)?;
         let template = self.topic.unwrap_or_else(|| DEFAULT_TOPIC_TEMPLATE.to_owned());
         if !template.contains("{topic}") {
             return Err(ConfigError::field(
@@ -160,8 +216,68 @@ impl RawChangelog {
             restore_batch,
             follow_interval,
             standby: self.standby.unwrap_or(DEFAULT_STANDBY),
+            keys,
         }))
     }
+}
+
+/// One key, `${VAR}` expanded, long enough.
+fn secret(field: &str, value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Secret, ConfigError> {
+    let value = expand_env(field, value, env)?;
+    if value.len() < MIN_KEY_BYTES {
+        return Err(ConfigError::field(
+            field,
+            format!(
+                "{} bytes is too short for a changelog key: at least {MIN_KEY_BYTES} (a random string, e.g. from \
+                 `openssl rand -base64 32`)",
+                value.len()
+            ),
+        ));
+    }
+    Ok(Secret(value))
+}
+
+/// The changelog keys, or `None` without `key` (then `previous_keys` and
+/// `accept_unsigned` would mean nothing: an error, not a silent no-op).
+fn keys(
+    key: Option<String>,
+    previous: Option<Vec<String>>,
+    accept_unsigned: Option<bool>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<ChangelogKeys>, ConfigError> {
+    let Some(key) = key else {
+        if previous.is_some() {
+            return Err(ConfigError::field(
+                "store.changelog.previous_keys",
+                "needs store.changelog.key: previous keys only verify, and without a key nothing is verified",
+            ));
+        }
+        if accept_unsigned.is_some() {
+            return Err(ConfigError::field(
+                "store.changelog.accept_unsigned",
+                "needs store.changelog.key: without a key every record is accepted anyway",
+            ));
+        }
+        return Ok(None);
+    };
+    let signing = secret("store.changelog.key", &key, env)?;
+    let previous = previous.unwrap_or_default();
+    if previous.len() > MAX_PREVIOUS_KEYS {
+        return Err(ConfigError::field(
+            "store.changelog.previous_keys",
+            format!("at most {MAX_PREVIOUS_KEYS} keys, got {} (drop those of rotations that ended)", previous.len()),
+        ));
+    }
+    let mut accepted: Vec<Secret> = Vec::with_capacity(previous.len());
+    for (i, value) in previous.iter().enumerate() {
+        let field = format!("store.changelog.previous_keys[{i}]");
+        let s = secret(&field, value, env)?;
+        if s == signing || accepted.contains(&s) {
+            return Err(ConfigError::field(&field, "the same key is listed twice"));
+        }
+        accepted.push(s);
+    }
+    Ok(Some(ChangelogKeys { signing, previous: accepted, accept_unsigned: accept_unsigned.unwrap_or(false) }))
 }
 
 #[cfg(test)]
@@ -200,5 +316,50 @@ mod tests {
         }
         let e = format!("{:#}", parse("[store.changelog]\nreplication_factor = 0").unwrap_err());
         assert!(e.contains("store.changelog.replication_factor"), "{e}");
+    }
+
+    const KEY: &str = "0123456789abcdef0123456789abcdef-current";
+    const OLD: &str = "0123456789abcdef0123456789abcdef-previous";
+
+    fn with_keys(changelog: &str) -> Result<Config, super::super::ConfigError> {
+        let env = |name: &str| match name {
+            "CL_KEY" => Some(KEY.to_owned()),
+            "CL_OLD" => Some(OLD.to_owned()),
+            "CL_SHORT" => Some("hunter2".to_owned()),
+            _ => None,
+        };
+        Config::parse(&format!("{BASE}{changelog}\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"), &env)
+    }
+
+    #[test]
+    fn changelog_keys_come_from_the_environment_and_are_never_shown() {
+        let c = with_keys("[store.changelog]\nkey = \"${CL_KEY}\"\nprevious_keys = [\"${CL_OLD}\"]").unwrap();
+        let keys = c.store.changelog.unwrap().keys.expect("a key is configured");
+        assert_eq!(keys.signing.expose(), KEY.as_bytes());
+        assert_eq!(keys.previous.len(), 1);
+        assert_eq!(keys.previous[0].expose(), OLD.as_bytes());
+        assert!(!keys.accept_unsigned, "unsigned records are refused unless asked for");
+        let shown = format!("{keys:?}");
+        assert!(!shown.contains("0123456789abcdef"), "{shown}");
+        let none = with_keys("").unwrap().store.changelog.unwrap();
+        assert!(none.keys.is_none(), "no key by default");
+        let transition = with_keys("[store.changelog]\nkey = \"${CL_KEY}\"\naccept_unsigned = true").unwrap();
+        assert!(transition.store.changelog.unwrap().keys.unwrap().accept_unsigned);
+    }
+
+    #[test]
+    fn a_short_missing_repeated_or_pointless_changelog_key_is_refused_naming_the_field() {
+        for (changelog, field, says) in [
+            ("key = \"${CL_SHORT}\"", "store.changelog.key", "7 bytes is too short"),
+            ("key = \"short but literal\"", "store.changelog.key", "too short"),
+            ("key = \"${CL_UNSET}\"", "store.changelog.key", "CL_UNSET"),
+            ("key = \"${CL_KEY}\"\nprevious_keys = [\"${CL_SHORT}\"]", "store.changelog.previous_keys[0]", "too short"),
+            ("key = \"${CL_KEY}\"\nprevious_keys = [\"${CL_KEY}\"]", "store.changelog.previous_keys[0]", "twice"),
+            ("previous_keys = [\"${CL_OLD}\"]", "store.changelog.previous_keys", "needs store.changelog.key"),
+            ("accept_unsigned = true", "store.changelog.accept_unsigned", "needs store.changelog.key"),
+        ] {
+            let e = format!("{:#}", with_keys(&format!("[store.changelog]\n{changelog}")).unwrap_err());
+            assert!(e.contains(field) && e.contains(says), "{changelog}: {e}");
+        }
     }
 }

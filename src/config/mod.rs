@@ -37,7 +37,7 @@ mod values;
 mod doc_keys;
 
 pub use admin::{AdminConfig, RawAdmin};
-pub use changelog::{ChangelogConfig, RawChangelog};
+pub use changelog::{ChangelogConfig, ChangelogKeys, RawChangelog, Secret};
 pub use error::{ConfigError, EnvError};
 pub use handler::{
     Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnUncertain, RawDeadLetter,
@@ -143,7 +143,7 @@ impl RawConfig {
     /// Each section in file order, then the checks across sections.
     pub fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let kafka = self.kafka.validate(env)?;
-        let store = self.store.validate(&kafka.group_id)?;
+        let store = self.store.validate(&kafka.group_id, env)?;
         let admin = admin::validate(self.admin, env)?;
         let schema_registry = self.schema_registry.map(|r| r.validate(&store.path, env)).transpose()?;
 

@@ -91,8 +91,12 @@ pub struct StoreConfig {
 }
 
 impl RawStore {
-    /// `group_id` names the changelog topics.
-    pub(super) fn validate(self, group_id: &str) -> Result<StoreConfig, ConfigError> {
+    /// `group_id` names the changelog topics; `env` resolves the `${VAR}` of their keys.
+    pub(super) fn validate(
+        self,
+        group_id: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<StoreConfig, ConfigError> {
         if self.path.as_os_str().is_empty() {
             return Err(ConfigError::field("store.path", "must not be empty"));
         }
@@ -141,7 +145,7 @@ impl RawStore {
             max_message_copy_bytes,
             gc_interval: duration("store.gc_interval", self.gc_interval.as_deref(), DEFAULT_GC_INTERVAL)?,
             fsync: self.fsync.unwrap_or(true),
-            changelog: self.changelog.validate(group_id)?,
+            changelog: self.changelog.validate(group_id, env)?,
         };
         if store.retention.is_zero() {
             return Err(ConfigError::field("store.retention", "must be greater than 0"));
@@ -161,7 +165,7 @@ impl super::RawConfig {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<(super::KafkaConfig, StoreConfig), ConfigError> {
         let kafka = self.kafka.validate(env)?;
-        let store = self.store.validate(&kafka.group_id)?;
+        let store = self.store.validate(&kafka.group_id, env)?;
         Ok((kafka, store))
     }
 }

@@ -5,6 +5,10 @@
 //! checkpoint, which offsets to skip, what to count. A checkpoint or durability
 //! fix is one edit here (docs/architecture.md, "The changelog model").
 //!
+//! Every batch is checked first: with `store.changelog.key`, a record whose MAC
+//! does not check ([`Keys::authentic`]) is skipped, counted and logged, and the
+//! store's apply path only takes the ones that passed.
+//!
 //! Every batch goes through the store's one apply path
 //! ([`Store::apply_restoring`]: decoded, collapsed per key, in key order, one
 //! lookup per record, none for a scope the store held nothing of), and a
@@ -21,12 +25,17 @@ use tracing::{error, warn};
 use super::worker::Shared;
 use crate::config::ChangelogConfig;
 use crate::kafka::{KafkaError, Restorer};
+use crate::metrics::names;
 use crate::offsets::PartitionId;
+use crate::store::changelog::mac::{Keys, Rejection};
 use crate::store::changelog::Restoring;
 use crate::store::{Store, StoreError};
 
 /// How long one read waits for changelog records before it asks whether to go on.
 pub(super) const READ_WAIT: Duration = Duration::from_millis(500);
+/// Rejected records of one batch logged one by one; the rest of them in one line
+/// (a flood of forged records must not flood the log).
+const REJECTIONS_LOGGED: usize = 10;
 
 /// Why a read of a changelog partition failed. The caller branches on it: the
 /// brokers may come back (try again from the checkpoint), a store that failed
@@ -109,6 +118,8 @@ pub(super) struct Read {
     pub read: u64,
     /// Of those, records that changed the local store.
     pub applied: u64,
+    /// Of those, records not applied because their MAC did not check.
+    pub rejected: u64,
     /// False when `keep_going` stopped it before its end.
     pub complete: bool,
     /// Batches read.
@@ -151,6 +162,7 @@ impl Reader<'_> {
             done.complete = true;
             return Ok(done);
         }
+        let keys = Keys::new(self.changelog);
         let reading = self.restorer.start(&changelog_topic, p, pass.from)?;
         let mut restoring = if pass.flowing { Restoring::looking_up() } else { store.start(topic) };
         let mut next = pass.from;
@@ -171,8 +183,11 @@ impl Reader<'_> {
             let read = batch.records.len() as u64;
             batch.records.retain(|r| !pass.skip.contains(&r.offset));
             let t = Instant::now();
-            let applied = store.apply(topic, &batch.records, &mut restoring)?;
+            let (authentic, rejected) = keys.authentic(&changelog_topic, p, &mut batch.records);
+            let applied = store.apply(topic, authentic, &mut restoring)?;
             done.applying += t.elapsed();
+            done.rejected += rejected.len() as u64;
+            rejections(pass.partition, &changelog_topic, &rejected);
             done.read += read;
             done.applied += applied;
             (pass.progress)(Progress { read, applied, next });
@@ -204,6 +219,25 @@ impl Reader<'_> {
         self.runtime.block_on(durable)?;
         done.syncing += t.elapsed();
         Ok(())
+    }
+}
+
+/// Records of a batch of `partition`'s changelog that were not applied: counted
+/// by reason, logged with their offsets (the first [`REJECTIONS_LOGGED`] one by
+/// one, the rest in one line).
+fn rejections(partition: &PartitionId, changelog_topic: &str, rejected: &[Rejection]) {
+    let (topic, p) = (&partition.topic, partition.partition);
+    for r in rejected {
+        let labels = [("topic", topic.clone()), ("partition", p.to_string()), ("reason", r.reason.label().to_owned())];
+        metrics::counter!(names::CHANGELOG_REJECTED, &labels).increment(1);
+    }
+    for r in rejected.iter().take(REJECTIONS_LOGGED) {
+        warn!(changelog_topic, partition = p, offset = r.offset, reason = %r.reason, %topic,
+            "changelog record rejected, not applied: it is not signed by an accepted key (docs/security.md)");
+    }
+    if let (Some(first), Some(last)) = (rejected.get(REJECTIONS_LOGGED), rejected.last()) {
+        warn!(changelog_topic, partition = p, more = rejected.len() - REJECTIONS_LOGGED, from = first.offset,
+            to = last.offset, %topic, "more changelog records of this batch rejected, not applied");
     }
 }
 

@@ -219,6 +219,7 @@ mod tests {
             restore_batch: 10,
             follow_interval: Duration::from_secs(1),
             standby: true,
+            keys: None,
         }
     }
 

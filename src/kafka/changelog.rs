@@ -14,12 +14,14 @@ use rdkafka::admin::{
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaError as ClientError;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{info, warn};
 
 use super::KafkaError;
 use crate::config::{ChangelogConfig, Config, KafkaConfig};
+use crate::store::changelog::mac::{self, Keys};
 use crate::store::changelog::{Acked, Entry, SendError, SendFuture, Sink};
 
 /// How long a metadata request or a topic creation may take at start-up.
@@ -288,14 +290,18 @@ pub async fn ensure_one(
 pub struct ChangelogProducer {
     producer: FutureProducer,
     changelog: ChangelogConfig,
+    /// Signs every record with `store.changelog.key` (when set).
+    keys: Keys,
 }
 
 impl ChangelogProducer {
-    /// An idempotent producer with acks=all for the changelog topics of `changelog`.
+    /// An idempotent producer with acks=all for the changelog topics of
+    /// `changelog`, signing what it writes with its key.
     pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<ChangelogProducer, KafkaError> {
         Ok(ChangelogProducer {
             producer: super::options::changelog_producer(kafka, changelog).create()?,
             changelog: changelog.clone(),
+            keys: Keys::new(changelog),
         })
     }
 }
@@ -307,6 +313,8 @@ impl Sink for ChangelogProducer {
     fn send(&self, entry: Entry) -> SendFuture {
         let topic = self.changelog.topic_for(&entry.topic);
         let producer = self.producer.clone();
+        // The MAC covers the topic and partition it is sent to (set here, never left to a partitioner).
+        let mac = self.keys.sign(&topic, entry.partition, &entry.key, entry.value.as_deref());
         Box::pin(async move {
             let mut pause = RESEND_INITIAL;
             loop {
@@ -314,6 +322,10 @@ impl Sink for ChangelogProducer {
                     FutureRecord::to(&topic).partition(entry.partition).key(entry.key.as_slice());
                 if let Some(value) = &entry.value {
                     record = record.payload(value.as_slice());
+                }
+                if let Some(mac) = &mac {
+                    record =
+                        record.headers(OwnedHeaders::new().insert(Header { key: mac::HEADER, value: Some(&mac[..]) }));
                 }
                 match producer.send(record, rdkafka::util::Timeout::Never).await {
                     Ok(d) => return Ok(Acked { changelog_topic: topic, partition: d.partition, offset: d.offset }),

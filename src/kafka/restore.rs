@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::KafkaError;
 use crate::config::KafkaConfig;
-use crate::store::changelog::ChangelogRecord;
+use crate::store::changelog::{mac, ChangelogRecord};
 
 /// How long one metadata or watermark request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -93,6 +93,10 @@ impl Reading<'_> {
                         offset: m.offset(),
                         key: m.key().map(<[u8]>::to_vec).unwrap_or_default(),
                         value: m.payload().map(<[u8]>::to_vec),
+                        mac: m
+                            .headers()
+                            .and_then(|h| h.iter().find(|h| h.key == mac::HEADER))
+                            .map(|h| h.value.unwrap_or_default().to_vec()),
                     });
                     if m.offset() + 1 >= end {
                         return Ok(Batch { records, at_end: true });

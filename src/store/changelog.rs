@@ -23,6 +23,8 @@
 //!   (`engine::follow`).
 //! - Repairs (`repair`): the changelog first, then the local store
 //!   (`Store::settle_entry`), so no repair is left in one of them only.
+//! - Authenticity (`mac`): with `key`, every record carries a MAC the sink adds
+//!   and every read checks before the apply path sees the record.
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -121,6 +123,8 @@ pub struct ChangelogRecord {
     pub key: Vec<u8>,
     /// Its value ([`entry_value`]); `None`: a tombstone (the record is gone).
     pub value: Option<Vec<u8>>,
+    /// Its [`mac::HEADER`], if it has one ([`mac::Keys::check`]).
+    pub mac: Option<Vec<u8>>,
 }
 
 /// Meta key prefix of a checkpoint: `changelog:` + changelog topic + 0x00 + partition (BE).
@@ -559,6 +563,9 @@ impl Store {
 #[path = "changelog_apply.rs"]
 mod apply;
 pub use apply::Restoring;
+
+#[path = "changelog_mac.rs"]
+pub mod mac;
 
 #[cfg(test)]
 #[path = "changelog_tests.rs"]

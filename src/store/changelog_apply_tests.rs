@@ -24,7 +24,7 @@ fn rec(offset: i64, id: &str, state: State, ago_s: i64, scope: Option<&str>) -> 
         r.done_at_us = Some(at);
         r.outcome = Some(format!("http 200 at {offset}"));
     }
-    ChangelogRecord { offset, key: entry_key(&r), value: Some(entry_value(&r).unwrap()) }
+    ChangelogRecord { offset, key: entry_key(&r), value: Some(entry_value(&r).unwrap()), mac: None }
 }
 
 /// A changelog with what compaction has not removed yet: claims before their
@@ -94,7 +94,7 @@ fn a_restore_into_a_store_with_records_of_the_topic_looks_each_one_up() {
         .map(|(i, r)| {
             let mut d = decode_entry("t", &r.key, r.value.as_deref().unwrap()).unwrap();
             d.state = if i % 2 == 0 { State::Done } else { State::Dead };
-            ChangelogRecord { offset: 0, key: r.key.clone(), value: Some(entry_value(&d).unwrap()) }
+            ChangelogRecord { offset: 0, key: r.key.clone(), value: Some(entry_value(&d).unwrap()), mac: None }
         })
         .collect();
     a.apply_one_by_one("t", &local).unwrap();

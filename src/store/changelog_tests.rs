@@ -60,7 +60,12 @@ impl Recorded {
         entries
             .iter()
             .filter(|(_, e)| e.topic == topic && e.partition == partition)
-            .map(|(offset, e)| ChangelogRecord { offset: *offset, key: e.key.clone(), value: e.value.clone() })
+            .map(|(offset, e)| ChangelogRecord {
+                offset: *offset,
+                key: e.key.clone(),
+                value: e.value.clone(),
+                mac: None,
+            })
             .collect()
     }
 }
@@ -162,10 +167,11 @@ async fn a_restore_never_turns_a_final_record_back_into_a_claim_and_honours_tomb
     handle(&store, "e1", "t", 0, 1, "t").await;
     let mut claim = store.get("e1").unwrap().unwrap();
     claim.state = State::Claimed;
-    let stale = ChangelogRecord { offset: 0, key: entry_key(&claim), value: Some(entry_value(&claim).unwrap()) };
+    let stale =
+        ChangelogRecord { offset: 0, key: entry_key(&claim), value: Some(entry_value(&claim).unwrap()), mac: None };
     assert_eq!(store.apply_changelog("t", &[stale]).unwrap(), 0);
     assert_eq!(store.get("e1").unwrap().unwrap().state, State::Done);
-    let gone = ChangelogRecord { offset: 1, key: entry_key(&claim), value: None };
+    let gone = ChangelogRecord { offset: 1, key: entry_key(&claim), value: None, mac: None };
     assert_eq!(store.apply_changelog("t", &[gone]).unwrap(), 1);
     assert!(store.get("e1").unwrap().is_none());
 }

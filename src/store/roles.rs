@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 
-use super::changelog::ChangelogRecord;
+use super::changelog::mac::Authentic;
 use super::changelog::Restoring;
 use super::sync::SyncStats;
 use super::{Claim, Claimed, Record, State, Stats, Store, StoreError};
@@ -122,14 +122,15 @@ impl Restore<'_> {
     }
 
     /// Applies a batch of changelog records (not yet durable: see [`Restore::restored_to`]);
-    /// returns how many changed the store.
+    /// returns how many changed the store. Only records whose MAC was checked
+    /// ([`Keys::authentic`](crate::store::changelog::mac::Keys::authentic)) come in.
     pub fn apply(
         &self,
         source_topic: &str,
-        records: &[ChangelogRecord],
+        records: Authentic<'_>,
         restoring: &mut Restoring,
     ) -> Result<u64, StoreError> {
-        self.0.apply_restoring(source_topic, records, restoring)
+        self.0.apply_restoring(source_topic, records.0, restoring)
     }
 
     /// Records below `next` are applied: the checkpoint moves, durably with them

@@ -10,6 +10,7 @@ mod admin;
 mod avro;
 mod avro_local;
 mod avro_registry;
+mod changelog_auth;
 mod compose;
 mod core;
 mod dashboard;

@@ -48,33 +48,72 @@ pub fn entries_by_id(kafka: &Kafka, changelog: &str, topic: &str) -> HashMap<Str
 }
 
 /// Writes `n` done records of source topic `topic` (partition `partition`) into
-/// `changelog` the way outboxd writes them; returns their event ids.
+/// `changelog` the way outboxd writes them (unsigned); returns their event ids.
 pub async fn fill(kafka: &Kafka, changelog: &str, topic: &str, partition: i32, n: usize) -> Vec<String> {
-    let producer = kafka.producer();
-    let now = now_us();
     let ids: Vec<String> = (0..n).map(|_| new_event_id()).collect();
-    for (c, chunk) in ids.chunks(SEND_CHUNK).enumerate() {
-        let entries: Vec<(Vec<u8>, Vec<u8>)> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, id)| {
-                let offset = (c * SEND_CHUNK + i) as i64;
-                let position = outboxd::event::Position { topic: topic.to_owned(), partition, offset };
-                let mut r = Record::first_seen(id, State::Done, 1, &position, now);
-                r.scope = Some(topic.to_owned());
-                r.key = Some(format!("agg-{}", offset % 1000));
-                r.event_type = Some("OrderCreated".into());
-                r.claimed_at_us = Some(now);
-                r.done_at_us = Some(now + 1_500);
-                r.updated_at_us = now + 1_500;
-                r.outcome = Some("http 200".into());
-                (entry_key(&r), entry_value(&r).expect("encode a changelog value"))
-            })
-            .collect();
-        let sends = entries.iter().map(|(k, v)| producer.send_raw(changelog, Some(partition), Some(k), &[], Some(v)));
+    write_done(kafka, changelog, topic, partition, &ids, &|_, _| None).await;
+    ids
+}
+
+/// What a record written by [`write_done`] or [`write_tombstones`] carries in its
+/// `mac` header, given its key and value (`None`: no header).
+pub type MacOf<'a> = dyn Fn(&[u8], Option<&[u8]>) -> Option<Vec<u8>> + 'a;
+
+/// Writes a done record of source topic `topic` (partition `partition`) for each
+/// of `ids` into `changelog`, as outboxd encodes them, with the `mac` header `mac` says.
+pub async fn write_done(kafka: &Kafka, changelog: &str, topic: &str, partition: i32, ids: &[String], mac: &MacOf<'_>) {
+    let now = now_us();
+    let records = ids.iter().enumerate().map(|(i, id)| {
+        let offset = i as i64;
+        let position = outboxd::event::Position { topic: topic.to_owned(), partition, offset };
+        let mut r = Record::first_seen(id, State::Done, 1, &position, now);
+        r.scope = Some(topic.to_owned());
+        r.key = Some(format!("agg-{}", offset % 1000));
+        r.event_type = Some("OrderCreated".into());
+        r.claimed_at_us = Some(now);
+        r.done_at_us = Some(now + 1_500);
+        r.updated_at_us = now + 1_500;
+        r.outcome = Some("http 200".into());
+        (entry_key(&r), Some(entry_value(&r).expect("encode a changelog value")))
+    });
+    send(kafka, changelog, partition, records.collect(), mac).await;
+}
+
+/// Writes a tombstone (the record is gone, as `store forget` writes it) for each
+/// of `ids` of source topic `topic` into partition `partition` of `changelog`.
+pub async fn write_tombstones(
+    kafka: &Kafka,
+    changelog: &str,
+    topic: &str,
+    partition: i32,
+    ids: &[String],
+    mac: &MacOf<'_>,
+) {
+    let records = ids.iter().map(|id| {
+        let position = outboxd::event::Position { topic: topic.to_owned(), partition, offset: 0 };
+        let mut r = Record::first_seen(id, State::Done, 1, &position, now_us());
+        r.scope = Some(topic.to_owned());
+        (entry_key(&r), None)
+    });
+    send(kafka, changelog, partition, records.collect(), mac).await;
+}
+
+async fn send(
+    kafka: &Kafka,
+    changelog: &str,
+    partition: i32,
+    records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    mac: &MacOf<'_>,
+) {
+    let producer = &kafka.producer();
+    for chunk in records.chunks(SEND_CHUNK) {
+        let macs: Vec<Option<Vec<u8>>> = chunk.iter().map(|(k, v)| mac(k, v.as_deref())).collect();
+        let sends = chunk.iter().zip(&macs).map(|((k, v), m)| {
+            let headers: Vec<(&str, Option<&[u8]>)> = m.iter().map(|m| ("mac", Some(m.as_slice()))).collect();
+            async move { producer.send_raw(changelog, Some(partition), Some(k), &headers, v.as_deref()).await }
+        });
         futures::future::join_all(sends).await;
     }
-    ids
 }
 
 /// The value of field `name` in a human-format log line (`name=value`), if there.
