@@ -38,7 +38,7 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `outboxd store publish`: copies the records of the store at `store.path` that its
 /// changelog may lack into the changelog topics (created if missing), while no
-/// service holds the store. `report` is called every [`PROGRESS_EVERY`]. A store
+/// service holds the store. `report` is called every `PROGRESS_EVERY` (5 s). A store
 /// marked complete is left as it is (`Ok(None)`), unless `force`.
 pub async fn publish(
     config: &Config,

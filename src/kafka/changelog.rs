@@ -253,7 +253,7 @@ fn mismatch(source: &str, n: i32, changelog: &str, m: i32) -> String {
 
 /// Creates the changelog topics `plan` lacks, compacted and deleted after
 /// `retention`, keeping tombstones as long (`delete.retention.ms`, see
-/// [`judge_tombstones`]); fails naming the topics when an existing one does not match.
+/// `judge_tombstones`); fails naming the topics when an existing one does not match.
 pub async fn ensure(
     kafka: &KafkaConfig,
     changelog: &ChangelogConfig,
