@@ -48,6 +48,8 @@ pub async fn rebuild(config: &Config) -> anyhow::Result<Vec<Rebuilt>> {
         Store::open(path, &StoreOptions::command(&config.store, Role::Store))
             .with_context(|| format!("opening the store at {}", path.display()))?,
     );
+    // A store rebuilt from nothing holds only what the changelog has: nothing to copy there at the next start.
+    store.mark_complete_if_empty().await?;
     let restorer = Arc::new(Restorer::build(&config.kafka).context("creating the restore consumer")?);
     let rebuilt = restore_all(&store, &restorer, &changelog, &plan.existing).await?;
     store.close().await.with_context(|| format!("flushing the store at {}", path.display()))?;
