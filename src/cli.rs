@@ -141,6 +141,18 @@ pub enum StoreCommand {
     /// Read every changelog partition into the store (a new, emptied or replaced
     /// store), with the service stopped. Needs the full config and the brokers.
     Rebuild(StoreArgs),
+    /// Copy the store's records into the changelog topics (created if missing),
+    /// with the service stopped: what the service does at start-up when the store
+    /// ran with the changelog off (or under an earlier release), done ahead of time.
+    /// Resumes after an interruption. Needs the full config and the brokers.
+    Publish {
+        /// Copy even when the store is marked as having everything in the changelog.
+        #[arg(long)]
+        force: bool,
+        /// Where the store is, and the output format.
+        #[command(flatten)]
+        args: StoreArgs,
+    },
     /// Records as JSON Lines (with the message copy of dead and parked events).
     Export {
         /// Only records in this state (claimed, done, dead, parked).
@@ -164,6 +176,7 @@ impl StoreCommand {
             | StoreCommand::Forget { args, .. }
             | StoreCommand::Retry { args, .. }
             | StoreCommand::Resolve { args, .. }
+            | StoreCommand::Publish { args, .. }
             | StoreCommand::Export { args, .. } => args,
         }
     }
@@ -196,6 +209,9 @@ pub async fn store_command(cmd: StoreCommand) -> anyhow::Result<()> {
     cmd.check()?;
     if let StoreCommand::Rebuild(args) = &cmd {
         return rebuild(args).await;
+    }
+    if let StoreCommand::Publish { args, force } = &cmd {
+        return publish(args, *force).await;
     }
     let args = cmd.args();
     match ops::open(&args.config, args.path.as_deref(), cmd.needs())? {
@@ -240,8 +256,9 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             let gc = api.gc().await?;
             println!("removed {} expired record(s)", gc.removed);
         }
-        // Handled before a store is opened (it needs the brokers, not the store API).
+        // Handled before a store is opened (they need the brokers, not the store API).
         StoreCommand::Rebuild(args) => return rebuild(&args).await,
+        StoreCommand::Publish { args, force } => return publish(&args, force).await,
         StoreCommand::Retry { event_id, topic, .. } => {
             let ids = match event_id {
                 Some(id) => vec![id],
@@ -305,6 +322,51 @@ async fn rebuild(args: &StoreArgs) -> anyhow::Result<()> {
     }
     let read: u64 = rebuilt.iter().map(|r| r.restored.read).sum();
     println!("{} partition(s), {read} record(s) read", rebuilt.len());
+    Ok(())
+}
+
+/// `store publish`: the store's records into the changelog, progress on stderr
+/// every few seconds, the result on stdout.
+async fn publish(args: &StoreArgs, force: bool) -> anyhow::Result<()> {
+    let mut config = Config::load(&args.config)?;
+    if let Some(path) = &args.path {
+        config.store.path = path.clone();
+    }
+    let mut report = |p: &crate::store::publish::Published| {
+        eprintln!(
+            "{} of {} record(s) copied, {} skipped, {} records/s{}",
+            p.sent,
+            p.total,
+            p.skipped,
+            crate::app::publish_rate(p),
+            if p.resumed { " (resumed)" } else { "" }
+        );
+    };
+    let published = crate::app::publish(&config, force, &mut report).await?;
+    let Some(p) = published else {
+        if args.json {
+            println!("{}", serde_json::json!({"complete": true, "sent": 0}));
+        } else {
+            println!("the changelog has every record of this store already (nothing to copy; --force copies anyway)");
+        }
+        return Ok(());
+    };
+    let seconds = p.elapsed.as_secs_f64();
+    let per_second = crate::app::publish_rate(&p);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"complete": true, "sent": p.sent, "skipped": p.skipped, "total": p.total,
+                "resumed": p.resumed, "seconds": seconds, "per_second": per_second})
+        );
+    } else {
+        println!(
+            "copied {} record(s) into the changelog ({} skipped: expired, or of topics not consumed now) in {seconds:.1} s, {per_second} records/s{}",
+            p.sent,
+            p.skipped,
+            if p.resumed { ", resumed from an earlier copy" } else { "" }
+        );
+    }
     Ok(())
 }
 

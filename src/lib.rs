@@ -67,6 +67,8 @@
 //!   `store::changelog`: with `[store.changelog]` the store is a cache of changelog partitions: final
 //!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far;
 //!   with `key`, each carries a MAC (`store::changelog::mac`) and reads apply only records that check.
+//!   `store::publish`: records written while the changelog was off, copied into it (resumably) before
+//!   anything is handled, and the marker that says the changelog has them all.
 //! - `offsets`: per-partition tracker of the next committable offset.
 //! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.

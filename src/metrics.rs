@@ -53,6 +53,8 @@ pub mod names {
     pub const RESTORED: &str = "outboxd_changelog_records_restored_total";
     /// Changelog records a running restore still has to read (labels `topic`, `partition`).
     pub const RESTORE_LAG: &str = "outboxd_changelog_restore_lag";
+    /// Records of the store copied into the changelog (the changelog lacked them: written while it was off).
+    pub const PUBLISHED: &str = "outboxd_changelog_records_published_total";
     /// Duration of one partition's restore.
     pub const RESTORE_SECONDS: &str = "outboxd_changelog_restore_seconds";
     /// Partitions assigned and waiting for their restore.
@@ -95,6 +97,10 @@ pub fn install() -> Result<PrometheusHandle, InstallError> {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        names::PUBLISHED,
+        "Records of the store copied into the changelog at start-up (written while the changelog was off)."
+    );
     describe_counter!(names::CONSUMED, "Messages consumed from Kafka.");
     describe_counter!(names::HANDLED, "Events whose handler succeeded and whose done record is durable.");
     describe_counter!(names::DUPLICATES, "Deliveries not executed because the event was already final.");

@@ -9,9 +9,11 @@
 //! [`JoinSet`] is stopped and awaited, the store is closed, and the summary is
 //! logged.
 
+mod publish;
 mod rebuild;
 mod tasks;
 
+pub use publish::{publish, rate as publish_rate};
 pub use rebuild::{rebuild, Rebuilt};
 
 use std::collections::HashMap;
@@ -28,6 +30,7 @@ use crate::admin;
 use crate::config::{ChangelogConfig, Config};
 use crate::engine::{Counters, Engine, Executor, Fatal, RestoreSetup};
 use crate::handler::Handler;
+use crate::kafka::changelog::Plan;
 use crate::kafka::{self, Consumer, Tracker};
 use crate::offsets::OffsetTracker;
 use crate::store::{Store, StoreOptions};
@@ -103,7 +106,7 @@ impl App {
         let App { config, custom, install_metrics } = self;
         crate::engine::check_custom_topics(&config, &custom)?;
         let store = open_store(&config)?;
-        let restore = changelog(&config, &store).await?;
+        let (restore, plan) = changelog(&config, &store).await?;
         let token = CancellationToken::new();
         let mut tracker = if restore.is_some() { OffsetTracker::with_restore() } else { OffsetTracker::default() };
         tracker.fence_after(config.kafka.fence_after);
@@ -111,6 +114,18 @@ impl App {
         let subscriptions = config.subscriptions();
         let prometheus =
             if install_metrics { Some(crate::metrics::install().context("setting up metrics")?) } else { None };
+        tokio::pin!(shutdown);
+        if let Some(setup) = &restore {
+            // Before the consumer joins the group: nothing is handled until the changelog has every record.
+            let copy = publish::before_joining(&config, &setup.changelog, &store, plan.as_ref());
+            tokio::select! {
+                copied = copy => copied?,
+                () = &mut shutdown => {
+                    info!("stopped during the copy into the changelog; the next start goes on from where it was");
+                    return store.close().await.context("flushing the store");
+                }
+            }
+        }
         let broker_up = Arc::new(AtomicBool::new(false));
         let consumer = Arc::new(
             Consumer::build(&config.kafka, &subscriptions, tracker.clone(), broker_up.clone())
@@ -166,7 +181,7 @@ impl App {
         tokio::pin!(run);
         let failure = tokio::select! {
             failure = &mut run => failure,
-            () = shutdown => {
+            () = &mut shutdown => {
                 token.cancel();
                 run.await
             }
@@ -188,28 +203,35 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<Store>> {
 /// With `[store.changelog]`: the changelog topics of the source topics that exist
 /// now are created or checked (a partition-count mismatch stops the start-up;
 /// brokers that cannot be reached now are asked again on assignment), and final
-/// records go to them from now on. Returns what the restore task needs.
-async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<Option<RestoreSetup>> {
-    let Some(changelog) = config.store.changelog.clone() else { return Ok(None) };
+/// records go to them from now on. Returns what the restore task needs, and what
+/// the brokers said (`None`: they could not be asked, or the topics not created).
+async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<(Option<RestoreSetup>, Option<Plan>)> {
+    let Some(changelog) = config.store.changelog.clone() else { return Ok((None, None)) };
     let (c, cl) = (config.clone(), changelog.clone());
-    match tokio::task::spawn_blocking(move || kafka::changelog::plan(&c, &cl, CHANGELOG_LOOKUP_TIMEOUT)).await? {
+    let plan = match tokio::task::spawn_blocking(move || kafka::changelog::plan(&c, &cl, CHANGELOG_LOOKUP_TIMEOUT))
+        .await?
+    {
         Ok(plan) => match kafka::changelog::ensure(&config.kafka, &changelog, config.store.retention, &plan).await {
-            Ok(()) => {}
+            Ok(()) => Some(plan),
             Err(kafka::changelog::TopicError::Mismatch(reason)) => {
                 anyhow::bail!("{reason}\n(nothing was handled)")
             }
-            Err(error) => warn!(%error, "changelog topics not checked at start-up; they are checked on assignment"),
+            Err(error) => {
+                warn!(%error, "changelog topics not checked at start-up; they are checked on assignment");
+                None
+            }
         },
         Err(error) => {
-            warn!(error = %format!("{error:#}"), "brokers not reachable at start-up; changelog topics are checked on assignment")
+            warn!(error = %format!("{error:#}"), "brokers not reachable at start-up; changelog topics are checked on assignment");
+            None
         }
-    }
+    };
     let producer = kafka::changelog::ChangelogProducer::build(&config.kafka, &changelog)
         .context("creating the changelog producer")?;
     store.attach_changelog(Arc::new(producer));
     warn_unsigned(&changelog);
     info!(changelog_topics = %changelog.topic_template, "final records go to changelog topics; assigned partitions are restored first");
-    Ok(Some(RestoreSetup { kafka: config.kafka.clone(), changelog, retention: config.store.retention }))
+    Ok((Some(RestoreSetup { kafka: config.kafka.clone(), changelog, retention: config.store.retention }), plan))
 }
 
 /// Without `store.changelog.key`, says once who can then steer side effects; with

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::config::Config;
+use crate::config::{ChangelogConfig, Config};
 use crate::engine::{restore_partition, Restored};
 use crate::kafka::{self, Restorer};
 use crate::offsets::PartitionId;
@@ -48,11 +48,27 @@ pub async fn rebuild(config: &Config) -> anyhow::Result<Vec<Rebuilt>> {
         Store::open(path, &StoreOptions::command(&config.store, Role::Store))
             .with_context(|| format!("opening the store at {}", path.display()))?,
     );
+    // A store rebuilt from nothing holds only what the changelog has: nothing to copy there at the next start.
+    store.mark_complete_if_empty().await?;
     let restorer = Arc::new(Restorer::build(&config.kafka).context("creating the restore consumer")?);
+    let rebuilt = restore_all(&store, &restorer, &changelog, &plan.existing).await?;
+    store.close().await.with_context(|| format!("flushing the store at {}", path.display()))?;
+    Ok(rebuilt)
+}
+
+/// Reads every partition of the changelog topics of `topics` (source topic,
+/// changelog topic, partitions) into the store, one after the other, each from its
+/// checkpoint up to the end seen when its read began.
+pub(super) async fn restore_all(
+    store: &Arc<Store>,
+    restorer: &Arc<Restorer>,
+    changelog: &ChangelogConfig,
+    topics: &[(String, String, i32)],
+) -> anyhow::Result<Vec<Rebuilt>> {
     let mut rebuilt = Vec::new();
-    for (source, changelog_topic, partitions) in plan.existing {
-        for p in 0..partitions {
-            let partition = PartitionId::new(&source, p);
+    for (source, changelog_topic, partitions) in topics {
+        for p in 0..*partitions {
+            let partition = PartitionId::new(source, p);
             let (store, restorer, changelog, runtime) =
                 (store.clone(), restorer.clone(), changelog.clone(), tokio::runtime::Handle::current());
             let task = partition.clone();
@@ -65,6 +81,5 @@ pub async fn rebuild(config: &Config) -> anyhow::Result<Vec<Rebuilt>> {
             rebuilt.push(Rebuilt { partition, changelog_topic: changelog_topic.clone(), restored });
         }
     }
-    store.close().await.with_context(|| format!("flushing the store at {}", path.display()))?;
     Ok(rebuilt)
 }

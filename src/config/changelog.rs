@@ -24,6 +24,13 @@ const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// enough to amortise the flush, small enough to checkpoint often.
 const DEFAULT_RESTORE_BATCH: usize = 10_000;
 const MAX_RESTORE_BATCH: usize = 1_000_000;
+/// Records sent per step when a store's records are copied into the changelog
+/// (`outboxd store publish`, or at start-up after the changelog was off): each step
+/// is acknowledged by the broker before the copy's cursor moves past it, so a crash
+/// sends at most this many again; large enough that the broker round trip and the
+/// cursor's flush are a small share of each step.
+const DEFAULT_PUBLISH_BATCH: usize = 10_000;
+const MAX_PUBLISH_BATCH: usize = 1_000_000;
 /// How often an owned partition's changelog is checked for what other instances
 /// wrote there (a repair made through another instance): a replay within this
 /// long after such a repair may still be decided on the state before it. One
@@ -60,6 +67,8 @@ pub struct RawChangelog {
     pub delivery_timeout: Option<String>,
     /// Records applied per durable write while restoring.
     pub restore_batch: Option<usize>,
+    /// Records sent per acknowledged step when copying a store's records into the changelog.
+    pub publish_batch: Option<usize>,
     /// How often owned partitions catch up with others' changelog writes, e.g. "1s".
     pub follow_interval: Option<String>,
     /// `true`: also tail the changelog partitions of source partitions owned elsewhere.
@@ -117,6 +126,9 @@ pub struct ChangelogConfig {
     pub delivery_timeout: Duration,
     /// `restore_batch`: records applied per durable write while restoring (default 10,000).
     pub restore_batch: usize,
+    /// `publish_batch`: records sent per acknowledged step when a store's records are
+    /// copied into the changelog (default 10,000).
+    pub publish_batch: usize,
     /// `follow_interval`: how often owned partitions catch up with what other
     /// instances wrote to their changelog, such as repairs (default 1 s).
     pub follow_interval: Duration,
@@ -195,6 +207,13 @@ impl RawChangelog {
                 format!("must be between 1 and {MAX_RESTORE_BATCH}, got {restore_batch}"),
             ));
         }
+        let publish_batch = self.publish_batch.unwrap_or(DEFAULT_PUBLISH_BATCH);
+        if publish_batch == 0 || publish_batch > MAX_PUBLISH_BATCH {
+            return Err(ConfigError::field(
+                "store.changelog.publish_batch",
+                format!("must be between 1 and {MAX_PUBLISH_BATCH}, got {publish_batch}"),
+            ));
+        }
         let delivery_timeout =
             duration("store.changelog.delivery_timeout", self.delivery_timeout.as_deref(), DEFAULT_DELIVERY_TIMEOUT)?;
         if delivery_timeout < Duration::from_millis(1) {
@@ -214,6 +233,7 @@ impl RawChangelog {
             linger: duration("store.changelog.linger", self.linger.as_deref(), DEFAULT_LINGER)?,
             delivery_timeout,
             restore_batch,
+            publish_batch,
             follow_interval,
             standby: self.standby.unwrap_or(DEFAULT_STANDBY),
             keys,
@@ -296,6 +316,7 @@ mod tests {
         assert_eq!(cl.topic_for("outbox.event.order"), "outboxd.outbox.event.order.outboxd-dedup");
         assert_eq!(cl.replication_factor, None);
         assert_eq!(cl.follow_interval, std::time::Duration::from_secs(1));
+        assert_eq!(cl.publish_batch, 10_000);
         assert!(!cl.standby, "standby replicas are asked for");
         assert!(parse("[store.changelog]\nstandby = true").unwrap().store.changelog.unwrap().standby);
         assert!(cl.is_changelog("outboxd.outbox.event.order.outboxd-dedup"));
@@ -316,6 +337,8 @@ mod tests {
         }
         let e = format!("{:#}", parse("[store.changelog]\nreplication_factor = 0").unwrap_err());
         assert!(e.contains("store.changelog.replication_factor"), "{e}");
+        let e = format!("{:#}", parse("[store.changelog]\npublish_batch = 0").unwrap_err());
+        assert!(e.contains("store.changelog.publish_batch"), "{e}");
     }
 
     const KEY: &str = "0123456789abcdef0123456789abcdef-current";

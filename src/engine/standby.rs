@@ -217,6 +217,7 @@ mod tests {
             linger: Duration::from_millis(1),
             delivery_timeout: Duration::from_secs(30),
             restore_batch: 10,
+            publish_batch: 10,
             follow_interval: Duration::from_secs(1),
             standby: true,
             keys: None,

@@ -26,6 +26,8 @@ use crate::store::changelog::{Acked, Entry, SendError, SendFuture, Sink};
 
 /// How long a metadata request or a topic creation may take at start-up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The broker's `delete.retention.ms` when a topic does not set it (24 h).
+const DEFAULT_DELETE_RETENTION_MS: i64 = 86_400_000;
 /// First pause, and the longest, between sends of a changelog record that failed.
 const RESEND_INITIAL: Duration = Duration::from_millis(200);
 const RESEND_MAX: Duration = Duration::from_secs(10);
@@ -132,11 +134,17 @@ fn check_settings(
             .get(name)
             .ok_or_else(|| KafkaError::Missing(format!("the brokers did not describe changelog topic {name}")))?;
         let value = |key: &str| resource.get(key).and_then(|e| e.value.clone());
-        let judged = judge_settings(name, source, value("cleanup.policy").as_deref(), value("retention.ms"), retention);
+        let policy = value("cleanup.policy");
+        let judged = judge_settings(name, source, policy.as_deref(), value("retention.ms"), retention);
         match judged {
             Judged::Refused(reason) => plan.mismatched.push(reason),
             Judged::Worse(warning) => plan.warnings.push(warning),
             Judged::Fits => {}
+        }
+        if let Judged::Worse(warning) =
+            judge_tombstones(name, source, policy.as_deref(), value("delete.retention.ms"), retention)
+        {
+            plan.warnings.push(warning);
         }
     }
     Ok(())
@@ -188,6 +196,41 @@ fn judge_settings(
     Judged::Fits
 }
 
+/// What a compacted changelog topic's `delete.retention.ms` means for tombstones (a
+/// `store forget`): compaction drops a tombstone that long after its partition was
+/// cleaned, and an instance that read the forgotten record before but had not read
+/// the tombstone by then (a standby, a long-stopped instance restoring from its
+/// checkpoint) never learns of the repair: it keeps the record and suppresses the
+/// redelivery the person asked for. Kept at least `store.retention`, a tombstone
+/// outlives every record it can still stand against.
+///
+/// A warning, not a refusal: what is lost is a repair's reach, never a record (no
+/// event runs twice for it), and every changelog topic created before outboxd set
+/// this has the broker's default (24 h): refusing would stop each of them at once.
+fn judge_tombstones(
+    name: &str,
+    source: &str,
+    policy: Option<&str>,
+    delete_retention_ms: Option<String>,
+    retention: Duration,
+) -> Judged {
+    let compacted = policy.unwrap_or("delete").split(',').any(|p| p.trim() == "compact");
+    let wanted = retention.as_millis();
+    // The broker's default when it did not say: 24 h.
+    let kept =
+        delete_retention_ms.as_deref().and_then(|v| v.parse::<i64>().ok()).unwrap_or(DEFAULT_DELETE_RETENTION_MS);
+    if compacted && kept >= 0 && (kept as u128) < wanted {
+        return Judged::Worse(format!(
+            "changelog topic {name} (for {source}) keeps tombstones for delete.retention.ms={kept}, less than \
+             store.retention ({wanted} ms): a `store forget` can be compacted away before a standby or an instance \
+             that was stopped reads it, and that instance then keeps the forgotten record. Raise it \
+             (kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name {name} \
+             --add-config delete.retention.ms={wanted}); outboxd creates its topics with it"
+        ));
+    }
+    Judged::Fits
+}
+
 fn plan_for(changelog: &ChangelogConfig, sources: &[(&String, i32)], counts: &BTreeMap<String, i32>) -> Plan {
     let mut plan = Plan::default();
     for (source, n) in sources {
@@ -211,7 +254,8 @@ fn mismatch(source: &str, n: i32, changelog: &str, m: i32) -> String {
 }
 
 /// Creates the changelog topics `plan` lacks, compacted and deleted after
-/// `retention`; fails naming the topics when an existing one does not match.
+/// `retention`, keeping tombstones as long (`delete.retention.ms`, see
+/// `judge_tombstones`); fails naming the topics when an existing one does not match.
 pub async fn ensure(
     kafka: &KafkaConfig,
     changelog: &ChangelogConfig,
@@ -237,6 +281,7 @@ pub async fn ensure(
             NewTopic::new(name, *n, TopicReplication::Fixed(replication))
                 .set("cleanup.policy", "compact,delete")
                 .set("retention.ms", &retention_ms)
+                .set("delete.retention.ms", &retention_ms)
         })
         .collect();
     let results = admin.create_topics(&topics, &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT))).await?;
@@ -432,5 +477,19 @@ mod tests {
         assert!(matches!(judge(None, Some("3600000")), Judged::Refused(_)));
         let Judged::Worse(warning) = judge(Some("delete"), Some("-1")) else { panic!("no warning") };
         assert!(warning.contains("cleanup.policy=delete") && warning.contains("not compacted"), "{warning}");
+    }
+
+    #[test]
+    fn tombstones_kept_shorter_than_the_store_retention_are_a_warning_with_the_fix() {
+        let week = Duration::from_secs(7 * 24 * 3600);
+        let judge =
+            |policy: Option<&str>, ms: Option<&str>| judge_tombstones("cl", "src", policy, ms.map(str::to_owned), week);
+        let Judged::Worse(warning) = judge(Some("compact,delete"), Some("86400000")) else { panic!("no warning") };
+        assert!(warning.contains("delete.retention.ms=86400000"), "{warning}");
+        assert!(warning.contains("--entity-name cl --add-config delete.retention.ms=604800000"), "{warning}");
+        assert!(matches!(judge(Some("compact"), None), Judged::Worse(_)), "the broker's default is 24 h");
+        assert_eq!(judge(Some("compact,delete"), Some("604800000")), Judged::Fits);
+        assert_eq!(judge(Some("compact"), Some("-1")), Judged::Fits);
+        assert_eq!(judge(Some("delete"), Some("1000")), Judged::Fits, "not compacted: tombstones stay as records do");
     }
 }

@@ -29,8 +29,10 @@ impl Sink for Bounded {
 }
 
 /// Attaches the changelog of `kafka` and `changelog` to `store`, so repairs made
-/// through it are written there first (see `Store::settle_entry`).
-pub(super) fn attach(store: &Store, kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<(), OpsError> {
+/// through it are written there first (see `Store::settle_entry`), each entry
+/// waiting `store.changelog.delivery_timeout` at most (`outboxd store publish`
+/// copies through it too).
+pub fn attach(store: &Store, kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<(), OpsError> {
     let producer =
         ChangelogProducer::build(kafka, changelog).map_err(OpsError::config("creating the changelog producer"))?;
     store.attach_changelog(Arc::new(Bounded { producer, within: changelog.delivery_timeout }));

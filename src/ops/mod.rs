@@ -23,6 +23,7 @@ use crate::admin::client::AdminClient;
 use crate::store::view::{GcView, RecordView, RedecodedView, RetryView, StatsView};
 use crate::store::{Owner, State, StoreError};
 
+pub use changelog::attach as attach_changelog;
 pub use error::{BoxError, OpsError};
 pub use local::{rerun, Local};
 pub use remote::Remote;

@@ -29,6 +29,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -260,7 +261,10 @@ pub struct Changelog {
     sink: RwLock<Option<Arc<dyn Sink>>>,
     pub(crate) checkpoints: Arc<Checkpoints>,
     /// µs: restored records older than this are expired already and not written.
-    retention_us: i64,
+    pub(super) retention_us: i64,
+    /// The changelog has every record of this store (`publish`): cleared at the
+    /// first write made without a sink.
+    pub(super) complete: AtomicBool,
 }
 
 impl Changelog {
@@ -269,6 +273,7 @@ impl Changelog {
             sink: RwLock::new(None),
             checkpoints: Arc::new(Checkpoints::open(meta)?),
             retention_us: i64::try_from(retention.as_micros()).unwrap_or(i64::MAX),
+            complete: AtomicBool::new(super::publish::complete_at_open(meta)?),
         })
     }
 
@@ -422,9 +427,13 @@ impl Store {
         Ok(done)
     }
 
-    /// Sends `change` to the changelog, when one is attached.
-    fn send_change(&self, change: Change<'_>) -> Result<Option<SendFuture>, StoreError> {
-        let Some(sink) = self.changelog.sink() else { return Ok(None) };
+    /// Sends `change` to the changelog, when one is attached; without one, the
+    /// changelog no longer has every record (`publish`).
+    pub(super) fn send_change(&self, change: Change<'_>) -> Result<Option<SendFuture>, StoreError> {
+        let Some(sink) = self.changelog.sink() else {
+            self.written_without_changelog()?;
+            return Ok(None);
+        };
         let (r, value) = match change {
             Change::Now(r) => (r, Some(entry_value(r)?)),
             Change::Gone(r) => (r, None),
@@ -433,7 +442,7 @@ impl Store {
     }
 
     /// This instance's write is acknowledged (and durable here): the checkpoint may follow it.
-    fn acknowledged(&self, acked: Option<Acked>) {
+    pub(super) fn acknowledged(&self, acked: Option<Acked>) {
         if let Some(a) = acked {
             self.changelog.checkpoints.acked(&a.changelog_topic, a.partition, a.offset);
         }

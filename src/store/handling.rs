@@ -106,6 +106,9 @@ impl Store {
             let slice = from.map(|s| s.start);
             return Ok(Claim::Claimed(Claimed { record: Box::new(record), slice, durable }));
         }
+        if !self.has_changelog() {
+            self.written_without_changelog()?;
+        }
         let slice = self.write(&record, from.as_ref().map(|s| (s, State::Claimed)), None)?;
         self.durable().await?;
         Ok(Claim::Claimed(Claimed { record: Box::new(record), slice: Some(slice.start), durable }))

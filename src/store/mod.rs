@@ -11,6 +11,7 @@
 //! - `inflight`: claims kept in memory only (`on_uncertain = retry`), shown while they last.
 //! - `migrate`: converts stores written in the earlier format on open.
 //! - `changelog`: the changelog's value format, restore, and checkpoints (`[store.changelog]`).
+//! - `publish`: records the changelog may lack (written while it was off) copied into it, resumably.
 
 pub mod changelog;
 mod counts;
@@ -23,6 +24,7 @@ mod migrate;
 mod names;
 mod options;
 mod owner;
+pub mod publish;
 mod read;
 mod record;
 mod repair;

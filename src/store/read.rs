@@ -14,7 +14,7 @@ use super::{format, keys, now_us, Found, Record, State, Stats, Store, StoreError
 type Head = (Option<(sled::IVec, sled::IVec)>, sled::Iter, Arc<Slice>);
 
 /// The slices' trees from a start key, merged in key order.
-struct Merged {
+pub(super) struct Merged {
     /// One per slice, oldest slice first.
     heads: Vec<Head>,
 }
@@ -105,7 +105,7 @@ impl Store {
         format::decode(key, raw, &self.names, slice.start, Some(self.slices.expires_at(slice)))
     }
 
-    fn merged(&self, start: Bound<Vec<u8>>) -> Result<Merged, StoreError> {
+    pub(super) fn merged(&self, start: Bound<Vec<u8>>) -> Result<Merged, StoreError> {
         Merged::new(self.slices.all(), start)
     }
 

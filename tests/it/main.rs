@@ -30,3 +30,4 @@ mod scale_standby;
 mod scale_topics;
 mod store_failure;
 mod tls_config;
+mod upgrade;

@@ -1,7 +1,9 @@
 //! The settings of an existing changelog topic: one that would delete records
 //! while `store.retention` still counts them cannot serve (a new owner of a
 //! partition would run those events again), so outboxd refuses it by name, at
-//! `check-config` and at start-up, and handles nothing.
+//! `check-config` and at start-up, and handles nothing. Tombstones (`store forget`)
+//! must outlive `store.retention` too: outboxd creates its topics so, and names an
+//! existing topic that keeps them shorter, with the command that fixes it.
 
 use crate::harness;
 
@@ -41,4 +43,65 @@ async fn a_changelog_topic_that_deletes_records_before_the_store_retention_is_re
         out.contains(&format!("ERROR changelog topic {changelog}")) && out.contains("retention.ms=86400000"),
         "{out}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changelog_topics_are_created_keeping_tombstones_as_long_as_the_store_retention() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-tombstones"), 2, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
+    od.config.retention = "3d".into();
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    od.start();
+    od.wait_for_assignment().await;
+    od.stop();
+    let three_days = (3 * 24 * 3600 * 1000).to_string();
+    assert_eq!(kafka.topic_config(&changelog, "delete.retention.ms").await.as_deref(), Some(three_days.as_str()));
+    assert_eq!(kafka.topic_config(&changelog, "retention.ms").await.as_deref(), Some(three_days.as_str()));
+    assert!(!od.log().contains("keeps tombstones"), "no warning about a topic outboxd created: {}", od.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_changelog_topic_that_drops_tombstones_early_is_named_with_the_fix() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("scale-tombstones-old"), 2, &[]).await;
+    let receiver = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
+    od.config.retention = "7d".into();
+    let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
+    // As earlier releases created it: no delete.retention.ms (the broker's 24 h).
+    kafka.create_topic(&changelog, 2, &[("cleanup.policy", "compact,delete"), ("retention.ms", "604800000")]).await;
+    let fix = format!("--entity-name {changelog} --add-config delete.retention.ms=604800000");
+
+    od.start();
+    od.wait_for_assignment().await;
+    let id = new_event_id();
+    kafka.producer().send_event(&topic, "k", &id, Some("Tick"), &json!({"n": 1})).await;
+    od.wait_until("the event", Duration::from_secs(60), || receiver.answered_ok(&id)).await;
+    od.stop();
+    let log = od.log();
+    assert!(log.contains("delete.retention.ms=86400000") && log.contains(&fix), "the warning names the fix: {log}");
+
+    let checked = od.command(&["check-config"]);
+    let out = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "a warning, not a refusal: {out}");
+    assert!(out.contains(&format!("WARNING changelog topic {changelog}")) && out.contains(&fix), "{out}");
+
+    // Fixed as the warning says: no warning any more.
+    kafka
+        .alter_topic_config(
+            &changelog,
+            &[
+                ("cleanup.policy", "compact,delete"),
+                ("retention.ms", "604800000"),
+                ("delete.retention.ms", "604800000"),
+            ],
+        )
+        .await;
+    let checked = od.command(&["check-config"]);
+    let out = String::from_utf8_lossy(&checked.stdout);
+    assert!(!out.contains("keeps tombstones"), "{out}");
 }

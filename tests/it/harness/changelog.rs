@@ -118,7 +118,27 @@ async fn send(
 
 /// The value of field `name` in a human-format log line (`name=value`), if there.
 pub fn log_field(line: &str, name: &str) -> Option<String> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}=")).map(str::to_owned))
+    let plain = without_colours(line);
+    plain.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}=")).map(str::to_owned))
+}
+
+/// `line` without ANSI colour codes (the log is coloured unless `NO_COLOR` is set).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ ... m
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// [`log_field`] as a number; fails the test when it is missing or not one.

@@ -158,6 +158,19 @@ impl Kafka {
         .await;
     }
 
+    /// The value of one config of `topic` as the brokers report it (its own or the default).
+    pub async fn topic_config(&self, topic: &str, key: &str) -> Option<String> {
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(&self.brokers).create().expect("create a Kafka admin client");
+        let options = AdminOptions::new().request_timeout(Some(ADMIN_TIMEOUT));
+        let described = admin
+            .describe_configs(&[ResourceSpecifier::Topic(topic)], &options)
+            .await
+            .unwrap_or_else(|e| panic!("describe config of {topic}: {e}"));
+        let resource = described.into_iter().next()?.unwrap_or_else(|code| panic!("describe {topic}: {code:?}"));
+        resource.get(key).and_then(|e| e.value.clone())
+    }
+
     /// Replaces the topic's dynamic configs with `configs` (non-incremental AlterConfigs).
     pub async fn alter_topic_config(&self, topic: &str, configs: &[(&str, &str)]) {
         let admin: AdminClient<DefaultClientContext> =
