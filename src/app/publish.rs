@@ -121,7 +121,9 @@ async fn copy(
 ) -> anyhow::Result<Published> {
     let all: Vec<(String, String, i32)> = plan.existing.iter().chain(&plan.create).cloned().collect();
     let topics: HashMap<String, i32> = all.iter().map(|(source, _, n)| (source.clone(), *n)).collect();
-    let restorer = Arc::new(Restorer::build(&config.kafka).context("creating the restore consumer")?);
+    let restorer = Arc::new(
+        Restorer::build(&config.kafka, changelog.restore_batch_bytes).context("creating the restore consumer")?,
+    );
     let read: u64 = restore_all(store, &restorer, changelog, &all).await?.iter().map(|r| r.restored.read).sum();
     info!(read, "changelog partitions read into the store before the copy");
     let wanted = |topic: &str, partition: i32| topics.get(topic).is_some_and(|n| (0..*n).contains(&partition));

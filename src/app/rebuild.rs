@@ -50,7 +50,9 @@ pub async fn rebuild(config: &Config) -> anyhow::Result<Vec<Rebuilt>> {
     );
     // A store rebuilt from nothing holds only what the changelog has: nothing to copy there at the next start.
     store.mark_complete_if_empty().await?;
-    let restorer = Arc::new(Restorer::build(&config.kafka).context("creating the restore consumer")?);
+    let restorer = Arc::new(
+        Restorer::build(&config.kafka, changelog.restore_batch_bytes).context("creating the restore consumer")?,
+    );
     let rebuilt = restore_all(&store, &restorer, &changelog, &plan.existing).await?;
     store.close().await.with_context(|| format!("flushing the store at {}", path.display()))?;
     Ok(rebuilt)

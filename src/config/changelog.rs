@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::{duration, expand_env};
+use super::values::{duration, expand_env, parse_size};
 use super::ConfigError;
 
 /// One changelog topic per source topic and consumer group: two groups reading the
@@ -24,6 +24,12 @@ const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// enough to amortise the flush, small enough to checkpoint often.
 const DEFAULT_RESTORE_BATCH: usize = 10_000;
 const MAX_RESTORE_BATCH: usize = 1_000_000;
+/// Bytes (keys and values) of one restore batch: changelog records are ~70 B, so
+/// 10,000 of them are under 1 MiB and this never binds them; it binds records made
+/// large by long failure reasons or keys, which would otherwise make a batch of
+/// 10,000 as large as 10,000 of them. With librdkafka's prefetch bounded the same
+/// (`kafka::options`), a restore holds at most about twice this.
+const DEFAULT_RESTORE_BATCH_BYTES: u64 = 16 << 20;
 /// Records sent per step when a store's records are copied into the changelog
 /// (`outboxd store publish`, or at start-up after the changelog was off): each step
 /// is acknowledged by the broker before the copy's cursor moves past it, so a crash
@@ -39,6 +45,12 @@ const DEFAULT_FOLLOW_INTERVAL: Duration = Duration::from_secs(1);
 /// Standby replicas cost every instance the disk, the writes and the reads of
 /// every partition's records (as many copies as instances): off unless asked for.
 const DEFAULT_STANDBY: bool = false;
+/// How far another instance's clock may be ahead of the restorer's before a
+/// record restored from it expires early: NTP keeps hosts within milliseconds,
+/// a host without it drifts seconds a day; 5 minutes covers a badly kept clock
+/// for weeks, and costs only that records up to 5 minutes past their retention
+/// are restored (and kept) instead of dropped.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
 /// Kafka's limit on topic names.
 const MAX_TOPIC_NAME: usize = 249;
 /// The shortest changelog key accepted: HMAC-SHA256 takes a key of any length, so
@@ -67,6 +79,10 @@ pub struct RawChangelog {
     pub delivery_timeout: Option<String>,
     /// Records applied per durable write while restoring.
     pub restore_batch: Option<usize>,
+    /// Bytes of one restore batch, e.g. "16MiB"; also the restore consumer's prefetch.
+    pub restore_batch_bytes: Option<String>,
+    /// How far another instance's clock may be ahead of this one's, e.g. "5m".
+    pub max_clock_skew: Option<String>,
     /// Records sent per acknowledged step when copying a store's records into the changelog.
     pub publish_batch: Option<usize>,
     /// How often owned partitions catch up with others' changelog writes, e.g. "1s".
@@ -126,6 +142,12 @@ pub struct ChangelogConfig {
     pub delivery_timeout: Duration,
     /// `restore_batch`: records applied per durable write while restoring (default 10,000).
     pub restore_batch: usize,
+    /// `restore_batch_bytes`: a batch ends once its keys and values reach this many
+    /// bytes; the restore consumer prefetches at most this much (default 16 MiB).
+    pub restore_batch_bytes: u64,
+    /// `max_clock_skew`: a restored record expires once its writer's time is older
+    /// than `store.retention` plus this (default 5 minutes).
+    pub max_clock_skew: Duration,
     /// `publish_batch`: records sent per acknowledged step when a store's records are
     /// copied into the changelog (default 10,000).
     pub publish_batch: usize,
@@ -207,6 +229,15 @@ impl RawChangelog {
                 format!("must be between 1 and {MAX_RESTORE_BATCH}, got {restore_batch}"),
             ));
         }
+        let restore_batch_bytes = match self.restore_batch_bytes.as_deref() {
+            None => DEFAULT_RESTORE_BATCH_BYTES,
+            Some(text) => parse_size(text).filter(|n| (1 << 10..=1 << 30).contains(n)).ok_or_else(|| {
+                ConfigError::field(
+                    "store.changelog.restore_batch_bytes",
+                    format!("{text:?}: a size between 1KiB and 1GiB, such as \"16MiB\""),
+                )
+            })?,
+        };
         let publish_batch = self.publish_batch.unwrap_or(DEFAULT_PUBLISH_BATCH);
         if publish_batch == 0 || publish_batch > MAX_PUBLISH_BATCH {
             return Err(ConfigError::field(
@@ -233,6 +264,12 @@ impl RawChangelog {
             linger: duration("store.changelog.linger", self.linger.as_deref(), DEFAULT_LINGER)?,
             delivery_timeout,
             restore_batch,
+            restore_batch_bytes,
+            max_clock_skew: duration(
+                "store.changelog.max_clock_skew",
+                self.max_clock_skew.as_deref(),
+                DEFAULT_MAX_CLOCK_SKEW,
+            )?,
             publish_batch,
             follow_interval,
             standby: self.standby.unwrap_or(DEFAULT_STANDBY),

@@ -37,6 +37,7 @@ mod values;
 mod doc_keys;
 
 pub use admin::{AdminConfig, RawAdmin};
+pub(crate) use changelog::DEFAULT_MAX_CLOCK_SKEW;
 pub use changelog::{ChangelogConfig, ChangelogKeys, RawChangelog, Secret};
 pub use error::{ConfigError, EnvError};
 pub use handler::{

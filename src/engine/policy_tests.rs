@@ -100,6 +100,7 @@ fn fixture(entry: Entry, handler: Arc<Scripted>) -> Fixture {
         fsync: false,
         role: Role::Test,
         cache_bytes: crate::store::SMALL_CACHE_BYTES,
+        clock_skew: Duration::ZERO,
     };
     let store = Arc::new(Store::open(&config.store.path, &opts).unwrap());
     let custom = HashMap::from([(TOPIC.to_owned(), handler.clone() as Arc<dyn Handler>)]);

@@ -171,7 +171,8 @@ impl Reader<'_> {
                 return Ok(done);
             }
             let t = Instant::now();
-            let mut batch = reading.next(pass.upto, self.changelog.restore_batch, READ_WAIT)?;
+            let mut batch =
+                reading.next(pass.upto, self.changelog.restore_batch, self.changelog.restore_batch_bytes, READ_WAIT)?;
             done.reading += t.elapsed();
             done.batches += 1;
             if let Some(last) = batch.records.last() {

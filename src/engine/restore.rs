@@ -58,7 +58,7 @@ pub struct Restored {
 
 pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: CancellationToken) {
     let wakeup = shared.consumer.restore_wakeup();
-    let restorer = match Restorer::build(&setup.kafka) {
+    let restorer = match Restorer::build(&setup.kafka, setup.changelog.restore_batch_bytes) {
         Ok(r) => Arc::new(r),
         Err(e) => return shared.exec.fail(Fatal::Restorer(Arc::new(e))),
     };

@@ -217,6 +217,8 @@ mod tests {
             linger: Duration::from_millis(1),
             delivery_timeout: Duration::from_secs(30),
             restore_batch: 10,
+            restore_batch_bytes: 1 << 20,
+            max_clock_skew: Duration::ZERO,
             publish_batch: 10,
             follow_interval: Duration::from_secs(1),
             standby: true,

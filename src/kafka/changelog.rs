@@ -245,12 +245,32 @@ fn plan_for(changelog: &ChangelogConfig, sources: &[(&String, i32)], counts: &BT
 }
 
 fn mismatch(source: &str, n: i32, changelog: &str, m: i32) -> String {
-    format!(
-        "changelog topic {changelog} has {m} partitions but source topic {source} has {n}; a record's changelog partition is its \
-         source partition, so they must match. If {source} gained partitions, keys moved to other partitions and their \
-         records cannot follow: stop every outboxd of the group, delete {changelog} (or add partitions to it to match), \
-         and start again (an empty changelog means events replayed from before are not known as handled)"
-    )
+    let rule = format!(
+        "changelog topic {changelog} has {m} partitions but source topic {source} has {n}; a record's changelog \
+         partition is its source partition, so they must match"
+    );
+    if n > m {
+        // Records stay where they were written: in the changelog partition of the key's old
+        // source partition. Deleting the topic would lose them; adding partitions keeps them,
+        // and what remains is that a replay of a moved key lands on a partition whose
+        // changelog does not have its record, so it must be read by whoever owns the new one.
+        format!(
+            "{rule}. {source} gained partitions, so some keys moved to other partitions while their records stay in \
+             their old partition's changelog. To go on: stop every outboxd of the group; add partitions to the changelog \
+             topic to match (kafka-topics.sh --bootstrap-server <brokers> --alter --topic {changelog} --partitions {n}); \
+             then, for at least store.retention, run either a single instance (it owns and restores every partition) or \
+             every instance with [store.changelog] standby = true (each holds every partition's records), so that a \
+             replay of an event from before the change is still recognised. Do not delete {changelog}: the records of \
+             every handled event would go with it"
+        )
+    } else {
+        format!(
+            "{rule}. {source} has fewer partitions than its changelog, so it was deleted and created again: the records \
+             of its old partitions cannot follow. To go on: stop every outboxd of the group, delete {changelog} \
+             (kafka-topics.sh --bootstrap-server <brokers> --delete --topic {changelog}), empty every instance's store \
+             directory, and start again (events replayed from before are then not known as handled)"
+        )
+    }
 }
 
 /// Creates the changelog topics `plan` lacks, compacted and deleted after

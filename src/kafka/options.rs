@@ -76,9 +76,12 @@ pub(super) fn changelog_producer(kafka: &KafkaConfig, changelog: &ChangelogConfi
 }
 
 /// The settings of the consumer that reads changelog partitions while restoring:
-/// assigned by hand, never joins the group, never commits.
-pub(super) fn restore_consumer(kafka: &KafkaConfig) -> ClientConfig {
+/// assigned by hand, never joins the group, never commits, and prefetches at most
+/// `prefetch_bytes` (librdkafka's default is 64 MiB: a restore's memory would
+/// be bounded by that, not by its batch).
+pub(super) fn restore_consumer(kafka: &KafkaConfig, prefetch_bytes: u64) -> ClientConfig {
     let mut cc = connection(kafka, "outboxd-restore");
+    cc.set("queued.max.messages.kbytes", (prefetch_bytes / 1024).max(1).to_string());
     cc.set("group.id", format!("{}.outboxd-restore", kafka.group_id))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

@@ -39,8 +39,8 @@ pub struct Batch {
 
 impl Restorer {
     /// A consumer that never joins the group nor commits.
-    pub fn build(kafka: &KafkaConfig) -> Result<Restorer, KafkaError> {
-        Ok(Restorer { consumer: super::options::restore_consumer(kafka).create()? })
+    pub fn build(kafka: &KafkaConfig, prefetch_bytes: u64) -> Result<Restorer, KafkaError> {
+        Ok(Restorer { consumer: super::options::restore_consumer(kafka, prefetch_bytes).create()? })
     }
 
     /// The first and the end offset of a changelog partition now.
@@ -75,12 +75,14 @@ impl Restorer {
 }
 
 impl Reading<'_> {
-    /// Up to `max` records below `end`, waiting at most `wait` for the first.
-    pub fn next(&self, end: i64, max: usize, wait: Duration) -> Result<Batch, KafkaError> {
+    /// Up to `max` records below `end` and about `max_bytes` of keys and values
+    /// (the record that reaches it is the last), waiting at most `wait` for the first.
+    pub fn next(&self, end: i64, max: usize, max_bytes: u64, wait: Duration) -> Result<Batch, KafkaError> {
         let consumer = &self.restorer.consumer;
         let mut records = Vec::new();
+        let mut bytes = 0u64;
         let mut timeout = wait;
-        while records.len() < max {
+        while records.len() < max && bytes < max_bytes {
             match consumer.poll(timeout) {
                 None => break,
                 Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return Ok(Batch { records, at_end: true }),
@@ -89,6 +91,7 @@ impl Reading<'_> {
                     if m.offset() >= end {
                         return Ok(Batch { records, at_end: true });
                     }
+                    bytes += (m.key().map_or(0, <[u8]>::len) + m.payload().map_or(0, <[u8]>::len)) as u64;
                     records.push(ChangelogRecord {
                         offset: m.offset(),
                         key: m.key().map(<[u8]>::to_vec).unwrap_or_default(),

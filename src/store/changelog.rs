@@ -260,7 +260,9 @@ impl Checkpoints {
 pub struct Changelog {
     sink: RwLock<Option<Arc<dyn Sink>>>,
     pub(crate) checkpoints: Arc<Checkpoints>,
-    /// µs: restored records older than this are expired already and not written.
+    /// µs: restored records older than this are expired already and not written
+    /// (the retention plus the clock skew allowed between instances: the age is
+    /// the restorer's clock minus the writer's).
     pub(super) retention_us: i64,
     /// The changelog has every record of this store (`publish`): cleared at the
     /// first write made without a sink.

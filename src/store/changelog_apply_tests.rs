@@ -136,3 +136,32 @@ async fn a_record_written_by_the_service_during_a_fresh_restore_ends_the_fast_pa
     assert!(!restoring.is_fresh(), "the store's count moved by another writer");
     assert_eq!(store.get(id).unwrap().unwrap().state, State::Done, "the outcome stays");
 }
+
+/// A record whose writer's clock ran ahead of the restorer's looks older than it
+/// is: up to `clock_skew` past the retention it is still restored, so the skew
+/// never shortens the dedup window; past that it is expired.
+#[test]
+fn a_restore_allows_the_configured_clock_skew_before_it_expires_a_record() {
+    let retention = 3600;
+    let records = vec![
+        rec(0, "0190a3c4-5e6f-7a8b-9c0d-00000000000a", State::Done, retention + 60, None),
+        rec(1, "0190a3c4-5e6f-7a8b-9c0d-00000000000b", State::Done, retention + 600, None),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let skewed = StoreOptions { clock_skew: Duration::from_secs(300), ..opts() };
+    let store = Store::open(dir.path(), &skewed).unwrap();
+    let mut restoring = store.start_restore("t");
+    assert_eq!(store.apply_restoring("t", &records, &mut restoring).unwrap(), 1);
+    let kept: Vec<String> = store.list(None, 10).unwrap().into_iter().map(|r| r.event_id).collect();
+    assert_eq!(
+        kept,
+        vec!["0190a3c4-5e6f-7a8b-9c0d-00000000000a".to_owned()],
+        "1 min past the retention is within the skew; 10 min is not"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let strict = StoreOptions { clock_skew: Duration::ZERO, ..opts() };
+    let store = Store::open(dir.path(), &strict).unwrap();
+    let mut restoring = store.start_restore("t");
+    assert_eq!(store.apply_restoring("t", &records, &mut restoring).unwrap(), 0, "no skew allowed: both expired");
+}

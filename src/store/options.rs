@@ -61,6 +61,10 @@ pub struct StoreOptions {
     pub role: Role,
     /// sled's page cache (its default, 1 GiB, dominates outboxd's memory).
     pub cache_bytes: u64,
+    /// How far another instance's clock may be ahead of this one's: a changelog
+    /// record is expired at restore only once its writer's time is older than
+    /// `retention` plus this (`store.changelog.max_clock_skew`).
+    pub clock_skew: Duration,
 }
 
 /// The service (`outboxd run`): everything as configured in `[store]`.
@@ -72,6 +76,7 @@ impl From<&StoreConfig> for StoreOptions {
             fsync: config.fsync,
             role: Role::Run,
             cache_bytes: config.cache_bytes,
+            clock_skew: config.changelog.as_ref().map_or(crate::config::DEFAULT_MAX_CLOCK_SKEW, |c| c.max_clock_skew),
         }
     }
 }
@@ -93,6 +98,7 @@ impl StoreOptions {
             fsync: true,
             role: Role::Store,
             cache_bytes: SMALL_CACHE_BYTES,
+            clock_skew: crate::config::DEFAULT_MAX_CLOCK_SKEW,
         }
     }
 }
