@@ -72,6 +72,23 @@ impl Contender {
     }
 }
 
+/// The changelog key every outboxd of a run signs its changelog records with, as
+/// docs/security.md asks of a deployment: the measured cost includes the MAC.
+pub(crate) const CHANGELOG_KEY: &str = "bench-changelog-key-0123456789abcdef0123456789";
+
+/// `[store]`'s extra settings with the changelog key added, unless the changelog is off.
+fn signed(extra: &str) -> String {
+    if extra.contains("enabled = false") {
+        return extra.to_owned();
+    }
+    let key = format!("key = {CHANGELOG_KEY:?}\n");
+    match extra.contains("[store.changelog]") {
+        // The extra settings end inside that table.
+        true => format!("{extra}{key}"),
+        false => format!("{extra}[store.changelog]\n{key}"),
+    }
+}
+
 /// Rotates the contender order per run so no contender always goes first.
 pub(crate) fn order(rep: usize, only: &str) -> Vec<Contender> {
     let mut v: Vec<Contender> = ALL.iter().copied().filter(|c| only.split(',').any(|o| o.trim() == c.name())).collect();
@@ -164,7 +181,7 @@ impl Bench {
             mif = c.max_in_flight,
             gc = c.gc_interval,
             fsync = c.fsync,
-            extra = c.store_extra,
+            extra = signed(&c.store_extra),
         );
         let file = self.work.join("configs").join(format!("{}.toml", c.name));
         std::fs::write(&file, text)?;

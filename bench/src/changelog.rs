@@ -7,14 +7,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use outboxd::event::Position;
+use outboxd::store::changelog::mac::{self, Keys};
 use outboxd::store::changelog::{entry_key, entry_value};
 use outboxd::store::{now_us, Record, State};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-use crate::bench::{client, Bench};
+use crate::bench::{client, Bench, CHANGELOG_KEY};
 use crate::produce::event_id;
 
 /// Topic settings that let the broker's cleaner compact a changelog soon after
@@ -79,10 +81,14 @@ pub(crate) fn fill(
     let now = now_us();
     let claim = (0..claims.min(n)).map(|i| record(source, salt, i, State::Claimed, now));
     let done = (0..n).map(|i| record(source, salt, i, State::Done, now));
+    let keys = signing_keys()?;
     let mut written = 0;
     for r in claim.chain(done) {
         let (key, value) = (entry_key(&r), entry_value(&r)?);
-        let mut rec = BaseRecord::<[u8], [u8]>::to(changelog).partition(0).key(&key[..]).payload(&value[..]);
+        let tag = keys.sign(changelog, 0, &key, Some(&value)).context("the bench key signs")?;
+        let headers = OwnedHeaders::new().insert(Header { key: mac::HEADER, value: Some(&tag[..]) });
+        let mut rec =
+            BaseRecord::<[u8], [u8]>::to(changelog).partition(0).key(&key[..]).payload(&value[..]).headers(headers);
         loop {
             match producer.send(rec) {
                 Ok(()) => break,
@@ -100,6 +106,17 @@ pub(crate) fn fill(
     }
     producer.flush(Duration::from_secs(120))?;
     Ok(written)
+}
+
+/// The keys outboxd signs with in the run (`[store.changelog] key`): the records
+/// written here carry the MAC outboxd would give them.
+fn signing_keys() -> anyhow::Result<Keys> {
+    let text = format!(
+        "[kafka]\nbrokers = \"b\"\ngroup_id = \"g\"\n[store]\npath = \"p\"\n[store.changelog]\nkey = {CHANGELOG_KEY:?}\n\
+         [[handlers]]\ntopics = [\"t\"]\nkind = \"log\"\n"
+    );
+    let config = outboxd::config::Config::parse(&text, &|_| None)?;
+    Ok(Keys::new(&config.store.changelog.context("the changelog is on")?))
 }
 
 /// The broker's log directory (`log.dirs` of the first broker; the stack runs one

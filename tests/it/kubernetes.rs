@@ -25,11 +25,21 @@ fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     found
 }
 
-/// The config in the ConfigMap, as outboxd reads it (the admin token from the env).
+/// The config in the ConfigMap, as outboxd reads it (the admin token and the
+/// changelog key from the env, which the container takes from Secrets).
 fn config(docs: &[Value]) -> Config {
     let toml = kind(docs, "ConfigMap")["data"]["outboxd.toml"].as_str().expect("data.outboxd.toml");
-    let env = |name: &str| (name == "OUTBOXD_ADMIN_TOKEN").then(|| "a-token-from-the-secret".to_owned());
-    Config::parse(toml, &env).expect("the ConfigMap's outboxd.toml is a valid config")
+    let from_secrets: Vec<String> = container(docs)["env"]
+        .as_sequence()
+        .expect("the container's env")
+        .iter()
+        .filter(|e| e["valueFrom"].get("secretKeyRef").is_some())
+        .map(|e| e["name"].as_str().unwrap().to_owned())
+        .collect();
+    let env = |name: &str| {
+        from_secrets.iter().any(|n| n == name).then(|| format!("{name}-from-the-secret-0123456789abcdef0123456789"))
+    };
+    Config::parse(toml, &env).expect("the ConfigMap's outboxd.toml is a valid config, its ${...} from Secrets")
 }
 
 fn container(docs: &[Value]) -> &Value {
@@ -44,7 +54,8 @@ fn several_replicas_keep_their_state_in_the_changelog_not_on_a_volume() {
     let deployment = kind(&docs, "Deployment");
     assert!(deployment["spec"]["replicas"].as_u64().unwrap() >= 2, "two or more replicas");
     let config = config(&docs);
-    assert!(config.store.changelog.is_some(), "the changelog carries the dedup state between pods");
+    let changelog = config.store.changelog.as_ref().expect("the changelog carries the dedup state between pods");
+    assert!(changelog.keys.is_some(), "the replicas sign their changelog records (store.changelog.key)");
 
     let mount = container(&docs)["volumeMounts"]
         .as_sequence()
