@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use harness::receiver::{Call, Reply};
 use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
 
-use crate::scale::{produce, two_instances};
+use crate::scale::{produce, two_instances, Protocol};
 
 const PARTITIONS: i32 = 4;
 const KEYS: usize = 20;
@@ -235,12 +235,8 @@ async fn under_the_consumer_protocol_partitions_move_and_replays_are_suppressed(
     let topic = kafka.create_topic(&unique_name("kip848"), PARTITIONS, &[]).await;
     let receiver = Receiver::start();
     let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
-    for od in [&mut a, &mut b] {
-        // The session belongs to the broker under this protocol.
-        od.config.kafka_options.remove("session.timeout.ms");
-        od.config.kafka_options.remove("heartbeat.interval.ms");
-        od.config.kafka_options.insert("group.protocol".into(), "consumer".into());
-    }
+    Protocol::Consumer.apply(&mut a);
+    Protocol::Consumer.apply(&mut b);
     a.write_config();
     let checked = a.command(&["check-config"]);
     assert!(checked.status.success(), "check-config refused: {}", String::from_utf8_lossy(&checked.stderr));

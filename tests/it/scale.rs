@@ -83,14 +83,50 @@ enum Leave {
     Kill,
 }
 
+/// The group's rebalance protocol.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Protocol {
+    /// outboxd's default: only the partitions that move are revoked.
+    CooperativeSticky,
+    /// `partition.assignment.strategy = "range"`: every rebalance revokes everything.
+    Eager,
+    /// KIP-848's `group.protocol = "consumer"`: the broker assigns; incremental.
+    Consumer,
+}
+
+impl Protocol {
+    /// Sets the protocol in `od`'s `kafka.options`.
+    pub(crate) fn apply(self, od: &mut Outboxd) {
+        let options = &mut od.config.kafka_options;
+        match self {
+            Protocol::CooperativeSticky => {}
+            Protocol::Eager => {
+                options.insert("partition.assignment.strategy".into(), "range".into());
+            }
+            Protocol::Consumer => {
+                // The session and the heartbeat belong to the broker under this protocol.
+                options.remove("session.timeout.ms");
+                options.remove("heartbeat.interval.ms");
+                options.insert("group.protocol".into(), "consumer".into());
+            }
+        }
+    }
+}
+
 /// A handles everything alone; B joins (and restores what it takes over); A
 /// leaves as `leave` says; every event is replayed at a new offset; nothing
 /// runs twice.
 async fn replays_after_the_owner_leaves_are_suppressed(leave: Leave) {
+    replays_after_the_owner_leaves_are_suppressed_under(leave, Protocol::CooperativeSticky).await;
+}
+
+async fn replays_after_the_owner_leaves_are_suppressed_under(leave: Leave, protocol: Protocol) {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("scale"), PARTITIONS, &[]).await;
     let receiver = Receiver::start();
     let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    protocol.apply(&mut a);
+    protocol.apply(&mut b);
     let offsets = kafka.offsets(&a.config.group_id, &topic);
     a.start();
     a.wait_for_assignment().await;
@@ -150,6 +186,21 @@ async fn after_the_owner_comes_back_with_its_store_deleted_replays_are_suppresse
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigkill_of_the_owner_the_new_owner_suppresses_replays() {
     replays_after_the_owner_leaves_are_suppressed(Leave::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_eager_protocol_replays_after_sigkill_of_the_owner_are_suppressed() {
+    replays_after_the_owner_leaves_are_suppressed_under(Leave::Kill, Protocol::Eager).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_eager_protocol_replays_after_a_clean_leave_are_suppressed() {
+    replays_after_the_owner_leaves_are_suppressed_under(Leave::Clean, Protocol::Eager).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_consumer_protocol_replays_after_sigkill_of_the_owner_are_suppressed() {
+    replays_after_the_owner_leaves_are_suppressed_under(Leave::Kill, Protocol::Consumer).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
