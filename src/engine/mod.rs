@@ -246,23 +246,23 @@ impl Waiting {
         self.queue.pop_front().expect("a message waits")
     }
 
-    /// Keeps `w` and, the first time, pauses every assigned partition (then each
-    /// newly assigned one whose message comes while the others are paused).
+    /// Keeps `w` and, the first time, pauses every assigned partition; later,
+    /// the partition of each message that still comes (assigned since, resumed by
+    /// its restore meanwhile, or fetched before the pause took effect).
     fn push(&mut self, consumer: &Consumer, tracker: &Tracker, w: Wait) {
         let to_pause: Vec<PartitionId> = if self.paused.is_empty() {
             tracker.lock().partitions()
         } else {
-            let p = PartitionId::new(&w.msg.topic, w.msg.partition);
-            if self.paused.contains(&p) {
-                Vec::new()
-            } else {
-                vec![p]
-            }
+            vec![PartitionId::new(&w.msg.topic, w.msg.partition)]
         };
         if !to_pause.is_empty() {
             debug!(partitions = %describe(&to_pause), "read-ahead full: pausing until events finish");
             consumer.pause(&to_pause);
-            self.paused.extend(to_pause);
+            for p in to_pause {
+                if !self.paused.contains(&p) {
+                    self.paused.push(p);
+                }
+            }
         }
         self.queue.push_back(w);
     }
