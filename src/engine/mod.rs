@@ -85,10 +85,11 @@ impl Engine {
     /// all after a store failure) and commits every finished offset. Returns
     /// the store failure, if that is why it stopped.
     ///
-    /// The loop never stops polling, however many events are in flight: a
-    /// message that finds read-ahead full waits here and its partitions are
-    /// paused until there is room, so rebalance callbacks and errors are served
-    /// and the group never takes a partition away for want of a poll.
+    /// The loop never stops polling for long, however many events are in flight:
+    /// a message that finds read-ahead full waits here, and once it has waited
+    /// `PAUSE_AFTER` every partition is paused until there is room and the loop
+    /// polls again, so rebalance callbacks and errors are served and the group
+    /// never takes a partition away for want of a poll.
     pub async fn run(&self, shutdown: &CancellationToken) -> Option<Fatal> {
         let consumer = &self.shared.consumer;
         let mut full = Waiting::default();
@@ -103,6 +104,11 @@ impl Engine {
                 full.resume(consumer, &self.shared.tracker);
             }
             let wanted = full.front().map(|w| w.size);
+            // A message waits for room without the loop polling for at most PAUSE_AFTER:
+            // events usually finish within it (a drain frees permits every few µs), and a
+            // pause would drop what librdkafka prefetched. After it, the partitions pause
+            // and the loop polls again, however long the events in flight take.
+            let polling = wanted.is_none() || full.paused();
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -111,14 +117,17 @@ impl Engine {
                     let w = full.pop();
                     worker::dispatch(&self.shared, w.msg, w.generation, permits);
                 }
-                msg = consumer.recv() => match msg {
+                () = tokio::time::sleep_until(full.since + PAUSE_AFTER), if !polling => {
+                    full.pause_all(consumer, &self.shared.tracker);
+                }
+                msg = consumer.recv(), if polling => match msg {
                     Ok(raw) => {
                         metrics::counter!(names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
                         let generation = worker::consumed(&self.shared, &raw);
                         let size = self.size_of(&raw);
                         match self.try_permits(size).filter(|_| full.is_empty()) {
                             Some(permits) => worker::dispatch(&self.shared, raw, generation, permits),
-                            None => full.push(consumer, &self.shared.tracker, Wait { msg: raw, generation, size }),
+                            None => full.push(consumer, Wait { msg: raw, generation, size }),
                         }
                     }
                     Err(RecvError::Fatal(reason)) => {
@@ -216,6 +225,11 @@ impl Engine {
 /// often at least it polls librdkafka, whatever is in flight.
 const BEAT: Duration = Duration::from_millis(200);
 
+/// How long a message waits for room before the partitions pause and the loop
+/// polls again: longer than events usually take to free a permit, far shorter than
+/// anything the group waits for (a rebalance callback is served this much later).
+const PAUSE_AFTER: Duration = Duration::from_millis(100);
+
 /// A consumed message that found read-ahead full.
 struct Wait {
     msg: crate::event::RawMessage,
@@ -227,10 +241,17 @@ struct Wait {
 /// partitions paused meanwhile. A paused partition's messages already fetched
 /// are dropped by librdkafka and fetched again on resume, so this holds at most
 /// about one message per partition.
-#[derive(Default)]
 struct Waiting {
     queue: VecDeque<Wait>,
     paused: Vec<PartitionId>,
+    /// When the first message of the queue began to wait.
+    since: tokio::time::Instant,
+}
+
+impl Default for Waiting {
+    fn default() -> Waiting {
+        Waiting { queue: VecDeque::new(), paused: Vec::new(), since: tokio::time::Instant::now() }
+    }
 }
 
 impl Waiting {
@@ -242,29 +263,44 @@ impl Waiting {
         self.queue.is_empty()
     }
 
+    /// Whether partitions are paused for read-ahead (the loop polls meanwhile).
+    fn paused(&self) -> bool {
+        !self.paused.is_empty()
+    }
+
     fn pop(&mut self) -> Wait {
         self.queue.pop_front().expect("a message waits")
     }
 
-    /// Keeps `w` and, the first time, pauses every assigned partition; later,
-    /// the partition of each message that still comes (assigned since, resumed by
-    /// its restore meanwhile, or fetched before the pause took effect).
-    fn push(&mut self, consumer: &Consumer, tracker: &Tracker, w: Wait) {
-        let to_pause: Vec<PartitionId> = if self.paused.is_empty() {
-            tracker.lock().partitions()
-        } else {
-            vec![PartitionId::new(&w.msg.topic, w.msg.partition)]
-        };
-        if !to_pause.is_empty() {
-            debug!(partitions = %describe(&to_pause), "read-ahead full: pausing until events finish");
-            consumer.pause(&to_pause);
-            for p in to_pause {
-                if !self.paused.contains(&p) {
-                    self.paused.push(p);
-                }
+    /// Keeps `w`. While partitions are paused, a message that still comes
+    /// (its partition assigned since, resumed by its restore meanwhile, or
+    /// fetched before the pause took effect) pauses its own partition too.
+    fn push(&mut self, consumer: &Consumer, w: Wait) {
+        if self.queue.is_empty() {
+            self.since = tokio::time::Instant::now();
+        }
+        if self.paused() {
+            let p = PartitionId::new(&w.msg.topic, w.msg.partition);
+            consumer.pause(std::slice::from_ref(&p));
+            if !self.paused.contains(&p) {
+                self.paused.push(p);
             }
         }
         self.queue.push_back(w);
+    }
+
+    /// Read-ahead stayed full for `PAUSE_AFTER`: every assigned partition pauses
+    /// until the waiting messages have room, and the loop polls meanwhile.
+    fn pause_all(&mut self, consumer: &Consumer, tracker: &Tracker) {
+        let all = tracker.lock().partitions();
+        if all.is_empty() {
+            // Nothing to pause (everything was revoked): look again later.
+            self.since = tokio::time::Instant::now();
+            return;
+        }
+        debug!(partitions = %describe(&all), "read-ahead full: pausing until events finish");
+        consumer.pause(&all);
+        self.paused = all;
     }
 
     /// Resumes what was paused for read-ahead, except partitions no longer
