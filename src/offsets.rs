@@ -224,15 +224,20 @@ impl OffsetTracker {
         fenced.len()
     }
 
-    /// Handles raised alarms and a gap since the last confirmation: both fence
-    /// every partition. Called by everything that starts work or moves an offset.
-    fn check(&mut self, now: Instant) {
+    /// Fences every partition assigned before an alarm raised since the last look.
+    fn absorb_alarms(&mut self) {
         let alarms = self.alarms.load(Ordering::SeqCst);
         if alarms != self.seen_alarms {
             self.seen_alarms = alarms;
             let every: Vec<PartitionId> = self.partitions.keys().cloned().collect();
             self.fence(&every, FenceCause::Client);
         }
+    }
+
+    /// Handles raised alarms and a gap since the last confirmation: both fence
+    /// every partition. Called by everything that starts work or moves an offset.
+    fn check(&mut self, now: Instant) {
+        self.absorb_alarms();
         let gap = match (self.confirmed, self.fence_after) {
             (Some(at), Some(after)) => now.saturating_duration_since(at) > after,
             _ => false,
@@ -249,6 +254,9 @@ impl OffsetTracker {
 
     /// Starts tracking a freshly assigned partition; returns its generation.
     pub fn assign(&mut self, partition: PartitionId) -> u64 {
+        // An alarm raised before this assignment is about the session before it:
+        // it fences what was assigned then, never this partition.
+        self.absorb_alarms();
         self.next_generation += 1;
         let generation = self.next_generation;
         self.partitions.insert(partition, PartitionState::new(generation, self.restore));
@@ -609,5 +617,22 @@ mod tests {
         assert!(t.take_rejoin());
         assert!(!t.take_rejoin());
         assert_eq!(t.fenced(), 1);
+    }
+
+    /// librdkafka's session timeout comes with a rejoin of its own: an alarm
+    /// raised before the next assignment must not fence the partitions that
+    /// assignment brings (they would wait for a rebalance nobody asks for).
+    #[test]
+    fn an_alarm_raised_before_an_assignment_fences_only_what_came_before_it() {
+        let tracker = Tracker::default();
+        let (old, new) = (PartitionId::new("t", 0), PartitionId::new("t", 1));
+        let g_old = tracker.lock().assign(old.clone());
+        tracker.raise_alarm();
+        let mut t = tracker.lock();
+        let g_new = t.assign(new.clone());
+        assert!(!t.owns(&old, g_old), "the partition of before the alarm is not fenced");
+        assert!(t.owns(&new, g_new), "the assignment after the alarm is fenced by it");
+        t.consumed(&new, g_new, 0);
+        assert!(t.start_running(&new, g_new));
     }
 }

@@ -273,3 +273,36 @@ async fn check_config_refuses_options_the_consumer_refuses_with_what_outboxd_add
     assert!(!out.status.success(), "check-config accepted session.timeout.ms under group.protocol = consumer");
     assert!(stderr.contains("session.timeout.ms"), "{stderr}");
 }
+
+/// A lone instance frozen past its session timeout fences everything when it
+/// resumes, and librdkafka's own session-timeout rejoin races its rejoin: once
+/// the group has assigned the partitions afresh it handles events again. (An
+/// alarm of the old session that fenced the new assignment left it stuck.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_instance_frozen_past_its_session_handles_events_again_after_it_resumes() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("frozen-alone"), PARTITIONS, &[]).await;
+    let receiver = Receiver::start();
+    let mut a = crate::scale::on(Outboxd::new(&kafka, &[&topic], &receiver));
+    a.start();
+    a.wait_for_assignment().await;
+    let before = events(20);
+    produce(&kafka, &topic, &before).await;
+    let ids: Vec<String> = before.iter().map(|(_, id)| id.clone()).collect();
+    a.wait_until("the first events", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len()).await;
+    a.signal("STOP");
+    // Past the 6 s session timeout of the test config.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    a.signal("CONT");
+    harness::wait_until("A to fence on resume", HANDLED_TIMEOUT, || a.log().contains("partitions fenced")).await;
+    let after = events(20);
+    produce(&kafka, &topic, &after).await;
+    let ids: Vec<String> = after.iter().map(|(_, id)| id.clone()).collect();
+    a.wait_until("the events produced after the resume", HANDLED_TIMEOUT, || {
+        receiver.count_answered_ok(&ids) == ids.len()
+    })
+    .await;
+    a.stop();
+    let all: Vec<(String, String)> = before.into_iter().chain(after).collect();
+    crate::scale::assert_each_executed_once(&receiver, &all);
+}
