@@ -316,7 +316,7 @@ impl Waiting {
         };
         if !resume.is_empty() {
             debug!(partitions = %describe(&resume), "read-ahead has room: resuming");
-            consumer.resume_all(&resume);
+            consumer.resume(&resume);
         }
     }
 }

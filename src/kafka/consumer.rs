@@ -273,8 +273,9 @@ impl Consumer {
         }
     }
 
-    /// Lets these partitions' messages come again.
-    pub fn resume_all(&self, partitions: &[PartitionId]) {
+    /// Lets these partitions' messages come again (after their restore, or once
+    /// read-ahead has room).
+    pub fn resume(&self, partitions: &[PartitionId]) {
         if let Err(error) = self.inner.resume(&to_list(partitions)) {
             warn!(%error, partitions = %describe(partitions), "could not resume partitions");
         }
@@ -283,15 +284,6 @@ impl Consumer {
     /// Notified when partitions were assigned that must be restored first.
     pub fn restore_wakeup(&self) -> Arc<tokio::sync::Notify> {
         self.inner.context().restore_wakeup.clone()
-    }
-
-    /// Lets a partition's messages come again (after its restore).
-    pub fn resume(&self, partition: &PartitionId) {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&partition.topic, partition.partition);
-        if let Err(error) = self.inner.resume(&tpl) {
-            warn!(%error, topic = %partition.topic, partition = partition.partition, "could not resume a restored partition");
-        }
     }
 
     /// Hands the next offset to commit to librdkafka (committed on its interval).
