@@ -229,8 +229,7 @@ impl OffsetTracker {
         let alarms = self.alarms.load(Ordering::SeqCst);
         if alarms != self.seen_alarms {
             self.seen_alarms = alarms;
-            let every: Vec<PartitionId> = self.partitions.keys().cloned().collect();
-            self.fence(&every, FenceCause::Client);
+            self.fence(&self.partitions(), FenceCause::Client);
         }
     }
 
@@ -245,8 +244,7 @@ impl OffsetTracker {
         if gap {
             // Confirmed again only by the rejoin: a later look must not fence twice.
             self.confirmed = Some(now);
-            let every: Vec<PartitionId> = self.partitions.keys().cloned().collect();
-            if self.fence(&every, FenceCause::Gap) > 0 {
+            if self.fence(&self.partitions(), FenceCause::Gap) > 0 {
                 self.rejoin = true;
             }
         }
