@@ -2,14 +2,10 @@ use std::time::Duration;
 
 use super::*;
 use crate::event::{OutboxEvent, Payload, Position, RawMessage};
-use crate::store::{Claim, Role, StoreOptions};
+use crate::store::{Claim, StoreOptions};
 
 fn opts() -> StoreOptions {
-    StoreOptions {
-        commit_interval: Duration::from_millis(1),
-        role: Role::Test,
-        ..StoreOptions::inspect(Some(Duration::from_secs(3600)))
-    }
+    StoreOptions::for_tests(Some(Duration::from_secs(3600)))
 }
 
 fn event(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {

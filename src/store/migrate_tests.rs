@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use crate::event::Position;
-use crate::store::{now_us, Claim, Record, Role, State, Store, StoreOptions};
+use crate::store::{now_us, Claim, Record, State, Store, StoreOptions};
 
 fn opts() -> StoreOptions {
-    StoreOptions { commit_interval: Duration::from_millis(1), role: Role::Test, ..StoreOptions::inspect(None) }
+    StoreOptions::for_tests(None)
 }
 
 /// A record as the earlier format kept it: postcard, under `id ++ 0x00 ++ scope` (or the bare id).

@@ -103,6 +103,15 @@ impl StoreOptions {
     }
 }
 
+/// The store's own tests: `retention` (the default when `None`), a 1 ms
+/// group-commit window, fsync on.
+#[cfg(test)]
+impl StoreOptions {
+    pub(crate) fn for_tests(retention: Option<Duration>) -> StoreOptions {
+        StoreOptions { commit_interval: Duration::from_millis(1), role: Role::Test, ..StoreOptions::inspect(retention) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

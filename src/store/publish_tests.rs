@@ -5,14 +5,10 @@ use std::time::Duration;
 use super::*;
 use crate::event::{OutboxEvent, Payload, Position};
 use crate::store::changelog::{entry_key, entry_value, Acked, Entry, SendError, SendFuture, Sink};
-use crate::store::{Claim, Role, State, StoreOptions};
+use crate::store::{Claim, State, StoreOptions};
 
 fn opts() -> StoreOptions {
-    StoreOptions {
-        commit_interval: Duration::from_millis(1),
-        role: Role::Test,
-        ..StoreOptions::inspect(Some(Duration::from_secs(3600)))
-    }
+    StoreOptions::for_tests(Some(Duration::from_secs(3600)))
 }
 
 fn event(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {

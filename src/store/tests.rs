@@ -4,11 +4,7 @@ use super::*;
 use crate::event::{OutboxEvent, Payload, Position};
 
 fn opts(retention: Duration) -> StoreOptions {
-    StoreOptions {
-        commit_interval: Duration::from_millis(1),
-        role: Role::Test,
-        ..StoreOptions::inspect(Some(retention))
-    }
+    StoreOptions::for_tests(Some(retention))
 }
 
 async fn claimed(store: &Store, id: &str, offset: i64) -> Claimed {
