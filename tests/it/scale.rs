@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use harness::daemon::instance_header_toml;
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Produced, Receiver};
+use harness::{new_event_id, unique_name, Kafka, OffsetReader, Outboxd, Produced, Receiver};
 use serde_json::json;
 
 /// Partitions of the source topic: enough for both instances to own some.
@@ -47,6 +47,28 @@ pub(crate) async fn produce(kafka: &Kafka, topic: &str, events: &[(String, Strin
 /// Events on `KEYS` keys, spread over the partitions by key.
 fn events() -> Vec<(String, String)> {
     (0..EVENTS).map(|i| (format!("agg-{}", i % KEYS), new_event_id())).collect()
+}
+
+/// What Debezium does after a Connect crash: every event again, same key, new
+/// offset. `od` commits the replays, then handles one new event (nothing is
+/// stuck). Returns `events` and that new one, for the final count.
+pub(crate) async fn replay_then_one_more(
+    kafka: &Kafka,
+    topic: &str,
+    od: &mut Outboxd,
+    receiver: &Receiver,
+    offsets: &OffsetReader,
+    events: &[(String, String)],
+    timeout: Duration,
+) -> Vec<(String, String)> {
+    let replayed = produce(kafka, topic, events).await;
+    assert!(replayed.iter().all(|p| p.offset > 0));
+    od.wait_until(format!("the replays to be committed ({})", offsets.describe()), timeout, || offsets.reached_end())
+        .await;
+    let fresh = ("agg-fresh".to_owned(), new_event_id());
+    produce(kafka, topic, std::slice::from_ref(&fresh)).await;
+    od.wait_until("the fresh event", timeout, || receiver.answered_ok(&fresh.1)).await;
+    events.iter().cloned().chain([fresh]).collect()
 }
 
 /// Every event executed exactly once (one effective call per id), and no other call.
@@ -152,22 +174,11 @@ async fn replays_after_the_owner_leaves_are_suppressed_under(leave: Leave, proto
         Leave::Kill => a.kill(),
     }
 
-    // What Debezium does after a Connect crash: every event again, same key, new offset.
-    let replayed = produce(&kafka, &topic, &events).await;
-    assert!(replayed.iter().all(|p| p.offset > 0));
-    b.wait_until(format!("the replays to be committed ({})", offsets.describe()), HANDLED_TIMEOUT, || {
-        offsets.reached_end()
-    })
-    .await;
-    // Something new after the replays is still handled (nothing is stuck).
-    let fresh = vec![("agg-fresh".to_owned(), new_event_id())];
-    produce(&kafka, &topic, &fresh).await;
-    b.wait_until("the fresh event", HANDLED_TIMEOUT, || receiver.answered_ok(&fresh[0].1)).await;
+    let all = replay_then_one_more(&kafka, &topic, &mut b, &receiver, &offsets, &events, HANDLED_TIMEOUT).await;
     b.stop();
     if a.is_running() {
         a.stop();
     }
-    let all: Vec<(String, String)> = events.iter().cloned().chain(fresh).collect();
     assert_each_executed_once(&receiver, &all);
     let log = b.log();
     assert!(log.contains("partition restored"), "B restored what it took over");

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::harness;
-use crate::scale::{assert_each_executed_once, produce, two_instances};
+use crate::scale::{assert_each_executed_once, produce, replay_then_one_more, two_instances};
 use harness::changelog::{log_number, topic_for};
 use harness::logs::log_lines;
 use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
@@ -134,17 +134,7 @@ async fn after_sigkill_a_standby_takes_over_reading_almost_nothing_and_suppresse
         assert!(line.contains("assigned here"), "B stopped because it took the partition over: {line}");
     }
 
-    // What Debezium does after a Connect crash: every event again, same key, new offset.
-    let replayed = produce(&kafka, &topic, &events).await;
-    assert!(replayed.iter().all(|p| p.offset > 0));
-    b.wait_until(format!("the replays to be committed ({})", offsets.describe()), HANDLED_TIMEOUT, || {
-        offsets.reached_end()
-    })
-    .await;
-    let fresh = vec![("agg-fresh".to_owned(), new_event_id())];
-    produce(&kafka, &topic, &fresh).await;
-    b.wait_until("the fresh event", HANDLED_TIMEOUT, || receiver.answered_ok(&fresh[0].1)).await;
+    let all = replay_then_one_more(&kafka, &topic, &mut b, &receiver, &offsets, &events, HANDLED_TIMEOUT).await;
     b.stop();
-    let all: Vec<(String, String)> = events.iter().cloned().chain(fresh).collect();
     assert_each_executed_once(&receiver, &all);
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use harness::changelog::{entries_by_id, log_field, log_number, topic_for};
 use harness::{env_usize, new_event_id, unique_name, Kafka, Outboxd, Receiver};
 
-use crate::scale::{assert_each_executed_once, produce};
+use crate::scale::{assert_each_executed_once, produce, replay_then_one_more};
 
 const PARTITIONS: i32 = 4;
 const KEYS: usize = 40;
@@ -73,20 +73,10 @@ async fn events_handled_with_the_changelog_off_are_not_run_again_after_a_second_
     b.start();
     b.wait_for_assignment().await;
     let offsets = kafka.offsets(&a.config.group_id, &topic);
-    // Debezium after a crash: every event again, the same key, a new offset.
-    produce(&kafka, &topic, &events).await;
-    b.wait_until(format!("the replays to be committed ({})", offsets.describe()), HANDLED_TIMEOUT, || {
-        offsets.reached_end()
-    })
-    .await;
-    // Still flowing: a new event is handled.
-    let fresh = vec![("agg-fresh".to_owned(), new_event_id())];
-    produce(&kafka, &topic, &fresh).await;
-    b.wait_until("the fresh event", HANDLED_TIMEOUT, || receiver.answered_ok(&fresh[0].1)).await;
+    let all = replay_then_one_more(&kafka, &topic, &mut b, &receiver, &offsets, &events, HANDLED_TIMEOUT).await;
     b.stop();
     a.stop();
     assert!(b.log().contains("partition restored"), "B restored what it took over");
-    let all: Vec<(String, String)> = events.iter().cloned().chain(fresh).collect();
     assert_each_executed_once(&receiver, &all);
 }
 
