@@ -133,14 +133,38 @@ async fn forged_done_records_in_the_changelog_are_rejected_so_their_events_still
 
     // A new owner with an empty store restores the partition: the forgeries are
     // rejected again, the records outboxd signed are applied (replays do not run).
-    let mut b = signed(&kafka, &topic, &receiver, Some(&a.config.group_id.clone()));
+    a_new_owner_rejects_the_forgeries_and_suppresses_replays(
+        &kafka,
+        &topic,
+        &receiver,
+        &a,
+        &events,
+        "after the replays on the new owner",
+    )
+    .await;
+}
+
+/// B, of `a`'s group with an empty store, restores the partition: it rejects
+/// the forgeries again and applies the records outboxd signed, so replays of
+/// `events` run nothing again.
+async fn a_new_owner_rejects_the_forgeries_and_suppresses_replays(
+    kafka: &Kafka,
+    topic: &str,
+    receiver: &Receiver,
+    a: &Outboxd,
+    events: &[(String, String)],
+    context: &str,
+) {
+    let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
+    let offsets = kafka.offsets(&a.config.group_id, topic);
+    let mut b = signed(kafka, topic, receiver, Some(&a.config.group_id.clone()));
     b.start();
     b.wait_for_assignment().await;
     assert!(rejected(&b).await.is_some_and(|r| r >= ids.len() as f64), "the restore rejected the forgeries");
-    produce(&kafka, &topic, &events).await;
+    produce(kafka, topic, events).await;
     b.wait_until("the replays to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     b.stop();
-    assert_each_ran_once(&receiver, &ids, "after the replays on the new owner");
+    assert_each_ran_once(receiver, &ids, context);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,14 +191,15 @@ async fn forged_tombstones_in_the_changelog_are_rejected_so_done_events_do_not_r
     a.stop();
     assert_each_ran_once(&receiver, &ids, "after the forged tombstones, on the owner");
 
-    let mut b = signed(&kafka, &topic, &receiver, Some(&a.config.group_id.clone()));
-    b.start();
-    b.wait_for_assignment().await;
-    assert!(rejected(&b).await.is_some_and(|r| r >= ids.len() as f64), "the restore rejected the forgeries");
-    produce(&kafka, &topic, &events).await;
-    b.wait_until("the replays to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
-    b.stop();
-    assert_each_ran_once(&receiver, &ids, "after the forged tombstones, on a new owner");
+    a_new_owner_rejects_the_forgeries_and_suppresses_replays(
+        &kafka,
+        &topic,
+        &receiver,
+        &a,
+        &events,
+        "after the forged tombstones, on a new owner",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
