@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use harness::receiver::{Call, Reply};
 use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
 
-use crate::scale::{produce, two_instances, Protocol};
+use crate::scale::{assert_no_event, produce, two_instances, Protocol};
 
 const PARTITIONS: i32 = 4;
 const KEYS: usize = 20;
@@ -76,18 +76,8 @@ fn assert_none_ran_after_done(receiver: &Receiver, instances: &[&Outboxd], event
     if !in_flight.is_empty() {
         eprintln!("{} calls repeated one in flight when its partition moved: {in_flight:?}", in_flight.len());
     }
-    assert!(
-        missing.is_empty(),
-        "{} events were never executed, e.g. {:?}",
-        missing.len(),
-        &missing[..missing.len().min(5)]
-    );
-    assert!(
-        again.is_empty(),
-        "{} events started again after they were recorded done, e.g. {:?}",
-        again.len(),
-        &again[..again.len().min(5)]
-    );
+    assert_no_event(&missing, "were never executed");
+    assert_no_event(&again, "started again after they were recorded done");
 }
 
 /// Both instances with the test's group timing and a small read-ahead.

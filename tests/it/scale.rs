@@ -71,6 +71,11 @@ pub(crate) async fn replay_then_one_more(
     events.iter().cloned().chain([fresh]).collect()
 }
 
+/// Fails naming how many events `found` holds and the first few, as `what` says of them.
+pub(crate) fn assert_no_event<T: std::fmt::Debug>(found: &[T], what: &str) {
+    assert!(found.is_empty(), "{} events {what}, e.g. {:?}", found.len(), &found[..found.len().min(5)]);
+}
+
 /// Every event executed exactly once (one effective call per id), and no other call.
 pub(crate) fn assert_each_executed_once(receiver: &Receiver, events: &[(String, String)]) {
     let mut per_id: HashMap<String, usize> = HashMap::new();
@@ -79,18 +84,8 @@ pub(crate) fn assert_each_executed_once(receiver: &Receiver, events: &[(String, 
     }
     let missing: Vec<&str> = events.iter().map(|(_, id)| id.as_str()).filter(|id| !per_id.contains_key(*id)).collect();
     let twice: Vec<(&String, &usize)> = per_id.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        missing.is_empty(),
-        "{} events were never executed, e.g. {:?}",
-        missing.len(),
-        &missing[..missing.len().min(5)]
-    );
-    assert!(
-        twice.is_empty(),
-        "{} events were executed more than once, e.g. {:?}",
-        twice.len(),
-        &twice[..twice.len().min(5)]
-    );
+    assert_no_event(&missing, "were never executed");
+    assert_no_event(&twice, "were executed more than once");
     assert_eq!(per_id.len(), events.len(), "calls for unknown ids");
 }
 
