@@ -74,8 +74,8 @@ impl Tracker {
     /// The consumer's client says the group may have moved our partitions (its
     /// session timed out, or the poll interval was exceeded): every partition is
     /// fenced the next time anyone looks at the tracker, before any event
-    /// starts or any offset moves. Takes no lock: librdkafka says so from its own
-    /// threads, which may be what a holder of the lock waits for.
+    /// starts or any offset moves. Takes no lock: it is said from inside a poll
+    /// (a log line), which need not wait for the tracker.
     pub fn raise_alarm(&self) {
         self.alarms.fetch_add(1, Ordering::SeqCst);
     }

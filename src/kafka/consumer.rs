@@ -40,9 +40,11 @@ const PARTITIONS_MAY_BE_GONE: [&str; 2] = ["SESSTMOUT", "MAXPOLL"];
 
 impl ClientContext for Ctx {
     /// librdkafka's log lines, as tracing events (target `librdkafka`). A session
-    /// timeout or an exceeded poll interval also fences every partition: the line
-    /// comes from librdkafka's own thread the moment it decides, before the lost
-    /// revoke reaches the poll loop.
+    /// timeout or an exceeded poll interval also fences every partition. rdkafka
+    /// delivers log lines through the consumer's queue, so this runs inside a poll:
+    /// the line comes before the lost revoke that follows it, one poll earlier,
+    /// and no later than the loop polls (every `BEAT` at least; a loop that did not
+    /// poll would learn of it only when it polled again).
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         if PARTITIONS_MAY_BE_GONE.contains(&fac) {
             self.tracker.raise_alarm();
