@@ -378,6 +378,25 @@ mod tests {
         assert!(e.contains("store.changelog.publish_batch"), "{e}");
     }
 
+    #[test]
+    fn restore_bytes_and_clock_skew_have_defaults_and_refuse_nonsense_naming_the_field() {
+        use std::time::Duration;
+        let cl = parse("").unwrap().store.changelog.unwrap();
+        assert_eq!((cl.restore_batch_bytes, cl.max_clock_skew), (16 << 20, Duration::from_secs(300)));
+        let set = parse("[store.changelog]\nrestore_batch_bytes = \"4KiB\"\nmax_clock_skew = \"30s\"").unwrap();
+        let cl = set.store.changelog.unwrap();
+        assert_eq!((cl.restore_batch_bytes, cl.max_clock_skew), (4 << 10, Duration::from_secs(30)));
+        for (bad, field) in [
+            ("restore_batch_bytes = \"100B\"", "store.changelog.restore_batch_bytes"),
+            ("restore_batch_bytes = \"2GiB\"", "store.changelog.restore_batch_bytes"),
+            ("restore_batch_bytes = \"lots\"", "store.changelog.restore_batch_bytes"),
+            ("max_clock_skew = \"a bit\"", "store.changelog.max_clock_skew"),
+        ] {
+            let e = format!("{:#}", parse(&format!("[store.changelog]\n{bad}")).unwrap_err());
+            assert!(e.contains(field), "{bad}: {e}");
+        }
+    }
+
     const KEY: &str = "0123456789abcdef0123456789abcdef-current";
     const OLD: &str = "0123456789abcdef0123456789abcdef-previous";
 

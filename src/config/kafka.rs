@@ -182,4 +182,36 @@ mod tests {
         let e = format!("{:#}", Config::parse(text, &env).unwrap_err());
         assert!(e.contains("kafka.drain_timeout") && e.contains("session.timeout.ms"), "{e}");
     }
+
+    /// `[kafka]` lines and `[kafka.options]` lines, in a config that is otherwise valid.
+    fn kafka(keys: &str, options: &str) -> Result<Config, super::super::ConfigError> {
+        let text = format!(
+            "[kafka]\nbrokers=\"b\"\ngroup_id=\"g\"\ndrain_timeout=\"1s\"\n{keys}\n[kafka.options]\n{options}\n[store]\npath=\"p\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"
+        );
+        Config::parse(&text, &env)
+    }
+
+    #[test]
+    fn fence_after_is_half_the_shorter_of_session_and_poll_interval_and_shorter_than_the_session() {
+        use std::time::Duration;
+        let default = kafka("", "").unwrap().kafka;
+        assert_eq!(default.fence_after, Duration::from_millis(22_500), "half of librdkafka's 45 s session");
+        let short_poll = kafka("", "\"session.timeout.ms\"=\"6000\"\n\"max.poll.interval.ms\"=\"4000\"").unwrap();
+        assert_eq!(short_poll.kafka.fence_after, Duration::from_secs(2));
+        assert_eq!(kafka("fence_after=\"5s\"", "").unwrap().kafka.fence_after, Duration::from_secs(5));
+        for bad in ["fence_after=\"0s\"", "fence_after=\"45s\"", "fence_after=\"soon\""] {
+            let e = format!("{:#}", kafka(bad, "").unwrap_err());
+            assert!(e.contains("kafka.fence_after"), "{bad}: {e}");
+        }
+        let e = format!("{:#}", kafka("", "\"max.poll.interval.ms\"=\"a while\"").unwrap_err());
+        assert!(e.contains("max.poll.interval.ms"), "{e}");
+    }
+
+    #[test]
+    fn the_consumer_protocol_is_told_from_group_protocol() {
+        assert!(kafka("", "\"group.protocol\"=\"consumer\"").unwrap().kafka.consumer_protocol());
+        assert!(kafka("", "\"group.protocol\"=\" Consumer \"").unwrap().kafka.consumer_protocol());
+        assert!(!kafka("", "\"group.protocol\"=\"classic\"").unwrap().kafka.consumer_protocol());
+        assert!(!kafka("", "").unwrap().kafka.consumer_protocol());
+    }
 }
