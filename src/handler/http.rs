@@ -77,10 +77,11 @@ impl Handler for HttpHandler {
             .body(body)
             .send()
             .await
-            .map_err(|e| HandlerError::retryable(describe(e)))?;
+            .map_err(|e| HandlerError::unavailable(describe(e)))?;
         let retry_after = retry_after(response.headers());
         match classify(&self.config.classify, response.status()) {
             Err(HandlerError::Retryable { reason, .. }) => Err(HandlerError::Retryable { reason, retry_after }),
+            Err(HandlerError::Unavailable { reason, .. }) => Err(HandlerError::Unavailable { reason, retry_after }),
             other => other,
         }
     }
@@ -179,8 +180,11 @@ fn describe(e: reqwest::Error) -> String {
 }
 
 /// The handler's `success_on`, `fail_on`, `retry_on` first; then the defaults:
-/// 2xx succeeds; 408, 409 (a request with the same key in flight), 425, 429 and
-/// 5xx may heal; everything else (other 4xx, redirects) is permanent.
+/// 2xx succeeds; 408, 425, 429 and 5xx say the receiver fails for everyone
+/// (unavailable: they count toward the circuit); 409 (a request with the same key
+/// in flight) may heal for this event; everything else (other 4xx, redirects) is
+/// permanent. A status listed in `retry_on` is the receiver's when it is one of
+/// those classes, else this event's.
 pub fn classify(rules: &StatusRules, status: StatusCode) -> Result<Outcome, HandlerError> {
     let code = status.as_u16();
     let text = format!("http {code}");
@@ -191,12 +195,14 @@ pub fn classify(rules: &StatusRules, status: StatusCode) -> Result<Outcome, Hand
     if listed(&rules.fail_on) {
         return Err(HandlerError::Permanent(text));
     }
-    if listed(&rules.retry_on) {
+    let receivers = matches!(code, 408 | 425 | 429 | 500..=599);
+    if listed(&rules.retry_on) && !receivers {
         return Err(HandlerError::retryable(text));
     }
     match code {
+        _ if receivers => Err(HandlerError::unavailable(text)),
         200..=299 => Ok(Outcome(text)),
-        408 | 409 | 425 | 429 | 500..=599 => Err(HandlerError::retryable(text)),
+        409 => Err(HandlerError::retryable(text)),
         _ => Err(HandlerError::Permanent(text)),
     }
 }
@@ -216,9 +222,10 @@ mod tests {
         let rules = StatusRules::default();
         assert_eq!(classify(&rules, StatusCode::OK), Ok(Outcome("http 200".into())));
         assert_eq!(classify(&rules, StatusCode::CREATED), Ok(Outcome("http 201".into())));
-        for s in [408, 409, 429, 500, 503] {
-            assert!(matches!(classify(&rules, status(s)), Err(HandlerError::Retryable { .. })), "{s}");
+        for s in [408, 425, 429, 500, 503] {
+            assert!(matches!(classify(&rules, status(s)), Err(HandlerError::Unavailable { .. })), "{s}");
         }
+        assert!(matches!(classify(&rules, status(409)), Err(HandlerError::Retryable { .. })), "409 is this event's");
         for s in [400, 401, 404, 422, 302] {
             assert!(matches!(classify(&rules, status(s)), Err(HandlerError::Permanent(_))), "{s}");
         }
@@ -234,7 +241,10 @@ mod tests {
         assert!(classify(&rules, status(409)).is_ok(), "409 = already done, for this receiver");
         assert!(matches!(classify(&rules, status(503)), Err(HandlerError::Permanent(_))));
         assert!(matches!(classify(&rules, status(404)), Err(HandlerError::Retryable { .. })));
-        assert!(matches!(classify(&rules, status(500)), Err(HandlerError::Retryable { .. })));
+        assert!(
+            matches!(classify(&rules, status(500)), Err(HandlerError::Unavailable { .. })),
+            "the receiver's, listed or not"
+        );
     }
 
     #[test]

@@ -25,12 +25,26 @@ pub use log::LogHandler;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome(pub String);
 
-/// Why an attempt failed, and whether trying again can help.
+/// Why an attempt failed, whose failure it is (this event's, or the receiver's
+/// for every event), and whether trying again can help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandlerError {
-    /// May succeed later (connect error, timeout, 5xx, 429, ...); the receiver may
-    /// say when (`Retry-After`). Retried with backoff within the handler's
-    /// `retry` limits, then dead.
+    /// The receiver fails for everyone: it cannot be reached (connect refused or
+    /// reset, DNS, TLS), times out, or answers 408, 425, 429 or 5xx. It counts
+    /// toward the handler's circuit (`[handlers.circuit]`): while that is open no
+    /// event of the handler starts, and failures then are not charged to the event's
+    /// `retry` budget. The receiver may say when to come back (`Retry-After`): the
+    /// whole handler pauses that long.
+    #[error("{reason}")]
+    Unavailable {
+        /// What went wrong, for the log and the record.
+        reason: String,
+        /// How long the receiver asked to wait (`Retry-After`).
+        retry_after: Option<Duration>,
+    },
+    /// This event may succeed later (e.g. 409: a request with its key is in
+    /// flight); the receiver may say when (`Retry-After`). Retried with backoff
+    /// within the handler's `retry` limits, then dead.
     #[error("{reason}")]
     Retryable {
         /// What went wrong, for the log and the record.
@@ -45,9 +59,22 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
-    /// A retryable failure without a `Retry-After`.
+    /// A retryable failure of this event, without a `Retry-After`.
     pub fn retryable(reason: impl Into<String>) -> HandlerError {
         HandlerError::Retryable { reason: reason.into(), retry_after: None }
+    }
+
+    /// The receiver fails for every event, without a `Retry-After`.
+    pub fn unavailable(reason: impl Into<String>) -> HandlerError {
+        HandlerError::Unavailable { reason: reason.into(), retry_after: None }
+    }
+
+    /// The receiver's `Retry-After`, when it sent one.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            HandlerError::Unavailable { retry_after, .. } | HandlerError::Retryable { retry_after, .. } => *retry_after,
+            HandlerError::Permanent(_) => None,
+        }
     }
 }
 
