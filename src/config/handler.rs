@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
 use super::http::{HttpConfig, RawVerify, StatusMatch};
 use super::retry::{RawRetry, RetryConfig};
 use super::topics::TopicMatch;
@@ -30,6 +31,9 @@ pub enum HandlerKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHandler {
+    /// `handlers[].name`: names the handler in metrics, logs and `/readyz`
+    /// (default: its first topic, or its pattern).
+    pub name: Option<String>,
     /// `handlers[].topics`: exact topic names; this or `topic_pattern` is required.
     pub topics: Option<Vec<String>>,
     /// `handlers[].topic_pattern`: a regular expression in librdkafka's syntax
@@ -54,6 +58,10 @@ pub struct RawHandler {
     pub event_type_header: Option<String>,
     /// `[handlers.retry]`: the retry schedule; every key has a default.
     pub retry: Option<RawRetry>,
+    /// `[handlers.circuit]`: backing off as a whole while the receiver fails for everyone.
+    pub circuit: Option<RawCircuit>,
+    /// `[handlers.concurrency]`: how many calls may be in flight.
+    pub concurrency: Option<RawConcurrency>,
     /// `handlers[].success_on` (`http` only): statuses that count as success,
     /// overriding the default classification.
     #[serde(default)]
@@ -182,6 +190,8 @@ pub enum HandlerSpec {
 pub struct HandlerConfig {
     /// Position in the file, for messages (`handlers[2]`).
     pub index: usize,
+    /// In metrics, logs and `/readyz`: `name`, else the first topic or the pattern.
+    pub name: String,
     /// The topics it takes: exact names or a pattern.
     pub topics: TopicMatch,
     /// What runs: an HTTP call or a log line.
@@ -192,6 +202,10 @@ pub struct HandlerConfig {
     pub event_type_header: String,
     /// The retry schedule of a failing delivery.
     pub retry: RetryConfig,
+    /// The circuit breaker over the receiver's health.
+    pub circuit: CircuitConfig,
+    /// How many calls may be in flight.
+    pub concurrency: ConcurrencyConfig,
     /// Where dead events go; without one, `dead` records keep the message for export.
     pub dead_letter_topic: Option<String>,
     /// What to do with an event found `claimed` (default: run it again).
@@ -221,13 +235,25 @@ impl RawHandler {
         };
         let event_id = event_id(&at, self.event_id)?;
         let retry = self.retry.unwrap_or_default().validate(&at)?;
+        let circuit = self.circuit.unwrap_or_default().validate(&at, retry.max_attempts, env)?;
+        let concurrency = self.concurrency.unwrap_or_default().validate(&at)?;
+        let name = match self.name {
+            Some(n) if n.trim().is_empty() => {
+                return Err(ConfigError::field(format!("{at}.name"), "must not be empty"))
+            }
+            Some(n) => n,
+            None => topics.describe(),
+        };
         Ok(HandlerConfig {
             index,
+            name,
             topics,
             spec,
             event_id,
             event_type_header: self.event_type_header.unwrap_or_else(|| DEFAULT_EVENT_TYPE_HEADER.to_owned()),
             retry,
+            circuit,
+            concurrency,
             dead_letter_topic,
             on_uncertain,
             dedup_scope: self.dedup_scope.unwrap_or_default(),

@@ -23,6 +23,7 @@ use serde::Deserialize;
 
 mod admin;
 mod changelog;
+mod circuit;
 mod error;
 mod handler;
 mod http;
@@ -39,6 +40,7 @@ mod doc_keys;
 pub use admin::{AdminConfig, RawAdmin};
 pub(crate) use changelog::DEFAULT_MAX_CLOCK_SKEW;
 pub use changelog::{ChangelogConfig, ChangelogKeys, RawChangelog, Secret};
+pub use circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
 pub use error::{ConfigError, EnvError};
 pub use handler::{
     Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnUncertain, RawDeadLetter,
@@ -156,6 +158,14 @@ impl RawConfig {
             handlers.push(h.validate(index, env)?);
         }
         topics::check_overlaps(&handlers)?;
+        for (i, h) in handlers.iter().enumerate() {
+            if let Some(other) = handlers[..i].iter().find(|o| o.name == h.name) {
+                return Err(ConfigError::field(
+                    format!("handlers[{i}].name"),
+                    format!("{:?} is handlers[{}]'s name too (set a distinct `name`)", h.name, other.index),
+                ));
+            }
+        }
         if let Some(h) = handlers.iter().find(|h| h.format == Format::Avro) {
             if schema_registry.is_none() {
                 return Err(ConfigError::AvroWithoutRegistry { index: h.index });

@@ -7,8 +7,11 @@ use serde::Deserialize;
 use super::values::duration;
 use super::ConfigError;
 
-/// A few quick retries; permanent failures and exhausted retries end `dead`.
-const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// A few quick retries for an event's own trouble (a poison event that gets a 5xx
+/// while others succeed is dead within about 3 s); permanent failures and exhausted
+/// retries end `dead`. An outage of the receiver is not charged here: it opens the
+/// handler's circuit (`[handlers.circuit]`), whose `failures` may not exceed this.
+const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(10);
 const DEFAULT_BACKOFF_MULTIPLIER: f32 = 2.0;
@@ -21,7 +24,7 @@ const DEFAULT_MAX_ELAPSED: Duration = Duration::from_secs(20 * 60);
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRetry {
-    /// `handlers[].retry.max_attempts`: executions per delivery before the event is dead (default 3).
+    /// `handlers[].retry.max_attempts`: executions per delivery before the event is dead (default 5).
     pub max_attempts: Option<u32>,
     /// `handlers[].retry.initial_backoff`: the schedule's first delay, e.g. "200ms" (the default).
     pub initial_backoff: Option<String>,
@@ -37,7 +40,7 @@ pub struct RawRetry {
 /// 0 to the schedule's value (full jitter); a receiver's `Retry-After` is a floor.
 #[derive(Debug, Clone)]
 pub struct RetryConfig {
-    /// Executions per delivery before the event is dead; at least 1 (default 3).
+    /// Executions per delivery before the event is dead; at least 1 (default 5).
     pub max_attempts: u32,
     /// The schedule's first delay (default 200 ms).
     pub initial_backoff: Duration,

@@ -22,6 +22,14 @@ impl TopicMatch {
         }
     }
 
+    /// The first topic, or the pattern: a handler's default name.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            TopicMatch::Exact(topics) => topics.first().cloned().unwrap_or_default(),
+            TopicMatch::Pattern(re) => re.as_str().to_owned(),
+        }
+    }
+
     /// The librdkafka subscription: exact names, or `^regex`.
     pub fn subscription(&self) -> Vec<String> {
         match self {
