@@ -69,6 +69,18 @@ pub mod names {
     /// Changelog records not applied because their MAC did not check (labels `topic`, `partition`, `reason`:
     /// `unsigned`, `malformed`, `unknown_key`, `forged`).
     pub const CHANGELOG_REJECTED: &str = "outboxd_changelog_records_rejected_total";
+    /// 1 for a handler's circuit state, 0 for the others (labels `handler`, `state`:
+    /// `closed`, `open`, `half_open`).
+    pub const CIRCUIT: &str = "outboxd_handler_circuit";
+    /// Circuit state changes (labels `handler`, `to`).
+    pub const CIRCUIT_TRANSITIONS: &str = "outboxd_handler_circuit_transitions_total";
+    /// Seconds a handler's circuit has not been closed since start (label `handler`).
+    pub const CIRCUIT_OPEN_SECONDS: &str = "outboxd_handler_circuit_open_seconds";
+    /// Attempts that failed for the receiver while its circuit was open or that opened it:
+    /// not charged to the event's retry budget (label `handler`).
+    pub const NOT_CHARGED: &str = "outboxd_handler_attempts_not_charged_total";
+    /// A handler's current limit of calls in flight (label `handler`).
+    pub const CONCURRENCY: &str = "outboxd_handler_concurrency_limit";
 }
 
 const SECONDS_BUCKETS: &[f64] =
@@ -102,6 +114,21 @@ fn describe() {
         "Records of the store copied into the changelog at start-up (written while the changelog was off)."
     );
     describe_counter!(names::CONSUMED, "Messages consumed from Kafka.");
+    describe_gauge!(names::CIRCUIT, "1 for the handler's circuit state (closed, open, half_open), 0 for the others.");
+    describe_counter!(names::CIRCUIT_TRANSITIONS, "Circuit state changes of a handler, by the state it went to.");
+    describe_gauge!(
+        names::CIRCUIT_OPEN_SECONDS,
+        Unit::Seconds,
+        "Seconds the handler's circuit has been open or half-open since start."
+    );
+    describe_counter!(
+        names::NOT_CHARGED,
+        "Attempts that failed for the receiver during an outage (the circuit open): not charged to the event's retry budget."
+    );
+    describe_gauge!(
+        names::CONCURRENCY,
+        "The handler's current limit of calls in flight (adaptive: between 1 and its max)."
+    );
     describe_counter!(names::HANDLED, "Events whose handler succeeded and whose done record is durable.");
     describe_counter!(names::DUPLICATES, "Deliveries not executed because the event was already final.");
     describe_counter!(names::RETRIED, "Handler attempts that failed and were retried.");

@@ -1,6 +1,7 @@
-//! One event's life: decode → claim (in memory for `on_uncertain = retry`,
-//! durably for `verify | park`) → handler (with retries, or the
-//! unknown-outcome policy) → record done/dead/parked durably. Used by the
+//! One event's life: decode → wait for the handler's circuit → claim (in memory
+//! for `on_uncertain = retry`, durably for `verify | park`) → handler (within its
+//! concurrency limit, with retries, or the unknown-outcome policy) → record
+//! done/dead/parked durably. Used by the
 //! engine for consumed messages and by `outboxd store retry` for stored copies.
 
 use std::collections::HashMap;
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::circuit::{Admit, Circuits, Health};
+use super::concurrency::{Limiter, Signal};
 use super::fatal::Fatal;
 use super::guards::{live_guard, LiveIds, Release};
 use super::retry::{backoff, next_delay};
@@ -82,6 +85,10 @@ pub struct Executor {
     /// same id (at another offset or key) waits instead of running twice.
     live: LiveIds,
     pub(crate) counters: Counters,
+    /// The receiver's health per handler: while one is open, none of its calls start.
+    circuits: Arc<Circuits>,
+    /// Calls in flight per handler; parallel to `config.handlers`.
+    limiters: Vec<Limiter>,
     /// Set when the store fails (or another [`Fatal`] failure): nothing more runs
     /// and no offset moves.
     failure: std::sync::OnceLock<Fatal>,
@@ -112,6 +119,15 @@ impl Executor {
         };
         let registry = config.schema_registry.clone().map(avro::Registry::new).transpose()?;
         let layouts = config.handlers.iter().map(Layout::from).collect();
+        let circuits = Arc::new(Circuits::new(&config.handlers));
+        let limiters = config
+            .handlers
+            .iter()
+            .map(|h| {
+                let max = h.concurrency.max.unwrap_or(config.store.max_in_flight);
+                Limiter::new(&h.name, max, h.concurrency.adaptive)
+            })
+            .collect();
         Ok(Executor {
             config,
             store,
@@ -122,6 +138,8 @@ impl Executor {
             decoder: Decoder::new(registry),
             live: LiveIds::default(),
             counters: Counters::default(),
+            circuits,
+            limiters,
             failure: std::sync::OnceLock::new(),
             shutdown: CancellationToken::new(),
         })
@@ -139,6 +157,11 @@ impl Executor {
         let reason = reason.into();
         let _ = self.failure.set(reason);
         self.shutdown.cancel();
+    }
+
+    /// The handlers' circuits (the engine pauses an open one's partitions; `/readyz` names them).
+    pub fn circuits(&self) -> &Arc<Circuits> {
+        &self.circuits
     }
 
     /// True once [`Executor::fail`] was called: nothing more runs and no offset moves.
@@ -319,6 +342,15 @@ impl Executor {
         msg: &RawMessage,
         owned: &Ownership<'_>,
     ) -> Result<Executed, StoreError> {
+        // Before the claim: an event that waits for its receiver is not claimed yet,
+        // so a crash meanwhile leaves nothing uncertain behind.
+        let admitted = self.circuits.get(hc.index).admit(owned).await;
+        if let Admit::Moved = admitted {
+            let p = &event.position;
+            info!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset,
+                "partition moved while the event waited for its receiver; left to its new owner");
+            return Ok(Executed::Abandoned);
+        }
         let scope = hc.dedup_scope.of(&event.position.topic);
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
@@ -335,7 +367,7 @@ impl Executor {
             // A new owner of the partition must find the outcome uncertain, not absent.
             self.store.handling().log_claim(&claimed).await?;
         }
-        self.run_attempts(hc, handler, event, msg, claimed, owned).await
+        self.run_attempts(hc, handler, event, msg, claimed, owned, admitted).await
     }
 
     /// What a claim comes to before the handler runs: `None` when the event is
@@ -400,6 +432,13 @@ impl Executor {
     /// the event is durably done or dead. A retry is not made once the partition
     /// may have moved: the event is left to the new owner, which finds it claimed
     /// (or not at all) and runs it with the same idempotency key.
+    ///
+    /// Each call waits for the handler's circuit (`admitted` is the first call's
+    /// leave) and its concurrency limit. A failure that is the receiver's while the
+    /// circuit is open (or that opens it) is not charged to the event's budget, and
+    /// an event that waited for the circuit starts its budget afresh: `max_attempts`
+    /// and `max_elapsed` measure failures of the event, not an outage.
+    #[allow(clippy::too_many_arguments)]
     async fn run_attempts(
         &self,
         hc: &HandlerConfig,
@@ -408,18 +447,58 @@ impl Executor {
         msg: &RawMessage,
         mut claimed: Claimed,
         owned: &Ownership<'_>,
+        admitted: Admit<'_>,
     ) -> Result<Executed, StoreError> {
         let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
+        let circuit = self.circuits.get(hc.index);
+        let limiter = &self.limiters[hc.index];
         let mut attempt = claimed.attempt();
-        let started = Instant::now();
+        let mut started = Instant::now();
         let mut delays = backoff(&hc.retry);
+        let mut admitted = Some(admitted);
+        let mut called = false;
         loop {
+            let pass = match admitted.take() {
+                Some(a) => a,
+                None => circuit.admit(owned).await,
+            };
+            let pass = match pass {
+                Admit::Go(pass) => pass,
+                Admit::Moved => {
+                    warn!(event_id = %event.id, %topic, partition, offset, attempt, idempotency_key = %event.id,
+                        "partition moved while the event waited for its receiver; not retrying here (its new owner runs it with the same idempotency key)");
+                    return Ok(Executed::Abandoned);
+                }
+                Admit::GaveUp(reason) => {
+                    self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
+                    return Ok(Executed::Final);
+                }
+            };
+            if pass.waited() {
+                // What failed before the wait was the outage's.
+                started = Instant::now();
+                delays = backoff(&hc.retry);
+            }
+            limiter.follow(circuit.closes());
+            let call = limiter.acquire().await;
+            if pass.stale() {
+                // The circuit opened while this call waited for room: it waits for the circuit instead.
+                continue;
+            }
+            if called {
+                attempt = self.store.handling().record_attempt(&mut claimed).await?;
+            }
+            called = true;
             #[cfg(debug_assertions)]
             inject_panic(&event.id);
-            let call = Instant::now();
+            let t = Instant::now();
             let result = handler.handle(event).await;
-            metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(call.elapsed().as_secs_f64());
-            match result {
+            metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(t.elapsed().as_secs_f64());
+            let health = Health::of(&result);
+            let open = circuit.record(pass, &health);
+            let signal = if matches!(health, Health::Down { .. }) { Signal::Congested } else { Signal::Answered };
+            limiter.done(call, signal);
+            let (reason, retry_after) = match result {
                 Ok(outcome) => {
                     self.store.handling().finish(claimed, State::Done, outcome.0.clone()).await?;
                     self.counters.handled.fetch_add(1, Ordering::Relaxed);
@@ -435,22 +514,29 @@ impl Executor {
                     self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
                     return Ok(Executed::Final);
                 }
-                Err(HandlerError::Retryable { reason, retry_after }) => {
-                    let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
-                        let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
-                        self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
-                        return Ok(Executed::Final);
-                    };
-                    warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
-                    metrics::counter!(names::RETRIED, "topic" => topic.clone()).increment(1);
-                    tokio::time::sleep(delay).await;
-                    if !owned() {
-                        warn!(event_id = %event.id, %topic, partition, offset, attempt, idempotency_key = %event.id,
-                            "partition moved between attempts; not retrying here (its new owner runs it with the same idempotency key)");
-                        return Ok(Executed::Abandoned);
-                    }
-                    attempt = self.store.handling().record_attempt(&mut claimed).await?;
+                Err(HandlerError::Unavailable { reason, .. }) if open => {
+                    // The circuit decides when this event is tried again.
+                    debug!(event_id = %event.id, %topic, partition, offset, attempt, %reason,
+                        "receiver unavailable; waiting for the circuit (not charged to the event's retries)");
+                    metrics::counter!(names::NOT_CHARGED, "handler" => hc.name.clone()).increment(1);
+                    continue;
                 }
+                Err(
+                    HandlerError::Unavailable { reason, retry_after } | HandlerError::Retryable { reason, retry_after },
+                ) => (reason, retry_after),
+            };
+            let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
+                let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
+                self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
+                return Ok(Executed::Final);
+            };
+            warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
+            metrics::counter!(names::RETRIED, "topic" => topic.clone()).increment(1);
+            tokio::time::sleep(delay).await;
+            if !owned() {
+                warn!(event_id = %event.id, %topic, partition, offset, attempt, idempotency_key = %event.id,
+                    "partition moved between attempts; not retrying here (its new owner runs it with the same idempotency key)");
+                return Ok(Executed::Abandoned);
             }
         }
     }
@@ -468,7 +554,9 @@ impl Executor {
             match handler.verify(event).await {
                 Ok(v) => return Ok(v),
                 Err(HandlerError::Permanent(reason)) => return Err(Unverified(reason)),
-                Err(HandlerError::Retryable { reason, retry_after }) => {
+                Err(
+                    HandlerError::Retryable { reason, retry_after } | HandlerError::Unavailable { reason, retry_after },
+                ) => {
                     let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
                         return Err(Unverified(format!("verify gave up: {reason}")));
                     };

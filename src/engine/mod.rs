@@ -2,6 +2,8 @@
 //! on shutdown that commits only finished offsets. The app wires it
 //! ([`crate::app`]); the engine knows nothing of the admin server.
 
+mod circuit;
+mod concurrency;
 mod executor;
 mod fatal;
 mod follow;
@@ -14,6 +16,7 @@ mod retry;
 mod standby;
 mod worker;
 
+pub use circuit::{CircuitView, Circuits};
 pub use executor::{check_custom_topics, Counters, Executor, SetupError};
 pub use fatal::Fatal;
 pub use reader::RestoreError;
@@ -93,15 +96,17 @@ impl Engine {
     pub async fn run(&self, shutdown: &CancellationToken) -> Option<Fatal> {
         let consumer = &self.shared.consumer;
         let mut full = Waiting::default();
+        let mut open = OpenCircuits::new(self.shared.exec.circuits().all().len());
+        let mut circuits = self.shared.exec.circuits().subscribe();
         let mut beat = tokio::time::interval(BEAT);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             while let Some(permits) = full.front().and_then(|w| self.try_permits(w.size)) {
                 let w = full.pop();
-                worker::dispatch(&self.shared, w.msg, w.generation, permits);
+                worker::dispatch(&self.shared, w.msg, w.generation, Some(permits));
             }
             if full.is_empty() {
-                full.resume(consumer, &self.shared.tracker);
+                full.resume(consumer, &self.shared.tracker, &open);
             }
             let wanted = full.front().map(|w| w.size);
             // A message waits for room without the loop polling for at most PAUSE_AFTER:
@@ -113,9 +118,10 @@ impl Engine {
                 biased;
                 () = shutdown.cancelled() => break,
                 _ = beat.tick() => self.beat(),
+                Ok(()) = circuits.changed() => self.follow_circuits(&mut open, &mut full),
                 permits = self.permits_for(wanted.unwrap_or(1)), if wanted.is_some() => {
                     let w = full.pop();
-                    worker::dispatch(&self.shared, w.msg, w.generation, permits);
+                    worker::dispatch(&self.shared, w.msg, w.generation, Some(permits));
                 }
                 () = tokio::time::sleep_until(full.since + PAUSE_AFTER), if !polling => {
                     full.pause_all(consumer, &self.shared.tracker);
@@ -125,8 +131,16 @@ impl Engine {
                         metrics::counter!(names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
                         let generation = worker::consumed(&self.shared, &raw);
                         let size = self.size_of(&raw);
+                        if let Some(h) = self.handler_of(&raw.topic).filter(|h| open.is_open(*h)) {
+                            // Its handler's circuit is open: none of its events waits in `full`
+                            // (they left it when it opened), so this one cannot overtake one of
+                            // its key. It waits in its chain without read-ahead; its partition pauses.
+                            open.pause(consumer, h, PartitionId::new(&raw.topic, raw.partition));
+                            worker::dispatch(&self.shared, raw, generation, None);
+                            continue;
+                        }
                         match self.try_permits(size).filter(|_| full.is_empty()) {
-                            Some(permits) => worker::dispatch(&self.shared, raw, generation, permits),
+                            Some(permits) => worker::dispatch(&self.shared, raw, generation, Some(permits)),
                             None => full.push(consumer, Wait { msg: raw, generation, size }),
                         }
                     }
@@ -159,6 +173,51 @@ impl Engine {
         };
         if rejoin {
             self.shared.consumer.rejoin();
+        }
+    }
+
+    /// The index of the handler of `topic`.
+    fn handler_of(&self, topic: &str) -> Option<usize> {
+        self.shared.exec.config.handler_for(topic).map(|h| h.index)
+    }
+
+    /// A circuit opened or closed. Open: the handler's assigned partitions pause, its
+    /// events leave `full` for their chains (in order), and every event of it
+    /// gives back its read-ahead, so that other handlers' topics keep flowing.
+    /// Closed: its partitions resume (unless paused for read-ahead or a restore).
+    fn follow_circuits(&self, open: &mut OpenCircuits, full: &mut Waiting) {
+        let consumer = &self.shared.consumer;
+        for (h, circuit) in self.shared.exec.circuits().all().iter().enumerate() {
+            let now_open = circuit.is_open();
+            if now_open == open.is_open(h) {
+                continue;
+            }
+            let of_h = |topic: &str| self.handler_of(topic) == Some(h);
+            if now_open {
+                open.open[h] = true;
+                let assigned: Vec<PartitionId> =
+                    self.shared.tracker.lock().partitions().into_iter().filter(|p| of_h(&p.topic)).collect();
+                for p in assigned {
+                    open.pause(consumer, h, p);
+                }
+                for w in full.take(|w| of_h(&w.msg.topic)) {
+                    worker::dispatch(&self.shared, w.msg, w.generation, None);
+                }
+                let released = worker::release(&self.shared, of_h);
+                info!(handler = %circuit.name, paused = open.paused[h].len(), released,
+                    "the handler's partitions pause while its circuit is open");
+            } else {
+                open.open[h] = false;
+                let paused = std::mem::take(&mut open.paused[h]);
+                let resume: Vec<PartitionId> = {
+                    let tracker = self.shared.tracker.lock();
+                    paused.into_iter().filter(|p| tracker.may_fetch(p) && !full.holds(p)).collect()
+                };
+                if !resume.is_empty() {
+                    info!(handler = %circuit.name, partitions = %describe(&resume), "circuit closed: resuming its partitions");
+                    consumer.resume(&resume);
+                }
+            }
         }
     }
 
@@ -230,6 +289,34 @@ const BEAT: Duration = Duration::from_millis(200);
 /// anything the group waits for (a rebalance callback is served this much later).
 const PAUSE_AFTER: Duration = Duration::from_millis(100);
 
+/// Handlers whose circuit the poll loop found open, and the partitions it paused for them.
+struct OpenCircuits {
+    open: Vec<bool>,
+    paused: Vec<Vec<PartitionId>>,
+}
+
+impl OpenCircuits {
+    fn new(handlers: usize) -> OpenCircuits {
+        OpenCircuits { open: vec![false; handlers], paused: vec![Vec::new(); handlers] }
+    }
+
+    fn is_open(&self, h: usize) -> bool {
+        self.open[h]
+    }
+
+    /// Whether `p` is paused for an open circuit.
+    fn holds(&self, p: &PartitionId) -> bool {
+        self.paused.iter().any(|ps| ps.contains(p))
+    }
+
+    fn pause(&mut self, consumer: &Consumer, h: usize, p: PartitionId) {
+        if !self.paused[h].contains(&p) {
+            consumer.pause(std::slice::from_ref(&p));
+            self.paused[h].push(p);
+        }
+    }
+}
+
 /// A consumed message that found read-ahead full.
 struct Wait {
     msg: crate::event::RawMessage,
@@ -272,6 +359,21 @@ impl Waiting {
         self.queue.pop_front().expect("a message waits")
     }
 
+    /// Takes out, in order, the messages `which` picks (a handler's, whose circuit opened).
+    fn take(&mut self, which: impl Fn(&Wait) -> bool) -> VecDeque<Wait> {
+        let (taken, kept) = std::mem::take(&mut self.queue).into_iter().partition(|w| which(w));
+        self.queue = kept;
+        if !self.queue.is_empty() {
+            self.since = tokio::time::Instant::now();
+        }
+        taken
+    }
+
+    /// Whether `p` is paused for read-ahead.
+    fn holds(&self, p: &PartitionId) -> bool {
+        self.paused.contains(p)
+    }
+
     /// Keeps `w`. While partitions are paused, a message that still comes
     /// (its partition assigned since, resumed by its restore meanwhile, or
     /// fetched before the pause took effect) pauses its own partition too.
@@ -304,15 +406,16 @@ impl Waiting {
     }
 
     /// Resumes what was paused for read-ahead, except partitions no longer
-    /// assigned and those waiting for their restore (the restore resumes them).
-    fn resume(&mut self, consumer: &Consumer, tracker: &Tracker) {
+    /// assigned, those waiting for their restore (the restore resumes them) and
+    /// those of a handler whose circuit is open.
+    fn resume(&mut self, consumer: &Consumer, tracker: &Tracker, open: &OpenCircuits) {
         if self.paused.is_empty() {
             return;
         }
         let paused = std::mem::take(&mut self.paused);
         let resume: Vec<PartitionId> = {
             let tracker = tracker.lock();
-            paused.into_iter().filter(|p| tracker.may_fetch(p)).collect()
+            paused.into_iter().filter(|p| tracker.may_fetch(p) && !open.holds(p)).collect()
         };
         if !resume.is_empty() {
             debug!(partitions = %describe(&resume), "read-ahead has room: resuming");

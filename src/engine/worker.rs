@@ -33,11 +33,20 @@ pub struct Permits {
     pub _bytes: OwnedSemaphorePermit,
 }
 
-/// A consumed message waiting for or in its key's chain.
+/// A consumed message waiting for or in its key's chain. Its permits are given
+/// back early when its handler's circuit opens ([`release`]): it then waits in
+/// its chain without holding read-ahead that other handlers' events need.
 pub struct Job {
     pub msg: RawMessage,
     pub generation: u64,
-    pub _permits: Permits,
+    pub permits: Option<Permits>,
+}
+
+/// A key's events: the one running (its permits) and those queued behind it.
+#[derive(Default)]
+pub struct Chain {
+    running: Option<Permits>,
+    queue: VecDeque<Job>,
 }
 
 /// Everything the workers share.
@@ -47,7 +56,7 @@ pub struct Shared {
     pub tracker: Tracker,
     pub consumer: Arc<Consumer>,
     /// Active chains: a key present here has a task working through its queue.
-    pub chains: Mutex<HashMap<KeyId, VecDeque<Job>>>,
+    pub chains: Mutex<HashMap<KeyId, Chain>>,
 }
 
 /// A message was consumed: its offset is tracked from now on, in the
@@ -60,18 +69,32 @@ pub fn consumed(shared: &Shared, msg: &RawMessage) -> u64 {
     g
 }
 
-/// Queues a consumed message behind earlier events of its key.
-pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, generation: u64, permits: Permits) {
+/// Queues a consumed message behind earlier events of its key. Without
+/// `permits` (its handler's circuit is open) it holds no read-ahead.
+pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, generation: u64, permits: Option<Permits>) {
     let key = KeyId { topic: msg.topic.clone(), partition: msg.partition, key: msg.key.clone() };
-    let job = Job { msg, generation, _permits: permits };
+    let mut job = Job { msg, generation, permits };
     let mut chains = lock(&shared.chains);
-    if let Some(queue) = chains.get_mut(&key) {
-        queue.push_back(job);
+    if let Some(chain) = chains.get_mut(&key) {
+        chain.queue.push_back(job);
         return;
     }
-    chains.insert(key.clone(), VecDeque::new());
+    chains.insert(key.clone(), Chain { running: job.permits.take(), queue: VecDeque::new() });
     drop(chains);
     tokio::spawn(run_chain(shared.clone(), key, job));
+}
+
+/// Gives back the read-ahead held by every queued or running event whose topic
+/// `on` says: their handler's circuit opened, so they wait (in order, in their
+/// chains) and would otherwise keep other handlers' events out.
+pub fn release(shared: &Shared, on: impl Fn(&str) -> bool) -> usize {
+    let mut chains = lock(&shared.chains);
+    let mut released = 0;
+    for (_, chain) in chains.iter_mut().filter(|(k, _)| on(&k.topic)) {
+        released += usize::from(chain.running.take().is_some());
+        released += chain.queue.iter_mut().filter_map(|j| j.permits.take()).count();
+    }
+    released
 }
 
 async fn run_chain(shared: Arc<Shared>, key: KeyId, first: Job) {
@@ -98,13 +121,17 @@ struct ChainGuard {
 }
 
 impl ChainGuard {
-    /// The next queued job of this key, or `None` (and the entry removed) when none waits.
+    /// The next queued job of this key, or `None` (and the entry removed) when none
+    /// waits. The finished job's permits are given back, the next one's held as running.
     fn next(&mut self) -> Option<Job> {
         let key = self.key.as_ref()?;
         let mut chains = lock(&self.shared.chains);
-        let queue = chains.get_mut(key).expect("an active chain has its entry");
-        match queue.pop_front() {
-            Some(j) => Some(j),
+        let chain = chains.get_mut(key).expect("an active chain has its entry");
+        match chain.queue.pop_front() {
+            Some(mut j) => {
+                chain.running = j.permits.take();
+                Some(j)
+            }
             None => {
                 chains.remove(key);
                 self.key = None;
@@ -120,7 +147,11 @@ impl Drop for ChainGuard {
         // Reached only when the task unwinds: hand the queue to a new task.
         let next = {
             let mut chains = lock(&self.shared.chains);
-            let next = chains.get_mut(&key).and_then(VecDeque::pop_front);
+            let next = chains.get_mut(&key).and_then(|c| {
+                let mut next = c.queue.pop_front()?;
+                c.running = next.permits.take();
+                Some(next)
+            });
             if next.is_none() {
                 chains.remove(&key);
             }

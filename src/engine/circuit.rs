@@ -1,0 +1,608 @@
+//! A circuit breaker per handler: the receiver's health, judged from failures
+//! that are the receiver's (connect errors, timeouts, 408, 425, 429, 5xx:
+//! [`HandlerError::Unavailable`]) and not the event's.
+//!
+//! - **Closed**: calls go. `failures` receiver failures in a row open it; so does
+//!   one `Retry-After` (the receiver asked the whole handler to wait). Any other
+//!   answer (a success, or a failure about this event) resets the count.
+//! - **Open**: no call of the handler starts; events wait in their chains, in
+//!   order, and the engine pauses the handler's partitions. After the open
+//!   period (`probe_after`, doubled per failed probe up to `probe_max`, with
+//!   jitter; or the `Retry-After`, at most `probe_max`) it is half-open.
+//! - **Half-open**: one probe: the next waiting event's real call, or a `GET` of
+//!   `health_url`. A receiver that answers closes it (and the handler's
+//!   concurrency ramps up from 1); a receiver failure opens it again.
+//!
+//! An attempt that fails for the receiver while the circuit is open, or that opens
+//! it, is the outage's and not the event's: the executor does not charge it to the
+//! event's `retry` budget, and an event that waited for the circuit starts its
+//! budget afresh.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::config::{CircuitConfig, HandlerConfig};
+use crate::handler::HandlerError;
+use crate::metrics::names;
+
+/// How often a waiting event looks again whether its partition is still owned.
+const OWNERSHIP_TICK: Duration = Duration::from_millis(200);
+
+/// The circuits of all handlers, parallel to `config.handlers`, and one signal
+/// for the engine that some circuit changed state.
+pub struct Circuits {
+    by_handler: Vec<Arc<Circuit>>,
+    changed: Arc<watch::Sender<u64>>,
+}
+
+impl Circuits {
+    pub fn new(handlers: &[HandlerConfig]) -> Circuits {
+        let changed = Arc::new(watch::Sender::new(0));
+        let by_handler = handlers.iter().map(|h| Arc::new(Circuit::new(h, changed.clone()))).collect();
+        Circuits { by_handler, changed }
+    }
+
+    /// The circuit of `handlers[index]`.
+    pub fn get(&self, index: usize) -> &Arc<Circuit> {
+        &self.by_handler[index]
+    }
+
+    /// Every circuit, in handler order.
+    pub fn all(&self) -> &[Arc<Circuit>] {
+        &self.by_handler
+    }
+
+    /// Told whenever a circuit opens or closes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Names of handlers whose circuit is not closed.
+    pub fn degraded(&self) -> Vec<String> {
+        self.by_handler.iter().filter(|c| c.is_open()).map(|c| c.name.clone()).collect()
+    }
+
+    /// Brings the open-seconds gauges up to now (for a `/metrics` scrape).
+    pub fn refresh_metrics(&self) {
+        for c in &self.by_handler {
+            let open = c.view().open_seconds_total;
+            metrics::gauge!(names::CIRCUIT_OPEN_SECONDS, "handler" => c.name.clone()).set(open);
+        }
+    }
+}
+
+/// The state of one handler's circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// What a circuit looks like now, for `/readyz`, the admin API (`GET /v1/handlers`)
+/// and `store stats` of a running service.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CircuitView {
+    /// The handler's `name`.
+    pub handler: String,
+    /// `closed`, `open` or `half_open`.
+    pub state: String,
+    /// Receiver failures in a row while closed.
+    pub failures: u32,
+    /// Seconds since it last left `closed` (absent while closed).
+    pub open_for_seconds: Option<f64>,
+    /// Seconds until the next probe (while open).
+    pub next_probe_in_seconds: Option<f64>,
+    /// The receiver failure that last counted.
+    pub last_failure: Option<String>,
+    /// Seconds it has not been closed since start.
+    pub open_seconds_total: f64,
+    /// State changes since start.
+    pub transitions: u64,
+}
+
+impl CircuitView {
+    /// One row of the handlers table `store stats` prints.
+    pub fn row(&self) -> Vec<String> {
+        let secs = |s: Option<f64>| s.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}s"));
+        vec![
+            self.handler.clone(),
+            self.state.clone(),
+            secs(self.open_for_seconds),
+            secs(self.next_probe_in_seconds),
+            self.failures.to_string(),
+            self.last_failure.clone().unwrap_or_else(|| "-".to_owned()),
+        ]
+    }
+
+    /// The header of [`CircuitView::row`].
+    pub const HEADER: [&'static str; 6] =
+        ["handler", "circuit", "open for", "next probe in", "failures in a row", "last receiver failure"];
+}
+
+/// How an attempt went, as the circuit sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// The receiver answered: a success, or a failure about this event.
+    Answered,
+    /// The receiver failed as it would for any event.
+    Down { reason: String, retry_after: Option<Duration> },
+}
+
+impl Health {
+    pub fn of<T>(result: &Result<T, HandlerError>) -> Health {
+        match result {
+            Err(HandlerError::Unavailable { reason, retry_after }) => {
+                Health::Down { reason: reason.clone(), retry_after: *retry_after }
+            }
+            _ => Health::Answered,
+        }
+    }
+}
+
+/// What waiting for the circuit came to.
+pub enum Admit<'a> {
+    /// Call now.
+    Go(Pass<'a>),
+    /// The event's partition is no longer owned: leave it to the new owner.
+    Moved,
+    /// Open for longer than `give_up_after`: record the event dead with this reason.
+    GaveUp(String),
+}
+
+/// Leave to make one call. A probe's pass that is dropped unused (the event
+/// turned out to be a duplicate, or its partition moved) lets another waiter probe.
+pub struct Pass<'a> {
+    circuit: &'a Circuit,
+    probe: bool,
+    /// The event waited for an open circuit before this call.
+    waited: bool,
+}
+
+impl Pass<'_> {
+    /// The event waited for an open circuit: the failures before were the outage's.
+    pub fn waited(&self) -> bool {
+        self.waited
+    }
+
+    /// The circuit opened since this ordinary pass was given: the call must not start.
+    pub fn stale(&self) -> bool {
+        !self.probe && self.circuit.is_open()
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if self.probe {
+            self.circuit.release_probe();
+        }
+    }
+}
+
+/// One handler's circuit.
+pub struct Circuit {
+    pub name: String,
+    config: CircuitConfig,
+    inner: Mutex<Inner>,
+    /// Wakes the events that wait, on every state change.
+    wake: Notify,
+    changed: Arc<watch::Sender<u64>>,
+    /// For `health_url` probes.
+    health: Option<(reqwest::Client, String)>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    phase: Phase,
+    /// Receiver failures in a row while closed.
+    failures: u32,
+    /// The open period the next failed probe doubles.
+    backoff: Duration,
+    /// When it last left closed.
+    left_closed: Option<Instant>,
+    /// Time not closed, before `left_closed`.
+    open_total: Duration,
+    last_failure: Option<String>,
+    transitions: u64,
+    /// Times it closed again.
+    closes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Closed,
+    Open {
+        until: Instant,
+    },
+    /// `probing`: a probe call is out.
+    HalfOpen {
+        probing: bool,
+    },
+}
+
+impl Circuit {
+    fn new(h: &HandlerConfig, changed: Arc<watch::Sender<u64>>) -> Circuit {
+        let timeout = match &h.spec {
+            crate::config::HandlerSpec::Http(http) => http.timeout,
+            crate::config::HandlerSpec::Log => Duration::from_secs(10),
+        };
+        let health = h.circuit.health_url.as_ref().and_then(|url| {
+            let client = reqwest::Client::builder().timeout(timeout).build().ok()?;
+            Some((client, url.clone()))
+        });
+        let c = Circuit {
+            name: h.name.clone(),
+            config: h.circuit.clone(),
+            inner: Mutex::new(Inner {
+                phase: Phase::Closed,
+                failures: 0,
+                backoff: h.circuit.probe_after,
+                left_closed: None,
+                open_total: Duration::ZERO,
+                last_failure: None,
+                transitions: 0,
+                closes: 0,
+            }),
+            wake: Notify::new(),
+            changed,
+            health,
+        };
+        c.gauge(State::Closed);
+        c
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether it is open or half-open: no ordinary call starts.
+    pub fn is_open(&self) -> bool {
+        self.lock().phase != Phase::Closed
+    }
+
+    /// How often it closed again after being open: the concurrency limit ramps up anew after each.
+    pub fn closes(&self) -> u64 {
+        self.lock().closes
+    }
+
+    pub fn state(&self) -> State {
+        match self.lock().phase {
+            Phase::Closed => State::Closed,
+            Phase::Open { .. } => State::Open,
+            Phase::HalfOpen { .. } => State::HalfOpen,
+        }
+    }
+
+    pub fn view(&self) -> CircuitView {
+        let now = Instant::now();
+        let i = self.lock();
+        let state = match i.phase {
+            Phase::Closed => State::Closed,
+            Phase::Open { .. } => State::Open,
+            Phase::HalfOpen { .. } => State::HalfOpen,
+        };
+        let open_for = i.left_closed.map(|t| now.saturating_duration_since(t));
+        CircuitView {
+            handler: self.name.clone(),
+            state: state.as_str().to_owned(),
+            failures: i.failures,
+            open_for_seconds: open_for.map(|d| d.as_secs_f64()),
+            next_probe_in_seconds: match i.phase {
+                Phase::Open { until } => Some(until.saturating_duration_since(now).as_secs_f64()),
+                _ => None,
+            },
+            last_failure: i.last_failure.clone(),
+            open_seconds_total: (i.open_total + open_for.unwrap_or_default()).as_secs_f64(),
+            transitions: i.transitions,
+        }
+    }
+
+    /// Waits until a call may start: at once while closed; while open, until this
+    /// event may probe or another's probe closed it. `owned` is asked every
+    /// [`OWNERSHIP_TICK`] while waiting.
+    pub async fn admit(&self, owned: &(dyn Fn() -> bool + Send + Sync + '_)) -> Admit<'_> {
+        if !self.config.enabled {
+            return Admit::Go(Pass { circuit: self, probe: false, waited: false });
+        }
+        let mut waited = false;
+        loop {
+            let woken = self.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let now = Instant::now();
+            let until = {
+                let mut i = self.lock();
+                match i.phase {
+                    Phase::Closed => return Admit::Go(Pass { circuit: self, probe: false, waited }),
+                    Phase::Open { until } if now >= until => {
+                        self.enter(&mut i, Phase::HalfOpen { probing: true });
+                        if self.health.is_none() {
+                            return Admit::Go(Pass { circuit: self, probe: true, waited: true });
+                        }
+                        None
+                    }
+                    Phase::HalfOpen { probing: false } => {
+                        i.phase = Phase::HalfOpen { probing: true };
+                        if self.health.is_none() {
+                            return Admit::Go(Pass { circuit: self, probe: true, waited: true });
+                        }
+                        None
+                    }
+                    Phase::Open { until } => Some(until),
+                    Phase::HalfOpen { probing: true } => Some(now + OWNERSHIP_TICK),
+                }
+            };
+            waited = true;
+            let Some(until) = until else {
+                // This event probes with `health_url`, then waits like the others.
+                self.probe_health().await;
+                continue;
+            };
+            if let Some(reason) = self.given_up() {
+                return Admit::GaveUp(reason);
+            }
+            let tick = (now + OWNERSHIP_TICK).min(until);
+            tokio::select! {
+                () = &mut woken => {}
+                () = tokio::time::sleep_until(tick) => {}
+            }
+            if !owned() {
+                return Admit::Moved;
+            }
+        }
+    }
+
+    /// `give_up_after` has passed since the circuit opened.
+    fn given_up(&self) -> Option<String> {
+        let limit = self.config.give_up_after?;
+        let i = self.lock();
+        let open_for = i.left_closed?.elapsed();
+        (open_for >= limit).then(|| {
+            format!(
+                "the receiver was unavailable for {open_for:?}, longer than circuit.give_up_after ({limit:?}); last failure: {}",
+                i.last_failure.as_deref().unwrap_or("unknown")
+            )
+        })
+    }
+
+    async fn probe_health(&self) {
+        let Some((client, url)) = &self.health else { return };
+        let health = match client.get(url).send().await {
+            Ok(r) if r.status().is_success() => Health::Answered,
+            Ok(r) => Health::Down { reason: format!("health_url: http {}", r.status().as_u16()), retry_after: None },
+            Err(e) => Health::Down { reason: format!("health_url: {}", e.without_url()), retry_after: None },
+        };
+        self.settle(true, &health);
+    }
+
+    /// Records how a call made under `pass` went. Returns true when the circuit is
+    /// open now: a receiver failure then is the outage's, not the event's.
+    pub fn record(&self, mut pass: Pass<'_>, health: &Health) -> bool {
+        let probe = std::mem::replace(&mut pass.probe, false);
+        if !self.config.enabled {
+            return false;
+        }
+        self.settle(probe, health)
+    }
+
+    fn settle(&self, probe: bool, health: &Health) -> bool {
+        let mut i = self.lock();
+        match (health, i.phase) {
+            (Health::Answered, Phase::Closed) => i.failures = 0,
+            (Health::Answered, Phase::HalfOpen { .. }) if probe => self.enter(&mut i, Phase::Closed),
+            // A call started before it opened: the probe decides.
+            (Health::Answered, _) => {}
+            (Health::Down { reason, retry_after }, phase) => {
+                i.last_failure = Some(reason.clone());
+                let retry_after = retry_after.map(|ra| ra.min(self.config.probe_max));
+                match phase {
+                    Phase::Closed => {
+                        i.failures += 1;
+                        if let Some(ra) = retry_after {
+                            self.open(&mut i, ra, "the receiver asked to wait (Retry-After)");
+                        } else if i.failures >= self.config.failures {
+                            i.backoff = self.config.probe_after;
+                            let d = jitter(i.backoff);
+                            self.open(&mut i, d, "receiver failures in a row");
+                        }
+                    }
+                    Phase::HalfOpen { .. } if probe => {
+                        i.backoff = i.backoff.saturating_mul(2).min(self.config.probe_max);
+                        let d = retry_after.unwrap_or_else(|| jitter(i.backoff));
+                        self.open(&mut i, d, "the probe failed");
+                    }
+                    Phase::Open { until } => {
+                        if let Some(ra) = retry_after {
+                            i.phase = Phase::Open { until: until.max(Instant::now() + ra) };
+                        }
+                    }
+                    Phase::HalfOpen { .. } => {}
+                }
+            }
+        }
+        i.phase != Phase::Closed
+    }
+
+    fn open(&self, i: &mut Inner, d: Duration, why: &str) {
+        let until = Instant::now() + d;
+        let first = i.phase == Phase::Closed;
+        self.enter(i, Phase::Open { until });
+        let last = i.last_failure.as_deref().unwrap_or("");
+        if first {
+            warn!(handler = %self.name, failures = i.failures, last_failure = %last, next_probe_in = ?d,
+                "circuit opened ({why}): no new call of this handler starts and its partitions pause; waiting events keep their order and their retry budget");
+        } else {
+            info!(handler = %self.name, last_failure = %last, next_probe_in = ?d, "circuit stays open ({why})");
+        }
+    }
+
+    /// A probe pass went unused: another waiter may probe.
+    fn release_probe(&self) {
+        let mut i = self.lock();
+        if i.phase == (Phase::HalfOpen { probing: true }) {
+            i.phase = Phase::HalfOpen { probing: false };
+            drop(i);
+            self.wake.notify_waiters();
+        }
+    }
+
+    /// Moves to `phase`: logs, counts and wakes the waiters.
+    fn enter(&self, i: &mut Inner, phase: Phase) {
+        let from = i.phase;
+        i.phase = phase;
+        let to = match phase {
+            Phase::Closed => State::Closed,
+            Phase::Open { .. } => State::Open,
+            Phase::HalfOpen { .. } => State::HalfOpen,
+        };
+        let was_closed = from == Phase::Closed;
+        if std::mem::discriminant(&from) == std::mem::discriminant(&phase) {
+            return;
+        }
+        i.transitions += 1;
+        match to {
+            State::Closed => {
+                let open_for = i.left_closed.take().map(|t| t.elapsed()).unwrap_or_default();
+                i.open_total += open_for;
+                i.failures = 0;
+                i.backoff = self.config.probe_after;
+                i.closes += 1;
+                info!(handler = %self.name, ?open_for, "circuit closed: the receiver answers again; calls ramp up");
+            }
+            State::HalfOpen => info!(handler = %self.name, "circuit half-open: one probe call"),
+            State::Open if was_closed => i.left_closed = Some(Instant::now()),
+            State::Open => {}
+        }
+        metrics::counter!(names::CIRCUIT_TRANSITIONS, "handler" => self.name.clone(), "to" => to.as_str()).increment(1);
+        self.gauge(to);
+        if to == State::Closed || was_closed {
+            self.changed.send_modify(|n| *n += 1);
+        }
+        self.wake.notify_waiters();
+    }
+
+    fn gauge(&self, now: State) {
+        for s in [State::Closed, State::Open, State::HalfOpen] {
+            let v = if s == now { 1.0 } else { 0.0 };
+            metrics::gauge!(names::CIRCUIT, "handler" => self.name.clone(), "state" => s.as_str()).set(v);
+        }
+    }
+}
+
+/// Uniform in `d/2..=d`: waiters of several instances do not probe in step, and
+/// the schedule stays close to what it says.
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(0.5 + rand::random::<f64>() / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn circuit(failures: u32) -> Circuit {
+        let config = crate::config::Config::parse(
+            &format!(
+                r#"
+                [kafka]
+                brokers = "127.0.0.1:9"
+                group_id = "g"
+                [store]
+                path = "/nonexistent"
+                [[handlers]]
+                topics = ["t"]
+                kind = "log"
+                [handlers.circuit]
+                failures = {failures}
+                probe_after = "50ms"
+                probe_max = "200ms"
+                "#
+            ),
+            &|_| None,
+        )
+        .expect("config");
+        Circuit::new(&config.handlers[0], Arc::new(watch::Sender::new(0)))
+    }
+
+    fn down() -> Health {
+        Health::Down { reason: "could not connect".into(), retry_after: None }
+    }
+
+    async fn go(c: &Circuit) -> Pass<'_> {
+        match c.admit(&|| true).await {
+            Admit::Go(p) => p,
+            _ => panic!("expected a pass"),
+        }
+    }
+
+    #[tokio::test]
+    async fn failures_in_a_row_open_it_and_an_answer_between_resets_the_count() {
+        let c = circuit(3);
+        assert!(!c.record(go(&c).await, &down()));
+        assert!(!c.record(go(&c).await, &Health::Answered));
+        assert!(!c.record(go(&c).await, &down()));
+        assert!(!c.record(go(&c).await, &down()));
+        assert!(c.record(go(&c).await, &down()), "the third in a row opens it");
+        assert_eq!(c.state(), State::Open);
+    }
+
+    #[tokio::test]
+    async fn one_probe_at_a_time_and_an_answer_closes_it() {
+        let c = circuit(1);
+        assert!(c.record(go(&c).await, &down()));
+        let probe = go(&c).await;
+        assert!(probe.probe && probe.waited());
+        assert_eq!(c.state(), State::HalfOpen);
+        // A second waiter does not get through while the probe is out.
+        let second = tokio::time::timeout(Duration::from_millis(300), c.admit(&|| true)).await;
+        assert!(second.is_err(), "only one probe while half-open");
+        assert!(!c.record(probe, &Health::Answered));
+        assert_eq!(c.state(), State::Closed);
+        assert!(!go(&c).await.probe);
+    }
+
+    #[tokio::test]
+    async fn a_failed_probe_opens_it_again_and_an_unused_probe_passes_on() {
+        let c = circuit(1);
+        c.record(go(&c).await, &down());
+        let probe = go(&c).await;
+        assert!(c.record(probe, &down()));
+        assert_eq!(c.state(), State::Open);
+        let unused = go(&c).await;
+        assert!(unused.probe);
+        drop(unused);
+        let next = go(&c).await;
+        assert!(next.probe, "the dropped probe's turn goes to the next waiter");
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_opens_it_at_once_for_that_long_at_most_probe_max() {
+        let c = circuit(3);
+        let h = Health::Down { reason: "http 429".into(), retry_after: Some(Duration::from_secs(3600)) };
+        assert!(c.record(go(&c).await, &h));
+        let v = c.view();
+        assert_eq!(v.state, "open");
+        assert!(v.next_probe_in_seconds.unwrap() <= 0.2, "capped at probe_max: {v:?}");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_whose_partition_moved_is_let_go() {
+        let c = circuit(1);
+        c.record(go(&c).await, &down());
+        let _probe = go(&c).await;
+        assert!(matches!(c.admit(&|| false).await, Admit::Moved));
+    }
+}
