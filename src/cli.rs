@@ -224,10 +224,22 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
     match cmd {
         StoreCommand::Stats(args) => {
             let stats = api.stats().await?;
+            let handlers = api.handlers().await?;
             if args.json {
-                println!("{}", serde_json::to_string(&stats)?);
+                let mut json = serde_json::to_value(&stats)?;
+                if let (Some(h), Some(map)) = (&handlers, json.as_object_mut()) {
+                    map.insert("handlers".to_owned(), serde_json::to_value(h)?);
+                }
+                println!("{json}");
             } else {
                 println!("{}\n{}", api.source(), view::stats_table(&stats));
+                if let Some(handlers) = handlers {
+                    let mut t = view::table(&crate::engine::CircuitView::HEADER);
+                    for h in &handlers {
+                        t.add_row(h.row());
+                    }
+                    println!("{t}");
+                }
             }
         }
         StoreCommand::Get { event_id, args } => {

@@ -159,6 +159,8 @@ pub struct OffsetTracker {
     rejoin: bool,
     /// Partitions fenced so far.
     fenced: u64,
+    /// The group gave this member an assignment (maybe empty) at least once.
+    joined: bool,
 }
 
 impl OffsetTracker {
@@ -407,6 +409,17 @@ impl OffsetTracker {
     /// for its restore (whose end resumes it).
     pub fn may_fetch(&self, partition: &PartitionId) -> bool {
         self.partitions.get(partition).is_some_and(|p| !p.restoring)
+    }
+
+    /// The group assigned this member partitions (maybe none): it is a member.
+    pub fn join(&mut self) {
+        self.joined = true;
+    }
+
+    /// Whether the group has assigned this member at least once (a spare member
+    /// with no partition is still a member, ready to take some).
+    pub fn joined(&self) -> bool {
+        self.joined
     }
 
     /// Partitions currently assigned.

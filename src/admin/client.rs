@@ -148,6 +148,12 @@ impl AdminClient {
         })
     }
 
+    /// `GET /v1/handlers`: each handler's circuit, as `outboxd store stats` shows them.
+    pub async fn handlers(&self) -> Result<Vec<crate::engine::CircuitView>, AdminError> {
+        let req = self.http.get(format!("{}/v1/handlers", self.base));
+        self.call(req, "GET /v1/handlers").await?.ok_or(AdminError::Missing("handlers"))
+    }
+
     /// `GET /v1/stats`: the store's statistics, as `outboxd store stats` shows them.
     pub async fn stats(&self) -> Result<StatsView, AdminError> {
         let req = self.http.get(format!("{}/v1/stats", self.base));

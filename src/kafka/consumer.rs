@@ -103,6 +103,7 @@ impl ConsumerContext for Ctx {
             Rebalance::Assign(tpl) => {
                 let assigned = partitions(tpl);
                 let mut tracker = self.tracker.lock();
+                tracker.join();
                 for p in &assigned {
                     tracker.assign(p.clone());
                 }

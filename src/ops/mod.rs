@@ -70,6 +70,11 @@ pub trait StoreApi {
     fn known_len(&self) -> Option<u64>;
     /// Counts per state, duplicates suppressed, size on disk, oldest/newest.
     async fn stats(&self) -> Result<StatsView, OpsError>;
+    /// The handlers' circuits of the running service; `None` on the store itself
+    /// (no service runs, so no receiver is being judged).
+    async fn handlers(&self) -> Result<Option<Vec<crate::engine::CircuitView>>, OpsError> {
+        Ok(None)
+    }
     /// One record, if there is one.
     async fn get(&self, id: &str) -> Result<Option<RecordView>, OpsError>;
     /// Up to `limit` records in id order (`usize::MAX`: all), optionally of one state and topic.

@@ -31,6 +31,10 @@ impl StoreApi for Remote {
         Ok(self.client.stats().await?)
     }
 
+    async fn handlers(&self) -> Result<Option<Vec<crate::engine::CircuitView>>, OpsError> {
+        Ok(Some(self.client.handlers().await?))
+    }
+
     async fn get(&self, id: &str) -> Result<Option<RecordView>, OpsError> {
         Ok(self.client.get(id).await?)
     }

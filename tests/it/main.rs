@@ -23,6 +23,7 @@ mod fencing;
 mod hostile;
 mod kill_loop;
 mod kubernetes;
+mod resilience;
 mod restore_bounds;
 mod scale;
 mod scale_churn;

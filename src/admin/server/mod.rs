@@ -110,20 +110,30 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// Ready: the store works, a broker is reachable, the group has made this
+/// instance a member (with partitions or, as a spare, none: a rolling update with
+/// more replicas than partitions must go on), nothing is being restored or stalls,
+/// and it is not draining. A handler whose receiver is down (its circuit open) is
+/// named under `degraded` but does not make the instance unready: restarting
+/// outboxd does not heal a receiver, and a rollout that waits for it would stop.
 async fn readyz(State(s): State<Shared>) -> Response {
-    let (partitions, stalled, restoring) = {
+    let (partitions, member, stalled, restoring) = {
         let tracker = s.tracker.lock();
         let restoring: Vec<String> = tracker.restoring().iter().map(|(p, _)| p.to_string()).collect();
-        (tracker.assigned(), tracker.stalled(std::time::Instant::now(), s.stall_timeout), restoring)
+        let stalled = tracker.stalled(std::time::Instant::now(), s.stall_timeout);
+        (tracker.assigned(), tracker.joined(), stalled, restoring)
     };
     let broker = s.broker_up.load(Ordering::Relaxed);
     let draining = s.draining.load(Ordering::Relaxed);
     let store_ok = !s.exec.stopped();
     // A partition being restored handles nothing yet: not ready (a rolling deploy waits).
-    let ready = store_ok && broker && partitions > 0 && !draining && stalled.is_empty() && restoring.is_empty();
+    let ready = store_ok && broker && member && !draining && stalled.is_empty() && restoring.is_empty();
     let stalled: Vec<String> = stalled.iter().map(ToString::to_string).collect();
-    let body = json!({"ready": ready, "store": store_ok, "broker": broker, "partitions": partitions,
-        "draining": draining, "stalled": stalled, "restoring": restoring});
+    let circuits = s.exec.circuits();
+    let handlers: Vec<_> = circuits.all().iter().map(|c| c.view()).collect();
+    let body = json!({"ready": ready, "store": store_ok, "broker": broker, "member": member,
+        "partitions": partitions, "draining": draining, "stalled": stalled, "restoring": restoring,
+        "degraded": circuits.degraded(), "handlers": handlers});
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
 }
@@ -131,6 +141,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
 async fn metrics(State(s): State<Shared>) -> Response {
     let in_flight = s.tracker.lock().unfinished();
     metrics::gauge!(names::IN_FLIGHT).set(in_flight as f64);
+    s.exec.circuits().refresh_metrics();
     match &s.prometheus {
         Some(prometheus) => prometheus.render().into_response(),
         None => {

@@ -39,8 +39,13 @@ struct Retries {
 
 pub(super) fn router(exec: Arc<Executor>) -> Router {
     let local = Local::with_executor(exec.clone());
+    let circuits = exec.circuits().clone();
     let retries = Retries { exec, turns: Arc::new(Semaphore::new(MAX_ADMIN_RETRIES)) };
     Router::new()
+        .route(
+            "/handlers",
+            get(move || async move { Json(circuits.all().iter().map(|c| c.view()).collect::<Vec<_>>()) }),
+        )
         .route("/stats", get(stats))
         .route("/events", get(list))
         .route("/events/{*id}", get(get_event))

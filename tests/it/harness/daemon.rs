@@ -56,6 +56,10 @@ pub struct OutboxdConfig {
     pub handler_extra: String,
     /// More `[handlers.retry]` keys, e.g. `max_elapsed = "5s"`.
     pub retry_extra: String,
+    /// `[handlers.circuit]` keys, e.g. `enabled = false` (the table is left out when empty).
+    pub circuit_extra: String,
+    /// TOML appended after the handler, e.g. more `[[handlers]]` entries.
+    pub extra_toml: String,
     /// More `[admin]` keys, e.g. `token = "..."` or `allowed_hosts = [...]`.
     pub admin_extra: String,
     /// Environment variables of every outboxd process started for this config (the
@@ -116,6 +120,14 @@ impl OutboxdConfig {
         let _ = writeln!(t, "initial_backoff = {}", q(&self.initial_backoff));
         let _ = writeln!(t, "max_backoff = {}", q(&self.max_backoff));
         t.push_str(&self.retry_extra);
+        if !self.circuit_extra.is_empty() {
+            let _ = writeln!(t, "\n[handlers.circuit]");
+            t.push_str(&self.circuit_extra);
+            if !self.circuit_extra.ends_with('\n') {
+                t.push('\n');
+            }
+        }
+        t.push_str(&self.extra_toml);
         t
     }
 }
@@ -124,6 +136,10 @@ impl OutboxdConfig {
 pub fn changelog_off() -> bool {
     std::env::var("OUTBOXD_TEST_CHANGELOG").is_ok_and(|v| v.trim() == "off")
 }
+
+/// `[handlers.circuit]` for tests about one event's own retries: every failure is
+/// charged to the event, as without a circuit (for [`OutboxdConfig::circuit_extra`]).
+pub const NO_CIRCUIT: &str = "enabled = false\n";
 
 /// TOML lines for `[handlers.dead_letter]` (for [`OutboxdConfig::handler_extra`]).
 pub fn dead_letter_toml(topic: &str) -> String {
@@ -228,6 +244,8 @@ impl Outboxd {
             max_backoff: "2s".into(),
             handler_extra: String::new(),
             retry_extra: String::new(),
+            circuit_extra: String::new(),
+            extra_toml: String::new(),
             admin_extra: String::new(),
             env: BTreeMap::new(),
         };

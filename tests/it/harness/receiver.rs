@@ -224,7 +224,10 @@ fn lock(s: &Shared) -> MutexGuard<'_, Inner> {
 
 /// The receiver; dropping it stops the server (held calls are abandoned).
 pub struct Receiver {
-    server: Server,
+    /// `None` while it is away ([`Receiver::go_away`]).
+    server: Option<Server>,
+    addr: SocketAddr,
+    app: Router,
     shared: Shared,
     /// What the default script answers by (a script set with [`Receiver::set_script`]
     /// replaces it).
@@ -242,10 +245,14 @@ pub struct Server {
 
 impl Server {
     pub fn start(thread_name: &str, app: Router) -> Server {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the receiver on 127.0.0.1");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("local addr");
+        Server::start_on(thread_name, app, "127.0.0.1:0".parse().expect("an address"))
+    }
+
+    /// Listens on `addr` (with SO_REUSEADDR, so a receiver that went away can come
+    /// back on its port at once).
+    pub fn start_on(thread_name: &str, app: Router, addr: SocketAddr) -> Server {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (bound, bound_rx) = std::sync::mpsc::channel::<SocketAddr>();
         let thread = std::thread::Builder::new()
             .name(thread_name.into())
             .spawn(move || {
@@ -255,7 +262,11 @@ impl Server {
                     .build()
                     .expect("receiver runtime");
                 rt.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+                    socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+                    socket.bind(addr).unwrap_or_else(|e| panic!("bind the receiver on {addr}: {e}"));
+                    let listener = socket.listen(1024).expect("listen");
+                    bound.send(listener.local_addr().expect("local addr")).expect("the starter waits");
                     tokio::select! {
                         r = axum::serve(listener, app) => r.expect("receiver server"),
                         _ = stopped => {}
@@ -264,6 +275,7 @@ impl Server {
                 rt.shutdown_background();
             })
             .expect("spawn the receiver thread");
+        let addr = bound_rx.recv().expect("the receiver thread binds or panics");
         Server { addr, stop: Some(stop), thread: Some(thread) }
     }
 }
@@ -299,7 +311,20 @@ impl Receiver {
             script: Arc::new(by_behaviour),
         }));
         let app = Router::new().fallback(handle).layer(DefaultBodyLimit::disable()).with_state(shared.clone());
-        Receiver { server: Server::start("receiver", app), shared, behaviours }
+        let server = Server::start("receiver", app.clone());
+        Receiver { addr: server.addr, server: Some(server), app, shared, behaviours }
+    }
+
+    /// Stops listening: calls are refused (connection refused) until [`Receiver::come_back`].
+    /// Calls in flight are cut.
+    pub fn go_away(&mut self) {
+        self.server = None;
+    }
+
+    /// Listens again on the same port, with the same behaviours and the calls seen so far.
+    pub fn come_back(&mut self) {
+        assert!(self.server.is_none(), "the receiver is not away");
+        self.server = Some(Server::start_on("receiver", self.app.clone(), self.addr));
     }
 
     fn behaviours(&self) -> MutexGuard<'_, Behaviours> {
@@ -322,7 +347,7 @@ impl Receiver {
     }
 
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.server.addr)
+        format!("http://{}", self.addr)
     }
 
     /// The handler URL template the tests configure: `/events/{aggregate_id}/{event_id}`.
