@@ -73,7 +73,9 @@
 //! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
 //! - `engine`: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment,
-//!   standby replicas of partitions owned elsewhere (`store.changelog.standby`).
+//!   standby replicas of partitions owned elsewhere (`store.changelog.standby`); `engine::circuit` (a
+//!   handler's receiver health: while open nothing of it starts and its partitions pause) and
+//!   `engine::concurrency` (its adaptive limit of calls in flight).
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest calls to the receivers), `log`, closures.
 //! - `metrics`: metric names and the Prometheus recorder (a leaf).
 //! - `app`: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.

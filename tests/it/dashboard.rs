@@ -32,6 +32,8 @@ const GAUGES: &[&str] = &[
     names::STORE_BYTES,
     names::STALLED,
     names::COPY_BYTES,
+    names::CIRCUIT,
+    names::CONCURRENCY,
 ];
 const HISTOGRAMS: &[&str] = &[names::HANDLER_SECONDS, names::AGE_SECONDS, names::BATCH, names::SYNC_SECONDS];
 /// The series a histogram is queried by.
