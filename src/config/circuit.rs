@@ -134,7 +134,7 @@ impl RawCircuit {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConcurrency {
-    /// `handlers[].concurrency.adaptive`: adapt the limit to the receiver's latency and errors (default true).
+    /// `handlers[].concurrency.adaptive`: adapt the limit to the receiver's latency and errors (default false).
     pub adaptive: Option<bool>,
     /// `handlers[].concurrency.max`: the most calls of this handler in flight (default `store.max_in_flight`).
     pub max: Option<usize>,
@@ -150,9 +150,13 @@ pub struct ConcurrencyConfig {
     pub max: Option<usize>,
 }
 
+/// Off by default: a receiver that fails a share of its calls for reasons other than
+/// load (one call in five answered 503 at random) drives the controller down to one
+/// call in flight, and a single call that then hangs until its timeout holds up every
+/// key (docs/configuration.md has the numbers).
 impl Default for ConcurrencyConfig {
     fn default() -> ConcurrencyConfig {
-        ConcurrencyConfig { adaptive: true, max: None }
+        ConcurrencyConfig { adaptive: false, max: None }
     }
 }
 
@@ -161,6 +165,9 @@ impl RawConcurrency {
         if self.max == Some(0) {
             return Err(ConfigError::field(format!("{at}.concurrency.max"), "must be at least 1"));
         }
-        Ok(ConcurrencyConfig { adaptive: self.adaptive.unwrap_or(true), max: self.max })
+        Ok(ConcurrencyConfig {
+            adaptive: self.adaptive.unwrap_or(ConcurrencyConfig::default().adaptive),
+            max: self.max,
+        })
     }
 }

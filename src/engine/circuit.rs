@@ -220,6 +220,8 @@ struct Inner {
     transitions: u64,
     /// Times it closed again.
     closes: u64,
+    /// When the receiver last answered a call.
+    last_answer: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,6 +258,7 @@ impl Circuit {
                 last_failure: None,
                 transitions: 0,
                 closes: 0,
+                last_answer: None,
             }),
             wake: Notify::new(),
             changed,
@@ -386,21 +389,31 @@ impl Circuit {
             Ok(r) => Health::Down { reason: format!("health_url: http {}", r.status().as_u16()), retry_after: None },
             Err(e) => Health::Down { reason: format!("health_url: {}", e.without_url()), retry_after: None },
         };
-        self.settle(true, &health);
+        self.settle(true, &health, false);
     }
 
-    /// Records how a call made under `pass` went. Returns true when the circuit is
+    /// Records how a call made under `pass` went. `last_chance`: the event has no
+    /// retry left if this failure is charged to it. Returns true when the circuit is
     /// open now: a receiver failure then is the outage's, not the event's.
-    pub fn record(&self, mut pass: Pass<'_>, health: &Health) -> bool {
+    pub fn record(&self, mut pass: Pass<'_>, health: &Health, last_chance: bool) -> bool {
         let probe = std::mem::replace(&mut pass.probe, false);
         if !self.config.enabled {
             return false;
         }
-        self.settle(probe, health)
+        self.settle(probe, health, last_chance)
     }
 
-    fn settle(&self, probe: bool, health: &Health) -> bool {
+    /// Closed, receiver failures open it once `failures` came in a row and the
+    /// receiver has answered nothing for `probe_after`: a receiver that fails a share
+    /// of calls while answering the rest is not down, however often three failures
+    /// meet in a row at a high rate. Without that quiet, an event whose retries this
+    /// failure would use up opens it too (a key alone in flight would otherwise go
+    /// dead before the quiet is over).
+    fn settle(&self, probe: bool, health: &Health, last_chance: bool) -> bool {
         let mut i = self.lock();
+        if *health == Health::Answered {
+            i.last_answer = Some(Instant::now());
+        }
         match (health, i.phase) {
             (Health::Answered, Phase::Closed) => i.failures = 0,
             (Health::Answered, Phase::HalfOpen { .. }) if probe => self.enter(&mut i, Phase::Closed),
@@ -414,7 +427,9 @@ impl Circuit {
                         i.failures += 1;
                         if let Some(ra) = retry_after {
                             self.open(&mut i, ra, "the receiver asked to wait (Retry-After)");
-                        } else if i.failures >= self.config.failures {
+                        } else if i.failures >= self.config.failures
+                            && (last_chance || i.last_answer.is_none_or(|t| t.elapsed() >= self.config.probe_after))
+                        {
                             i.backoff = self.config.probe_after;
                             let d = jitter(i.backoff);
                             self.open(&mut i, d, "receiver failures in a row");
@@ -551,25 +566,40 @@ mod tests {
     #[tokio::test]
     async fn failures_in_a_row_open_it_and_an_answer_between_resets_the_count() {
         let c = circuit(3);
-        assert!(!c.record(go(&c).await, &down()));
-        assert!(!c.record(go(&c).await, &Health::Answered));
-        assert!(!c.record(go(&c).await, &down()));
-        assert!(!c.record(go(&c).await, &down()));
-        assert!(c.record(go(&c).await, &down()), "the third in a row opens it");
+        assert!(!c.record(go(&c).await, &down(), false));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(!c.record(go(&c).await, &Health::Answered, false));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(!c.record(go(&c).await, &down(), false));
+        assert!(!c.record(go(&c).await, &down(), false));
+        assert!(
+            c.record(go(&c).await, &down(), false),
+            "the third in a row, an answer 50 ms (probe_after) ago, opens it"
+        );
         assert_eq!(c.state(), State::Open);
+    }
+
+    #[tokio::test]
+    async fn failures_in_a_row_between_recent_answers_do_not_open_it_unless_an_event_would_go_dead() {
+        let c = circuit(3);
+        assert!(!c.record(go(&c).await, &Health::Answered, false));
+        for _ in 0..10 {
+            assert!(!c.record(go(&c).await, &down(), false), "the receiver answered within probe_after");
+        }
+        assert!(c.record(go(&c).await, &down(), true), "an event's last retry opens it");
     }
 
     #[tokio::test]
     async fn one_probe_at_a_time_and_an_answer_closes_it() {
         let c = circuit(1);
-        assert!(c.record(go(&c).await, &down()));
+        assert!(c.record(go(&c).await, &down(), false));
         let probe = go(&c).await;
         assert!(probe.probe && probe.waited());
         assert_eq!(c.state(), State::HalfOpen);
         // A second waiter does not get through while the probe is out.
         let second = tokio::time::timeout(Duration::from_millis(300), c.admit(&|| true)).await;
         assert!(second.is_err(), "only one probe while half-open");
-        assert!(!c.record(probe, &Health::Answered));
+        assert!(!c.record(probe, &Health::Answered, false));
         assert_eq!(c.state(), State::Closed);
         assert!(!go(&c).await.probe);
     }
@@ -577,9 +607,9 @@ mod tests {
     #[tokio::test]
     async fn a_failed_probe_opens_it_again_and_an_unused_probe_passes_on() {
         let c = circuit(1);
-        c.record(go(&c).await, &down());
+        c.record(go(&c).await, &down(), false);
         let probe = go(&c).await;
-        assert!(c.record(probe, &down()));
+        assert!(c.record(probe, &down(), false));
         assert_eq!(c.state(), State::Open);
         let unused = go(&c).await;
         assert!(unused.probe);
@@ -592,7 +622,7 @@ mod tests {
     async fn a_retry_after_opens_it_at_once_for_that_long_at_most_probe_max() {
         let c = circuit(3);
         let h = Health::Down { reason: "http 429".into(), retry_after: Some(Duration::from_secs(3600)) };
-        assert!(c.record(go(&c).await, &h));
+        assert!(c.record(go(&c).await, &h, false));
         let v = c.view();
         assert_eq!(v.state, "open");
         assert!(v.next_probe_in_seconds.unwrap() <= 0.2, "capped at probe_max: {v:?}");
@@ -601,7 +631,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_whose_partition_moved_is_let_go() {
         let c = circuit(1);
-        c.record(go(&c).await, &down());
+        c.record(go(&c).await, &down(), false);
         let _probe = go(&c).await;
         assert!(matches!(c.admit(&|| false).await, Admit::Moved));
     }

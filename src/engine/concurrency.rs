@@ -32,6 +32,9 @@ const RTT_DEVIATION_SCALE: f64 = 2.5;
 /// The least deviation, as a share of the past mean: a receiver whose round trips
 /// hardly vary is not judged congested by a few percent.
 const MIN_DEVIATION: f64 = 0.05;
+/// Where an adaptive limit starts: a few calls that hang (one event's trouble)
+/// must not hold up every other key before the first round trip has been measured.
+const INITIAL: usize = 16;
 /// The shortest window: a receiver answering in microseconds is not judged per call.
 const MIN_WINDOW: Duration = Duration::from_millis(5);
 
@@ -95,9 +98,9 @@ pub struct Call {
 }
 
 impl Limiter {
-    /// `max` calls at most; adaptive ones start at 1 and ramp up.
+    /// `max` calls at most; adaptive ones start at [`INITIAL`] and ramp up.
     pub fn new(name: &str, max: usize, adaptive: bool) -> Limiter {
-        let start = if adaptive { 1 } else { max };
+        let start = if adaptive { INITIAL.min(max) } else { max };
         let l = Limiter {
             name: name.to_owned(),
             max,
@@ -271,8 +274,8 @@ mod tests {
     fn it_ramps_up_while_held_back_and_backs_off_on_congestion() {
         let mut now = Instant::now();
         let l = limiter(64, true, now);
-        assert_eq!(l.limit(), 1);
-        for _ in 0..6 {
+        assert_eq!(l.limit(), 16);
+        for _ in 0..2 {
             round(&l, &mut now, 100, Signal::Answered);
         }
         assert_eq!(l.limit(), 64, "doubling while ramping, up to max");

@@ -455,6 +455,8 @@ impl Executor {
         let mut attempt = claimed.attempt();
         let mut started = Instant::now();
         let mut delays = backoff(&hc.retry);
+        // Failures charged to the event since its budget (re)started.
+        let mut charged = 0u32;
         let mut admitted = Some(admitted);
         let mut called = false;
         loop {
@@ -478,6 +480,7 @@ impl Executor {
                 // What failed before the wait was the outage's.
                 started = Instant::now();
                 delays = backoff(&hc.retry);
+                charged = 0;
             }
             limiter.follow(circuit.closes());
             let call = limiter.acquire().await;
@@ -495,7 +498,9 @@ impl Executor {
             let result = handler.handle(event).await;
             metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(t.elapsed().as_secs_f64());
             let health = Health::of(&result);
-            let open = circuit.record(pass, &health);
+            let last_chance = charged + 1 >= hc.retry.max_attempts
+                || started.elapsed().saturating_add(hc.retry.max_backoff) >= hc.retry.max_elapsed;
+            let open = circuit.record(pass, &health, last_chance);
             let signal = if matches!(health, Health::Down { .. }) { Signal::Congested } else { Signal::Answered };
             limiter.done(call, signal);
             let (reason, retry_after) = match result {
@@ -516,8 +521,8 @@ impl Executor {
                 }
                 Err(HandlerError::Unavailable { reason, .. }) if open => {
                     // The circuit decides when this event is tried again.
-                    debug!(event_id = %event.id, %topic, partition, offset, attempt, %reason,
-                        "receiver unavailable; waiting for the circuit (not charged to the event's retries)");
+                    warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason,
+                        "handler failed; the receiver is unavailable, waiting for its circuit (not charged to the event's retries)");
                     metrics::counter!(names::NOT_CHARGED, "handler" => hc.name.clone()).increment(1);
                     continue;
                 }
@@ -525,6 +530,7 @@ impl Executor {
                     HandlerError::Unavailable { reason, retry_after } | HandlerError::Retryable { reason, retry_after },
                 ) => (reason, retry_after),
             };
+            charged += 1;
             let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
                 let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
                 self.failed(hc, event, msg, claimed, State::Dead, reason).await?;

@@ -435,3 +435,33 @@ async fn several_instances_ride_out_one_receiver_outage() {
     assert_once_each(&rx, &produced.ids());
     assert_key_order(&rx, &produced);
 }
+
+/// `circuit.give_up_after`: once the circuit has been open that long, the events that
+/// wait are recorded dead with the reason (and their offsets commit) instead of waiting on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_circuit_open_longer_than_give_up_after_dead_letters_the_waiting_events() {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name("give-up"), 1, &[]).await;
+    let mut rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    product_defaults(&mut od);
+    od.config.circuit_extra = "give_up_after = \"3s\"\n".into();
+    rx.go_away();
+    od.start();
+    od.wait_for_assignment().await;
+    let producer = kafka.producer();
+    let ids: Vec<String> = (0..5).map(|_| new_event_id()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        // A key each: nothing is held behind another event of its key.
+        producer.send_event(&topic, &format!("k{i}"), id, Some("Test"), &json!({"i": i})).await;
+    }
+    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    od.wait_until("the waiting events to be given up and committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    od.stop();
+    for id in &ids {
+        let r = od.store_get(id);
+        assert_eq!(r.state, "dead", "{r:?}");
+        let reason = r.reason.unwrap_or_default();
+        assert!(reason.contains("circuit.give_up_after") && reason.contains("could not connect"), "{reason}");
+    }
+}
