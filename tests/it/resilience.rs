@@ -134,6 +134,43 @@ fn probe_bound(t: Duration) -> usize {
     n + 1
 }
 
+/// A topic, a receiver and an instance with the product's retry defaults (and
+/// `configure`'s changes), started and assigned.
+struct Rig {
+    kafka: Kafka,
+    topic: String,
+    rx: Receiver,
+    od: Outboxd,
+    producer: Producer,
+}
+
+async fn rig(prefix: &str, partitions: i32, configure: impl FnOnce(&mut Outboxd, &mut Receiver)) -> Rig {
+    let kafka = Kafka::connect();
+    let topic = kafka.create_topic(&unique_name(prefix), partitions, &[]).await;
+    let mut rx = Receiver::start();
+    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    product_defaults(&mut od);
+    configure(&mut od, &mut rx);
+    od.start();
+    od.wait_for_assignment().await;
+    let producer = kafka.producer();
+    Rig { kafka, topic, rx, od, producer }
+}
+
+impl Rig {
+    async fn wait_committed(&mut self) {
+        let offsets = self.kafka.offsets(&self.od.config.group_id, &self.topic);
+        self.od.wait_until("the committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    }
+}
+
+/// What an outage must not cost: a dead letter, a lost or repeated event, or a call out of its key's order.
+fn assert_outage_cost_nothing(stores: &[&Outboxd], rx: &Receiver, produced: &Produced) {
+    assert_eq!(stores.iter().map(|od| dead(od)).sum::<u64>(), 0, "an outage costs no dead letter");
+    assert_once_each(rx, &produced.ids());
+    assert_key_order(rx, produced);
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Outage {
     /// The receiver stops listening (connection refused) and comes back on its port.
@@ -144,15 +181,7 @@ enum Outage {
 
 /// Load before, during and after an outage, with the defaults.
 async fn ride_out(kind: Outage) {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("outage"), 2, &[]).await;
-    let mut rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
-    product_defaults(&mut od);
-    od.config.max_in_flight = 64;
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    let Rig { kafka, topic, mut rx, mut od, producer } = rig("outage", 2, |od, _| od.config.max_in_flight = 64).await;
     let mut produced = Produced::default();
     produced.send(&producer, &topic, 200).await;
     wait_all_ok(&mut od, &rx, &produced.ids(), HANDLED_TIMEOUT).await;
@@ -186,12 +215,12 @@ async fn ride_out(kind: Outage) {
     produced.send(&producer, &topic, 50).await;
     wait_all_ok(&mut od, &rx, &produced.ids(), AFTER_RETURN).await;
     let caught_up = back.elapsed();
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.wait_until("the committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
-    od.assert_alive();
-    let m = try_scrape(&od).await.expect("metrics");
-    let transitions = sample(&m, "outboxd_handler_circuit_transitions_total", &[("handler", &topic)]);
-    od.stop();
+    let mut r = Rig { kafka, topic, rx, od, producer };
+    r.wait_committed().await;
+    r.od.assert_alive();
+    let m = try_scrape(&r.od).await.expect("metrics");
+    let transitions = sample(&m, "outboxd_handler_circuit_transitions_total", &[("handler", &r.topic)]);
+    r.od.stop();
 
     eprintln!(
         "[resilience] {kind:?} for {:?}: {} events, {during} calls during the outage, {transitions} circuit transitions, \
@@ -199,9 +228,7 @@ async fn ride_out(kind: Outage) {
         outage(),
         produced.0.len()
     );
-    assert_eq!(dead(&od), 0, "an outage costs no dead letter");
-    assert_once_each(&rx, &produced.ids());
-    assert_key_order(&rx, &produced);
+    assert_outage_cost_nothing(&[&r.od], &r.rx, &produced);
     assert!(transitions >= 2.0, "the circuit opened and closed: {transitions} transitions");
     if let Outage::Unavailable = kind {
         // In flight when it opened (at most max_in_flight), then one probe per open period.
@@ -226,21 +253,16 @@ async fn a_receiver_answering_503_sees_only_the_probe_schedule_and_nothing_goes_
 /// within their own budget (5 attempts), and the circuit never opens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_events_amid_healthy_traffic_go_dead_within_their_budget_and_the_circuit_stays_closed() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("poison"), 2, &[]).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
-    product_defaults(&mut od);
     let (rejected, failing) = (new_event_id(), new_event_id());
     let (r, f) = (rejected.clone(), failing.clone());
-    rx.set_script(move |req| match req.event_id.as_deref() {
-        Some(id) if id == r => Reply::status(400),
-        Some(id) if id == f => Reply::status(500),
-        _ => Reply::ok(),
-    });
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    let Rig { kafka, topic, rx, mut od, producer } = rig("poison", 2, |_, rx| {
+        rx.set_script(move |req| match req.event_id.as_deref() {
+            Some(id) if id == r => Reply::status(400),
+            Some(id) if id == f => Reply::status(500),
+            _ => Reply::ok(),
+        })
+    })
+    .await;
     let mut produced = Produced::default();
     produced.send(&producer, &topic, 20).await;
     producer.send_event(&topic, "poison-1", &rejected, Some("Test"), &json!({})).await;
@@ -272,20 +294,15 @@ async fn poison_events_amid_healthy_traffic_go_dead_within_their_budget_and_the_
 /// event starts meanwhile; then it resumes, the 429'd event included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_pauses_the_whole_handler_then_it_resumes() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("retry-after-429"), 2, &[]).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
-    product_defaults(&mut od);
     let limited = new_event_id();
     let l = limited.clone();
-    rx.set_script(move |req| match (req.event_id.as_deref(), req.nth) {
-        (Some(id), 1) if id == l => Reply::status(429).retry_after("5"),
-        _ => Reply::ok().delay(Duration::from_millis(20)),
-    });
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    let Rig { topic, rx, mut od, producer, .. } = rig("retry-after-429", 2, |_, rx| {
+        rx.set_script(move |req| match (req.event_id.as_deref(), req.nth) {
+            (Some(id), 1) if id == l => Reply::status(429).retry_after("5"),
+            _ => Reply::ok().delay(Duration::from_millis(20)),
+        })
+    })
+    .await;
     let mut produced = Produced::default();
     produced.send(&producer, &topic, 50).await;
     producer.send_event(&topic, "limited", &limited, Some("Test"), &json!({})).await;
@@ -357,43 +374,31 @@ async fn one_receiver_away_does_not_hold_up_another_handlers_topics() {
     down.come_back();
     wait_all_ok(&mut od, &down, &backlog.ids(), AFTER_RETURN + Duration::from_secs(30)).await;
     od.stop();
-    assert_eq!(dead(&od), 0);
+    assert_outage_cost_nothing(&[&od], &down, &backlog);
     assert_once_each(&up, &flowing.ids());
-    assert_once_each(&down, &backlog.ids());
-    assert_key_order(&down, &backlog);
 }
 
 /// SIGKILL while the circuit is open: after the restart the circuit opens again on
 /// its own (the events are redelivered and fail), nothing is lost, each runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_while_the_circuit_is_open_loses_nothing_and_it_opens_again() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("outage-kill"), 2, &[]).await;
-    let mut rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
-    product_defaults(&mut od);
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    let mut r = rig("outage-kill", 2, |_, _| {}).await;
     let mut produced = Produced::default();
-    produced.send(&producer, &topic, 50).await;
-    wait_all_ok(&mut od, &rx, &produced.ids(), HANDLED_TIMEOUT).await;
-    rx.go_away();
-    produced.send(&producer, &topic, 100).await;
-    wait_degraded(&od, &topic).await;
-    od.kill();
-    od.start();
-    od.wait_for_assignment().await;
-    let r = wait_degraded(&od, &topic).await;
-    eprintln!("[resilience] after the restart: {}", r["handlers"]);
-    rx.come_back();
-    wait_all_ok(&mut od, &rx, &produced.ids(), AFTER_RETURN + Duration::from_secs(30)).await;
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.wait_until("the committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
-    od.stop();
-    assert_eq!(dead(&od), 0);
-    assert_once_each(&rx, &produced.ids());
-    assert_key_order(&rx, &produced);
+    produced.send(&r.producer, &r.topic, 50).await;
+    wait_all_ok(&mut r.od, &r.rx, &produced.ids(), HANDLED_TIMEOUT).await;
+    r.rx.go_away();
+    produced.send(&r.producer, &r.topic, 100).await;
+    wait_degraded(&r.od, &r.topic).await;
+    r.od.kill();
+    r.od.start();
+    r.od.wait_for_assignment().await;
+    let after = wait_degraded(&r.od, &r.topic).await;
+    eprintln!("[resilience] after the restart: {}", after["handlers"]);
+    r.rx.come_back();
+    wait_all_ok(&mut r.od, &r.rx, &produced.ids(), AFTER_RETURN + Duration::from_secs(30)).await;
+    r.wait_committed().await;
+    r.od.stop();
+    assert_outage_cost_nothing(&[&r.od], &r.rx, &produced);
 }
 
 /// Two instances (changelog on) ride out one receiver outage: no dead letter, no
@@ -431,35 +436,27 @@ async fn several_instances_ride_out_one_receiver_outage() {
     }
     a.stop();
     b.stop();
-    assert_eq!(dead(&a) + dead(&b), 0);
-    assert_once_each(&rx, &produced.ids());
-    assert_key_order(&rx, &produced);
+    assert_outage_cost_nothing(&[&a, &b], &rx, &produced);
 }
 
 /// `circuit.give_up_after`: once the circuit has been open that long, the events that
 /// wait are recorded dead with the reason (and their offsets commit) instead of waiting on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_circuit_open_longer_than_give_up_after_dead_letters_the_waiting_events() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("give-up"), 1, &[]).await;
-    let mut rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
-    product_defaults(&mut od);
-    od.config.circuit_extra = "give_up_after = \"3s\"\n".into();
-    rx.go_away();
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    let mut r = rig("give-up", 1, |od, rx| {
+        od.config.circuit_extra = "give_up_after = \"3s\"\n".into();
+        rx.go_away();
+    })
+    .await;
     let ids: Vec<String> = (0..5).map(|_| new_event_id()).collect();
     for (i, id) in ids.iter().enumerate() {
         // A key each: nothing is held behind another event of its key.
-        producer.send_event(&topic, &format!("k{i}"), id, Some("Test"), &json!({"i": i})).await;
+        r.producer.send_event(&r.topic, &format!("k{i}"), id, Some("Test"), &json!({"i": i})).await;
     }
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.wait_until("the waiting events to be given up and committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
-    od.stop();
+    r.wait_committed().await;
+    r.od.stop();
     for id in &ids {
-        let r = od.store_get(id);
+        let r = r.od.store_get(id);
         assert_eq!(r.state, "dead", "{r:?}");
         let reason = r.reason.unwrap_or_default();
         assert!(reason.contains("circuit.give_up_after") && reason.contains("could not connect"), "{reason}");
