@@ -72,6 +72,8 @@
 //! - `offsets`: per-partition tracker of the next committable offset.
 //! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
+//!   `kafka::health`: the brokers' reachability, which every client reports to: one warning when they are away,
+//!   a summary per interval, one line when they are back (`/readyz`, `outboxd_broker_reachable`).
 //! - `engine`: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment,
 //!   standby replicas of partitions owned elsewhere (`store.changelog.standby`); `engine::circuit` (a
 //!   handler's receiver health: while open nothing of it starts and its partitions pause) and

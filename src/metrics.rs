@@ -33,6 +33,11 @@ pub mod names {
     pub const LAG: &str = "outboxd_consumer_lag";
     /// Gauge: the committed offset, per partition.
     pub const COMMITTED: &str = "outboxd_committed_offset";
+    /// Gauge: 1 while the brokers are reachable (`/readyz` `broker`), 0 otherwise.
+    pub const BROKER_REACHABLE: &str = "outboxd_broker_reachable";
+    /// Connection errors librdkafka reported (label `client`: `consumer`, `changelog`,
+    /// `dead_letters`, `restore`, `admin`), each a debug line; the log summarizes them.
+    pub const BROKER_CONNECTION_ERRORS: &str = "outboxd_broker_connection_errors_total";
     /// Gauge: records in the store, per `state`.
     pub const RECORDS: &str = "outboxd_store_records";
     /// Gauge: the store's size on disk, in bytes.
@@ -141,6 +146,11 @@ fn describe() {
     describe_gauge!(names::IN_FLIGHT, "Events consumed and not yet finished.");
     describe_gauge!(names::LAG, "High watermark minus committed offset, per partition.");
     describe_gauge!(names::COMMITTED, "Committed offset per partition.");
+    describe_gauge!(names::BROKER_REACHABLE, "1 while the Kafka brokers are reachable, 0 otherwise.");
+    describe_counter!(
+        names::BROKER_CONNECTION_ERRORS,
+        "Connection errors librdkafka reported, per client; the log summarizes them instead of one line each."
+    );
     describe_gauge!(names::RECORDS, "Records in the store per state.");
     describe_gauge!(names::STORE_BYTES, Unit::Bytes, "Size of the store on disk.");
     describe_histogram!(names::BATCH, "Records made durable by one group commit.");

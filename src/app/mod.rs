@@ -18,7 +18,7 @@ pub use rebuild::{rebuild, Rebuilt};
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -106,14 +106,16 @@ impl App {
         let App { config, custom, install_metrics } = self;
         crate::engine::check_custom_topics(&config, &custom)?;
         let store = open_store(&config)?;
+        // Before the first client: what they count while start-up waits for the brokers is kept.
+        let prometheus =
+            if install_metrics { Some(crate::metrics::install().context("setting up metrics")?) } else { None };
+        let broker = kafka::BrokerHealth::of(&config.kafka);
         let (restore, plan) = changelog(&config, &store).await?;
         let token = CancellationToken::new();
         let mut tracker = if restore.is_some() { OffsetTracker::with_restore() } else { OffsetTracker::default() };
         tracker.fence_after(config.kafka.fence_after);
         let tracker = Tracker::new(tracker);
         let subscriptions = config.subscriptions();
-        let prometheus =
-            if install_metrics { Some(crate::metrics::install().context("setting up metrics")?) } else { None };
         tokio::pin!(shutdown);
         if let Some(setup) = &restore {
             // Before the consumer joins the group: nothing is handled until the changelog has every record.
@@ -126,10 +128,8 @@ impl App {
                 }
             }
         }
-        let broker_up = Arc::new(AtomicBool::new(false));
         let consumer = Arc::new(
-            Consumer::build(&config.kafka, &subscriptions, tracker.clone(), broker_up.clone())
-                .context("creating the Kafka consumer")?,
+            Consumer::build(&config.kafka, &subscriptions, tracker.clone()).context("creating the Kafka consumer")?,
         );
         let max_in_flight = config.store.max_in_flight;
         let gc_interval = config.store.gc_interval;
@@ -153,7 +153,7 @@ impl App {
                 exec: exec.clone(),
                 tracker: tracker.clone(),
                 draining: engine.draining(),
-                broker_up,
+                broker,
                 stall_timeout,
                 prometheus: prometheus.clone(),
                 token: admin_config.token,
@@ -208,6 +208,8 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<Store>> {
 async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<(Option<RestoreSetup>, Option<Plan>)> {
     let Some(changelog) = config.store.changelog.clone() else { return Ok((None, None)) };
     let (c, cl) = (config.clone(), changelog.clone());
+    info!(brokers = %config.kafka.brokers, timeout = %humantime::format_duration(CHANGELOG_LOOKUP_TIMEOUT),
+        "connecting to the Kafka brokers: waiting for their topic list, to check the changelog topics");
     let plan = match tokio::task::spawn_blocking(move || kafka::changelog::plan(&c, &cl, CHANGELOG_LOOKUP_TIMEOUT))
         .await?
     {

@@ -19,6 +19,11 @@ const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(45);
 /// librdkafka's default `max.poll.interval.ms`.
 const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
+/// While the brokers are unreachable, one summary line this often: a person (or a
+/// `logs --since=1m`) sees within half a minute that the outage goes on and how many
+/// errors it brought, and a day-long outage writes 2,880 lines, not millions. librdkafka
+/// backs off its reconnects to 10 s, so each summary covers a few attempts per broker.
+const DEFAULT_OUTAGE_SUMMARY_INTERVAL: Duration = Duration::from_secs(30);
 /// Set by outboxd itself: offsets are stored only after events are durably finished.
 const RESERVED_OPTIONS: [&str; 3] = ["enable.auto.offset.store", "group.id", "bootstrap.servers"];
 
@@ -40,6 +45,8 @@ pub struct RawKafka {
     /// A gap this long in which the poll loop did not confirm the group still
     /// has us (the process was frozen or starved) fences every partition.
     pub fence_after: Option<String>,
+    /// While the brokers are unreachable, a summary of librdkafka's errors this often.
+    pub outage_summary_interval: Option<String>,
     /// Passed to librdkafka as-is.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
@@ -63,6 +70,9 @@ pub struct KafkaConfig {
     /// partition (default: half the session timeout, or of `max.poll.interval.ms`
     /// when that is shorter); shorter than the session timeout.
     pub fence_after: Duration,
+    /// While the brokers are unreachable, one summary line this often (default 30 s; at
+    /// least 1 s): librdkafka's errors are counted, not logged one by one.
+    pub outage_summary_interval: Duration,
     /// librdkafka properties passed as-is, `${VAR}` resolved; never one of the
     /// reserved `enable.auto.offset.store`, `group.id` and `bootstrap.servers`.
     pub options: BTreeMap<String, String>,
@@ -104,8 +114,19 @@ impl RawKafka {
                 .map(|v| duration("kafka.stall_timeout", Some(v), Duration::ZERO))
                 .transpose()?,
             fence_after: Duration::ZERO,
+            outage_summary_interval: duration(
+                "kafka.outage_summary_interval",
+                self.outage_summary_interval.as_deref(),
+                DEFAULT_OUTAGE_SUMMARY_INTERVAL,
+            )?,
             options,
         };
+        if kafka.outage_summary_interval < Duration::from_secs(1) {
+            return Err(ConfigError::field(
+                "kafka.outage_summary_interval",
+                "must be at least 1s (a shorter one is the flood of lines it replaces)",
+            ));
+        }
         if kafka.stall_timeout.is_some_and(|t| t.is_zero()) {
             return Err(ConfigError::field("kafka.stall_timeout", "must be greater than 0"));
         }
@@ -205,6 +226,22 @@ mod tests {
         }
         let e = format!("{:#}", kafka("", "\"max.poll.interval.ms\"=\"a while\"").unwrap_err());
         assert!(e.contains("max.poll.interval.ms"), "{e}");
+    }
+
+    #[test]
+    fn outage_summary_interval_is_30s_by_default_and_at_least_a_second() {
+        use std::time::Duration;
+        assert_eq!(kafka("", "").unwrap().kafka.outage_summary_interval, Duration::from_secs(30));
+        assert_eq!(
+            kafka("outage_summary_interval=\"2m\"", "").unwrap().kafka.outage_summary_interval,
+            Duration::from_secs(120)
+        );
+        for bad in
+            ["outage_summary_interval=\"500ms\"", "outage_summary_interval=\"0s\"", "outage_summary_interval=\"often\""]
+        {
+            let e = format!("{:#}", kafka(bad, "").unwrap_err());
+            assert!(e.contains("kafka.outage_summary_interval"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -6,19 +6,20 @@
 //! replayed event lands in the partition whose changelog holds its record.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::admin::{
     AdminClient, AdminOptions, NewTopic, OwnedResourceSpecifier, ResourceSpecifier, TopicReplication,
 };
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
+use super::health::{serving_events, BrokerHealth, ClientCtx};
 use super::KafkaError;
 use crate::config::{ChangelogConfig, Config, KafkaConfig};
 use crate::store::changelog::mac::{self, Keys};
@@ -68,7 +69,8 @@ fn partition_counts(
     topics: Option<&[String]>,
     timeout: Duration,
 ) -> Result<BTreeMap<String, i32>, KafkaError> {
-    let client: BaseConsumer = super::options::admin(kafka).create()?;
+    let client: BaseConsumer<ClientCtx> =
+        super::options::admin(kafka).create_with_context(ClientCtx::new(kafka, "admin"))?;
     let mut counts = BTreeMap::new();
     let mut take = |md: rdkafka::metadata::Metadata| {
         for t in md.topics() {
@@ -77,11 +79,22 @@ fn partition_counts(
             }
         }
     };
+    let health = client.context().health().clone();
+    let metadata = |topic: Option<&str>| {
+        // The request serves none of the client's events: a refused connection is
+        // reported (once) while it waits, rather than only when the wait is over.
+        let answer = serving_events(&client, || client.fetch_metadata(topic, timeout));
+        match &answer {
+            Ok(_) => health.reached(),
+            Err(error) => health.request_failed("admin", error),
+        }
+        answer
+    };
     match topics {
-        None => take(client.fetch_metadata(None, timeout)?),
+        None => take(metadata(None)?),
         Some(names) => {
             for name in names {
-                take(client.fetch_metadata(Some(name), timeout)?);
+                take(metadata(Some(name))?);
             }
         }
     }
@@ -115,7 +128,8 @@ fn check_settings(
     if plan.existing.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = super::options::admin(kafka).create()?;
+    let admin: AdminClient<ClientCtx> =
+        super::options::admin(kafka).create_with_context(ClientCtx::new(kafka, "admin"))?;
     let specifiers: Vec<ResourceSpecifier<'_>> =
         plan.existing.iter().map(|(_, name, _)| ResourceSpecifier::Topic(name)).collect();
     let options = AdminOptions::new().request_timeout(Some(timeout));
@@ -291,7 +305,8 @@ pub async fn ensure(
     if plan.create.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = super::options::admin(kafka).create()?;
+    let admin: AdminClient<ClientCtx> =
+        super::options::admin(kafka).create_with_context(ClientCtx::new(kafka, "admin"))?;
     let retention_ms = retention.as_millis().to_string();
     let replication = changelog.replication_factor.unwrap_or(-1);
     let topics: Vec<NewTopic<'_>> = plan
@@ -353,7 +368,9 @@ pub async fn ensure_one(
 
 /// Writes changelog records, waiting for the broker's acknowledgement.
 pub struct ChangelogProducer {
-    producer: FutureProducer,
+    producer: FutureProducer<ClientCtx>,
+    /// Whether the brokers are reachable: while they are not, a resend is no news.
+    health: Arc<BrokerHealth>,
     changelog: ChangelogConfig,
     /// Signs every record with `store.changelog.key` (when set).
     keys: Keys,
@@ -363,8 +380,10 @@ impl ChangelogProducer {
     /// An idempotent producer with acks=all for the changelog topics of
     /// `changelog`, signing what it writes with its key.
     pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<ChangelogProducer, KafkaError> {
+        let ctx = ClientCtx::new(kafka, "changelog");
         Ok(ChangelogProducer {
-            producer: super::options::changelog_producer(kafka, changelog).create()?,
+            health: ctx.health().clone(),
+            producer: super::options::changelog_producer(kafka, changelog).create_with_context(ctx)?,
             changelog: changelog.clone(),
             keys: Keys::new(changelog),
         })
@@ -377,7 +396,7 @@ impl Sink for ChangelogProducer {
     /// take it or the producer is unusable.
     fn send(&self, entry: Entry) -> SendFuture {
         let topic = self.changelog.topic_for(&entry.topic);
-        let producer = self.producer.clone();
+        let (producer, health) = (self.producer.clone(), self.health.clone());
         // The MAC covers the topic and partition it is sent to (set here, never left to a partitioner).
         let mac = self.keys.sign(&topic, entry.partition, &entry.key, entry.value.as_deref());
         Box::pin(async move {
@@ -404,8 +423,14 @@ impl Sink for ChangelogProducer {
                         if !exists(&producer, &topic, entry.partition).await {
                             return Err(gone(&topic, entry.partition));
                         }
-                        warn!(%error, changelog_topic = %topic, partition = entry.partition, ?pause,
-                            "changelog write failed; sending it again (the event's offset waits)");
+                        if health.reachable() {
+                            warn!(%error, changelog_topic = %topic, partition = entry.partition, ?pause,
+                                "changelog write failed; sending it again (the event's offset waits)");
+                        } else {
+                            // The outage has its own lines; every waiting record would repeat them.
+                            debug!(%error, changelog_topic = %topic, partition = entry.partition, ?pause,
+                                "changelog write failed while the brokers are unreachable; sending it again");
+                        }
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(RESEND_MAX);
                     }
@@ -420,7 +445,7 @@ fn gone(topic: &str, partition: i32) -> SendError {
 }
 
 /// Whether the broker still lists the changelog partition (true when it cannot be asked).
-async fn exists(producer: &FutureProducer, topic: &str, partition: i32) -> bool {
+async fn exists(producer: &FutureProducer<ClientCtx>, topic: &str, partition: i32) -> bool {
     let (producer, topic) = (producer.clone(), topic.to_owned());
     let answer = tokio::task::spawn_blocking(move || {
         use rdkafka::producer::Producer as _;

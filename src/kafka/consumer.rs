@@ -2,7 +2,6 @@
 //! offset tracker in step, turning messages into [`RawMessage`]s, storing and
 //! committing offsets.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,8 +11,9 @@ use rdkafka::error::KafkaError as RdError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
+use super::health::{is_connection_error, BrokerHealth};
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
 use crate::metrics::names;
@@ -23,8 +23,9 @@ use crate::offsets::{describe, FenceCause, PartitionId};
 /// Keeps the offset tracker in step with assignments.
 struct Ctx {
     tracker: Tracker,
-    /// Whether librdkafka's last statistics showed a broker connection up (readiness).
-    broker_up: Arc<AtomicBool>,
+    /// The brokers' reachability (readiness, the log's outage lines): this consumer's
+    /// errors, statistics and assignments decide it.
+    health: Arc<BrokerHealth>,
     /// How long a revoke waits for running events of the revoked partitions.
     drain_timeout: Duration,
     /// Told when partitions were assigned that must be restored first (changelog on).
@@ -38,6 +39,9 @@ const REVOKE_POLL: Duration = Duration::from_millis(10);
 /// to another member: the session timed out, or the poll interval was exceeded.
 const PARTITIONS_MAY_BE_GONE: [&str; 2] = ["SESSTMOUT", "MAXPOLL"];
 
+/// Names this client in log lines and in `outboxd_broker_connection_errors_total`.
+const CLIENT: &str = "consumer";
+
 impl ClientContext for Ctx {
     /// librdkafka's log lines, as tracing events (target `librdkafka`). A session
     /// timeout or an exceeded poll interval also fences every partition. rdkafka
@@ -45,27 +49,31 @@ impl ClientContext for Ctx {
     /// the line comes before the lost revoke that follows it, one poll earlier,
     /// and no later than the loop polls (every `BEAT` at least; a loop that did not
     /// poll would learn of it only when it polled again).
+    ///
+    /// The line itself goes through the brokers' [`BrokerHealth`], like every client's:
+    /// a failed connection is a debug line there, summarized with the others.
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         if PARTITIONS_MAY_BE_GONE.contains(&fac) {
             self.tracker.raise_alarm();
         }
-        match level {
-            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
-                error!(target: "librdkafka", "librdkafka: {fac} {log_message}");
-            }
-            RDKafkaLogLevel::Warning => warn!(target: "librdkafka", "librdkafka: {fac} {log_message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                info!(target: "librdkafka", "librdkafka: {fac} {log_message}");
-            }
-            RDKafkaLogLevel::Debug => debug!(target: "librdkafka", "librdkafka: {fac} {log_message}"),
-        }
+        self.health.log(CLIENT, level, fac, log_message);
+    }
+
+    /// librdkafka's errors: a connection error is counted and summarized by the
+    /// brokers' [`BrokerHealth`], where this consumer's "all brokers are down" makes
+    /// them unreachable; any other error is logged.
+    fn error(&self, error: RdError, reason: &str) {
+        self.health.error(CLIENT, true, &error, reason);
     }
 
     /// librdkafka's statistics (every `statistics.interval.ms`): lag and committed
-    /// offsets per assigned partition, and broker connectivity.
+    /// offsets per assigned partition, and broker connectivity (a broker connection
+    /// up: the brokers are reachable; and the outage summary is due on time).
     fn stats(&self, stats: rdkafka::Statistics) {
-        let up = stats.brokers.values().any(|b| b.nodeid >= 0 && b.state == "UP");
-        self.broker_up.store(up, Ordering::Relaxed);
+        if stats.brokers.values().any(|b| b.nodeid >= 0 && b.state == "UP") {
+            self.health.reached();
+        }
+        self.health.tick();
         for (topic, t) in &stats.topics {
             for (id, p) in &t.partitions {
                 if *id < 0 || !p.desired {
@@ -117,7 +125,7 @@ impl ConsumerContext for Ctx {
                     self.restore_wakeup.notify_one();
                 }
                 // An assignment came through the group coordinator: the broker is reachable.
-                self.broker_up.store(true, Ordering::Relaxed);
+                self.health.reached();
                 info!(partitions = %describe(&assigned), "partitions assigned");
             }
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
@@ -216,16 +224,16 @@ pub struct Consumer {
 
 impl Consumer {
     /// Builds and subscribes the consumer. Assignments and revokes update
-    /// `tracker`; librdkafka's statistics keep `broker_up` (readiness) current.
+    /// `tracker`; its errors, statistics and assignments keep the brokers'
+    /// [`BrokerHealth`] (readiness) current.
     pub fn build(
         kafka: &KafkaConfig,
         subscriptions: &[String],
         tracker: Tracker,
-        broker_up: Arc<AtomicBool>,
     ) -> Result<Consumer, super::KafkaError> {
         let inner: StreamConsumer<Ctx> = super::options::consumer(kafka).create_with_context(Ctx {
             tracker,
-            broker_up,
+            health: BrokerHealth::of(kafka),
             drain_timeout: kafka.drain_timeout,
             restore_wakeup: Arc::default(),
         })?;
@@ -234,9 +242,21 @@ impl Consumer {
         Ok(Consumer { inner, topics: subscriptions.to_vec() })
     }
 
-    /// The next message. Rebalance callbacks run inside this call.
+    /// The next message. Rebalance callbacks run inside this call. A connection error
+    /// is not returned: librdkafka retries by itself, and the brokers' [`BrokerHealth`]
+    /// has counted it and says what the log needs to say.
     pub async fn recv(&self) -> Result<RawMessage, RecvError> {
-        match self.inner.recv().await {
+        loop {
+            match self.inner.recv().await {
+                Err(RdError::MessageConsumption(code)) if is_connection_error(code) => {}
+                received => return self.received(received),
+            }
+        }
+    }
+
+    /// What [`Consumer::recv`] returns for what librdkafka gave.
+    fn received(&self, received: Result<BorrowedMessage<'_>, RdError>) -> Result<RawMessage, RecvError> {
+        match received {
             Ok(m) => Ok(to_raw(&m)),
             Err(RdError::MessageConsumptionFatal(code)) => {
                 // The event carries only "fatal"; the client knows which error it was.
@@ -328,6 +348,8 @@ pub fn to_raw(m: &BorrowedMessage<'_>) -> RawMessage {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
 
     /// A revoke waits for the running events of its partitions. When the poll loop
@@ -348,7 +370,7 @@ mod tests {
         };
         let ctx = Ctx {
             tracker: tracker.clone(),
-            broker_up: Arc::default(),
+            health: Arc::new(BrokerHealth::new("127.0.0.1:9", Duration::from_secs(30))),
             drain_timeout: Duration::from_secs(3),
             restore_wakeup: Arc::default(),
         };

@@ -3,6 +3,7 @@
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use super::health::ClientCtx;
 use super::KafkaError;
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
@@ -17,13 +18,15 @@ pub struct DeadLetterInfo<'a> {
 
 /// Produces dead letters: the original key, value and headers plus the reason.
 pub struct DeadLetters {
-    producer: FutureProducer,
+    producer: FutureProducer<ClientCtx>,
 }
 
 impl DeadLetters {
     /// A producer to `kafka.brokers`, with the connection and security settings of `kafka.options`.
     pub fn build(kafka: &KafkaConfig) -> Result<DeadLetters, KafkaError> {
-        Ok(DeadLetters { producer: super::options::dead_letter_producer(kafka).create()? })
+        let producer =
+            super::options::dead_letter_producer(kafka).create_with_context(ClientCtx::new(kafka, "dead_letters"))?;
+        Ok(DeadLetters { producer })
     }
 
     /// Sends and waits for the broker's acknowledgement; returns `topic/partition@offset`.

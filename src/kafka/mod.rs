@@ -1,17 +1,21 @@
 //! The Kafka edge, and the only code that uses rdkafka: the consumer (its
 //! rebalance handling, storing and committing offsets), the dead-letter
-//! producer, the changelog topics, producer and restore reader, and the client options. The engine sees messages as
+//! producer, the changelog topics, producer and restore reader, the client options,
+//! and the brokers' reachability that every client reports to (`health`: one warning
+//! when they are away, summaries, one line when they are back). The engine sees messages as
 //! [`RawMessage`](crate::event::RawMessage)s and uses the small types here.
 
 pub mod changelog;
 mod consumer;
 mod dead_letters;
 mod error;
+mod health;
 mod options;
 mod restore;
 
 pub use consumer::{to_raw, Consumer, RecvError, Tracker};
 pub use dead_letters::{DeadLetterInfo, DeadLetters, DlqError};
 pub use error::KafkaError;
+pub use health::{BrokerHealth, BrokerStatus, Reachability};
 pub use options::validate_options;
 pub use restore::{Batch, Reading, Restorer};

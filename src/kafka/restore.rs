@@ -10,6 +10,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::health::ClientCtx;
 use super::KafkaError;
 use crate::config::KafkaConfig;
 use crate::store::changelog::{mac, ChangelogRecord};
@@ -19,7 +20,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A consumer of changelog partitions, one at a time, assigned by hand.
 pub struct Restorer {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<ClientCtx>,
 }
 
 /// One changelog partition assigned to a [`Restorer`] ([`Restorer::start`]):
@@ -40,7 +41,9 @@ pub struct Batch {
 impl Restorer {
     /// A consumer that never joins the group nor commits.
     pub fn build(kafka: &KafkaConfig, prefetch_bytes: u64) -> Result<Restorer, KafkaError> {
-        Ok(Restorer { consumer: super::options::restore_consumer(kafka, prefetch_bytes).create()? })
+        let consumer = super::options::restore_consumer(kafka, prefetch_bytes)
+            .create_with_context(ClientCtx::new(kafka, "restore"))?;
+        Ok(Restorer { consumer })
     }
 
     /// The first and the end offset of a changelog partition now.

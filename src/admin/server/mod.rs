@@ -33,8 +33,9 @@ pub struct AdminState {
     pub tracker: crate::offsets::Tracker,
     /// Set once the engine stopped taking events (`/readyz` answers 503).
     pub draining: Arc<AtomicBool>,
-    /// Whether the consumer reaches a broker, as its last statistics or assignment said.
-    pub broker_up: Arc<AtomicBool>,
+    /// Whether the brokers are reachable, as the consumer's errors, statistics and
+    /// assignments (and start-up's requests) said.
+    pub broker: Arc<crate::kafka::BrokerHealth>,
     /// A partition whose events wait longer than this without its offset moving is stalled.
     pub stall_timeout: std::time::Duration,
     /// Renders `/metrics`; `None` when the embedding program records metrics
@@ -123,7 +124,8 @@ async fn readyz(State(s): State<Shared>) -> Response {
         let stalled = tracker.stalled(std::time::Instant::now(), s.stall_timeout);
         (tracker.assigned(), tracker.joined(), stalled, restoring)
     };
-    let broker = s.broker_up.load(Ordering::Relaxed);
+    let brokers = s.broker.status();
+    let broker = brokers.state == crate::kafka::Reachability::Reachable;
     let draining = s.draining.load(Ordering::Relaxed);
     let store_ok = !s.exec.stopped();
     // A partition being restored handles nothing yet: not ready (a rolling deploy waits).
@@ -131,9 +133,11 @@ async fn readyz(State(s): State<Shared>) -> Response {
     let stalled: Vec<String> = stalled.iter().map(ToString::to_string).collect();
     let circuits = s.exec.circuits();
     let handlers: Vec<_> = circuits.all().iter().map(|c| c.view()).collect();
-    let body = json!({"ready": ready, "store": store_ok, "broker": broker, "member": member,
-        "partitions": partitions, "draining": draining, "stalled": stalled, "restoring": restoring,
-        "degraded": circuits.degraded(), "handlers": handlers});
+    let broker_state = json!({"reachable": broker, "state": brokers.state.as_str(),
+        "since": humantime::format_rfc3339_millis(brokers.since).to_string(), "errors": brokers.errors});
+    let body = json!({"ready": ready, "store": store_ok, "broker": broker, "broker_state": broker_state,
+        "member": member, "partitions": partitions, "draining": draining, "stalled": stalled,
+        "restoring": restoring, "degraded": circuits.degraded(), "handlers": handlers});
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(body)).into_response()
 }
