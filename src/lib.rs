@@ -80,6 +80,7 @@
 //!   `engine::concurrency` (its adaptive limit of calls in flight).
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest calls to the receivers), `log`, closures.
 //! - `metrics`: metric names and the Prometheus recorder (a leaf).
+//! - `log_writer`: the binary's stderr writer, which drops (and counts) a line it cannot write instead of failing.
 //! - `app`: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
 //! - `ops`: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export),
@@ -107,6 +108,8 @@ pub mod event;
 pub mod handler;
 #[doc(hidden)]
 pub mod kafka;
+#[doc(hidden)]
+pub mod log_writer;
 #[doc(hidden)]
 pub mod metrics;
 #[doc(hidden)]

@@ -1,3 +1,4 @@
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -17,14 +18,14 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
+            report(format_args!("error: starting the runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            report(format_args!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -56,11 +57,22 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     })
 }
 
+/// The last line, on stderr; lost when stderr is gone (`eprintln!` would panic on it).
+fn report(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Log lines go to stderr; one that cannot be written is dropped and counted, so a log
+/// stream that goes away never stops the service (`log_writer`).
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("OUTBOXD_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(outboxd::log_writer::MakeLossyStderr)
+        // Its report of a failed write is an `eprintln!`, a panic when stderr is gone.
+        .log_internal_errors(false);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -38,6 +38,8 @@ pub mod names {
     /// Connection errors librdkafka reported (label `client`: `consumer`, `changelog`,
     /// `dead_letters`, `restore`, `admin`), each a debug line; the log summarizes them.
     pub const BROKER_CONNECTION_ERRORS: &str = "outboxd_broker_connection_errors_total";
+    /// Log lines dropped because stderr could not be written (its reader went away).
+    pub const LOG_LINES_DROPPED: &str = "outboxd_log_lines_dropped_total";
     /// Gauge: records in the store, per `state`.
     pub const RECORDS: &str = "outboxd_store_records";
     /// Gauge: the store's size on disk, in bytes.
@@ -151,6 +153,7 @@ fn describe() {
         names::BROKER_CONNECTION_ERRORS,
         "Connection errors librdkafka reported, per client; the log summarizes them instead of one line each."
     );
+    describe_counter!(names::LOG_LINES_DROPPED, "Log lines dropped because stderr could not be written.");
     describe_gauge!(names::RECORDS, "Records in the store per state.");
     describe_gauge!(names::STORE_BYTES, Unit::Bytes, "Size of the store on disk.");
     describe_histogram!(names::BATCH, "Records made durable by one group commit.");

@@ -14,12 +14,19 @@ pub struct LogHandler;
 #[async_trait]
 impl Handler for LogHandler {
     async fn handle(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
-        let mut out = std::io::stdout().lock();
-        write_line(&mut out, event)
-            .and_then(|()| out.flush())
-            .map_err(|e| HandlerError::retryable(format!("writing to stdout: {e}")))?;
-        Ok(Outcome("logged".to_owned()))
+        emit(&mut std::io::stdout().lock(), event)
     }
+}
+
+/// The line is the side effect: one that could not be written whole (stdout closed:
+/// EPIPE) fails the attempt retryably, so the event is not recorded done, and is
+/// retried within the handler's `retry` limits (then dead, with its copy kept for
+/// `store retry`). Never a crash: Rust ignores SIGPIPE, so the write returns the error.
+fn emit(out: &mut impl Write, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
+    write_line(out, event)
+        .and_then(|()| out.flush())
+        .map_err(|e| HandlerError::retryable(format!("writing to stdout: {e}")))?;
+    Ok(Outcome("logged".to_owned()))
 }
 
 fn write_line(out: &mut impl Write, event: &OutboxEvent) -> std::io::Result<()> {
@@ -54,8 +61,8 @@ mod tests {
     use super::*;
     use crate::event::Position;
 
-    fn line(payload: Payload) -> String {
-        let event = OutboxEvent {
+    fn event(payload: Payload) -> OutboxEvent {
+        OutboxEvent {
             id: "e-1".into(),
             aggregate_id: Some("order-7".into()),
             event_type: None,
@@ -63,10 +70,37 @@ mod tests {
             position: Position { topic: "orders".into(), partition: 2, offset: 41 },
             timestamp_ms: None,
             traceparent: None,
-        };
+        }
+    }
+
+    fn line(payload: Payload) -> String {
         let mut out = Vec::new();
-        write_line(&mut out, &event).unwrap();
+        write_line(&mut out, &event(payload)).unwrap();
         String::from_utf8(out).unwrap()
+    }
+
+    /// stdout whose reader went away.
+    struct ClosedPipe;
+
+    impl Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    #[test]
+    fn a_line_that_cannot_be_written_is_a_retryable_failure_not_done() {
+        match emit(&mut ClosedPipe, &event(Payload::Null)) {
+            Err(HandlerError::Retryable { reason, .. }) => assert!(reason.contains("writing to stdout"), "{reason}"),
+            other => panic!("a closed stdout must fail the attempt retryably, got {other:?}"),
+        }
+        let mut open = Vec::new();
+        assert_eq!(emit(&mut open, &event(Payload::Null)), Ok(Outcome("logged".to_owned())));
+        assert!(open.ends_with(b"\n"));
     }
 
     #[test]
