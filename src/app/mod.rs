@@ -110,6 +110,15 @@ impl App {
         let prometheus =
             if install_metrics { Some(crate::metrics::install().context("setting up metrics")?) } else { None };
         let broker = kafka::BrokerHealth::of(&config.kafka);
+        // Said before anything waits for them; whether they answer, `kafka::BrokerHealth` says.
+        let waiting_for = match &config.store.changelog {
+            Some(_) => format!(
+                "their topic list, to check the changelog topics (at most {})",
+                humantime::format_duration(CHANGELOG_LOOKUP_TIMEOUT)
+            ),
+            None => "the consumer group to assign partitions".to_owned(),
+        };
+        info!(brokers = %config.kafka.brokers, %waiting_for, "connecting to the Kafka brokers");
         let (restore, plan) = changelog(&config, &store).await?;
         let token = CancellationToken::new();
         let mut tracker = if restore.is_some() { OffsetTracker::with_restore() } else { OffsetTracker::default() };
@@ -208,8 +217,6 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<Store>> {
 async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<(Option<RestoreSetup>, Option<Plan>)> {
     let Some(changelog) = config.store.changelog.clone() else { return Ok((None, None)) };
     let (c, cl) = (config.clone(), changelog.clone());
-    info!(brokers = %config.kafka.brokers, timeout = %humantime::format_duration(CHANGELOG_LOOKUP_TIMEOUT),
-        "connecting to the Kafka brokers: waiting for their topic list, to check the changelog topics");
     let plan = match tokio::task::spawn_blocking(move || kafka::changelog::plan(&c, &cl, CHANGELOG_LOOKUP_TIMEOUT))
         .await?
     {

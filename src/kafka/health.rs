@@ -41,6 +41,9 @@ use crate::metrics::names;
 /// event comes with each (that is what is counted), so the line itself is debug.
 const CONNECTION_FACILITIES: [&str; 2] = ["FAIL", "REQTMOUT"];
 
+/// A connection error this recent is what an "all brokers are down" right after it is about.
+const QUOTE_WITHIN: Duration = Duration::from_secs(5);
+
 /// How often a thread serving a client's events during a blocking request polls them.
 const SERVE_EVERY: Duration = Duration::from_millis(100);
 
@@ -141,10 +144,12 @@ impl BrokerHealth {
 
     /// A librdkafka log line of `client`, as a tracing event (target `librdkafka`) at its
     /// own level; a line about a failed connection at debug level (its error event is
-    /// counted and summarized instead).
+    /// counted and summarized instead, and the warning quotes the line: a connection
+    /// the broker closed comes with nothing better than "1/1 brokers are down").
     pub fn log(&self, client: &'static str, level: RDKafkaLogLevel, fac: &str, message: &str) {
         if CONNECTION_FACILITIES.contains(&fac) {
             debug!(target: "librdkafka", client, "librdkafka: {fac} {message}");
+            self.lock().noted(Instant::now(), client, message);
             return;
         }
         match level {
@@ -202,8 +207,9 @@ impl BrokerHealth {
                 warn!(brokers, client, %error, summary_every = %humantime::format_duration(every),
                     "Kafka brokers unreachable; librdkafka keeps trying, and its errors are summarized until they answer");
             }
-            Line::StillUnreachable { away, errors } => {
-                warn!(brokers, away = %shown(away), errors, "Kafka brokers still unreachable");
+            Line::StillUnreachable { away, errors, error } => {
+                warn!(brokers, away = %shown(away), errors, last_error = error.as_deref().unwrap_or("none since"),
+                    "Kafka brokers still unreachable");
             }
             Line::Back { away, suppressed } => {
                 gauge(Reachability::Reachable);
@@ -307,8 +313,8 @@ pub(super) fn serving_events<T>(client: &BaseConsumer<ClientCtx>, request: impl 
 enum Line {
     /// No broker can be reached (the first sign): what librdkafka said.
     Unreachable { client: &'static str, error: String, every: Duration },
-    /// Still unreachable after `away`: `errors` since the previous line.
-    StillUnreachable { away: Duration, errors: u64 },
+    /// Still unreachable after `away`: `errors` since the previous line, the last one.
+    StillUnreachable { away: Duration, errors: u64, error: Option<String> },
     /// Reachable again after `away`; `suppressed` errors were not logged one by one.
     Back { away: Duration, suppressed: u64 },
     /// Reached for the first time, `after` start.
@@ -336,6 +342,8 @@ struct Reach {
     reported_at: Instant,
     /// The last connection error in this state and its client: the next line quotes it.
     last_error: Option<(&'static str, String)>,
+    /// When it came: "all brokers are down" quotes it only when it came just before.
+    last_error_at: Instant,
 }
 
 impl Reach {
@@ -349,6 +357,7 @@ impl Reach {
             unreported: 0,
             reported_at: now,
             last_error: None,
+            last_error_at: now,
         }
     }
 
@@ -375,8 +384,9 @@ impl Reach {
             };
         if unreachable {
             // "1/1 brokers are down" says less than the connection error before it.
+            let recent = now.saturating_duration_since(self.last_error_at) <= QUOTE_WITHIN;
             let error = match self.last_error.take() {
-                Some((_, before)) if before != error => format!("{before}; {error}"),
+                Some((_, before)) if recent && before != error => format!("{before}; {error}"),
                 _ => error,
             };
             self.enter(Reachability::Unreachable, now, wall);
@@ -384,8 +394,24 @@ impl Reach {
         }
         self.errors += 1;
         self.unreported += 1;
-        self.last_error = Some((client, error));
+        // "1/1 brokers are down" follows every failed connection: the failure says more
+        // (any one of this outage; before it, a recent one).
+        let recent = now.saturating_duration_since(self.last_error_at) <= QUOTE_WITHIN;
+        let said_more = self.last_error.is_some() && (self.state == Reachability::Unreachable || recent);
+        if !all_down || !said_more {
+            self.last_error = Some((client, error));
+            self.last_error_at = now;
+        }
         self.tick(now)
+    }
+
+    /// What librdkafka said of a failed connection, for the next line to quote (not counted:
+    /// an error event comes with it).
+    fn noted(&mut self, now: Instant, client: &'static str, message: &str) {
+        // librdkafka's "[thrd:...]: " says which of its threads wrote it: not for a person.
+        let message = message.split_once("]: ").filter(|_| message.starts_with("[thrd:")).map_or(message, |(_, m)| m);
+        self.last_error = Some((client, message.to_owned()));
+        self.last_error_at = now;
     }
 
     fn reached(&mut self, now: Instant, wall: SystemTime) -> Option<Line> {
@@ -404,9 +430,11 @@ impl Reach {
             return None;
         }
         let line = match self.state {
-            Reachability::Unreachable => {
-                Line::StillUnreachable { away: now.saturating_duration_since(self.since), errors: self.unreported }
-            }
+            Reachability::Unreachable => Line::StillUnreachable {
+                away: now.saturating_duration_since(self.since),
+                errors: self.unreported,
+                error: self.last_error.as_ref().map(|(_, e)| e.clone()),
+            },
             Reachability::Connecting => Line::StillConnecting {
                 waiting: now.saturating_duration_since(self.since),
                 errors: self.errors,
@@ -476,14 +504,44 @@ mod tests {
         }
         assert!(lines.is_empty(), "{lines:?}");
         assert_eq!(r.errors, 289 * 8);
-        assert_eq!(r.tick(down + secs(30)), Some(Line::StillUnreachable { away: secs(30), errors: 289 * 8 }));
+        let last = Some("b:9092/bootstrap: Connect failed: Connection refused".to_owned());
+        assert_eq!(
+            r.tick(down + secs(30)),
+            Some(Line::StillUnreachable { away: secs(30), errors: 289 * 8, error: last.clone() })
+        );
         assert_eq!(r.tick(down + secs(31)), None);
         lines.extend(refused(&mut r, down + secs(40), wall, "consumer", true));
+        // librdkafka's reconnects back off to 10 s: "all down" alone says less than the last failure.
+        lines.extend(r.failed(down + secs(48), wall, "changelog", true, false, "0/2 brokers are down".into()));
         assert!(lines.is_empty(), "{lines:?}");
-        assert_eq!(r.tick(down + secs(60)), Some(Line::StillUnreachable { away: secs(60), errors: 2 }));
-        assert_eq!(r.reached(down + secs(65), wall), Some(Line::Back { away: secs(65), suppressed: 289 * 8 + 2 }));
+        assert_eq!(r.tick(down + secs(60)), Some(Line::StillUnreachable { away: secs(60), errors: 3, error: last }));
+        assert_eq!(r.reached(down + secs(65), wall), Some(Line::Back { away: secs(65), suppressed: 289 * 8 + 3 }));
         assert_eq!((r.state, r.errors), (Reachability::Reachable, 0));
         assert_eq!(r.reached(down + secs(66), wall), None);
+    }
+
+    #[test]
+    fn the_warning_quotes_the_connection_line_that_came_before_all_brokers_down() {
+        let (mut r, t0, wall) = reach();
+        r.reached(t0, wall);
+        r.noted(t0 + secs(1), "consumer", "[thrd:b:9092/1]: b:9092/1: Disconnected: connection closed by peer");
+        let line = r.failed(t0 + secs(1), wall, "consumer", true, true, "0/1 brokers are down".into());
+        assert_eq!(
+            line,
+            Some(Line::Unreachable {
+                client: "consumer",
+                error: "b:9092/1: Disconnected: connection closed by peer; 0/1 brokers are down".into(),
+                every: EVERY
+            })
+        );
+        assert_eq!(r.errors, 0, "a noted line is not an error of its own");
+
+        // One from long before says nothing about this outage.
+        let (mut r, t0, wall) = reach();
+        r.reached(t0, wall);
+        r.noted(t0, "changelog", "b:9092/1: Disconnected (after 600000ms in state UP)");
+        let line = r.failed(t0 + secs(3600), wall, "consumer", true, true, "1/1 brokers are down".into());
+        assert!(matches!(line, Some(Line::Unreachable { error, .. }) if error == "1/1 brokers are down"));
     }
 
     #[test]
