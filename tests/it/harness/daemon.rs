@@ -1,13 +1,18 @@
 //! outboxd as a child process: generated config in a temporary directory, stderr of
-//! every run in its own file (printed when the test fails), SIGTERM/SIGKILL, and the
-//! `outboxd store … --json` CLI.
+//! every run in its own file (printed when the test fails), or on pipes the test closes
+//! ([`Pipes`]), SIGTERM/SIGKILL, and the `outboxd store … --json` CLI.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::File;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_util::sync::CancellationToken;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -263,22 +268,51 @@ impl Outboxd {
 
     /// Starts `outboxd run` with the current config (written anew).
     pub fn start(&mut self) {
+        let (log_path, log) = self.next_log();
+        let child = self.spawn(log.try_clone().expect("dup stderr file").into(), log.into());
+        self.logs.push(log_path);
+        self.child = Some(child);
+    }
+
+    /// Starts `outboxd run` like [`Outboxd::start`], but with stdout and stderr on pipes
+    /// that the test reads (into the run's log file, so [`Outboxd::log`] shows what came
+    /// through) until [`Pipes::close`] closes their read ends while outboxd runs on.
+    pub fn start_piped(&mut self) -> Pipes {
+        let (log_path, log) = self.next_log();
+        let mut child = self.spawn(Stdio::piped(), Stdio::piped());
+        let log = Arc::new(Mutex::new(log));
+        let stop = CancellationToken::new();
+        let stdout = tokio::process::ChildStdout::from_std(child.stdout.take().expect("piped stdout"));
+        let stderr = tokio::process::ChildStderr::from_std(child.stderr.take().expect("piped stderr"));
+        let readers = vec![
+            tokio::spawn(copy_until(stdout.expect("stdout pipe"), log.clone(), stop.clone())),
+            tokio::spawn(copy_until(stderr.expect("stderr pipe"), log, stop.clone())),
+        ];
+        self.logs.push(log_path);
+        self.child = Some(child);
+        Pipes { stop, readers }
+    }
+
+    /// The next run's stderr file.
+    fn next_log(&mut self) -> (PathBuf, File) {
         assert!(self.child.is_none(), "outboxd is already running; stop or kill it first");
         self.write_config();
         let log_path = self.dir.path().join(format!("run-{}.stderr", self.logs.len() + 1));
         let log = File::create(&log_path).expect("create the stderr file");
-        let child = Command::new(BIN)
+        (log_path, log)
+    }
+
+    fn spawn(&self, stdout: Stdio, stderr: Stdio) -> Child {
+        Command::new(BIN)
             .envs(&self.config.env)
             .arg("run")
             .arg("--config")
             .arg(&self.config_path)
             .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup stderr file"))
-            .stderr(log)
+            .stdout(stdout)
+            .stderr(stderr)
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
-        self.logs.push(log_path);
-        self.child = Some(child);
+            .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"))
     }
 
     pub fn is_running(&self) -> bool {
@@ -503,6 +537,44 @@ impl Outboxd {
         }
         out
     }
+}
+
+/// The read ends of a run's stdout and stderr ([`Outboxd::start_piped`]), read by tasks
+/// of the test's runtime.
+pub struct Pipes {
+    stop: CancellationToken,
+    readers: Vec<tokio::task::JoinHandle<u64>>,
+}
+
+impl Pipes {
+    /// Closes both read ends: outboxd's next write to either fails (EPIPE). Returns the
+    /// bytes that came through before.
+    pub async fn close(self) -> u64 {
+        self.stop.cancel();
+        let mut bytes = 0;
+        for reader in self.readers {
+            bytes += reader.await.expect("pipe reader");
+        }
+        bytes
+    }
+}
+
+/// Copies `pipe` into `log` until `stop` (or the end); the pipe is dropped, so closed, on return.
+async fn copy_until(mut pipe: impl AsyncRead + Unpin, log: Arc<Mutex<File>>, stop: CancellationToken) -> u64 {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut bytes = 0;
+    loop {
+        let n = tokio::select! {
+            () = stop.cancelled() => break,
+            read = pipe.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+        };
+        let _ = log.lock().unwrap_or_else(|e| e.into_inner()).write_all(&buf[..n]);
+        bytes += n as u64;
+    }
+    bytes
 }
 
 impl Drop for Outboxd {
