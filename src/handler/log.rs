@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::{async_trait, Handler, HandlerError, Outcome};
 use crate::event::{OutboxEvent, Payload};
 
-/// `kind = "log"`: writes one JSON line per event on stdout; fails (retryably) only
-/// when stdout cannot be written.
+/// `kind = "log"`: writes one JSON line per event on stdout; fails only when stdout
+/// cannot be written, and then as a receiver that is down.
 pub struct LogHandler;
 
 #[async_trait]
@@ -19,13 +19,15 @@ impl Handler for LogHandler {
 }
 
 /// The line is the side effect: one that could not be written whole (stdout closed:
-/// EPIPE) fails the attempt retryably, so the event is not recorded done, and is
-/// retried within the handler's `retry` limits (then dead, with its copy kept for
-/// `store retry`). Never a crash: Rust ignores SIGPIPE, so the write returns the error.
+/// EPIPE; a full disk) fails the attempt, so the event is not recorded done. It is
+/// stdout's failure, not the event's: every event would fail alike, so it is
+/// `Unavailable` (the handler's circuit opens, its events wait and use up no retry
+/// budget) rather than a retry budget spent on each event and then dead. Never a
+/// crash: Rust ignores SIGPIPE, so the write returns the error.
 fn emit(out: &mut impl Write, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
     write_line(out, event)
         .and_then(|()| out.flush())
-        .map_err(|e| HandlerError::retryable(format!("writing to stdout: {e}")))?;
+        .map_err(|e| HandlerError::unavailable(format!("writing to stdout: {e}")))?;
     Ok(Outcome("logged".to_owned()))
 }
 
@@ -93,10 +95,10 @@ mod tests {
     }
 
     #[test]
-    fn a_line_that_cannot_be_written_is_a_retryable_failure_not_done() {
+    fn a_line_that_cannot_be_written_fails_as_an_unavailable_receiver_not_done() {
         match emit(&mut ClosedPipe, &event(Payload::Null)) {
-            Err(HandlerError::Retryable { reason, .. }) => assert!(reason.contains("writing to stdout"), "{reason}"),
-            other => panic!("a closed stdout must fail the attempt retryably, got {other:?}"),
+            Err(HandlerError::Unavailable { reason, .. }) => assert!(reason.contains("writing to stdout"), "{reason}"),
+            other => panic!("a closed stdout must fail the attempt as stdout's failure, got {other:?}"),
         }
         let mut open = Vec::new();
         assert_eq!(emit(&mut open, &event(Payload::Null)), Ok(Outcome("logged".to_owned())));

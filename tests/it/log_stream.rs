@@ -1,16 +1,18 @@
 //! A log stream that goes away: outboxd's stdout and stderr are pipes that the test reads
 //! for a while and then closes, while events flow (what a log collector that restarts or
 //! a sidecar that dies does to a service). outboxd drops the lines it cannot write,
-//! counts them, loses no event, runs none twice, and exits 0 on SIGTERM.
+//! counts them, loses no event, runs none twice, and exits 0 on SIGTERM. A `log` handler,
+//! whose line on stdout is its side effect, records nothing done that it could not write.
 
 use crate::harness;
 
 use std::time::Duration;
 
+use harness::logs::logged;
 use harness::metrics::{sample, try_scrape};
-use harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Producer, Receiver};
+use harness::{new_event_id, unique_name, wait_until, Behaviour, Kafka, Outboxd, Producer, Receiver};
 use outboxd::metrics::names;
-use serde_json::json;
+use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -24,25 +26,49 @@ async fn send(producer: &Producer, topic: &str, n: usize) -> Vec<String> {
     ids
 }
 
+/// `/readyz` of the running service.
+async fn readyz(od: &Outboxd) -> Value {
+    let url = format!("http://{}/readyz", od.admin_address());
+    reqwest::get(&url).await.unwrap_or_else(|e| panic!("GET {url}: {e}")).json().await.expect("readyz JSON")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_log_pipe_drops_lines_and_loses_no_event() {
     let kafka = Kafka::connect();
     let topic = kafka.create_topic(&unique_name("log-pipe"), 2, &[]).await;
+    let printed = kafka.create_topic(&unique_name("log-pipe-printed"), 1, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    // A second handler, after the first one's last table: one JSON line per event on stdout.
+    od.config.retry_extra = format!("\n[[handlers]]\nname = \"printer\"\ntopics = [\"{printed}\"]\nkind = \"log\"\n");
     let pipes = od.start_piped();
     od.wait_for_assignment().await;
     let producer = kafka.producer();
     let mut events = send(&producer, &topic, 20).await;
-    od.wait_until("the events before the close", HANDLED_TIMEOUT, || receiver.count_answered_ok(&events) == 20).await;
+    let lines_before = send(&producer, &printed, 2).await;
+    // The printer's lines come through the stdout pipe into the run's log.
+    wait_until("the events before the close", HANDLED_TIMEOUT, || {
+        receiver.count_answered_ok(&events) == 20 && lines_before.iter().all(|id| logged(&od, id))
+    })
+    .await;
 
     let read = pipes.close().await;
     assert!(read > 0, "the pipes carried the log before they were closed");
     // Every event after the close fails once: a warning each, which has nowhere to go.
     receiver.set_default(Behaviour::fail_first(503, 1));
     let after = send(&producer, &topic, 20).await;
+    let lines_after = send(&producer, &printed, 2).await;
     events.extend(after.iter().cloned());
     od.wait_until("the events after the close", HANDLED_TIMEOUT, || receiver.count_answered_ok(&events) == 40).await;
+    // The printer cannot write: its circuit opens, its events wait (the other handler flowed).
+    let mut ready = Value::Null;
+    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
+    while !ready["degraded"].as_array().is_some_and(|d| d.contains(&json!("printer"))) {
+        od.assert_alive();
+        assert!(std::time::Instant::now() < deadline, "the printer's circuit did not open: {ready}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ready = readyz(&od).await;
+    }
     od.assert_alive();
 
     let metrics = try_scrape(&od).await.expect("/metrics answers");
@@ -58,4 +84,13 @@ async fn a_closed_log_pipe_drops_lines_and_loses_no_event() {
     let status = od.terminate();
     println!("{read} bytes of log read before the close, {dropped} lines dropped after it; exit {status}");
     assert!(status.success(), "outboxd should exit 0 after SIGTERM with its log stream gone, got {status}");
+
+    for id in &lines_before {
+        assert_eq!(od.store_get(id).state, "done", "{id} was printed before the close");
+    }
+    for id in &lines_after {
+        let out = od.command(&["store", "get", id, "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains("\"done\""), "{id} could not be printed, yet it is done: {text}");
+    }
 }
