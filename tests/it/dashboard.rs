@@ -34,6 +34,7 @@ const GAUGES: &[&str] = &[
     names::COPY_BYTES,
     names::CIRCUIT,
     names::CONCURRENCY,
+    names::BROKER_REACHABLE,
 ];
 const HISTOGRAMS: &[&str] = &[names::HANDLER_SECONDS, names::AGE_SECONDS, names::BATCH, names::SYNC_SECONDS];
 /// The series a histogram is queried by.
