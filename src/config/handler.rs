@@ -76,6 +76,8 @@ pub struct RawHandler {
     pub dead_letter: Option<RawDeadLetter>,
     /// What to do with an event found `claimed` (an earlier attempt's outcome is unknown).
     pub on_uncertain: Option<OnUncertain>,
+    /// What the later events of a key do once one of its events is dead or parked.
+    pub on_dead: Option<OnDead>,
     /// Which records a duplicate is looked up in: `topic` (default) or `shared`.
     pub dedup_scope: Option<DedupScope>,
     /// `[handlers.verify]` (`http` only): the lookup for `on_uncertain = "verify"`,
@@ -133,6 +135,30 @@ pub enum OnUncertain {
     Verify,
     /// Never re-run automatically: record `parked`, dead-letter it, let a person decide.
     Park,
+}
+
+/// What becomes of the later events of a Kafka key (in its partition) once one of
+/// its events is dead or parked: permanent failure, retries used up, a panic, an
+/// undecodable message, `on_uncertain = "park"`. Messages without a key are never
+/// held (there is no order of a key to keep).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDead {
+    /// They are recorded `held` behind it (with their message copies; their offsets
+    /// move) and run in order, once each, after it is retried to done, resolved or
+    /// forgotten. The default: an outbox key is an aggregate, whose later events
+    /// usually assume the earlier ones happened (docs/configuration.md argues it).
+    #[default]
+    Hold,
+    /// They run as if nothing happened (the behaviour before `on_dead` existed).
+    Continue,
+}
+
+impl OnDead {
+    /// Whether a dead or parked event holds its key's later events.
+    pub fn holds(self) -> bool {
+        self == OnDead::Hold
+    }
 }
 
 /// Where an event id is unique, so where its record is looked up.
@@ -210,6 +236,8 @@ pub struct HandlerConfig {
     pub dead_letter_topic: Option<String>,
     /// What to do with an event found `claimed` (default: run it again).
     pub on_uncertain: OnUncertain,
+    /// What a key's later events do once one of its events is dead or parked (default: hold).
+    pub on_dead: OnDead,
     /// Where an event id is unique (default: per topic).
     pub dedup_scope: DedupScope,
     /// How message values are read (default `auto`).
@@ -256,6 +284,7 @@ impl RawHandler {
             concurrency,
             dead_letter_topic,
             on_uncertain,
+            on_dead: self.on_dead.unwrap_or_default(),
             dedup_scope: self.dedup_scope.unwrap_or_default(),
             format: self.format.unwrap_or_default(),
             body: self.body.unwrap_or_default(),
@@ -332,6 +361,16 @@ mod tests {
         assert!(e.contains("handlers[0].url: only valid for kind = \"http\""), "{e}");
         let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\ntimeout=\"1s\"\nverify={ url = \"http://h/\" }\n");
         assert!(e.contains("handlers[0].timeout: only valid"), "the first field in declaration order: {e}");
+    }
+
+    #[test]
+    fn on_dead_holds_by_default_and_continue_is_the_way_out() {
+        let c = parse("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n").unwrap();
+        assert_eq!(c.handlers[0].on_dead, super::OnDead::Hold);
+        let c = parse("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\non_dead=\"continue\"\n").unwrap();
+        assert_eq!(c.handlers[0].on_dead, super::OnDead::Continue);
+        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\non_dead=\"skip\"\n");
+        assert!(e.contains("hold") && e.contains("continue"), "{e}");
     }
 
     #[test]

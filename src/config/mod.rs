@@ -43,8 +43,8 @@ pub use changelog::{ChangelogConfig, ChangelogKeys, RawChangelog, Secret};
 pub use circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
 pub use error::{ConfigError, EnvError};
 pub use handler::{
-    Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnUncertain, RawDeadLetter,
-    RawHandler,
+    Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnDead, OnUncertain,
+    RawDeadLetter, RawHandler,
 };
 pub use http::{HttpConfig, RawVerify, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::{KafkaConfig, RawKafka};
