@@ -19,6 +19,12 @@ pub mod names {
     pub const DEAD: &str = "outboxd_events_dead_total";
     /// Uncertain events parked for a person (`on_uncertain = "park"`), per topic.
     pub const PARKED: &str = "outboxd_events_parked_total";
+    /// Events recorded held behind a dead or parked event of their key (`on_dead = "hold"`), per topic.
+    pub const HELD: &str = "outboxd_events_held_total";
+    /// Held events run once their chain was released (done, or dead again), per topic.
+    pub const RELEASED: &str = "outboxd_held_events_run_total";
+    /// Gauge: keys whose new events are held (a dead or parked event holds them).
+    pub const KEYS_HELD: &str = "outboxd_keys_held";
     /// Events found claimed (an earlier attempt's outcome unknown) and handled again, per topic.
     pub const REEXECUTED: &str = "outboxd_events_reexecuted_total";
     /// Label `reason`: `unavailable`, `auth` (401/403), `status`, `unparsable`. Events wait meanwhile.
@@ -141,6 +147,12 @@ fn describe() {
     describe_counter!(names::RETRIED, "Handler attempts that failed and were retried.");
     describe_counter!(names::DEAD, "Events recorded dead (and dead-lettered when configured).");
     describe_counter!(names::PARKED, "Uncertain events parked for a person.");
+    describe_counter!(
+        names::HELD,
+        "Events recorded held behind a dead or parked event of their key (on_dead = \"hold\"); they run once it is done, resolved or forgotten."
+    );
+    describe_counter!(names::RELEASED, "Held events run after their key's chain was released.");
+    describe_gauge!(names::KEYS_HELD, "Keys whose new events are held behind a dead or parked event.");
     describe_counter!(names::REEXECUTED, "Events found claimed (outcome unknown) and handled again.");
     describe_counter!(names::SCHEMA_REGISTRY_ERRORS, "Schema lookups that failed and made an event wait, per reason.");
     describe_histogram!(names::HANDLER_SECONDS, Unit::Seconds, "Duration of one handler attempt.");

@@ -231,8 +231,10 @@ impl Executor {
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::PANICS, "topic" => msg.topic.clone()).increment(1);
         metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
-        let dlq = self.dead_letter(self.config.handler_for(&msg.topic), msg, &reason, 0).await;
-        self.store.handling().record_undecodable(&id, msg, reason, dlq).await
+        let hc = self.config.handler_for(&msg.topic);
+        let dlq = self.dead_letter(hc, msg, &reason, 0).await;
+        let hold = hc.is_some_and(|h| h.on_dead.holds());
+        self.store.handling().record_undecodable(&id, msg, reason, dlq, hold).await
     }
 
     /// Decodes as the handler's entry says. While the schema registry cannot
@@ -272,12 +274,17 @@ impl Executor {
         reason: String,
     ) -> Result<(), StoreError> {
         let id = format!("undecodable/{}/{}/{}", msg.topic, msg.partition, msg.offset);
+        // A key that waits behind a dead or parked event holds this message too (`on_dead = "hold"`).
+        let hold = hc.is_some_and(|h| h.on_dead.holds());
+        if self.store.handling().hold_message(&id, msg, hold).await? {
+            return Ok(());
+        }
         warn!(event_id = %id, topic = %msg.topic, partition = msg.partition, offset = msg.offset, %reason,
             "message cannot be decoded; dead-lettered");
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
         let dlq = self.dead_letter(hc, msg, &reason, 0).await;
-        self.store.handling().record_undecodable(&id, msg, reason, dlq).await
+        self.store.handling().record_undecodable(&id, msg, reason, dlq, hold).await
     }
 
     /// Produces the dead letter when the handler has a topic, retrying until the
@@ -360,6 +367,10 @@ impl Executor {
             self.store.handling().claim(event, scope).await?
         };
         let _release = Release { store: &self.store, id: &event.id, scope };
+        // A key that waits behind a dead or parked event holds this one (`on_dead = "hold"`).
+        let Some(claim) = self.store.handling().hold_behind(claim, hc.on_dead.holds(), msg).await? else {
+            return Ok(Executed::Final);
+        };
         let Some(claimed) = self.resolve_claim(hc, handler, event, msg, claim).await? else {
             return Ok(Executed::Final);
         };
@@ -594,6 +605,7 @@ impl Executor {
         let metric = if state == State::Parked { names::PARKED } else { names::DEAD };
         metrics::counter!(metric, "topic" => p.topic.clone()).increment(1);
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
+        let claimed = claimed.holding(hc.on_dead.holds(), msg);
         self.store.handling().finish_failed(claimed, state, reason, msg, dlq).await
     }
 }

@@ -12,6 +12,10 @@
 //! - Value: version byte, the event type as text, then the compact record of
 //!   `format` with its times absolute and its texts self-contained (the small ids
 //!   of `names` mean nothing to another instance). The duplicate count stays local.
+//!   A record of a held chain (`chains`: dead or parked holding its key, held, or
+//!   claimed for a re-run) carries its message copy after the record, up to
+//!   [`MAX_COPY_BYTES`], so that the partition's next owner can run it; releases
+//!   that do not know of copies read the record and ignore what follows.
 //! - Restore: changelog records are applied to the local store in batches; after
 //!   each batch the checkpoint of that changelog partition (the next offset to
 //!   read) moves. Checkpoints live in the meta tree and are written by the group
@@ -136,6 +140,11 @@ const VALUE_VERSION: u8 = 1;
 /// Acknowledged offsets kept waiting for a gap below them (someone else wrote
 /// there): past this, the checkpoint stops following until the next restore.
 const MAX_ACKED_AHEAD: usize = 100_000;
+/// The largest message copy a changelog record carries (a held chain's records):
+/// half of librdkafka's and the brokers' default 1 MB message limit, so that the
+/// record, its key and its headers always fit. A larger copy stays on the instance
+/// that kept it; another owner records that event dead when its chain reaches it.
+pub const MAX_COPY_BYTES: usize = 512 * 1024;
 /// Ids standing for the texts of a changelog value (see [`Texts`]).
 const TOPIC_ID: u32 = 1;
 const EVENT_TYPE_ID: u32 = 2;
@@ -314,11 +323,19 @@ pub fn entry_key(r: &Record) -> Vec<u8> {
 
 /// The changelog value of a record: self-contained, times absolute.
 pub fn entry_value(r: &Record) -> Result<Vec<u8>, StoreError> {
+    entry_value_with_copy(r, None)
+}
+
+/// [`entry_value`], followed by a message copy (as `messages` keeps it) when there is one.
+pub fn entry_value_with_copy(r: &Record, copy: Option<&[u8]>) -> Result<Vec<u8>, StoreError> {
     let event_type = r.event_type.as_deref();
     let local = Record { duplicates: 0, expires_at_us: None, ..r.clone() };
     let mut out = vec![VALUE_VERSION];
     varint::put_bytes(&mut out, event_type.unwrap_or_default().as_bytes());
     out.extend(format::encode(&local, &Texts { topic: &r.topic, event_type }, 0)?);
+    if let Some(copy) = copy {
+        varint::put_bytes(&mut out, copy);
+    }
     Ok(out)
 }
 
@@ -357,6 +374,15 @@ fn split_key(key: &[u8]) -> Option<(&[u8], String, Option<String>)> {
 
 /// A changelog value read back for an event of `source_topic`.
 pub fn decode_entry(source_topic: &str, key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
+    decode_entry_with_copy(source_topic, key, value).map(|(r, _)| r)
+}
+
+/// [`decode_entry`], and the message copy the value carries, if any (a held chain's record).
+pub fn decode_entry_with_copy(
+    source_topic: &str,
+    key: &[u8],
+    value: &[u8],
+) -> Result<(Record, Option<Vec<u8>>), StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
     let (event_key, id, scope) = split_key(key).ok_or_else(|| corrupt("malformed changelog key"))?;
     let (&version, rest) = value.split_first().ok_or_else(|| corrupt("empty changelog value"))?;
@@ -366,10 +392,15 @@ pub fn decode_entry(source_topic: &str, key: &[u8], value: &[u8]) -> Result<Reco
     let mut reader = Reader(rest);
     let event_type = reader.text().ok_or_else(|| corrupt("malformed changelog value"))?;
     let texts = Texts { topic: source_topic, event_type: Some(&event_type) };
-    let mut r = format::decode(&keys::record_key(event_key, keys::LEGACY_SCOPE), reader.0, &texts, 0, None)?;
+    let (mut r, rest) =
+        format::decode_with_rest(&keys::record_key(event_key, keys::LEGACY_SCOPE), reader.0, &texts, 0, None)?;
     r.event_id = id;
     r.scope = Some(scope.unwrap_or_else(|| source_topic.to_owned()));
-    Ok(r)
+    let copy = match rest {
+        [] => None,
+        rest => Some(Reader(rest).bytes().ok_or_else(|| corrupt("malformed message copy"))?.to_vec()),
+    };
+    Ok((r, copy))
 }
 
 impl Store {
@@ -437,6 +468,9 @@ impl Store {
             return Ok(None);
         };
         let (r, value) = match change {
+            Change::Now(r) if r.in_chain() => {
+                (r, Some(entry_value_with_copy(r, self.copy_for_changelog(r)?.as_deref())?))
+            }
             Change::Now(r) => (r, Some(entry_value(r)?)),
             Change::Gone(r) => (r, None),
         };
@@ -486,7 +520,7 @@ impl Store {
                 }
                 continue;
             };
-            let Some(mut r) = self.live_entry(source_topic, rec, value, now) else { continue };
+            let Some((mut r, copy)) = self.live_entry(source_topic, rec, value, now) else { continue };
             let scope = r.scope.clone().unwrap_or_default();
             let found = self.find_in(&scope, &r.event_id)?;
             if let Some(f) = &found {
@@ -496,38 +530,45 @@ impl Store {
                 r.duplicates = f.record.duplicates;
             }
             let to = self.slices.slice_for(r.updated_at_us)?;
-            self.write(&r, found.as_ref().map(|f| (&f.slice, f.record.state)), Some(to))?;
+            let to = self.write(&r, found.as_ref().map(|f| (&f.slice, f.record.state)), Some(to))?;
+            if let Some(copy) = copy {
+                self.keep_copy(&super::messages::copy_key(to.start, &self.key_of(&r)?), &copy, &r)?;
+            }
             applied += 1;
         }
         Ok(applied)
     }
 
-    /// A changelog record's value decoded, unless it is malformed (skipped with a
-    /// warning) or its retention ended before `now` (expired records are not written).
+    /// A changelog record's value decoded, with the message copy it carries (a held
+    /// chain's record), unless it is malformed (skipped with a warning) or its
+    /// retention ended before `now` (expired records are not written).
     pub(super) fn live_entry(
         &self,
         source_topic: &str,
         rec: &ChangelogRecord,
         value: &[u8],
         now: i64,
-    ) -> Option<Record> {
-        let r = match decode_entry(source_topic, &rec.key, value) {
+    ) -> Option<(Record, Option<Vec<u8>>)> {
+        let (r, copy) = match decode_entry_with_copy(source_topic, &rec.key, value) {
             Ok(r) => r,
             Err(error) => {
                 tracing::warn!(%error, topic = source_topic, offset = rec.offset, "changelog record skipped");
                 return None;
             }
         };
-        (r.updated_at_us.saturating_add(self.changelog.retention_us) > now).then_some(r)
+        (r.updated_at_us.saturating_add(self.changelog.retention_us) > now).then_some((r, copy))
     }
 
     /// A tombstone: the record is gone everywhere.
     fn apply_tombstone(&self, source_topic: &str, key: &[u8]) -> Result<bool, StoreError> {
         let Some((_, id, scope)) = split_key(key) else { return Ok(false) };
         let Some(f) = self.find_in(scope.as_deref().unwrap_or(source_topic), &id)? else { return Ok(false) };
-        f.slice.tree.remove(&f.key)?;
-        self.messages.remove(&super::messages::copy_key(f.slice.start, &f.key))?;
-        f.slice.moved(Some(f.record.state), None);
+        self.chained(&f.key, None, || {
+            f.slice.tree.remove(&f.key)?;
+            self.messages.remove(&super::messages::copy_key(f.slice.start, &f.key))?;
+            f.slice.moved(Some(f.record.state), None);
+            Ok(())
+        })?;
         Ok(true)
     }
 

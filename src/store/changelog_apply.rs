@@ -53,6 +53,8 @@ impl Restoring {
 /// One record key's record after the batch, and the states the batch gave it in order.
 struct Pending {
     record: Record,
+    /// The message copy the record carried (a held chain's record).
+    copy: Option<Vec<u8>>,
     scope_id: u32,
     /// Earlier records of the same key in this batch (their states, oldest first).
     earlier: Vec<State>,
@@ -106,7 +108,7 @@ impl Store {
                 }
                 continue;
             };
-            let Some(r) = self.live_entry(source_topic, rec, value, now) else { continue };
+            let Some((r, copy)) = self.live_entry(source_topic, rec, value, now) else { continue };
             let scope = r.scope.as_deref().unwrap_or(source_topic);
             let scope_id = match &last_scope {
                 Some((name, id)) if name == scope => *id,
@@ -125,9 +127,10 @@ impl Store {
                     }
                     p.earlier.push(p.record.state);
                     p.record = r;
+                    p.copy = copy;
                 }
                 Slot::Vacant(slot) => {
-                    slot.insert(Pending { record: r, scope_id, earlier: Vec::new() });
+                    slot.insert(Pending { record: r, copy, scope_id, earlier: Vec::new() });
                 }
             }
         }
@@ -149,7 +152,7 @@ impl Store {
         let (mut applied, mut added) = (0u64, 0i64);
         let mut to: Option<Arc<Slice>> = None;
         for (key, p) in pending {
-            let Pending { mut record, scope_id, earlier } = p;
+            let Pending { mut record, copy, scope_id, earlier } = p;
             let hash = restoring.fresh.as_ref().map(|f| f.hasher.hash_one(&key));
             let known = match (&restoring.fresh, hash) {
                 (Some(f), Some(h)) if Some(scope_id) == fresh_id => f.written.contains(&h),
@@ -195,7 +198,10 @@ impl Store {
             if let (Some(f), Some(h)) = (restoring.fresh.as_mut(), hash) {
                 f.written.insert(h);
             }
-            slice.tree.insert(key, value)?;
+            self.chained(&key, Some(&record), || Ok(slice.tree.insert(&key, value)?))?;
+            if let Some(copy) = copy {
+                self.keep_copy(&copy_key(slice.start, &key), &copy, &record)?;
+            }
         }
         for (slice, from, to) in moves {
             slice.moved(from, to);

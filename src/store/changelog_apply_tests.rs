@@ -52,7 +52,7 @@ fn changelog() -> Vec<ChangelogRecord> {
     v
 }
 
-fn contents(store: &Store) -> (Vec<Record>, [(State, u64); 4]) {
+fn contents(store: &Store) -> (Vec<Record>, [(State, u64); State::ALL.len()]) {
     (store.list(None, usize::MAX).unwrap(), store.counts())
 }
 

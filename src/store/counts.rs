@@ -8,20 +8,24 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use super::State;
 
-#[derive(Debug, Default)]
-pub struct Counts([AtomicI64; 4]);
+/// How many states are counted (in [`State::ALL`]'s order).
+pub const STATES: usize = State::ALL.len();
 
-fn slot(state: State) -> usize {
+#[derive(Debug, Default)]
+pub struct Counts([AtomicI64; STATES]);
+
+pub fn slot(state: State) -> usize {
     match state {
         State::Claimed => 0,
         State::Done => 1,
         State::Dead => 2,
         State::Parked => 3,
+        State::Held => 4,
     }
 }
 
 impl Counts {
-    pub fn from_values(values: [i64; 4]) -> Counts {
+    pub fn from_values(values: [i64; STATES]) -> Counts {
         Counts(values.map(AtomicI64::new))
     }
 
@@ -38,29 +42,32 @@ impl Counts {
         }
     }
 
-    /// claimed, done, dead, parked.
-    pub fn values(&self) -> [i64; 4] {
-        [0, 1, 2, 3].map(|i| self.0[i].load(Ordering::Relaxed))
+    /// claimed, done, dead, parked, held.
+    pub fn values(&self) -> [i64; STATES] {
+        std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
     }
 
-    pub fn set(&self, values: [i64; 4]) {
+    pub fn set(&self, values: [i64; STATES]) {
         for (a, v) in self.0.iter().zip(values) {
             a.store(v, Ordering::Relaxed);
         }
     }
 
-    /// Four big-endian i64: claimed, done, dead, parked.
-    pub fn encode(&self) -> [u8; 32] {
-        let mut out = [0u8; 32];
+    /// Five big-endian i64: claimed, done, dead, parked, held.
+    pub fn encode(&self) -> [u8; 8 * STATES] {
+        let mut out = [0u8; 8 * STATES];
         for (chunk, v) in out.chunks_exact_mut(8).zip(self.values()) {
             chunk.copy_from_slice(&v.to_be_bytes());
         }
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Option<[i64; 4]> {
-        let bytes: &[u8; 32] = bytes.try_into().ok()?;
-        let mut values = [0i64; 4];
+    /// Also reads the four counts of stores written before `held` (none of them held).
+    pub fn decode(bytes: &[u8]) -> Option<[i64; STATES]> {
+        if bytes.len() != 8 * STATES && bytes.len() != 8 * (STATES - 1) {
+            return None;
+        }
+        let mut values = [0i64; STATES];
         for (v, chunk) in values.iter_mut().zip(bytes.chunks_exact(8)) {
             *v = i64::from_be_bytes(chunk.try_into().expect("8-byte chunk"));
         }
@@ -82,8 +89,12 @@ mod tests {
         c.moved(None, Some(State::Dead));
         c.moved(Some(State::Dead), None);
         c.moved(None, Some(State::Parked));
-        assert_eq!(c.values(), [1, 1, 0, 1]);
+        c.moved(None, Some(State::Held));
+        c.moved(None, Some(State::Held));
+        c.moved(Some(State::Held), Some(State::Claimed));
+        assert_eq!(c.values(), [2, 1, 0, 1, 1]);
         assert_eq!(Counts::decode(&c.encode()), Some(c.values()));
+        assert_eq!(Counts::decode(&c.encode()[..32]), Some([2, 1, 0, 1, 0]), "a store from before held");
         assert_eq!(Counts::decode(b"short"), None);
     }
 }

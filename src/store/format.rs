@@ -6,6 +6,12 @@
 //!
 //! Times are stored relative to one another: the last write relative to the
 //! start of the record's slice, the others relative to the last write.
+//!
+//! `held` has no value of its own in the two state bits (all four are taken): it is
+//! stored as `dead` plus the [`HELD`] flag, so a release that does not know the flag
+//! reads a held event as dead (final, never run by itself, `store retry` can run it).
+//! A chain's Kafka key ([`CHAIN`]) comes last, after everything earlier releases
+//! read, which they leave alone.
 
 use super::keys;
 use super::names::Names;
@@ -44,6 +50,10 @@ const OUTCOME_HTTP: u64 = 1;
 const OUTCOME_LOGGED: u64 = 2;
 const OUTCOME_TEXT: u64 = 3;
 const LOGGED: &str = "logged";
+/// With the state bits of `dead`: the event is held (see the module docs).
+const HELD: u64 = 1 << 11;
+/// The Kafka key of the record's chain follows, last (`Record::chain`).
+const CHAIN: u64 = 1 << 12;
 
 fn state_bits(s: State) -> u64 {
     match s {
@@ -51,6 +61,7 @@ fn state_bits(s: State) -> u64 {
         State::Done => 1,
         State::Dead => 2,
         State::Parked => 3,
+        State::Held => 2 | HELD,
     }
 }
 
@@ -58,6 +69,7 @@ fn state_of(bits: u64) -> State {
     match bits & 3 {
         0 => State::Claimed,
         1 => State::Done,
+        2 if bits & HELD != 0 => State::Held,
         2 => State::Dead,
         _ => State::Parked,
     }
@@ -92,6 +104,7 @@ pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<V
         (r.event_type.is_some(), EVENT_TYPE),
         (r.reason.is_some(), REASON),
         (r.dead_letter.is_some(), DEAD_LETTER),
+        (r.chain.is_some(), CHAIN),
     ] {
         if present {
             flags |= bit;
@@ -129,6 +142,9 @@ pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<V
     for text in [&r.reason, &r.dead_letter].into_iter().flatten() {
         varint::put_bytes(&mut out, text.as_bytes());
     }
+    if let Some(key) = &r.chain {
+        varint::put_bytes(&mut out, key);
+    }
     Ok(out)
 }
 
@@ -141,6 +157,17 @@ pub fn decode(
     slice_start_us: i64,
     expires_at_us: Option<i64>,
 ) -> Result<Record, StoreError> {
+    decode_with_rest(key, value, names, slice_start_us, expires_at_us).map(|(r, _)| r)
+}
+
+/// [`decode`], and the bytes after the record (where a changelog value carries a message copy).
+pub fn decode_with_rest<'v>(
+    key: &[u8],
+    value: &'v [u8],
+    names: &impl NameIds,
+    slice_start_us: i64,
+    expires_at_us: Option<i64>,
+) -> Result<(Record, &'v [u8]), StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
     let (event_id, scope) = keys::split(key).ok_or_else(|| corrupt("malformed key"))?;
     let mut r = Reader(value);
@@ -174,6 +201,7 @@ pub fn decode(
         let event_type = if flags & EVENT_TYPE != 0 { Some(names.name(r.u32()?)) } else { None };
         let reason = if flags & REASON != 0 { Some(r.text()?) } else { None };
         let dead_letter = if flags & DEAD_LETTER != 0 { Some(r.text()?) } else { None };
+        let chain = if flags & CHAIN != 0 { Some(r.bytes()?.to_vec()) } else { None };
         Some(Record {
             event_id: event_id.clone(),
             scope: (scope != keys::LEGACY_SCOPE).then(|| names.name(scope)),
@@ -193,9 +221,11 @@ pub fn decode(
             dead_letter,
             duplicates,
             expires_at_us,
+            chain,
         })
     };
-    parse().ok_or_else(|| corrupt("malformed record"))
+    let record = parse().ok_or_else(|| corrupt("malformed record"))?;
+    Ok((record, r.0))
 }
 
 /// `http 200` → 200, for the status codes a handler reports.

@@ -35,23 +35,26 @@ impl Store {
             None => self.slices.current(now_us())?,
         };
         let value = format::encode(r, &self.names, to.start)?;
-        match from {
-            Some((old, was)) if Arc::ptr_eq(old, &to) => {
-                to.tree.insert(&key, value)?;
-                to.moved(Some(was), Some(r.state));
+        self.chained(&key, Some(r), || {
+            match from {
+                Some((old, was)) if Arc::ptr_eq(old, &to) => {
+                    to.tree.insert(&key, value)?;
+                    to.moved(Some(was), Some(r.state));
+                }
+                Some((old, was)) => {
+                    self.messages.moved(&copy_key(old.start, &key), &copy_key(to.start, &key))?;
+                    to.tree.insert(&key, value)?;
+                    old.tree.remove(&key)?;
+                    old.moved(Some(was), None);
+                    to.moved(None, Some(r.state));
+                }
+                None => {
+                    to.tree.insert(&key, value)?;
+                    to.moved(None, Some(r.state));
+                }
             }
-            Some((old, was)) => {
-                self.messages.moved(&copy_key(old.start, &key), &copy_key(to.start, &key))?;
-                to.tree.insert(&key, value)?;
-                old.tree.remove(&key)?;
-                old.moved(Some(was), None);
-                to.moved(None, Some(r.state));
-            }
-            None => {
-                to.tree.insert(&key, value)?;
-                to.moved(None, Some(r.state));
-            }
-        }
+            Ok(())
+        })?;
         Ok(to)
     }
 
@@ -66,7 +69,10 @@ impl Store {
     pub(super) async fn claim_as(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Claim, StoreError> {
         let now = now_us();
         let (record, from) = match self.find_in(scope, &event.id)? {
-            Some(f) if f.record.state.is_final() => {
+            // A held event is final, except to the releaser of its chain (`chains`), which runs it now.
+            Some(f)
+                if f.record.state.is_final() && !(f.record.state == State::Held && self.chains.is_running(&f.key)) =>
+            {
                 let (r, p) = (&f.record, &event.position);
                 let same_offset = r.topic == p.topic && r.partition == p.partition && r.offset == p.offset;
                 self.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -77,9 +83,15 @@ impl Store {
                 }
                 return Ok(Claim::Finished { state: r.state, same_offset });
             }
-            // Claimed and never finished: by an earlier run with a durable claim, or reopened by `store retry`.
+            // Claimed and never finished: by an earlier run with a durable claim, or reopened by
+            // `store retry`; or held, and run by its released chain: a durable claim of it stays
+            // `held` (a crash leaves it to the chain, which finds the outcome uncertain), an
+            // in-memory one shows as claimed.
             Some(f) => {
+                let stored = f.record.state;
+                let state = if stored == State::Held && durable { State::Held } else { State::Claimed };
                 let r = Record {
+                    state,
                     attempts: f.record.attempts + 1,
                     topic: event.position.topic.clone(),
                     partition: event.position.partition,
@@ -88,7 +100,7 @@ impl Store {
                     updated_at_us: now,
                     ..f.record
                 };
-                (r, Some(f.slice))
+                (r, Some((f.slice, stored)))
             }
             None => {
                 let r = Record {
@@ -101,17 +113,19 @@ impl Store {
                 (r, None)
             }
         };
+        let stored = from.as_ref().map_or(State::Claimed, |(_, s)| *s);
         if !durable {
             self.claims.insert(scope, &record, from.is_some());
-            let slice = from.map(|s| s.start);
-            return Ok(Claim::Claimed(Claimed { record: Box::new(record), slice, durable }));
+            let slice = from.map(|(s, _)| s.start);
+            return Ok(Claim::Claimed(Claimed { record: Box::new(record), slice, durable, stored }));
         }
         if !self.has_changelog() {
             self.written_without_changelog()?;
         }
-        let slice = self.write(&record, from.as_ref().map(|s| (s, State::Claimed)), None)?;
+        let slice = self.write(&record, from.as_ref().map(|(s, was)| (s, *was)), None)?;
         self.durable().await?;
-        Ok(Claim::Claimed(Claimed { record: Box::new(record), slice: Some(slice.start), durable }))
+        let stored = record.state;
+        Ok(Claim::Claimed(Claimed { record: Box::new(record), slice: Some(slice.start), durable, stored }))
     }
 
     /// A further attempt within the same claim (a retry after a handler error):
@@ -125,7 +139,8 @@ impl Store {
             return Ok(r.attempts);
         }
         let from = claimed.slice.and_then(|s| self.slices.get(s));
-        claimed.slice = Some(self.write(r, from.as_ref().map(|s| (s, State::Claimed)), None)?.start);
+        claimed.slice = Some(self.write(r, from.as_ref().map(|s| (s, claimed.stored)), None)?.start);
+        claimed.stored = r.state;
         self.durable().await?;
         Ok(r.attempts)
     }
@@ -140,7 +155,7 @@ impl Store {
         debug_assert!(state.is_final());
         let from = claimed.slice.and_then(|s| self.slices.get(s));
         let mut r = *claimed.record;
-        self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), None, state, text)?;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, claimed.stored)), None, state, text)?;
         self.release_written(&r);
         self.settle(&r).await
     }
@@ -160,7 +175,7 @@ impl Store {
         let to = self.slices.current(now_us())?;
         let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
         r.dead_letter = dead_letter;
-        self.finish_record(&mut r, from.as_ref().map(|s| (s, State::Claimed)), Some(to), state, reason)?;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, claimed.stored)), Some(to), state, reason)?;
         self.release_written(&r);
         self.settle(&r).await
     }
@@ -186,13 +201,15 @@ impl Store {
         Ok(())
     }
 
-    /// Records a message that never became an event (it could not be decoded) as dead.
+    /// Records a message that never became an event (it could not be decoded) as dead;
+    /// with `hold` (`on_dead = "hold"`), it holds the later events of its key.
     pub(in crate::store) async fn record_undecodable(
         &self,
         id: &str,
         message: &RawMessage,
         reason: String,
         dead_letter: Option<String>,
+        hold: bool,
     ) -> Result<(), StoreError> {
         let now = now_us();
         let (mut r, from) = match self.find_in(UNDECODABLE_SCOPE, id)? {
@@ -206,6 +223,9 @@ impl Store {
             }
         };
         let was = r.state;
+        if hold && r.chain.is_none() {
+            r.chain = message.key.clone();
+        }
         let to = self.slices.current(now)?;
         let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
         r.dead_letter = dead_letter;

@@ -77,6 +77,24 @@ impl MessageCopies {
         Ok(true)
     }
 
+    /// Keeps a copy already encoded as [`MessageCopies::put`] keeps it (one read
+    /// from the changelog), within the quota as `put` does.
+    pub fn put_encoded(&self, key: &[u8], encoded: &[u8]) -> Result<bool, StoreError> {
+        let older = self.whole.get(key)?.map_or(0, |v| v.len() as u64);
+        let after = self.bytes().saturating_sub(older).saturating_add(encoded.len() as u64);
+        if after > self.quota.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let replaced = self.whole.insert(key, encoded)?.map_or(0, |v| v.len() as i64);
+        self.bytes.fetch_add(encoded.len() as i64 - replaced, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// The copy kept under the record's key, encoded as it is kept.
+    pub fn get_encoded(&self, key: &[u8]) -> Result<Option<sled::IVec>, StoreError> {
+        Ok(self.whole.get(key)?)
+    }
+
     /// The copy kept under the record's key, if any (`id` names it in errors).
     pub fn get(&self, key: &[u8], id: &str) -> Result<Option<RawMessage>, StoreError> {
         self.whole.get(key)?.map(|bytes| decode_message(id, &bytes)).transpose()

@@ -93,11 +93,11 @@ pub fn convert(p: &Parts<'_>) -> Result<(), StoreError> {
     // Counts and copy bytes from what is there now (a restarted conversion counted nothing twice).
     let mut per_slice = Vec::new();
     for slice in p.slices.all() {
-        let mut counted = [0i64; 4];
+        let mut counted = [0i64; super::counts::STATES];
         for item in slice.tree.iter() {
             let (_, v) = item?;
             if let Some(state) = format::state(&v) {
-                counted[state as usize] += 1;
+                counted[super::counts::slot(state)] += 1;
             }
         }
         per_slice.push((slice.start, counted));

@@ -9,14 +9,19 @@
 //! - `handling`: claim, attempts, final records (the handling path).
 //! - `read`: listing, paging, scanning and counting; `repair`: forget, reopen, resolve.
 //! - `inflight`: claims kept in memory only (`on_uncertain = retry`), shown while they last.
+//! - `chains`: events held behind a dead or parked event of their Kafka key
+//!   (`on_dead = "hold"`), and the index of those chains; `held`: recording events
+//!   held, and the steps of running them once their chain is released.
 //! - `migrate`: converts stores written in the earlier format on open.
 //! - `changelog`: the changelog's value format, restore, and checkpoints (`[store.changelog]`).
 //! - `publish`: records the changelog may lack (written while it was off) copied into it, resumably.
 
+pub mod chains;
 pub mod changelog;
 mod counts;
 mod format;
 mod handling;
+mod held;
 mod inflight;
 mod keys;
 mod messages;
@@ -38,11 +43,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub use chains::{ChainId, ChainInfo};
 pub use keys::UNDECODABLE_SCOPE;
 pub use options::{Role, StoreOptions, SMALL_CACHE_BYTES};
 pub(crate) use owner::Owner;
 pub use record::{now_us, Record, State};
-pub use roles::{Handling, Reads, Repairs, Restore};
+pub use roles::{Handling, Holds, Reads, Repairs, Restore};
 pub use sync::SyncStats;
 
 use crate::event::{OutboxEvent, RawMessage};
@@ -133,6 +139,8 @@ pub struct Stats {
     pub dead: u64,
     /// Records parked.
     pub parked: u64,
+    /// Records held behind a dead or parked event of their key.
+    pub held: u64,
     /// Deliveries not run because their record was already final, over the store's
     /// life, those of records removed since included (persisted with each group commit).
     pub duplicates_suppressed: u64,
@@ -169,6 +177,9 @@ pub struct Claimed {
     /// The claim itself is written and durable (`on_uncertain = verify | park`); an
     /// in-memory claim writes nothing before its final record.
     durable: bool,
+    /// The state of the record stored in `slice` (`claimed`; `held` for a held
+    /// event its released chain runs now), which the final record replaces.
+    stored: State,
 }
 
 impl Claimed {
@@ -185,6 +196,16 @@ impl Claimed {
     /// The claim is on disk (and, with a changelog, may be sent there): see [`Store::claim`].
     pub fn is_durable(&self) -> bool {
         self.durable
+    }
+
+    /// With `hold` (`on_dead = "hold"`) and a message key, the event's final record,
+    /// should it be dead or parked, holds the later events of its key (`chains`).
+    /// A record already in a chain keeps it.
+    pub fn holding(mut self, hold: bool, message: &RawMessage) -> Claimed {
+        if hold && self.record.chain.is_none() {
+            self.record.chain = message.key.clone();
+        }
+        self
     }
 }
 
@@ -221,6 +242,8 @@ pub struct Store {
     owner: Mutex<Option<owner::OwnerFile>>,
     /// Where final records also go, and how far each changelog partition is restored.
     changelog: changelog::Changelog,
+    /// Held chains (`on_dead = "hold"`): which keys wait, and for what.
+    chains: chains::Chains,
 }
 
 impl Store {
@@ -273,7 +296,8 @@ impl Store {
                 meta.insert(DUPLICATES_KEY, &duplicates.load(Ordering::Relaxed).to_be_bytes()[..]).map(drop)
             }
         };
-        Ok(Store {
+        let chains = chains::Chains::open(&db)?;
+        let store = Store {
             path: path.to_owned(),
             meta,
             names,
@@ -287,7 +311,10 @@ impl Store {
             db,
             owner: Mutex::new(owner),
             changelog,
-        })
+            chains,
+        };
+        store.load_chains()?;
+        Ok(store)
     }
 
     /// The store's directory.
@@ -339,6 +366,7 @@ impl Store {
             removed += slice.counts.values().iter().map(|n| (*n).max(0) as u64).sum::<u64>();
             self.messages.drop_slice(slice.start)?;
         }
+        self.prune_chains()?;
         self.durable().await?;
         Ok(removed)
     }

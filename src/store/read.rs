@@ -233,36 +233,36 @@ impl Store {
 
     /// Records per state without scanning (what the service's gauges show);
     /// `claimed` includes the claims held in memory.
-    pub(in crate::store) fn counts(&self) -> [(State, u64); 4] {
+    pub(in crate::store) fn counts(&self) -> [(State, u64); State::ALL.len()] {
         let mut t = self.slices.totals();
         t[0] += self.claims.unstored() as i64;
-        [State::Claimed, State::Done, State::Dead, State::Parked]
-            .into_iter()
-            .zip(t)
-            .map(|(s, n)| (s, n.max(0) as u64))
-            .collect::<Vec<_>>()
-            .try_into()
-            .expect("four states")
+        State::ALL.map(|s| (s, t[super::counts::slot(s)].max(0) as u64))
     }
 
     /// Counts every record (a full scan). On a store no service is writing to,
-    /// the kept per-slice counts are corrected to what the scan found.
+    /// the kept per-slice counts are corrected to what the scan found, and so is
+    /// the index of held chains (`chains`).
     pub(in crate::store) fn stats(&self) -> Result<Stats, StoreError> {
         let mut s = Stats::default();
         let mut per_slice = Vec::new();
+        let mut members = Vec::new();
         for slice in self.slices.all() {
-            let mut counted = [0i64; 4];
+            let mut counted = [0i64; super::counts::STATES];
             for item in slice.tree.iter() {
                 let (k, v) = item?;
                 let r = self.decode(&slice, &k, &v)?;
-                let (slot, total) = match r.state {
-                    State::Claimed => (0, &mut s.claimed),
-                    State::Done => (1, &mut s.done),
-                    State::Dead => (2, &mut s.dead),
-                    State::Parked => (3, &mut s.parked),
+                let total = match r.state {
+                    State::Claimed => &mut s.claimed,
+                    State::Done => &mut s.done,
+                    State::Dead => &mut s.dead,
+                    State::Parked => &mut s.parked,
+                    State::Held => &mut s.held,
                 };
-                counted[slot] += 1;
+                counted[super::counts::slot(r.state)] += 1;
                 *total += 1;
+                if r.in_chain() {
+                    members.push((k.to_vec(), r.clone()));
+                }
                 s.oldest_us = Some(s.oldest_us.map_or(r.first_seen_us, |o| o.min(r.first_seen_us)));
                 s.newest_us = Some(s.newest_us.map_or(r.first_seen_us, |o| o.max(r.first_seen_us)));
             }
@@ -276,6 +276,10 @@ impl Store {
         s.bytes_on_disk = self.db.size_on_disk()?;
         if !self.service && self.slices.correct(&per_slice)? {
             tracing::info!(store = %self.path.display(), "per-state counts corrected from a full count");
+            self.db.flush()?;
+        }
+        if !self.service && self.correct_chains(&members)? {
+            tracing::info!(store = %self.path.display(), "index of held chains corrected from a full scan");
             self.db.flush()?;
         }
         Ok(s)

@@ -2,8 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
-/// `absent → claimed → done | dead`. A `claimed` record found later means an
+/// `absent → claimed → done | dead | parked | held`. A `claimed` record found later means an
 /// earlier attempt's outcome is unknown (only durable claims are stored: see `Store::claim`).
+/// `held` waits behind an earlier dead or parked event of its Kafka key (`on_dead = "hold"`):
+/// final for its offset, run once that event is done, resolved or forgotten (`store::chains`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
@@ -16,28 +18,37 @@ pub enum State {
     Dead,
     /// An uncertain event under `on_uncertain = "park"`: a person decides.
     Parked,
+    /// Not run yet: an earlier event of its Kafka key is dead or parked
+    /// (`on_dead = "hold"`). Its offset may move; it runs once that event is done,
+    /// resolved or forgotten.
+    Held,
 }
 
 impl State {
-    /// The state as text (`claimed`, `done`, `dead`, `parked`), as in JSON and `--state`.
+    /// The state as text (`claimed`, `done`, `dead`, `parked`, `held`), as in JSON and `--state`.
     pub fn as_str(self) -> &'static str {
         match self {
             State::Claimed => "claimed",
             State::Done => "done",
             State::Dead => "dead",
             State::Parked => "parked",
+            State::Held => "held",
         }
     }
 
-    /// Finished states let the offset move on and are never executed again automatically.
+    /// Finished states let the offset move on and are never executed again automatically
+    /// (a held event runs only when its key's chain is released: `store::chains`).
     pub fn is_final(self) -> bool {
-        matches!(self, State::Done | State::Dead | State::Parked)
+        matches!(self, State::Done | State::Dead | State::Parked | State::Held)
     }
+
+    /// Every state, in the order counts are kept and shown.
+    pub const ALL: [State; 5] = [State::Claimed, State::Done, State::Dead, State::Parked, State::Held];
 }
 
 /// A state's name that is none of [`State`]'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown state {0:?}; one of: claimed, done, dead, parked")]
+#[error("unknown state {0:?}; one of: claimed, done, dead, parked, held")]
 pub struct UnknownState(pub String);
 
 impl std::str::FromStr for State {
@@ -49,6 +60,7 @@ impl std::str::FromStr for State {
             "done" => Ok(State::Done),
             "dead" => Ok(State::Dead),
             "parked" => Ok(State::Parked),
+            "held" => Ok(State::Held),
             other => Err(UnknownState(other.to_owned())),
         }
     }
@@ -72,7 +84,7 @@ pub struct Record {
     /// a store written before scopes. Part of the key (as a small id), not of the stored value.
     #[serde(skip)]
     pub scope: Option<String>,
-    /// Where the event is: `claimed`, `done`, `dead` or `parked`.
+    /// Where the event is: `claimed`, `done`, `dead`, `parked` or `held`.
     pub state: State,
     /// Handler executions started (a re-execution after a crash counts).
     pub attempts: u32,
@@ -106,6 +118,12 @@ pub struct Record {
     pub duplicates: u64,
     /// When the record is removed (its slice is dropped), unless it is written again before.
     pub expires_at_us: Option<i64>,
+    /// The Kafka message key of the chain the event belongs to (`on_dead = "hold"`):
+    /// set on a dead or parked event that holds its key's later events, and on the
+    /// events held behind it. With the record's topic and partition it names the
+    /// chain (`store::chains`); `None` for every other record.
+    #[serde(skip)]
+    pub chain: Option<Vec<u8>>,
 }
 
 impl Record {
@@ -130,7 +148,15 @@ impl Record {
             dead_letter: None,
             duplicates: 0,
             expires_at_us: None,
+            chain: None,
         }
+    }
+
+    /// The record is in its key's chain: it holds the key's later events (dead or
+    /// parked), waits behind them (held), or is being run again (claimed). A done
+    /// record has left its chain.
+    pub fn in_chain(&self) -> bool {
+        self.chain.is_some() && self.state != State::Done
     }
 }
 

@@ -9,6 +9,11 @@ use super::changelog::Change;
 use super::messages::copy_key;
 use super::{keys, now_us, Found, RawMessage, Record, State, Store, StoreError};
 
+/// What a retry or resolve of a held event is told instead.
+const HELD_RUNS_LATER: &str = "dead or parked: a held event runs by itself once the event its key waits for \
+                               (`store get` shows it) is retried to done, resolved or forgotten; `forget` takes it \
+                               out of its chain";
+
 impl Store {
     /// The record of `id` (any scope), or `NotFound`.
     fn existing(&self, id: &str) -> Result<Found, StoreError> {
@@ -20,10 +25,12 @@ impl Store {
     pub(in crate::store) async fn forget(&self, id: &str) -> Result<Record, StoreError> {
         let f = self.existing(id)?;
         self.settle_entry(Change::Gone(&f.record), || {
-            f.slice.tree.remove(&f.key)?;
-            self.messages.remove(&copy_key(f.slice.start, &f.key))?;
-            f.slice.moved(Some(f.record.state), None);
-            Ok(())
+            self.chained(&f.key, None, || {
+                f.slice.tree.remove(&f.key)?;
+                self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+                f.slice.moved(Some(f.record.state), None);
+                Ok(())
+            })
         })
         .await?;
         Ok(f.record)
@@ -38,6 +45,10 @@ impl Store {
         let f = self.existing(id)?;
         let mut r = f.record;
         let interrupted_rerun = r.state == State::Claimed && r.attempts == 0;
+        if r.state == State::Held {
+            // Run out of order it would overtake the event its key waits for.
+            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: HELD_RUNS_LATER });
+        }
         if !matches!(r.state, State::Dead | State::Parked) && !interrupted_rerun {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }
@@ -71,6 +82,9 @@ impl Store {
     pub(in crate::store) async fn resolve_done(&self, id: &str, note: String) -> Result<(), StoreError> {
         let f = self.existing(id)?;
         let mut r = f.record;
+        if r.state == State::Held {
+            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: HELD_RUNS_LATER });
+        }
         if !matches!(r.state, State::Dead | State::Parked) {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "dead or parked" });
         }

@@ -6,12 +6,14 @@
 //! - [`Restore`]: changelog partitions read into the store, their checkpoints.
 //! - [`Repairs`]: what a person changes (`outboxd store forget|resolve|retry|gc`).
 //! - [`Reads`]: records, counts and message copies as they are.
+//! - [`Holds`]: the releaser of held chains: which chains are released, their next event.
 //!
 //! What stays on [`Store`] itself is its life: open, close, durability, the
 //! changelog it writes to, the admin address it advertises.
 
 use std::collections::BTreeSet;
 
+use super::chains::{ChainId, ChainInfo, Running};
 use super::changelog::mac::Authentic;
 use super::changelog::Restoring;
 use super::sync::SyncStats;
@@ -37,6 +39,11 @@ impl Store {
     /// Records, counts and message copies.
     pub fn reads(&self) -> Reads<'_> {
         Reads(self)
+    }
+
+    /// Held chains, for their releaser.
+    pub fn holds(&self) -> Holds<'_> {
+        Holds(self)
     }
 }
 
@@ -88,15 +95,78 @@ impl Handling<'_> {
         self.0.finish_failed(claimed, state, reason, message, dead_letter).await
     }
 
-    /// Records a message that could not be decoded dead, under `id`, with its copy.
+    /// Records a message that could not be decoded dead, under `id`, with its copy;
+    /// with `hold` it holds the later events of its key.
     pub async fn record_undecodable(
         &self,
         id: &str,
         message: &RawMessage,
         reason: String,
         dead_letter: Option<String>,
+        hold: bool,
     ) -> Result<(), StoreError> {
-        self.0.record_undecodable(id, message, reason, dead_letter).await
+        self.0.record_undecodable(id, message, reason, dead_letter, hold).await
+    }
+
+    /// With `hold` (`on_dead = "hold"`): a claimed event of a key that waits behind
+    /// a dead or parked event is recorded held (`None`: it is final); any other
+    /// claim comes back to run.
+    pub async fn hold_behind(
+        &self,
+        claim: Claim,
+        hold: bool,
+        message: &RawMessage,
+    ) -> Result<Option<Claim>, StoreError> {
+        self.0.hold_behind(claim, hold, message).await
+    }
+
+    /// With `hold`: an undecodable message (`id`) of a held key is recorded held
+    /// (true) instead of dead.
+    pub async fn hold_message(&self, id: &str, message: &RawMessage, hold: bool) -> Result<bool, StoreError> {
+        self.0.hold_message(id, message, hold).await
+    }
+}
+
+/// Held chains, for the engine's releaser ([`Store::holds`]).
+#[derive(Clone, Copy)]
+pub struct Holds<'a>(&'a Store);
+
+impl<'a> Holds<'a> {
+    /// Chains whose held events may run (none of their members is dead, parked or claimed).
+    pub fn released(self) -> Vec<ChainId> {
+        self.0.released_chains()
+    }
+
+    /// The next held event of a released chain, its message copy, and the guard
+    /// under which its claim is allowed; `None` when the chain is not released.
+    pub async fn next(self, chain: &ChainId) -> Result<Option<(Record, RawMessage, Running<'a>)>, StoreError> {
+        self.0.next_held(chain).await
+    }
+
+    /// After a held event's run: its record now (`None`: it ran under another id and was removed).
+    pub async fn after_run(self, r: &Record) -> Result<Option<Record>, StoreError> {
+        self.0.after_held_run(r).await
+    }
+
+    /// Records of held chains last written before `before_us`.
+    pub fn aging(self, before_us: i64) -> Result<Vec<Record>, StoreError> {
+        self.0.aging_members(before_us)
+    }
+
+    /// Writes a chain's record again as it is (locally and to the changelog), so it
+    /// outlives `store.retention`; false when it changed since it was read.
+    pub async fn refresh(self, r: &Record) -> Result<bool, StoreError> {
+        self.0.refresh_member(r).await
+    }
+
+    /// Keys whose new events are held now.
+    pub fn held_keys(self) -> usize {
+        self.0.held_keys()
+    }
+
+    /// Waits until a chain may have been released.
+    pub async fn released_notified(self) {
+        self.0.chains.released_notified().await
     }
 }
 
@@ -230,7 +300,7 @@ impl Reads<'_> {
     }
 
     /// Records per state without scanning; `claimed` includes in-memory claims.
-    pub fn counts(&self) -> [(State, u64); 4] {
+    pub fn counts(&self) -> [(State, u64); State::ALL.len()] {
         self.0.counts()
     }
 
@@ -252,6 +322,11 @@ impl Reads<'_> {
     /// The stored copy of this record's message.
     pub fn message_of(&self, r: &Record) -> Result<Option<RawMessage>, StoreError> {
         self.0.message_of(r)
+    }
+
+    /// The held chain `r` is in (with at most `shown` ids of its held events), if any.
+    pub fn chain(&self, r: &Record, shown: usize) -> Option<ChainInfo> {
+        self.0.chain_view(r, shown)
     }
 
     /// Bytes of message copies kept.

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use super::counts::Counts;
+use super::counts::{Counts, STATES};
 use super::StoreError;
 
 /// Slices per retention: lookups check this many trees (plus one), and a record
@@ -168,8 +168,8 @@ impl Slices {
     }
 
     /// Records per state over all slices.
-    pub fn totals(&self) -> [i64; 4] {
-        let mut t = [0i64; 4];
+    pub fn totals(&self) -> [i64; STATES] {
+        let mut t = [0i64; STATES];
         for s in self.list.read().expect("slices lock").iter() {
             for (a, b) in t.iter_mut().zip(s.counts.values()) {
                 *a += b;
@@ -209,10 +209,10 @@ impl Slices {
     }
 
     /// Sets each slice's counts to what a full count found, and stores them.
-    pub fn correct(&self, found: &[(i64, [i64; 4])]) -> Result<bool, StoreError> {
+    pub fn correct(&self, found: &[(i64, [i64; STATES])]) -> Result<bool, StoreError> {
         let mut changed = false;
         for s in self.list.read().expect("slices lock").iter() {
-            let values = found.iter().find(|(start, _)| *start == s.start).map_or([0; 4], |(_, v)| *v);
+            let values = found.iter().find(|(start, _)| *start == s.start).map_or([0; STATES], |(_, v)| *v);
             if s.counts.values() != values {
                 s.counts.set(values);
                 self.meta.insert(tree_name(s.start), entry(s.width, &s.counts))?;
@@ -257,17 +257,17 @@ mod tests {
         assert_eq!(slices.live(1_089 * S).len(), 2);
         assert_eq!(slices.live(1_090 * S).len(), 1, "the first one ended 80 s ago");
         slices.persist().unwrap();
-        assert_eq!(slices.totals(), [0, 1, 0, 0]);
+        assert_eq!(slices.totals(), [0, 1, 0, 0, 0]);
         drop((a, b, slices));
 
         // Reopened with a shorter retention: the slices keep their widths, new ones are narrower.
         let slices = Slices::open(&db, &meta, Duration::from_secs(8)).unwrap();
-        assert_eq!((slices.all().len(), slices.totals()), (2, [0, 1, 0, 0]));
+        assert_eq!((slices.all().len(), slices.totals()), (2, [0, 1, 0, 0, 0]));
         assert_eq!(slices.current(1_035 * S).unwrap().start, 1_030 * S);
         assert_eq!(slices.current(1_041 * S).unwrap().width, S);
         let dropped = slices.drop_expired(1_018 * S).unwrap();
         assert_eq!(dropped.iter().map(|s| s.start).collect::<Vec<_>>(), [1_000 * S]);
-        assert_eq!(slices.totals(), [0, 0, 0, 0]);
+        assert_eq!(slices.totals(), [0, 0, 0, 0, 0]);
         assert!(!db.tree_names().iter().any(|n| n.as_ref() == tree_name(1_000 * S)));
     }
 

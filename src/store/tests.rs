@@ -101,7 +101,7 @@ async fn a_record_written_again_in_a_newer_slice_leaves_the_older_one() {
     let r = store.get("e1").unwrap().unwrap();
     assert_eq!((r.state, r.outcome.as_deref()), (State::Done, Some("http 200")));
     assert_eq!(store.list(None, 10).unwrap().len(), 2, "each record once");
-    assert_eq!(store.counts().map(|(_, n)| n), [1, 1, 0, 0]);
+    assert_eq!(store.counts().map(|(_, n)| n), [1, 1, 0, 0, 0]);
     assert!(store.message("e2").unwrap().is_some(), "the copy moved with its record");
     let s = store.stats().unwrap();
     assert_eq!((s.claimed, s.done), (1, 1));
@@ -182,7 +182,7 @@ async fn per_state_counts_follow_every_change_and_survive_reopen() {
         let b = claimed(&store, "b", 1).await;
         claimed(&store, "c", 2).await;
         claimed(&store, "c", 3).await; // a re-execution is not a new record
-        assert_eq!(counts(&store), [3, 0, 0, 0]);
+        assert_eq!(counts(&store), [3, 0, 0, 0, 0]);
         store.finish(a, State::Done, "ok".into()).await.unwrap();
         let msg = RawMessage {
             topic: "t".into(),
@@ -194,25 +194,25 @@ async fn per_state_counts_follow_every_change_and_survive_reopen() {
             timestamp_ms: None,
         };
         store.finish_failed(b, State::Parked, "unknown".into(), &msg, None).await.unwrap();
-        store.record_undecodable("u", &msg, "bad".into(), None).await.unwrap();
+        store.record_undecodable("u", &msg, "bad".into(), None, false).await.unwrap();
         assert_eq!(
             store.claim(&event("a", 9), "t").await.unwrap(),
             Claim::Finished { state: State::Done, same_offset: false }
         );
-        assert_eq!(counts(&store), [1, 1, 1, 1]);
+        assert_eq!(counts(&store), [1, 1, 1, 1, 0]);
         store.resolve_done("b", "checked".into()).await.unwrap();
         store.reopen("u").await.unwrap();
-        assert_eq!(counts(&store), [2, 2, 0, 0], "reopened: claimed for its re-run");
+        assert_eq!(counts(&store), [2, 2, 0, 0, 0], "reopened: claimed for its re-run");
         store.settle_rerun("u").await.unwrap();
-        assert_eq!(counts(&store), [1, 2, 0, 0]);
+        assert_eq!(counts(&store), [1, 2, 0, 0, 0]);
         assert_eq!(store.len(), 3);
     }
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
-    assert_eq!(counts(&store), [1, 2, 0, 0], "kept across a reopen");
+    assert_eq!(counts(&store), [1, 2, 0, 0, 0], "kept across a reopen");
     store.forget("c").await.unwrap();
-    assert_eq!(counts(&store), [0, 2, 0, 0]);
+    assert_eq!(counts(&store), [0, 2, 0, 0, 0]);
     assert_eq!(store.gc(now_us() + AFTER_RETENTION).await.unwrap(), 2);
-    assert_eq!(counts(&store), [0, 0, 0, 0]);
+    assert_eq!(counts(&store), [0, 0, 0, 0, 0]);
 }
 
 #[tokio::test]
@@ -221,13 +221,13 @@ async fn stats_on_a_stopped_store_corrects_drifted_counts() {
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
     let a = claimed(&store, "a", 0).await;
     store.finish(a, State::Done, "ok".into()).await.unwrap();
-    store.slices.all()[0].counts.set([5, 0, 7, 0]); // as a crash between a write and its count could leave them
+    store.slices.all()[0].counts.set([5, 0, 7, 0, 2]); // as a crash between a write and its count could leave them
     let s = store.stats().unwrap();
     assert_eq!((s.claimed, s.done, s.dead), (0, 1, 0));
-    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0]);
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0, 0]);
     drop(store);
     let store = Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap();
-    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0], "the correction is stored");
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0, 0], "the correction is stored");
 }
 
 #[tokio::test]
@@ -261,7 +261,7 @@ async fn in_memory_claim_writes_only_the_final_record() {
     assert_eq!(stored_records(&store), 0, "the claim is not written");
     let r = store.get("e1").unwrap().expect("an in-flight claim is shown from memory");
     assert_eq!((r.state, r.attempts), (State::Claimed, 1));
-    assert_eq!(store.counts().map(|(_, n)| n), [1, 0, 0, 0]);
+    assert_eq!(store.counts().map(|(_, n)| n), [1, 0, 0, 0, 0]);
     assert_eq!(store.stats().unwrap().claimed, 1);
     assert_eq!(store.record_attempt(&mut c).await.unwrap(), 2);
     assert_eq!(stored_records(&store), 0, "an attempt is counted in memory");
@@ -270,7 +270,7 @@ async fn in_memory_claim_writes_only_the_final_record() {
     assert_eq!(stored_records(&store), 1);
     let r = store.get("e1").unwrap().unwrap();
     assert_eq!((r.state, r.attempts), (State::Done, 2));
-    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0]);
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0, 0]);
     assert!(matches!(store.claim_in_memory(&event("e1", 2), "t").await.unwrap(), Claim::Finished { .. }));
 }
 
@@ -312,7 +312,7 @@ async fn released_in_memory_claim_is_no_longer_shown() {
     store.claim_in_memory(&event("e1", 1), "t").await.unwrap();
     store.release("e1", "t");
     assert_eq!(store.get("e1").unwrap(), None);
-    assert_eq!(store.counts().map(|(_, n)| n), [0, 0, 0, 0]);
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 0, 0, 0, 0]);
 }
 
 #[tokio::test]
@@ -326,10 +326,10 @@ async fn in_memory_claim_of_a_stored_claim_moves_it_to_final_in_one_write() {
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
     let Claim::Claimed(c) = store.claim_in_memory(&event("e1", 2), "t").await.unwrap() else { panic!() };
     assert_eq!((c.attempt(), c.reexecution()), (2, true), "a stored claim still says the outcome is unknown");
-    assert_eq!(store.counts().map(|(_, n)| n), [1, 0, 0, 0], "counted once");
+    assert_eq!(store.counts().map(|(_, n)| n), [1, 0, 0, 0, 0], "counted once");
     store.finish(c, State::Done, "http 200".into()).await.unwrap();
     assert_eq!(stored_records(&store), 1);
-    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0]);
+    assert_eq!(store.counts().map(|(_, n)| n), [0, 1, 0, 0, 0]);
 }
 
 #[tokio::test]
@@ -430,7 +430,7 @@ async fn a_rerun_recorded_under_another_id_leaves_no_claim_behind() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
     let id = "undecodable/t/0/7";
-    store.record_undecodable(id, &big_message("x", 10), "bad JSON".into(), None).await.unwrap();
+    store.record_undecodable(id, &big_message("x", 10), "bad JSON".into(), None, false).await.unwrap();
     store.reopen(id).await.unwrap();
     assert_eq!(store.settle_rerun(id).await.unwrap(), None);
     assert_eq!(store.get(id).unwrap(), None);
@@ -461,7 +461,7 @@ async fn an_undecodable_message_is_kept_apart_from_an_event_with_the_same_id() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
     let id = "undecodable/t/0/7";
-    store.record_undecodable(id, &big_message("x", 10), "bad JSON".into(), None).await.unwrap();
+    store.record_undecodable(id, &big_message("x", 10), "bad JSON".into(), None, false).await.unwrap();
     assert!(matches!(store.claim(&event(id, 8), "t").await.unwrap(), Claim::Claimed(_)));
     assert!(matches!(store.claim(&event(id, 8), "").await.unwrap(), Claim::Claimed(_)));
     let mut scopes: Vec<Option<String>> = store.list(None, 10).unwrap().into_iter().map(|r| r.scope).collect();

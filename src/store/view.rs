@@ -14,7 +14,7 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use super::{Record, State, Stats, Store, StoreError};
+use super::{ChainInfo, Record, State, Stats, Store, StoreError};
 use crate::event::RawMessage;
 
 /// A time in µs since the epoch as RFC 3339 with microseconds (UTC).
@@ -29,6 +29,10 @@ pub fn rfc3339(us: i64) -> String {
 pub struct RecordView {
     /// Handler executions started.
     pub attempts: u32,
+    /// The held chain of its Kafka key (`on_dead = "hold"`), when it is in one: the
+    /// dead or parked event that holds it, or a held event.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub chain: Option<ChainView>,
     /// When it was last claimed (or taken back for a re-run).
     #[serde(deserialize_with = "Option::deserialize")]
     pub claimed_at: Option<String>,
@@ -63,7 +67,7 @@ pub struct RecordView {
     /// Why the event is dead or parked.
     #[serde(deserialize_with = "Option::deserialize")]
     pub reason: Option<String>,
-    /// `claimed`, `done`, `dead` or `parked`.
+    /// `claimed`, `done`, `dead`, `parked` or `held`.
     pub state: State,
     /// The topic of that message.
     pub topic: String,
@@ -75,6 +79,7 @@ impl From<&Record> for RecordView {
     fn from(r: &Record) -> RecordView {
         RecordView {
             attempts: r.attempts,
+            chain: None,
             claimed_at: r.claimed_at_us.map(rfc3339),
             dead_letter: r.dead_letter.clone(),
             done_at: r.done_at_us.map(rfc3339),
@@ -95,11 +100,70 @@ impl From<&Record> for RecordView {
     }
 }
 
+/// A record with its held chain (`store get`, `list`, `export` and `/v1`), with at
+/// most `shown` ids of the chain's held events.
+pub fn record_view(store: &Store, r: &Record, shown: usize) -> RecordView {
+    RecordView { chain: store.reads().chain(r, shown).map(ChainView::from), ..RecordView::from(r) }
+}
+
+/// Ids of held events `store get` shows (`held_total` counts them all).
+pub const CHAIN_SHOWN: usize = 1000;
+
+/// A held chain as a record shows it: the Kafka key whose events wait, what they
+/// wait for, and the held events in offset order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainView {
+    /// The event the key's events wait for: dead, parked, or being run again
+    /// (`claimed`). `None`: nothing any more; the held events run now, in order,
+    /// at the partition's owner.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub head: Option<String>,
+    /// Ids of the held events in offset order (`store get`: up to 1,000; lists: none).
+    pub held: Vec<String>,
+    /// Held events in the chain.
+    pub held_total: u64,
+    /// The Kafka message key.
+    pub key: BytesView,
+}
+
+impl From<ChainInfo> for ChainView {
+    fn from(c: ChainInfo) -> ChainView {
+        let key = Some(c.chain.key);
+        ChainView {
+            head: c.head,
+            held: c.held,
+            held_total: c.held_total,
+            key: BytesView::of(&key).expect("a chain has a key"),
+        }
+    }
+}
+
+impl ChainView {
+    /// One table cell: the key, what it waits for, and the held events.
+    fn cell(&self) -> String {
+        let key = match &self.key {
+            BytesView::Text(t) => format!("{t:?}"),
+            BytesView::Bytes { bytes } => format!("{bytes:02x?}"),
+        };
+        let waits = match &self.head {
+            Some(head) => format!("waits for {head}"),
+            None => "released: its held events run now".to_owned(),
+        };
+        let more = self.held_total.saturating_sub(self.held.len() as u64);
+        let mut held = self.held.join(", ");
+        if more > 0 {
+            held.push_str(&format!("{}{more} more", if held.is_empty() { "" } else { ", " }));
+        }
+        format!("key {key}; {waits}; {} held: {held}", self.held_total)
+    }
+}
+
 impl RecordView {
     /// Each field's name and table cell, in the order of its JSON (`store get`).
     pub fn rows(&self) -> Vec<(&'static str, String)> {
         vec![
             ("attempts", self.attempts.to_string()),
+            ("chain", self.chain.as_ref().map_or_else(|| "-".to_owned(), ChainView::cell)),
             ("claimed_at", cell(&self.claimed_at)),
             ("dead_letter", cell(&self.dead_letter)),
             ("done_at", cell(&self.done_at)),
@@ -133,6 +197,8 @@ pub struct StatsView {
     pub done: u64,
     /// Deliveries not run because their record was already final, over the store's life.
     pub duplicates_suppressed: u64,
+    /// Records held behind a dead or parked event of their key.
+    pub held: u64,
     /// When the newest record was first seen.
     #[serde(deserialize_with = "Option::deserialize")]
     pub newest: Option<String>,
@@ -151,6 +217,7 @@ impl From<&Stats> for StatsView {
             dead: s.dead,
             done: s.done,
             duplicates_suppressed: s.duplicates_suppressed,
+            held: s.held,
             newest: s.newest_us.map(rfc3339),
             oldest: s.oldest_us.map(rfc3339),
             parked: s.parked,
@@ -167,6 +234,7 @@ impl StatsView {
             ("dead", self.dead.to_string()),
             ("done", self.done.to_string()),
             ("duplicates_suppressed", self.duplicates_suppressed.to_string()),
+            ("held", self.held.to_string()),
             ("newest", cell(&self.newest)),
             ("oldest", cell(&self.oldest)),
             ("parked", self.parked.to_string()),
@@ -333,9 +401,9 @@ impl std::fmt::Display for ExportLine {
     }
 }
 
-/// The export line of `r`: the record, plus the message copy of dead and parked events.
+/// The export line of `r`: the record, plus the message copy of dead, parked and held events.
 pub fn export_line(store: &Store, r: &Record) -> Result<ExportLine, StoreError> {
-    Ok(ExportLine { record: r.into(), message: store.message_of(r)?.as_ref().map(MessageView::from) })
+    Ok(ExportLine { record: record_view(store, r, 0), message: store.message_of(r)?.as_ref().map(MessageView::from) })
 }
 
 /// An empty table in the style of every `outboxd` table; no header row when
@@ -375,7 +443,15 @@ fn fields(mut t: Table, rows: Vec<(&'static str, String)>) -> Table {
 pub fn records_table(records: &[RecordView]) -> Table {
     let mut t = table(&["event_id", "state", "attempts", "topic/partition@offset", "updated_at", "outcome / reason"]);
     for r in records {
-        let outcome = if r.outcome.is_none() { cell(&r.reason) } else { cell(&r.outcome) };
+        let outcome = match (&r.chain, r.state) {
+            (Some(c), State::Held) => match &c.head {
+                Some(head) => format!("held behind {head}"),
+                None => "held; its chain is released, it runs now".to_owned(),
+            },
+            (Some(c), _) if c.held_total > 0 => format!("{} [holds {} event(s)]", cell(&r.reason), c.held_total),
+            _ if r.outcome.is_none() => cell(&r.reason),
+            _ => cell(&r.outcome),
+        };
         t.add_row(vec![
             r.event_id.clone(),
             r.state.to_string(),

@@ -26,6 +26,7 @@ fn record() -> Record {
         dead_letter: Some("dlq/0@7".into()),
         duplicates: 1,
         expires_at_us: Some(1_700_086_400_000_000),
+        chain: None,
     }
 }
 
@@ -35,6 +36,7 @@ fn stats() -> Stats {
         done: 2,
         dead: 3,
         parked: 4,
+        held: 7,
         duplicates_suppressed: 5,
         bytes_on_disk: 6,
         oldest_us: Some(1),
@@ -54,15 +56,16 @@ fn message() -> RawMessage {
     }
 }
 
-const RECORD: &str = r#"{"attempts":3,"claimed_at":"2023-11-14T22:13:20.500000Z","dead_letter":"dlq/0@7","done_at":null,"duplicates":1,"event_id":"e1","event_type":null,"expires_at":"2023-11-15T22:13:20.000000Z","first_seen":"2023-11-14T22:13:20.000001Z","key":"order-1","offset":41,"outcome":null,"partition":2,"reason":"http 422","state":"dead","topic":"orders","updated_at":"2023-11-14T22:13:21.000000Z"}"#;
-const STATS: &str = r#"{"bytes_on_disk":6,"claimed":1,"dead":3,"done":2,"duplicates_suppressed":5,"newest":null,"oldest":"1970-01-01T00:00:00.000001Z","parked":4}"#;
-const EXPORT: &str = r#"{"attempts":3,"claimed_at":"2023-11-14T22:13:20.500000Z","dead_letter":"dlq/0@7","done_at":null,"duplicates":1,"event_id":"e1","event_type":null,"expires_at":"2023-11-15T22:13:20.000000Z","first_seen":"2023-11-14T22:13:20.000001Z","key":"order-1","message":{"headers":[["id","e1"],["n",null]],"key":"k","offset":41,"partition":2,"topic":"orders","value":{"bytes":[255,1]}},"offset":41,"outcome":null,"partition":2,"reason":"http 422","state":"dead","topic":"orders","updated_at":"2023-11-14T22:13:21.000000Z"}"#;
+const RECORD: &str = r#"{"attempts":3,"chain":null,"claimed_at":"2023-11-14T22:13:20.500000Z","dead_letter":"dlq/0@7","done_at":null,"duplicates":1,"event_id":"e1","event_type":null,"expires_at":"2023-11-15T22:13:20.000000Z","first_seen":"2023-11-14T22:13:20.000001Z","key":"order-1","offset":41,"outcome":null,"partition":2,"reason":"http 422","state":"dead","topic":"orders","updated_at":"2023-11-14T22:13:21.000000Z"}"#;
+const STATS: &str = r#"{"bytes_on_disk":6,"claimed":1,"dead":3,"done":2,"duplicates_suppressed":5,"held":7,"newest":null,"oldest":"1970-01-01T00:00:00.000001Z","parked":4}"#;
+const EXPORT: &str = r#"{"attempts":3,"chain":null,"claimed_at":"2023-11-14T22:13:20.500000Z","dead_letter":"dlq/0@7","done_at":null,"duplicates":1,"event_id":"e1","event_type":null,"expires_at":"2023-11-15T22:13:20.000000Z","first_seen":"2023-11-14T22:13:20.000001Z","key":"order-1","message":{"headers":[["id","e1"],["n",null]],"key":"k","offset":41,"partition":2,"topic":"orders","value":{"bytes":[255,1]}},"offset":41,"outcome":null,"partition":2,"reason":"http 422","state":"dead","topic":"orders","updated_at":"2023-11-14T22:13:21.000000Z"}"#;
 
 const RECORD_TABLE: &str = "\
 ┌─────────────┬─────────────────────────────┐
 │ field       ┆ value                       │
 ╞═════════════╪═════════════════════════════╡
 │ attempts    ┆ 3                           │
+│ chain       ┆ -                           │
 │ claimed_at  ┆ 2023-11-14T22:13:20.500000Z │
 │ dead_letter ┆ dlq/0@7                     │
 │ done_at     ┆ -                           │
@@ -95,6 +98,7 @@ const STATS_TABLE: &str = "\
 │ dead                  ┆ 3                           │
 │ done                  ┆ 2                           │
 │ duplicates_suppressed ┆ 5                           │
+│ held                  ┆ 7                           │
 │ newest                ┆ -                           │
 │ oldest                ┆ 1970-01-01T00:00:00.000001Z │
 │ parked                ┆ 4                           │
@@ -121,6 +125,7 @@ fn a_record_view_serializes_to_the_json_of_today() {
         keys(RECORD),
         [
             "attempts",
+            "chain",
             "claimed_at",
             "dead_letter",
             "done_at",
@@ -148,7 +153,7 @@ fn a_stats_view_serializes_to_the_json_of_today() {
     assert_eq!(serde_json::to_string(&view).unwrap(), STATS);
     assert_eq!(
         keys(STATS),
-        ["bytes_on_disk", "claimed", "dead", "done", "duplicates_suppressed", "newest", "oldest", "parked"]
+        ["bytes_on_disk", "claimed", "dead", "done", "duplicates_suppressed", "held", "newest", "oldest", "parked"]
     );
     assert_eq!(serde_json::from_str::<StatsView>(STATS).unwrap(), view);
 }
@@ -213,4 +218,25 @@ fn the_tables_print_as_today() {
     let rows = |r: Vec<(&'static str, String)>| r.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>();
     assert_eq!(rows(view.rows()), keys(RECORD));
     assert_eq!(rows(StatsView::from(&stats()).rows()), keys(STATS));
+}
+
+#[test]
+fn a_record_in_a_held_chain_shows_what_it_waits_for_and_the_head_what_it_holds() {
+    let chain = |head: Option<&str>| ChainView {
+        head: head.map(str::to_owned),
+        held: vec!["e2".into(), "e3".into()],
+        held_total: 3,
+        key: BytesView::Text("order-1".into()),
+    };
+    let head = RecordView { chain: Some(chain(Some("e1"))), ..RecordView::from(&record()) };
+    let json = serde_json::to_string(&head).unwrap();
+    assert!(json.contains(r#""chain":{"head":"e1","held":["e2","e3"],"held_total":3,"key":"order-1"}"#), "{json}");
+    assert_eq!(serde_json::from_str::<RecordView>(&json).unwrap(), head);
+    let row = head.rows().into_iter().find(|(k, _)| *k == "chain").unwrap().1;
+    assert_eq!(row, "key \"order-1\"; waits for e1; 3 held: e2, e3, 1 more");
+    let mut held = RecordView { state: State::Held, ..head.clone() };
+    let list = records_table(&[head, held.clone()]).to_string();
+    assert!(list.contains("http 422 [holds 3 event(s)]") && list.contains("held behind e1"), "{list}");
+    held.chain = Some(chain(None));
+    assert!(records_table(&[held]).to_string().contains("it runs now"));
 }

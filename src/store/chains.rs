@@ -1,0 +1,407 @@
+//! Held chains (`on_dead = "hold"`): the events of one Kafka key that wait behind
+//! an earlier event of that key that went dead or parked (docs/architecture.md §4,
+//! "Held chains").
+//!
+//! A chain is named by a [`ChainId`]: the source topic, partition and Kafka key,
+//! the same key the engine's per-key chains use. Its *members* are the records
+//! that carry the key in [`Record::chain`] and are not done ([`Record::in_chain`]):
+//! - the **head**, the dead or parked event the chain waits for (or that event
+//!   while a person runs it again: `claimed`);
+//! - the **held** events behind it, each with its message copy, in offset order.
+//!
+//! A chain with no dead, parked or claimed member is *released*: its held events
+//! run one at a time, lowest offset first (the engine's releaser, `engine::hold`,
+//! on the instance that owns the partition). One that goes dead becomes the head
+//! of the rest. Everything a chain is lives in its records, which are final
+//! records like any other and go to the changelog with their copies, so a new
+//! owner of the partition rebuilds the same chain from its restore.
+//!
+//! The index here is derived from the records and kept next to them:
+//! - in memory, per chain its members by (offset, record key), and per record key
+//!   where it is: the handling path asks whether a key is held without reading the
+//!   store;
+//! - in the sled tree `chains` (chain id ++ offset ++ record key → nothing), so an
+//!   open finds the chains without scanning records. Every write of a record goes
+//!   through [`Store::chained`]: an entry is added before the record is written and
+//!   removed after, so after a crash the tree holds every member (and perhaps a
+//!   record that is a member no more, which the open checks against the record and
+//!   drops). `outboxd store stats` on a stopped store rebuilds it from its full scan.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use super::varint;
+use super::{Record, State, Store, StoreError};
+
+const CHAINS_TREE: &str = "chains";
+
+/// A Kafka key within its partition: the events whose order a chain keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChainId {
+    /// The source topic.
+    pub topic: String,
+    /// The source partition.
+    pub partition: i32,
+    /// The message key, as Kafka has it.
+    pub key: Vec<u8>,
+}
+
+impl ChainId {
+    /// The chain `r` is in, if it is in one.
+    pub fn of(r: &Record) -> Option<ChainId> {
+        let key = r.chain.clone().filter(|_| r.in_chain())?;
+        Some(ChainId { topic: r.topic.clone(), partition: r.partition, key })
+    }
+
+    /// The key as text, for logs and views (lossy when it is not UTF-8).
+    pub fn key_text(&self) -> String {
+        String::from_utf8_lossy(&self.key).into_owned()
+    }
+
+    /// The tree's key prefix of this chain (prefix-free: lengths first).
+    fn prefix(&self) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.topic.len() + self.key.len() + 8);
+        varint::put_bytes(&mut k, self.topic.as_bytes());
+        k.extend_from_slice(&self.partition.to_be_bytes());
+        varint::put_bytes(&mut k, &self.key);
+        k
+    }
+
+    fn from_prefix(mut k: &[u8]) -> Option<(ChainId, &[u8])> {
+        let mut r = varint::Reader(k);
+        let topic = String::from_utf8(r.bytes()?.to_vec()).ok()?;
+        k = r.0;
+        let partition = i32::from_be_bytes(k.get(..4)?.try_into().ok()?);
+        let mut r = varint::Reader(&k[4..]);
+        let key = r.bytes()?.to_vec();
+        Some((ChainId { topic, partition, key }, r.0))
+    }
+}
+
+/// The tree key of a member: its chain, its offset (order-preserving), its record key.
+fn tree_key(chain: &ChainId, offset: i64, record_key: &[u8]) -> Vec<u8> {
+    let mut k = chain.prefix();
+    k.extend_from_slice(&((offset as u64) ^ (1 << 63)).to_be_bytes());
+    k.extend_from_slice(record_key);
+    k
+}
+
+fn split_tree_key(k: &[u8]) -> Option<(ChainId, i64, Vec<u8>)> {
+    let (chain, rest) = ChainId::from_prefix(k)?;
+    let offset = (u64::from_be_bytes(rest.get(..8)?.try_into().ok()?) ^ (1 << 63)) as i64;
+    Some((chain, offset, rest[8..].to_vec()))
+}
+
+/// A member as the index keeps it.
+#[derive(Debug, Clone)]
+struct Member {
+    id: String,
+    state: State,
+}
+
+/// Dead, parked or claimed: a member that keeps the chain from being released.
+fn blocks(state: State) -> bool {
+    matches!(state, State::Dead | State::Parked | State::Claimed)
+}
+
+#[derive(Default)]
+struct Index {
+    /// Members of each chain by (offset, record key): their order.
+    chains: HashMap<ChainId, BTreeMap<(i64, Vec<u8>), Member>>,
+    /// Where each member's record key is.
+    by_key: HashMap<Vec<u8>, (ChainId, i64)>,
+    /// Held members the releaser runs now (their claim is allowed: see `Store::claim_as`).
+    running: HashSet<Vec<u8>>,
+}
+
+impl Index {
+    fn remove(&mut self, record_key: &[u8]) -> Option<(ChainId, i64)> {
+        let (chain, offset) = self.by_key.remove(record_key)?;
+        if let Some(members) = self.chains.get_mut(&chain) {
+            members.remove(&(offset, record_key.to_vec()));
+            if members.is_empty() {
+                self.chains.remove(&chain);
+            }
+        }
+        Some((chain, offset))
+    }
+
+    fn insert(&mut self, record_key: &[u8], chain: ChainId, offset: i64, member: Member) {
+        self.chains.entry(chain.clone()).or_default().insert((offset, record_key.to_vec()), member);
+        self.by_key.insert(record_key.to_vec(), (chain, offset));
+    }
+}
+
+/// The index of held chains (see the module docs).
+pub struct Chains {
+    tree: sled::Tree,
+    index: Mutex<Index>,
+    /// Members in the index, read without the lock: 0 lets every write and every
+    /// event of a handler with `on_dead = "hold"` pass without looking further.
+    members: AtomicUsize,
+    /// Woken when a chain may have been released (the releaser looks then).
+    released: tokio::sync::Notify,
+}
+
+impl Chains {
+    pub(super) fn open(db: &sled::Db) -> Result<Chains, StoreError> {
+        Ok(Chains {
+            tree: db.open_tree(CHAINS_TREE)?,
+            index: Mutex::new(Index::default()),
+            members: AtomicUsize::new(0),
+            released: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn recount(&self, index: &Index) {
+        self.members.store(index.by_key.len(), Ordering::Relaxed);
+    }
+
+    /// Whether any chain has a member (one atomic load: the handling path's test).
+    pub(super) fn any(&self) -> bool {
+        self.members.load(Ordering::Relaxed) > 0
+    }
+
+    /// Whether a new event of `chain` at `offset` waits: the chain has a member
+    /// before it (a dead or parked head, or held events not run yet).
+    pub(super) fn holds(&self, chain: &ChainId, offset: i64) -> bool {
+        if !self.any() {
+            return false;
+        }
+        let index = self.lock();
+        index.chains.get(chain).and_then(|m| m.keys().next()).is_some_and(|(first, _)| *first < offset)
+    }
+
+    /// Whether the releaser runs the held member under `record_key` now.
+    pub(super) fn is_running(&self, record_key: &[u8]) -> bool {
+        self.any() && self.lock().running.contains(record_key)
+    }
+
+    /// Updates the index once `record_key`'s record is written as `new` (`None`:
+    /// removed). Returns whether the tree needs an entry removed (after the write).
+    fn update(&self, record_key: &[u8], new: Option<&Record>) -> Option<Vec<u8>> {
+        let mut index = self.lock();
+        let old = index.remove(record_key);
+        let now = new.and_then(|r| ChainId::of(r).map(|c| (c, r)));
+        let mut stale = None;
+        if let Some((chain, offset)) = &old {
+            if now.as_ref().is_none_or(|(c, r)| c != chain || r.offset != *offset) {
+                stale = Some(tree_key(chain, *offset, record_key));
+            }
+        }
+        // The releaser looks whenever a member stops blocking its chain or leaves it.
+        let left = old.is_some();
+        if let Some((chain, r)) = now {
+            index.insert(record_key, chain, r.offset, Member { id: r.event_id.clone(), state: r.state });
+            if !blocks(r.state) {
+                self.released.notify_one();
+            }
+        } else if left {
+            self.released.notify_one();
+        }
+        self.recount(&index);
+        stale
+    }
+
+    /// Chains with members and none that blocks: their held events may run, lowest offset first.
+    pub(super) fn released(&self) -> Vec<ChainId> {
+        let index = self.lock();
+        let mut out: Vec<ChainId> =
+            index.chains.iter().filter(|(_, m)| m.values().all(|m| !blocks(m.state))).map(|(c, _)| c.clone()).collect();
+        out.sort();
+        out
+    }
+
+    /// The first member of a released chain: its record key and event id.
+    pub(super) fn next_held(&self, chain: &ChainId) -> Option<(Vec<u8>, String)> {
+        let index = self.lock();
+        let members = index.chains.get(chain)?;
+        if members.values().any(|m| blocks(m.state)) {
+            return None;
+        }
+        members.iter().next().map(|((_, key), m)| (key.clone(), m.id.clone()))
+    }
+
+    /// What `chain` waits for: its first dead, parked or claimed member.
+    fn head(&self, index: &Index, chain: &ChainId) -> Option<String> {
+        index.chains.get(chain)?.values().find(|m| blocks(m.state)).map(|m| m.id.clone())
+    }
+
+    /// The record keys of every member.
+    pub(super) fn member_keys(&self) -> Vec<Vec<u8>> {
+        self.lock().by_key.keys().cloned().collect()
+    }
+
+    /// Chains that wait for a dead or parked (or claimed) head: keys whose new events are held.
+    pub(super) fn held_keys(&self) -> usize {
+        let index = self.lock();
+        index.chains.values().filter(|m| m.values().any(|m| blocks(m.state))).count()
+    }
+
+    /// Waits until a chain may have been released (or returns at once if one was since the last wait).
+    pub async fn released_notified(&self) {
+        self.released.notified().await
+    }
+}
+
+/// A chain as `store get` shows it (see [`Store::chain_view`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainInfo {
+    /// The chain's Kafka key.
+    pub chain: ChainId,
+    /// The event the chain waits for (dead, parked, or being run again); `None`:
+    /// released, its held events run now at the partition's owner.
+    pub head: Option<String>,
+    /// Held events in offset order (at most the number asked for).
+    pub held: Vec<String>,
+    /// Held events in all.
+    pub held_total: u64,
+}
+
+/// A held member the releaser runs: its claim is allowed while this lives.
+pub struct Running<'a> {
+    chains: &'a Chains,
+    key: Vec<u8>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.chains.lock().running.remove(&self.key);
+    }
+}
+
+impl Store {
+    /// Writes the record under `key` as `new` (`None`: removes it) through `write`,
+    /// keeping the chain index right: a tree entry for a member is added before
+    /// the record is written, one it no longer has is removed after (module docs).
+    pub(super) fn chained<T>(
+        &self,
+        key: &[u8],
+        new: Option<&Record>,
+        write: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let joins = new.and_then(|r| ChainId::of(r).map(|c| (c, r.offset)));
+        if joins.is_none() && !self.chains.any() {
+            return write();
+        }
+        if let Some((chain, offset)) = &joins {
+            self.chains.tree.insert(tree_key(chain, *offset, key), &[])?;
+        }
+        let out = write()?;
+        if let Some(stale) = self.chains.update(key, new) {
+            self.chains.tree.remove(stale)?;
+        }
+        Ok(out)
+    }
+
+    /// Reads the index from its tree at open, each entry checked against its
+    /// record (an entry whose record is not a member there any more is dropped).
+    pub(super) fn load_chains(&self) -> Result<(), StoreError> {
+        let mut index = Index::default();
+        let mut stale = Vec::new();
+        for item in self.chains.tree.iter() {
+            let (k, _) = item?;
+            let entry = split_tree_key(&k);
+            let record = match &entry {
+                Some((_, _, record_key)) => self.record_under(record_key)?,
+                None => None,
+            };
+            match (entry, record) {
+                (Some((chain, offset, record_key)), Some(r))
+                    if ChainId::of(&r).as_ref() == Some(&chain) && r.offset == offset =>
+                {
+                    index.insert(&record_key, chain, offset, Member { id: r.event_id.clone(), state: r.state });
+                }
+                _ => stale.push(k),
+            }
+        }
+        for k in stale {
+            self.chains.tree.remove(k)?;
+        }
+        self.chains.recount(&index);
+        *self.chains.lock() = index;
+        Ok(())
+    }
+
+    /// Sets the index to what a full scan found (`members`: each member's record
+    /// key and record, oldest slice first). Returns whether it changed.
+    pub(super) fn correct_chains(&self, members: &[(Vec<u8>, Record)]) -> Result<bool, StoreError> {
+        let mut found = Index::default();
+        for (key, r) in members {
+            if let Some(chain) = ChainId::of(r) {
+                found.remove(key);
+                found.insert(key, chain, r.offset, Member { id: r.event_id.clone(), state: r.state });
+            }
+        }
+        let wanted: HashSet<Vec<u8>> =
+            found.by_key.iter().map(|(key, (chain, offset))| tree_key(chain, *offset, key)).collect();
+        let mut changed = false;
+        for item in self.chains.tree.iter() {
+            let (k, _) = item?;
+            if !wanted.contains(k.as_ref()) {
+                self.chains.tree.remove(k)?;
+                changed = true;
+            }
+        }
+        for k in &wanted {
+            if self.chains.tree.insert(k, &[])?.is_none() {
+                changed = true;
+            }
+        }
+        self.chains.recount(&found);
+        *self.chains.lock() = found;
+        Ok(changed)
+    }
+
+    /// Drops from the index the members whose records are gone (retention dropped their slice).
+    pub(super) fn prune_chains(&self) -> Result<(), StoreError> {
+        let keys: Vec<Vec<u8>> = self.chains.lock().by_key.keys().cloned().collect();
+        for key in keys {
+            if self.record_under(&key)?.is_none() {
+                if let Some(stale) = self.chains.update(&key, None) {
+                    self.chains.tree.remove(stale)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The record stored under a record key, newest slice first.
+    pub(super) fn record_under(&self, record_key: &[u8]) -> Result<Option<Record>, StoreError> {
+        for slice in self.slices.all().into_iter().rev() {
+            if let Some(raw) = slice.tree.get(record_key)? {
+                return self.decode(&slice, record_key, &raw).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The chain of `r` as `store get` shows it, with at most `shown` held ids.
+    pub(super) fn chain_view(&self, r: &Record, shown: usize) -> Option<ChainInfo> {
+        let chain = ChainId::of(r)?;
+        let index = self.chains.lock();
+        let members = index.chains.get(&chain)?;
+        let held: Vec<&Member> = members.values().filter(|m| m.state == State::Held).collect();
+        Some(ChainInfo {
+            head: self.chains.head(&index, &chain),
+            held: held.iter().take(shown).map(|m| m.id.clone()).collect(),
+            held_total: held.len() as u64,
+            chain,
+        })
+    }
+
+    /// Marks a held member as run by the releaser until the guard is dropped.
+    pub(super) fn run_held(&self, record_key: &[u8]) -> Running<'_> {
+        self.chains.lock().running.insert(record_key.to_vec());
+        Running { chains: &self.chains, key: record_key.to_vec() }
+    }
+}
+
+#[cfg(test)]
+#[path = "chains_tests.rs"]
+mod tests;

@@ -1,0 +1,247 @@
+//! Events recorded `held` (`on_dead = "hold"`): the handling path's side of a held
+//! chain (`chains`). A new event of a key whose chain has a member before it is
+//! recorded held, with its message copy, instead of running; its offset may move.
+//! The releaser (`engine::hold`) runs held events once their chain is released,
+//! through the same claim, with these few steps of its own.
+
+use super::chains::{ChainId, Running};
+use super::changelog::Change;
+use super::messages::copy_key;
+use super::{now_us, Claim, Record, State, Store, StoreError, UNDECODABLE_SCOPE};
+use crate::event::RawMessage;
+use crate::metrics::names;
+
+/// The reason a held record gives, for people (`store get` shows what it waits for).
+const HELD: &str = "held: an earlier event of its key is dead or parked (on_dead = \"hold\"); it runs once that \
+                    event is retried to done, resolved or forgotten";
+
+impl Store {
+    /// With `hold` (`on_dead = "hold"`), a claimed event whose key's chain has a
+    /// member before it is recorded held behind it, with its message copy (durably,
+    /// and in the changelog): `None`, the event is final. Anything else is handed
+    /// back to run: a claim of a chain's own member (a held event its released chain
+    /// runs, a head run again), an event without a key, one of a key that is not held.
+    pub(in crate::store) async fn hold_behind(
+        &self,
+        claim: Claim,
+        hold: bool,
+        message: &RawMessage,
+    ) -> Result<Option<Claim>, StoreError> {
+        let Claim::Claimed(c) = &claim else { return Ok(Some(claim)) };
+        if c.record.chain.is_some() || !self.chains.any() {
+            return Ok(Some(claim));
+        }
+        let Some(chain) = held_chain(hold, message) else { return Ok(Some(claim)) };
+        if !self.chains.holds(&chain, message.offset) {
+            return Ok(Some(claim));
+        }
+        let Claim::Claimed(c) = claim else { unreachable!("matched above") };
+        let from = c.slice.and_then(|s| self.slices.get(s));
+        let mut r = *c.record;
+        r.chain = Some(chain.key.clone());
+        // It never ran: no attempt, no claim to show (the claim only found it new).
+        r.attempts = 0;
+        r.claimed_at_us = None;
+        let to = self.slices.current(now_us())?;
+        let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, HELD.to_owned())?;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, c.stored)), Some(to), State::Held, reason)?;
+        self.release_written(&r);
+        self.held_now(&r, &chain);
+        self.settle(&r).await?;
+        Ok(None)
+    }
+
+    /// A message that cannot be decoded (recorded under `id`, the undecodable
+    /// scope), of a held key: recorded held like an event, not dead-lettered; it
+    /// is decoded again when its chain runs it. False when it is not held (no
+    /// `hold`, no key, a key that is not held, or it is the chain's member already).
+    pub(in crate::store) async fn hold_message(
+        &self,
+        id: &str,
+        message: &RawMessage,
+        hold: bool,
+    ) -> Result<bool, StoreError> {
+        if !self.chains.any() {
+            return Ok(false);
+        }
+        let Some(chain) = held_chain(hold, message) else { return Ok(false) };
+        if !self.chains.holds(&chain, message.offset) {
+            return Ok(false);
+        }
+        let now = now_us();
+        let found = self.find_in(UNDECODABLE_SCOPE, id)?;
+        if found.as_ref().is_some_and(|f| f.record.in_chain()) {
+            return Ok(false);
+        }
+        let (mut r, from) = match found {
+            Some(f) => (f.record, Some(f.slice)),
+            None => {
+                let r = Record {
+                    scope: Some(UNDECODABLE_SCOPE.to_owned()),
+                    ..Record::first_seen(id, State::Held, 0, &message.position(), now)
+                };
+                (r, None)
+            }
+        };
+        let was = r.state;
+        r.chain = Some(chain.key.clone());
+        let to = self.slices.current(now)?;
+        let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, HELD.to_owned())?;
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, was)), Some(to), State::Held, reason)?;
+        self.held_now(&r, &chain);
+        self.settle(&r).await?;
+        Ok(true)
+    }
+
+    fn held_now(&self, r: &Record, chain: &ChainId) {
+        metrics::counter!(names::HELD, "topic" => r.topic.clone()).increment(1);
+        let head = self.chain_view(r, 0).and_then(|c| c.head).unwrap_or_default();
+        tracing::info!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
+            key = %chain.key_text(), held_behind = %head, "event held: an earlier event of its key is dead or parked");
+    }
+
+    /// Released chains (no dead, parked or claimed member), in key order.
+    pub(in crate::store) fn released_chains(&self) -> Vec<ChainId> {
+        self.chains.released()
+    }
+
+    /// The next held event of a released chain, its message copy, and the guard
+    /// under which its claim is allowed (`Store::claim_as`). `Ok(None)`: the chain
+    /// is not released (any more), or empty. A held event without a copy (the quota
+    /// was reached, or it came from another instance whose copy was too large for
+    /// the changelog) cannot run: it is recorded dead with the reason, and the rest
+    /// of the chain waits behind it.
+    pub(in crate::store) async fn next_held(
+        &self,
+        chain: &ChainId,
+    ) -> Result<Option<(Record, RawMessage, Running<'_>)>, StoreError> {
+        loop {
+            let Some((key, _id)) = self.chains.next_held(chain) else { return Ok(None) };
+            let Some(r) = self.record_under(&key)? else {
+                // Gone under the index (retention): the index follows.
+                self.prune_chains()?;
+                continue;
+            };
+            match self.message_of(&r)? {
+                Some(message) => return Ok(Some((r, message, self.run_held(&key)))),
+                None => {
+                    self.held_without_copy(r).await?;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    async fn held_without_copy(&self, mut r: Record) -> Result<(), StoreError> {
+        let Some(f) = self.find_in(r.scope.as_deref().unwrap_or_default(), &r.event_id)? else { return Ok(()) };
+        let reason = "held, and no copy of its message is kept on this instance (store.max_message_copy_bytes was \
+                      reached, or the copy was too large for the changelog): it cannot run from the store; the \
+                      events behind it wait. Forget it (it runs again if it is delivered again) or resolve it"
+            .to_owned();
+        tracing::error!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
+            "a released held event has no message copy: recorded dead, the rest of its chain waits behind it");
+        metrics::counter!(names::DEAD, "topic" => r.topic.clone()).increment(1);
+        self.finish_record(&mut r, Some((&f.slice, f.record.state)), None, State::Dead, reason)?;
+        self.settle(&r).await
+    }
+
+    /// After the releaser ran `r`'s message: what its record is now. A record still
+    /// held ran under another id (an undecodable message that decodes now, a panic
+    /// recorded under its position, an id found final elsewhere): it is removed
+    /// (with the changelog first, like `forget`), so the chain goes on.
+    pub(in crate::store) async fn after_held_run(&self, r: &Record) -> Result<Option<Record>, StoreError> {
+        let scope = r.scope.as_deref().unwrap_or_default();
+        let Some(f) = self.find_in(scope, &r.event_id)? else { return Ok(None) };
+        match f.record.state {
+            State::Held => {
+                self.settle_entry(Change::Gone(&f.record), || {
+                    self.chained(&f.key, None, || {
+                        f.slice.tree.remove(&f.key)?;
+                        self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+                        f.slice.moved(Some(f.record.state), None);
+                        Ok(())
+                    })
+                })
+                .await?;
+                Ok(None)
+            }
+            State::Done => {
+                self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+                self.durable().await?;
+                Ok(Some(f.record))
+            }
+            _ => Ok(Some(f.record)),
+        }
+    }
+
+    /// The message copy a chain member's changelog record carries: the stored
+    /// copy, encoded as kept, unless it is larger than
+    /// [`MAX_COPY_BYTES`](super::changelog::MAX_COPY_BYTES) (then it stays here only).
+    pub(super) fn copy_for_changelog(&self, r: &Record) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = self.key_of(r)?;
+        for slice in self.slices.all().into_iter().rev() {
+            if !slice.tree.contains_key(&key)? {
+                continue;
+            }
+            let Some(copy) = self.messages.get_encoded(&copy_key(slice.start, &key))? else { return Ok(None) };
+            if copy.len() > super::changelog::MAX_COPY_BYTES {
+                tracing::warn!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
+                    copy_bytes = copy.len(), "the message copy of a held chain's event is too large for the \
+                    changelog: another owner of the partition will not have it");
+                return Ok(None);
+            }
+            return Ok(Some(copy.to_vec()));
+        }
+        Ok(None)
+    }
+
+    /// Keeps the message copy a changelog record carried, within the quota.
+    pub(super) fn keep_copy(&self, key: &[u8], copy: &[u8], r: &Record) -> Result<(), StoreError> {
+        if !self.messages.put_encoded(key, copy)? {
+            metrics::counter!(names::COPIES_NOT_KEPT).increment(1);
+            tracing::warn!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
+                "restored message copy not kept: store.max_message_copy_bytes is reached (the record is kept)");
+        }
+        Ok(())
+    }
+
+    /// Records of held chains last written before `before_us` (the releaser writes
+    /// them again before their retention ends: [`Store::refresh_member`]).
+    pub(in crate::store) fn aging_members(&self, before_us: i64) -> Result<Vec<Record>, StoreError> {
+        let mut aging = Vec::new();
+        for key in self.chains.member_keys() {
+            if let Some(r) = self.record_under(&key)?.filter(|r| r.in_chain() && r.updated_at_us < before_us) {
+                aging.push(r);
+            }
+        }
+        Ok(aging)
+    }
+
+    /// Writes a record of a held chain again as it is, into the current slice and
+    /// the changelog: a chain waits for a person however long that takes, instead
+    /// of expiring with `store.retention` (its held events would be lost, or run
+    /// once their head was gone). Left alone (false) when the record changed since
+    /// `r` was read; the caller holds the event's id (the handling path's guard).
+    pub(in crate::store) async fn refresh_member(&self, r: &Record) -> Result<bool, StoreError> {
+        let Some(f) = self.find_in(r.scope.as_deref().unwrap_or_default(), &r.event_id)? else { return Ok(false) };
+        if f.record.state != r.state || f.record.updated_at_us != r.updated_at_us || !f.record.in_chain() {
+            return Ok(false);
+        }
+        let kept = Record { updated_at_us: now_us(), ..f.record };
+        self.write(&kept, Some((&f.slice, kept.state)), None)?;
+        self.settle(&kept).await?;
+        Ok(true)
+    }
+
+    /// Keys whose new events are held now (chains that wait for a dead or parked event).
+    pub(in crate::store) fn held_keys(&self) -> usize {
+        self.chains.held_keys()
+    }
+}
+
+/// The chain a message would be held in: with `hold`, and only when it has a key
+/// (without one there is no order of a key to keep).
+fn held_chain(hold: bool, message: &RawMessage) -> Option<ChainId> {
+    let key = message.key.clone().filter(|_| hold)?;
+    Some(ChainId { topic: message.topic.clone(), partition: message.partition, key })
+}
