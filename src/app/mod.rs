@@ -184,6 +184,7 @@ impl App {
         if let Some(setup) = restore {
             tasks.spawn(engine.restore_task(setup, token.clone()));
         }
+        tasks.spawn(engine.release_task(token.clone()));
         info!(topics = %subscriptions.join(","), store = %store.path().display(), max_in_flight, "outboxd running");
 
         let run = engine.run(&token);

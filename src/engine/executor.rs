@@ -587,6 +587,12 @@ impl Executor {
         }
     }
 
+    /// Holds event `id` as the handling path does (a delivery of it waits meanwhile),
+    /// for work on its record outside that path (the releaser of held chains).
+    pub(super) async fn hold_id(&self, id: &str) -> super::guards::LiveGuard<'_> {
+        live_guard(&self.live, id).await
+    }
+
     /// Dead or parked: dead-letter it (when configured), then record it with the message copy.
     async fn failed(
         &self,

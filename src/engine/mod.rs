@@ -8,6 +8,7 @@ mod executor;
 mod fatal;
 mod follow;
 mod guards;
+mod hold;
 #[cfg(test)]
 mod policy_tests;
 mod reader;
@@ -75,6 +76,12 @@ impl Engine {
         stop: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         restore::run(self.shared.clone(), setup, stop)
+    }
+
+    /// Runs the held events of released chains (`on_dead = "hold"`) in this
+    /// instance's partitions until `stop`, then lets the ones running finish (see `hold`).
+    pub fn release_task(&self, stop: CancellationToken) -> impl std::future::Future<Output = ()> + Send + 'static {
+        hold::run(self.shared.clone(), self.drain_timeout, stop)
     }
 
     /// True once the engine stopped taking events.

@@ -215,7 +215,7 @@ async fn process(shared: &Shared, job: &Job) {
 }
 
 /// The message a panic carried (`panic!("...")` gives a `&str` or a `String`).
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
