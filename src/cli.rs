@@ -86,7 +86,7 @@ pub enum StoreCommand {
     },
     /// Records in id order.
     List {
-        /// Only records in this state (claimed, done, dead, parked).
+        /// Only records in this state (claimed, done, dead, parked, held).
         #[arg(long)]
         state: Option<State>,
         /// At most this many records.
@@ -153,9 +153,9 @@ pub enum StoreCommand {
         #[command(flatten)]
         args: StoreArgs,
     },
-    /// Records as JSON Lines (with the message copy of dead and parked events).
+    /// Records as JSON Lines (with the message copy of dead, parked and held events).
     Export {
-        /// Only records in this state (claimed, done, dead, parked).
+        /// Only records in this state (claimed, done, dead, parked, held).
         #[arg(long)]
         state: Option<State>,
         /// Only records of this topic.
@@ -390,6 +390,12 @@ async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
             Rerun::Finished(r) if r.state == State::Done => {
                 done += 1;
                 println!("{id}: done ({})", r.outcome.unwrap_or_default());
+            }
+            // Its key waits behind an earlier dead event (`on_dead = "hold"`): it runs after that one.
+            Rerun::Finished(r) if r.state == State::Held => {
+                println!(
+                    "{id}: held (an earlier event of its key is dead or parked; it runs once that one is dealt with)"
+                );
             }
             Rerun::Finished(r) => {
                 failed += 1;

@@ -71,9 +71,9 @@ impl Local {
         Ok(StatsView::from(&self.store.reads().stats()?))
     }
 
-    /// One record's view, if there is one.
+    /// One record's view (with its held chain, if it is in one), if there is one.
     pub fn get(&self, id: &str) -> Result<Option<RecordView>, StoreError> {
-        Ok(self.store.reads().get(id)?.as_ref().map(RecordView::from))
+        Ok(self.store.reads().get(id)?.map(|r| view::record_view(&self.store, &r, view::CHAIN_SHOWN)))
     }
 
     /// Up to `limit` records after the cursor `after` (blocking); the page's
@@ -93,7 +93,7 @@ impl Local {
         } else {
             None
         };
-        Ok(PageView { records: records.iter().map(RecordView::from).collect(), next })
+        Ok(PageView { records: records.iter().map(|r| view::record_view(&self.store, r, 0)).collect(), next })
     }
 
     /// Calls `f` with each export line ([`view::export_line`]) in id order,
