@@ -15,8 +15,10 @@
 //! event recorded `done` is never run again while its record is retained, at
 //! whatever offset it comes back (records are keyed by event id and dedup scope,
 //! by default the topic); an offset is stored for commit only when the
-//! event there and every earlier one of its partition is durably `done` or
-//! `dead`. Events of one key run one at a time in offset order. A crash
+//! event there and every earlier one of its partition is durably `done`,
+//! `dead` or `held`. Events of one key run one at a time in offset order, and
+//! (`on_dead = "hold"`, the default) none runs past a dead one of its key: they are
+//! recorded `held` and run in order once it is retried, resolved or forgotten. A crash
 //! *during* a handler leaves the event uncommitted: the next delivery runs it
 //! again with the same idempotency key (under `verify`/`park` the durable claim
 //! makes it found `claimed`, and the policy decides). A panic while
@@ -62,7 +64,9 @@
 //! - `avro`: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
 //! - `store`: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
 //!   log and of new blob files; a failed sync fails every later wait), time slices, message copies within a
-//!   quota. Only place that uses sled. `store::view`: records, stats, pages and repair answers as typed views
+//!   quota. Only place that uses sled. `store::chains`: the events held behind a dead one of their Kafka key and
+//!   the index of those chains (rebuilt from the records, so it follows the changelog); `store::held`: recording
+//!   them held, and the steps of running them. `store::view`: records, stats, pages and repair answers as typed views
 //!   (the admin API's JSON, `store … --json`) and the tables `store …` prints.
 //!   `store::changelog`: with `[store.changelog]` the store is a cache of changelog partitions: final
 //!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far;
@@ -76,8 +80,9 @@
 //!   a summary per interval, one line when they are back (`/readyz`, `outboxd_broker_reachable`).
 //! - `engine`: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment,
 //!   standby replicas of partitions owned elsewhere (`store.changelog.standby`); `engine::circuit` (a
-//!   handler's receiver health: while open nothing of it starts and its partitions pause) and
-//!   `engine::concurrency` (its adaptive limit of calls in flight).
+//!   handler's receiver health: while open nothing of it starts and its partitions pause),
+//!   `engine::concurrency` (its adaptive limit of calls in flight) and `engine::hold`, which runs
+//!   the held events of a released chain on the partition's owner.
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest calls to the receivers), `log`, closures.
 //! - `metrics`: metric names and the Prometheus recorder (a leaf).
 //! - `log_writer`: the binary's stderr writer, which drops (and counts) a line it cannot write instead of failing.
