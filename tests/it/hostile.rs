@@ -369,6 +369,8 @@ async fn a_panic_while_handling_one_event_does_not_stall_its_key_or_partition() 
     let topic = kafka.create_topic(&unique_name("hostile-panic"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    // The key's next event must run, not wait behind the failed one (`hold` would hold it).
+    od.config.handler_extra = "on_dead = \"continue\"\n".into();
     let (doomed, next) = (new_event_id(), new_event_id());
     // Only this outboxd gets it, and only for this id: other tests are unaffected.
     od.config.env.insert("OUTBOXD_DEBUG_PANIC_ON_EVENT".into(), doomed.clone());

@@ -21,6 +21,7 @@ mod embed;
 mod failure;
 mod faults;
 mod fencing;
+mod hold;
 mod hostile;
 mod kill_loop;
 mod kubernetes;

@@ -162,7 +162,8 @@ async fn bad_input_never_stops_the_service() {
     let dlq = kafka.create_topic(&unique_name("bad-input-dlq"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
-    od.config.handler_extra = dead_letter_toml(&dlq);
+    // Every case shares one key: each must be judged on its own, not held behind the first dead one.
+    od.config.handler_extra = format!("on_dead = \"continue\"\n{}", dead_letter_toml(&dlq));
     let producer = Producer::new(kafka.brokers(), &[("message.max.bytes", "12000000")]);
     let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.start();

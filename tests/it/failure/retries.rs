@@ -147,6 +147,8 @@ async fn retryable_failures_are_retried_then_succeed() {
 async fn exhausted_retries_end_dead_with_reason() {
     let mut s = setup("retry-dead", 1).await;
     s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into(); // the event's own budget, without the circuit
+    // About the dead record; the key's next event runs (the `hold` default would hold it).
+    s.od.config.handler_extra = "on_dead = \"continue\"\n".into();
     s.od.config.max_attempts = 3;
     s.od.config.initial_backoff = "50ms".into();
     s.od.config.max_backoff = "200ms".into();

@@ -102,7 +102,9 @@ async fn an_empty_store_restored_from_the_changelog_holds_what_the_old_store_hel
     let mut b = on(Outboxd::new(&kafka, &[&topic], &receiver));
     b.config.group_id = a.config.group_id.clone();
     for (od, name) in [(&mut a, "a"), (&mut b, "b")] {
-        od.config.handler_extra = format!("on_uncertain = \"park\"\n{}", instance_header_toml(name));
+        // The keys of dead events go on (`continue`): every other call is expected to be answered.
+        od.config.handler_extra =
+            format!("on_uncertain = \"park\"\non_dead = \"continue\"\n{}", instance_header_toml(name));
     }
     a.config.kafka_options.insert("group.instance.id".into(), unique_name("copy-static"));
     // The held call lasts until the kill.
