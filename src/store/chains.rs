@@ -22,7 +22,7 @@
 //!   store;
 //! - in the sled tree `chains` (chain id ++ offset ++ record key → nothing), so an
 //!   open finds the chains without scanning records. Every write of a record goes
-//!   through [`Store::chained`]: an entry is added before the record is written and
+//!   through `Store::chained`: an entry is added before the record is written and
 //!   removed after, so after a crash the tree holds every member (and perhaps a
 //!   record that is a member no more, which the open checks against the record and
 //!   drops). `outboxd store stats` on a stopped store rebuilds it from its full scan.
@@ -249,7 +249,7 @@ impl Chains {
     }
 }
 
-/// A chain as `store get` shows it (see [`Store::chain_view`]).
+/// A chain as `store get` shows it (`Store::chain_view`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChainInfo {
     /// The chain's Kafka key.
