@@ -48,6 +48,8 @@ async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
     let topic = kafka.create_topic(&unique_name("hostile-retry-after"), 1, &[]).await;
     let rx = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    // The key's next event must run after the dead one (`hold` would hold it).
+    od.config.handler_extra = "on_dead = \"continue\"\n".into();
     od.config.max_attempts = 10;
     od.config.retry_extra = "max_elapsed = \"60s\"\n".into();
     // The event's own retry arithmetic; with the circuit, resilience:: checks the cap.
