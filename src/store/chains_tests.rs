@@ -193,7 +193,7 @@ async fn a_held_event_cannot_be_retried_or_resolved_out_of_order_but_can_be_forg
 }
 
 #[tokio::test]
-async fn an_undecodable_message_of_a_held_key_is_held_and_a_panic_record_becomes_the_head() {
+async fn an_undecodable_message_of_a_held_key_is_held_and_with_continue_a_dead_event_holds_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let bad = message(10, Some("order-7"));
@@ -383,4 +383,20 @@ async fn the_owner_writes_aging_chain_records_again_with_their_copies_unless_the
     store.resolve_done("e10", "resolved by hand: done".into()).await.unwrap();
     assert!(!store.refresh_member(head).await.unwrap());
     assert_eq!(state(&store, "e10"), State::Done);
+}
+
+#[tokio::test]
+async fn a_head_that_fails_again_when_retried_keeps_holding() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    dies(&store, &message(10, Some("order-7"))).await;
+    assert!(arrives(&store, &message(11, Some("order-7"))).await);
+    let m = store.reopen("e10").await.unwrap();
+    assert!(store.released_chains().is_empty(), "a head being run again still holds");
+    let c = claimed(store.hold_behind(claim(&store, &m).await, true, &m).await.unwrap().expect("the head runs"));
+    store.finish_failed(c.holding(true, &m), State::Dead, "http 400 again".into(), &m, None).await.unwrap();
+    assert!(store.released_chains().is_empty());
+    let chain = chain_of(&store, "e11");
+    assert_eq!((chain.head.as_deref(), chain.held.clone()), (Some("e10"), ids(&[11])));
+    assert!(arrives(&store, &message(12, Some("order-7"))).await, "and holds new events");
 }
