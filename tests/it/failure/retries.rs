@@ -106,7 +106,8 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
 async fn retryable_failures_are_retried_then_succeed() {
     const FAILURES: u32 = 3;
     let mut s = setup("retry-ok", 1).await;
-    s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into(); // the event's own budget, without the circuit
+    // The event's own budget, without the circuit.
+    s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     s.od.config.max_attempts = 5;
     s.od.config.initial_backoff = "50ms".into();
     s.od.config.max_backoff = "200ms".into();
@@ -146,7 +147,8 @@ async fn retryable_failures_are_retried_then_succeed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exhausted_retries_end_dead_with_reason() {
     let mut s = setup("retry-dead", 1).await;
-    s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into(); // the event's own budget, without the circuit
+    // The event's own budget, without the circuit.
+    s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     // About the dead record; the key's next event runs (the `hold` default would hold it).
     s.od.config.handler_extra = "on_dead = \"continue\"\n".into();
     s.od.config.max_attempts = 3;
@@ -186,7 +188,8 @@ async fn exhausted_retries_end_dead_with_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retrying_gives_up_after_max_elapsed() {
     let mut s = setup("retry-elapsed", 1).await;
-    s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into(); // the event's own budget, without the circuit
+    // The event's own budget, without the circuit.
+    s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     s.od.config.max_attempts = 1000;
     s.od.config.initial_backoff = "100ms".into();
     s.od.config.max_backoff = "300ms".into();
@@ -212,7 +215,8 @@ async fn retrying_gives_up_after_max_elapsed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_honoured() {
     let mut s = setup("retry-after", 2).await;
-    s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into(); // the event's own budget, without the circuit
+    // The event's own budget, without the circuit.
+    s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     s.od.config.max_attempts = 3;
     s.od.config.initial_backoff = "20ms".into();
     s.od.config.max_backoff = "50ms".into();
