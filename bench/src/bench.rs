@@ -130,6 +130,9 @@ pub(crate) struct Cfg<'a> {
     pub(crate) store_extra: String,
     /// librdkafka properties of this config only (after `--kafka-option`).
     pub(crate) kafka_extra: Vec<(&'a str, String)>,
+    /// TOML appended to the `[[handlers]]` entry (e.g. `[handlers.retry]`); its
+    /// tables belong to that entry, the last one of the file.
+    pub(crate) handler_extra: String,
 }
 
 pub(crate) struct Bench {
@@ -168,7 +171,7 @@ impl Bench {
             "[kafka]\nbrokers = {brokers:?}\ngroup_id = {group:?}\ncommit_interval = \"100ms\"\ndrain_timeout = {dt:?}\n[kafka.options]\n{options}\n\
              [store]\npath = {path:?}\nretention = {ret:?}\n{window}max_in_flight = {mif}\ngc_interval = {gc:?}\nfsync = {fsync}\n{extra}\n\
              [admin]\nlisten = \"127.0.0.1:{admin}\"\n\n\
-             [[handlers]]\ntopics = [{topics}]\n{handler}",
+             [[handlers]]\ntopics = [{topics}]\n{handler}{handler_extra}",
             // The admin server (metrics) stays on, as shipped, on a free port.
             admin = admin_port,
             brokers = self.args.brokers,
@@ -182,6 +185,7 @@ impl Bench {
             gc = c.gc_interval,
             fsync = c.fsync,
             extra = signed(&c.store_extra),
+            handler_extra = c.handler_extra,
         );
         let file = self.work.join("configs").join(format!("{}.toml", c.name));
         std::fs::write(&file, text)?;

@@ -48,6 +48,7 @@ pub(crate) async fn drain_run(
         drain_timeout: "10s",
         store_extra: who.store_extra().to_owned(),
         kafka_extra: Vec::new(),
+        handler_extra: String::new(),
     })?;
     b.recv.reset(0);
     let table = format!("processed_events_{}_{}_{rep}", b.run_id.replace('-', "_"), hk.name());

@@ -41,6 +41,7 @@ pub(crate) async fn latency_run(b: &Bench, who: Contender, rep: usize) -> anyhow
         drain_timeout: "10s",
         store_extra: who.store_extra().to_owned(),
         kafka_extra: Vec::new(),
+        handler_extra: String::new(),
     })?;
     let table = format!("processed_events_{}_lat_{rep}", b.run_id.replace('-', "_"));
     let mut child = b.spawn(who, &cfg, &table, QUIET_LOG)?;

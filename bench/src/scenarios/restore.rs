@@ -110,6 +110,7 @@ pub(crate) fn config<'a>(name: &str, group: &str, source: &str, hk: Hk) -> Cfg<'
         drain_timeout: "10s",
         store_extra: String::new(),
         kafka_extra: Vec::new(),
+        handler_extra: String::new(),
     }
 }
 

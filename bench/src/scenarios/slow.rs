@@ -32,6 +32,7 @@ pub(crate) async fn slow_run(
         drain_timeout: "2s",
         store_extra: String::new(),
         kafka_extra: Vec::new(),
+        handler_extra: String::new(),
     })?;
     let _ = admin;
     b.recv.reset(SLOW_RECEIVER_MS);

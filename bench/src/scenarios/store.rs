@@ -135,6 +135,7 @@ pub(crate) async fn store_scenario(b: &Bench) -> anyhow::Result<StoreResult> {
         drain_timeout: "10s",
         store_extra: String::new(),
         kafka_extra: Vec::new(),
+        handler_extra: String::new(),
     })?;
     let (eps, secs, rss, hwm) = load_store(b, &cfg_a, &group_a, &topic, total).await?;
     (r.load_eps, r.load_secs, r.rss_end, r.rss_peak) = (eps, secs, rss, hwm);
@@ -170,6 +171,7 @@ pub(crate) async fn store_scenario(b: &Bench) -> anyhow::Result<StoreResult> {
         drain_timeout: "10s",
         store_extra: String::new(),
         kafka_extra: Vec::new(),
+        handler_extra: String::new(),
     })?;
     (r.base_running, r.base_assigned, r.base_handled, _) = cold_start(b, &cfg_base).await?;
 
@@ -188,6 +190,7 @@ pub(crate) async fn store_scenario(b: &Bench) -> anyhow::Result<StoreResult> {
         drain_timeout: "10s",
         store_extra: String::new(),
         kafka_extra: Vec::new(),
+        handler_extra: String::new(),
     })?;
     let total_b = end_offsets(&b.args.brokers, &topic, PARTITIONS)?;
     let (eps_b, _, rss_b, _) = load_store(b, &cfg_b, &group_b, &topic, total_b).await?;
