@@ -263,19 +263,33 @@ fn broker_ticks() -> u64 {
     sum
 }
 
-/// outboxd's group-commit figures from its Prometheus endpoint: (commits, mean
-/// records per commit, mean flush+fdatasync ms).
-pub(crate) async fn sync_metrics(port: u16) -> Option<(f64, f64, f64)> {
+/// outboxd's `/metrics` page (Prometheus text) from its admin port.
+pub(crate) async fn metrics_text(port: u16) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
     s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").await.ok()?;
     let mut text = String::new();
     tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut text)).await.ok()?.ok()?;
-    let val = |name: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-    };
+    Some(text)
+}
+
+/// Every series of metric `name` in a `/metrics` page: (labels as written, e.g.
+/// `{topic="t"}` or empty, value).
+pub(crate) fn metric_series(text: &str, name: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series[name.len()..].trim().to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// outboxd's group-commit figures from its Prometheus endpoint: (commits, mean
+/// records per commit, mean flush+fdatasync ms).
+pub(crate) async fn sync_metrics(port: u16) -> Option<(f64, f64, f64)> {
+    let text = metrics_text(port).await?;
+    let val = |name: &str| metric_series(&text, name).first().map(|s| s.1);
     let commits = val("outboxd_store_sync_seconds_count")?;
     let sync_sum = val("outboxd_store_sync_seconds_sum")?;
     let batch_sum = val("outboxd_store_commit_batch_records_sum")?;
