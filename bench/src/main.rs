@@ -4,8 +4,10 @@
 //! Contenders, on the same broker, topics, receiver and run, interleaved:
 //! `naive` (no dedup, upper bound), `pg-table` (dedup in a PostgreSQL table),
 //! `outboxd` (release binary, `store.fsync = true`) and `outboxd-relaxed`
-//! (`store.fsync = false`). Scenarios: drain, added latency, slow receiver, store.
-//! Writes a markdown report (default `bench/results.md`).
+//! (`store.fsync = false`). Scenarios: drain, added latency, slow receiver,
+//! overloaded receiver (outboxd with a fixed in-flight limit against adaptive
+//! concurrency), store, restore, failover. Writes a markdown report (default
+//! `bench/results.md`).
 //!
 //! The driver's modules: `bench` (the contenders, the configs they run with and
 //! `Bench`, what every scenario shares), `procs` (contender processes and what
@@ -19,6 +21,7 @@ mod procs;
 mod produce;
 mod receiver;
 mod report;
+mod report_overload;
 mod report_restore;
 mod scenarios;
 mod stats;
@@ -41,6 +44,7 @@ use crate::report::{machine, others_running, write_report};
 use crate::scenarios::drain::{drain_run, DrainResult};
 use crate::scenarios::failover::{failover_scenario, FailoverResult};
 use crate::scenarios::latency::{fdatasync_floor, latency_run, LatResult};
+use crate::scenarios::overload::{overload_run, Limit};
 use crate::scenarios::restore::{restore_scenario, RestoreResult};
 use crate::scenarios::slow::slow_run;
 use crate::scenarios::store::{store_scenario, StoreResult};
@@ -58,10 +62,11 @@ struct Args {
     /// Small sizes (a few minutes): 20k drain events, 1 run, 10 s latency, 100k store records, 100k changelog records.
     #[arg(long)]
     quick: bool,
-    /// Drain: messages pre-loaded (5% of them duplicates). Default 200000 (quick 20000).
+    /// Drain: messages pre-loaded (5% of them duplicates); overloaded receiver: the
+    /// backlog drained (no duplicates). Default 200000 (quick 20000).
     #[arg(long)]
     events: Option<u64>,
-    /// Interleaved repetitions of drain, latency and slow-receiver runs. Default 3 (quick 1).
+    /// Interleaved repetitions of drain, latency, slow- and overloaded-receiver runs. Default 3 (quick 1).
     #[arg(long)]
     runs: Option<usize>,
     /// Added latency: events per second.
@@ -100,7 +105,12 @@ struct Args {
     /// (`[store.changelog] enabled = false`), to show what the changelog costs.
     #[arg(long, default_value = "outboxd-nochangelog")]
     drain_extra: String,
-    /// Comma-separated subset of: drain,latency,slow,store,restore,failover.
+    /// Contenders of the overloaded-receiver scenario: outboxd-fixed (`[handlers.concurrency]
+    /// adaptive = false`), outboxd-adaptive (`adaptive = true`), outboxd (no such table).
+    #[arg(long, default_value = "outboxd-fixed,outboxd-adaptive")]
+    overload_contenders: String,
+    /// Comma-separated subset of: drain,latency,slow,overload,store,restore,failover
+    /// (overload = the overloaded receiver; not in the default set).
     #[arg(long, default_value = "drain,latency,slow,store,restore,failover")]
     scenarios: String,
     #[arg(long, default_value = "127.0.0.1:19092")]
@@ -237,7 +247,7 @@ async fn main() -> anyhow::Result<()> {
     let scenarios: HashSet<String> = args.scenarios.split(',').map(|s| s.trim().to_owned()).collect();
     for s in &scenarios {
         anyhow::ensure!(
-            ["drain", "latency", "slow", "store", "restore", "failover"].contains(&s.as_str()),
+            ["drain", "latency", "slow", "overload", "store", "restore", "failover"].contains(&s.as_str()),
             "unknown scenario {s}"
         );
     }
@@ -298,6 +308,7 @@ struct Measured {
     floor_pairs: Vec<i64>,
     floor_singles: Vec<i64>,
     slow: Vec<(String, usize, &'static str, Vec<f64>)>,
+    overload: report_overload::Overloaded,
     store: Option<StoreResult>,
     restore: Option<RestoreResult>,
     failover: Option<FailoverResult>,
@@ -401,6 +412,23 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         for (i, (who, mif, label, _)) in configs.iter().enumerate() {
             m.slow.push((who.name().to_owned(), *mif, label, results[i].clone()));
         }
+    }
+
+    write_report(b, started, &m, false)?;
+    // ---- overloaded receiver
+    if scenarios.contains("overload") {
+        let n0 = Noise::now();
+        let who = Limit::parse_list(&b.args.overload_contenders)?;
+        anyhow::ensure!(!who.is_empty(), "--overload-contenders names none");
+        m.overload = who.iter().map(|w| (*w, Vec::new())).collect();
+        for r in 0..s.runs {
+            for k in 0..who.len() {
+                let i = (k + r) % who.len();
+                let res = overload_run(b, who[i], s.events, r).await?;
+                m.overload[i].1.push(res);
+            }
+        }
+        m.noise.push(("overloaded receiver", n0.other_share()));
     }
 
     write_report(b, started, &m, false)?;

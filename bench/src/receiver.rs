@@ -1,7 +1,10 @@
-//! The HTTP receiver the contenders' http handlers call: counts calls, repeated
-//! idempotency keys and the latency from each event's produce time.
+//! The HTTP receiver the contenders' http handlers call: counts calls, their
+//! answers, repeated idempotency keys and the latency from each event's produce
+//! time. It answers 200 after a fixed delay ([`Recv::reset`]), or models a
+//! receiver that slows down with load and sheds calls past a knee
+//! ([`Recv::reset_overloaded`], [`Overload`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,26 +13,97 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 
+/// A receiver whose latency grows with the calls it holds and that refuses calls
+/// past a knee: a call admitted as the n-th in flight takes `base + n × per_call`;
+/// a call arriving while `knee` calls are in flight gets 503 at once, without
+/// `Retry-After`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Overload {
+    pub(crate) base: Duration,
+    pub(crate) per_call: Duration,
+    pub(crate) knee: u64,
+}
+
+impl Overload {
+    /// Calls per second it completes with `n` in flight (n ≤ knee).
+    pub(crate) fn throughput(&self, n: u64) -> f64 {
+        n as f64 / (self.base + self.per_call * n as u32).as_secs_f64()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Recv {
     delay_ms: AtomicU64,
+    /// The overload model's knee; 0 = the model is off (fixed delay).
+    knee: AtomicU64,
+    base_us: AtomicU64,
+    per_call_us: AtomicU64,
     pub(crate) inner: Mutex<RecvInner>,
 }
 
 #[derive(Default)]
 pub(crate) struct RecvInner {
     pub(crate) calls: u64,
+    /// Calls answered 2xx.
+    pub(crate) ok: u64,
+    /// Calls answered 503 by the overload model.
+    pub(crate) unavailable: u64,
+    /// Idempotency keys answered 2xx.
     keys: HashSet<String>,
+    /// Calls whose key had already been answered 2xx (a second side effect).
     pub(crate) repeats: u64,
-    /// (produce time µs, latency µs)
+    /// (produce time µs, latency µs) of each 2xx.
     pub(crate) lat: Vec<(i64, i64)>,
-    first: Option<Instant>,
+    pub(crate) first: Option<Instant>,
+    /// When a key was answered 2xx for the first time, the latest such time.
+    pub(crate) last_new_ok: Option<Instant>,
+    /// Overload model only: calls admitted and not yet answered (≤ knee).
+    pub(crate) in_flight: u64,
+    /// Overload model only: each key's first call (µs), until its first 2xx.
+    first_try: HashMap<String, i64>,
+    /// Overload model only: a key's first call → its first 2xx (µs): the retries' cost.
+    pub(crate) retry_lat: Vec<i64>,
+}
+
+impl RecvInner {
+    /// Distinct keys answered 2xx.
+    pub(crate) fn keys_answered(&self) -> u64 {
+        self.keys.len() as u64
+    }
+
+    /// Records a 2xx; `counted` = the call was already counted as a repeat on arrival.
+    fn ok(&mut self, key: String, ts: Option<i64>, now: i64, counted: bool) {
+        self.ok += 1;
+        if let Some(ts) = ts {
+            self.lat.push((ts, now - ts));
+        }
+        if !self.first_try.is_empty() {
+            if let Some(t) = self.first_try.remove(&key) {
+                self.retry_lat.push(now - t);
+            }
+        }
+        if self.keys.insert(key) {
+            self.last_new_ok = Some(Instant::now());
+        } else if !counted {
+            self.repeats += 1;
+        }
+    }
 }
 
 impl Recv {
+    /// Every call answered 200 after `delay_ms`; counters cleared.
     pub(crate) fn reset(&self, delay_ms: u64) {
+        self.knee.store(0, Ordering::SeqCst);
         self.delay_ms.store(delay_ms, Ordering::SeqCst);
         *self.inner.lock().unwrap() = RecvInner::default();
+    }
+    /// Calls answered by the overload model `m`; counters cleared.
+    pub(crate) fn reset_overloaded(&self, m: Overload) {
+        *self.inner.lock().unwrap() = RecvInner::default();
+        self.delay_ms.store(0, Ordering::SeqCst);
+        self.base_us.store(m.base.as_micros() as u64, Ordering::SeqCst);
+        self.per_call_us.store(m.per_call.as_micros() as u64, Ordering::SeqCst);
+        self.knee.store(m.knee.max(1), Ordering::SeqCst);
     }
     pub(crate) fn calls(&self) -> u64 {
         self.inner.lock().unwrap().calls
@@ -38,25 +112,60 @@ impl Recv {
     pub(crate) fn first_call(&self) -> Option<Instant> {
         self.inner.lock().unwrap().first
     }
+    /// (distinct keys answered 2xx, calls in flight now).
+    pub(crate) fn progress(&self) -> (u64, u64) {
+        let i = self.inner.lock().unwrap();
+        (i.keys_answered(), i.in_flight)
+    }
 }
 
 pub(crate) async fn on_call(State(r): State<Arc<Recv>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let knee = r.knee.load(Ordering::Relaxed);
+    if knee > 0 {
+        return overloaded(&r, knee, key, &body).await;
+    }
     let d = r.delay_ms.load(Ordering::Relaxed);
     if d > 0 {
         tokio::time::sleep(Duration::from_millis(d)).await;
     }
     let now = now_us();
     let ts = find_ts(&body);
-    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let mut i = r.inner.lock().unwrap();
     i.calls += 1;
     i.first.get_or_insert_with(Instant::now);
-    if !i.keys.insert(key) {
-        i.repeats += 1;
-    }
-    if let Some(ts) = ts {
-        i.lat.push((ts, now - ts));
-    }
+    i.ok(key, ts, now, false);
+    StatusCode::OK
+}
+
+/// The overload model: admit up to `knee` calls, each held `base + n × per_call`
+/// (n = calls in flight with it); refuse the rest at once.
+async fn overloaded(r: &Recv, knee: u64, key: String, body: &[u8]) -> StatusCode {
+    let arrived = now_us();
+    let (n, counted) = {
+        let mut i = r.inner.lock().unwrap();
+        i.calls += 1;
+        i.first.get_or_insert_with(Instant::now);
+        let counted = i.keys.contains(&key);
+        if counted {
+            i.repeats += 1;
+        } else {
+            i.first_try.entry(key.clone()).or_insert(arrived);
+        }
+        if i.in_flight >= knee {
+            i.unavailable += 1;
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+        i.in_flight += 1;
+        (i.in_flight, counted)
+    };
+    let hold = r.base_us.load(Ordering::Relaxed) + n * r.per_call_us.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_micros(hold)).await;
+    let now = now_us();
+    let ts = find_ts(body);
+    let mut i = r.inner.lock().unwrap();
+    i.in_flight -= 1;
+    i.ok(key, ts, now, counted);
     StatusCode::OK
 }
 

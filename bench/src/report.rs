@@ -78,8 +78,20 @@ fn mb(b: u64) -> f64 {
 /// Writes the report with whatever has been measured so far (called after every
 /// scenario, so a run that is stopped half-way still leaves its numbers).
 pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool) -> anyhow::Result<()> {
-    let Measured { others, noise, drain, drain_info, lat, floor_pairs, floor_singles, slow, store, restore, failover } =
-        m;
+    let Measured {
+        others,
+        noise,
+        drain,
+        drain_info,
+        lat,
+        floor_pairs,
+        floor_singles,
+        slow,
+        overload,
+        store,
+        restore,
+        failover,
+    } = m;
     let s = &b.sizes;
     let mut rep = Report { md: String::new() };
     let mut targets: Vec<(String, String, Option<bool>)> = Vec::new();
@@ -327,6 +339,12 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
                 Some(e >= 5000.0),
             ));
         }
+    }
+
+    if !overload.is_empty() {
+        let (md, t) = crate::report_overload::overload_section(s.events, overload);
+        md.iter().for_each(|l| rep.line(l));
+        targets.extend(t);
     }
 
     if let Some(r) = &store {

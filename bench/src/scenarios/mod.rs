@@ -3,6 +3,7 @@
 pub(crate) mod drain;
 pub(crate) mod failover;
 pub(crate) mod latency;
+pub(crate) mod overload;
 pub(crate) mod restore;
 pub(crate) mod slow;
 pub(crate) mod store;
