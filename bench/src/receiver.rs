@@ -38,11 +38,15 @@ pub(crate) struct Recv {
     knee: AtomicU64,
     base_us: AtomicU64,
     per_call_us: AtomicU64,
+    /// Goes up with every reset: a call admitted before one does not count after it.
+    generation: AtomicU64,
     pub(crate) inner: Mutex<RecvInner>,
 }
 
 #[derive(Default)]
 pub(crate) struct RecvInner {
+    /// [`Recv::generation`] when this was reset.
+    generation: u64,
     pub(crate) calls: u64,
     /// Calls answered 2xx.
     pub(crate) ok: u64,
@@ -91,15 +95,19 @@ impl RecvInner {
 }
 
 impl Recv {
+    fn clear(&self) {
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        *self.inner.lock().unwrap() = RecvInner { generation, ..RecvInner::default() };
+    }
     /// Every call answered 200 after `delay_ms`; counters cleared.
     pub(crate) fn reset(&self, delay_ms: u64) {
         self.knee.store(0, Ordering::SeqCst);
         self.delay_ms.store(delay_ms, Ordering::SeqCst);
-        *self.inner.lock().unwrap() = RecvInner::default();
+        self.clear();
     }
     /// Calls answered by the overload model `m`; counters cleared.
     pub(crate) fn reset_overloaded(&self, m: Overload) {
-        *self.inner.lock().unwrap() = RecvInner::default();
+        self.clear();
         self.delay_ms.store(0, Ordering::SeqCst);
         self.base_us.store(m.base.as_micros() as u64, Ordering::SeqCst);
         self.per_call_us.store(m.per_call.as_micros() as u64, Ordering::SeqCst);
@@ -123,7 +131,7 @@ pub(crate) async fn on_call(State(r): State<Arc<Recv>>, headers: HeaderMap, body
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let knee = r.knee.load(Ordering::Relaxed);
     if knee > 0 {
-        return overloaded(&r, knee, key, &body).await;
+        return overloaded(r, knee, key, &body).await;
     }
     let d = r.delay_ms.load(Ordering::Relaxed);
     if d > 0 {
@@ -138,11 +146,31 @@ pub(crate) async fn on_call(State(r): State<Arc<Recv>>, headers: HeaderMap, body
     StatusCode::OK
 }
 
+/// A call the overload model admitted. Dropped before it is answered (the client
+/// closed the connection under it), it still gives its place back, unless the
+/// receiver was reset since: the count of calls in flight never leaks.
+struct Admitted {
+    recv: Arc<Recv>,
+    generation: u64,
+    answered: bool,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if !self.answered {
+            let mut i = self.recv.inner.lock().unwrap();
+            if i.generation == self.generation {
+                i.in_flight -= 1;
+            }
+        }
+    }
+}
+
 /// The overload model: admit up to `knee` calls, each held `base + n × per_call`
 /// (n = calls in flight with it); refuse the rest at once.
-async fn overloaded(r: &Recv, knee: u64, key: String, body: &[u8]) -> StatusCode {
+async fn overloaded(r: Arc<Recv>, knee: u64, key: String, body: &[u8]) -> StatusCode {
     let arrived = now_us();
-    let (n, counted) = {
+    let (n, counted, generation) = {
         let mut i = r.inner.lock().unwrap();
         i.calls += 1;
         i.first.get_or_insert_with(Instant::now);
@@ -157,15 +185,19 @@ async fn overloaded(r: &Recv, knee: u64, key: String, body: &[u8]) -> StatusCode
             return StatusCode::SERVICE_UNAVAILABLE;
         }
         i.in_flight += 1;
-        (i.in_flight, counted)
+        (i.in_flight, counted, i.generation)
     };
+    let mut admitted = Admitted { recv: r.clone(), generation, answered: false };
     let hold = r.base_us.load(Ordering::Relaxed) + n * r.per_call_us.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_micros(hold)).await;
     let now = now_us();
     let ts = find_ts(body);
     let mut i = r.inner.lock().unwrap();
-    i.in_flight -= 1;
-    i.ok(key, ts, now, counted);
+    admitted.answered = true;
+    if i.generation == generation {
+        i.in_flight -= 1;
+        i.ok(key, ts, now, counted);
+    }
     StatusCode::OK
 }
 
