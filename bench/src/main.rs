@@ -106,8 +106,9 @@ struct Args {
     #[arg(long, default_value = "outboxd-nochangelog")]
     drain_extra: String,
     /// Contenders of the overloaded-receiver scenario: outboxd-fixed (`[handlers.concurrency]
-    /// adaptive = false`), outboxd-adaptive (`adaptive = true`), outboxd (no such table).
-    #[arg(long, default_value = "outboxd-fixed,outboxd-adaptive")]
+    /// adaptive = false`), outboxd-adaptive (`adaptive = true`), outboxd (no such table: as
+    /// shipped); each also as `-nocircuit` (`[handlers.circuit] enabled = false`).
+    #[arg(long, default_value = "outboxd-fixed,outboxd-adaptive,outboxd-fixed-nocircuit,outboxd-adaptive-nocircuit")]
     overload_contenders: String,
     /// Comma-separated subset of: drain,latency,slow,overload,store,restore,failover
     /// (overload = the overloaded receiver; not in the default set).

@@ -35,46 +35,62 @@ pub(crate) const OVERLOAD_KEYS: u64 = 1_000;
 /// `store.max_in_flight` (its default) and `[handlers.concurrency] max` of both contenders.
 pub(crate) const MAX_IN_FLIGHT: usize = 256;
 
-/// `[handlers.retry] max_attempts`: with the shipped 3, an event that meets three
-/// 503s in a row is dead, which at 256 in flight against a knee of 32 is most of
+/// `[handlers.retry] max_attempts`: with the shipped 5, an event that meets five
+/// 503s in a row is dead, which at 256 in flight against a knee of 32 is many of
 /// them. With the shipped backoff (200 ms doubling to 10 s, full jitter) 50
 /// attempts take about 4 min at most, inside the shipped `max_elapsed` of 20 min,
 /// and even a 90% chance of 503 per attempt leaves 0.9^50 = 0.5% per event; the
 /// backoff lowers the attempt rate until most attempts find a free slot, so far
-/// fewer attempts are needed. The scenario fails if any event ends dead.
-const MAX_ATTEMPTS: u32 = 50;
+/// fewer attempts are needed (attempts that open the circuit, or fail while it is
+/// open, are not charged at all). The scenario fails if any event ends dead.
+pub(crate) const MAX_ATTEMPTS: u32 = 50;
 
-/// How outboxd limits the calls in flight to the receiver.
+/// How outboxd limits the calls in flight to the receiver, and whether its
+/// circuit breaker is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Limit {
-    /// No `[handlers.concurrency]` table: whatever outboxd ships.
-    Shipped,
-    /// `adaptive = false`: up to `max` in flight.
-    Fixed,
-    /// `adaptive = true`: the limit follows the receiver, up to `max`.
-    Adaptive,
+pub(crate) struct Limit {
+    /// `[handlers.concurrency] adaptive`; None = no such table (as shipped).
+    pub(crate) adaptive: Option<bool>,
+    /// `[handlers.circuit] enabled`; true is the shipped default and writes no table.
+    pub(crate) circuit: bool,
 }
 
-pub(crate) const LIMITS: [Limit; 3] = [Limit::Fixed, Limit::Adaptive, Limit::Shipped];
+const fn limit(adaptive: Option<bool>, circuit: bool) -> Limit {
+    Limit { adaptive, circuit }
+}
+
+/// Every contender, in report order.
+pub(crate) const LIMITS: [Limit; 6] = [
+    limit(Some(false), true),
+    limit(Some(true), true),
+    limit(Some(false), false),
+    limit(Some(true), false),
+    limit(None, true),
+    limit(None, false),
+];
 
 impl Limit {
     pub(crate) fn name(self) -> &'static str {
-        match self {
-            Limit::Shipped => "outboxd",
-            Limit::Fixed => "outboxd-fixed",
-            Limit::Adaptive => "outboxd-adaptive",
+        match (self.adaptive, self.circuit) {
+            (Some(false), true) => "outboxd-fixed",
+            (Some(true), true) => "outboxd-adaptive",
+            (Some(false), false) => "outboxd-fixed-nocircuit",
+            (Some(true), false) => "outboxd-adaptive-nocircuit",
+            (None, true) => "outboxd",
+            (None, false) => "outboxd-nocircuit",
         }
     }
 
     /// TOML appended to the handler entry.
     fn handler_extra(self) -> String {
-        let concurrency = match self {
-            Limit::Shipped => String::new(),
-            Limit::Fixed | Limit::Adaptive => {
-                format!("[handlers.concurrency]\nadaptive = {}\nmax = {MAX_IN_FLIGHT}\n", self == Limit::Adaptive)
-            }
-        };
-        format!("[handlers.retry]\nmax_attempts = {MAX_ATTEMPTS}\n{concurrency}")
+        let mut t = format!("[handlers.retry]\nmax_attempts = {MAX_ATTEMPTS}\n");
+        if let Some(adaptive) = self.adaptive {
+            t.push_str(&format!("[handlers.concurrency]\nadaptive = {adaptive}\nmax = {MAX_IN_FLIGHT}\n"));
+        }
+        if !self.circuit {
+            t.push_str("[handlers.circuit]\nenabled = false\n");
+        }
+        t
     }
 
     /// The contenders named in `list` (comma-separated), in [`LIMITS`] order.
@@ -82,7 +98,8 @@ impl Limit {
         let names: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
         for n in &names {
             if !LIMITS.iter().any(|l| l.name() == *n) {
-                bail!("unknown overload contender {n} (known: outboxd-fixed, outboxd-adaptive, outboxd)");
+                let known: Vec<&str> = LIMITS.iter().map(|l| l.name()).collect();
+                bail!("unknown overload contender {n} (known: {})", known.join(", "));
             }
         }
         Ok(LIMITS.into_iter().filter(|l| names.contains(&l.name())).collect())
@@ -94,6 +111,8 @@ pub(crate) struct OverloadResult {
     pub(crate) events: u64,
     /// Events answered 2xx per second, first call → the last event's first 2xx.
     pub(crate) eps: f64,
+    /// First call → the last event's first 2xx, s.
+    pub(crate) secs: f64,
     /// Produce time → 2xx, ms.
     pub(crate) p99_ms: f64,
     pub(crate) p50_ms: f64,
@@ -104,8 +123,13 @@ pub(crate) struct OverloadResult {
     pub(crate) repeats: u64,
     /// Calls in flight at the receiver, sampled every 20 ms: p10, p50, p90.
     pub(crate) in_flight: (f64, f64, f64),
-    /// `outboxd_handler_circuit_transitions_total` series (labels, count); None = not exported.
-    pub(crate) circuit: Option<Vec<(String, f64)>>,
+    /// outboxd's `outboxd_handler_concurrency_limit`, sampled every 250 ms: p10,
+    /// p50, p90, min, max; None = not exported.
+    pub(crate) limit: Option<[f64; 5]>,
+    /// Times the circuit opened (`outboxd_handler_circuit_transitions_total{to="open"}`)
+    /// and seconds it was not closed (`outboxd_handler_circuit_open_seconds`); None =
+    /// this build exports neither.
+    pub(crate) circuit: Option<(f64, f64)>,
     /// `outboxd_events_retried_total`, summed over topics.
     pub(crate) retried: f64,
     /// Stopped at the cap before every event was answered 2xx.
@@ -113,10 +137,6 @@ pub(crate) struct OverloadResult {
 }
 
 impl OverloadResult {
-    /// Circuit transitions counted (0 when the metric is not exported).
-    pub(crate) fn circuit_transitions(&self) -> f64 {
-        self.circuit.as_ref().map(|v| v.iter().map(|s| s.1).sum()).unwrap_or(0.0)
-    }
     pub(crate) fn per_1000(&self, n: u64) -> f64 {
         n as f64 * 1000.0 / self.events.max(1) as f64
     }
@@ -128,9 +148,14 @@ impl OverloadResult {
 const DEAD: &str = "outboxd_events_dead_total";
 const RETRIED: &str = "outboxd_events_retried_total";
 const CIRCUIT: &str = "outboxd_handler_circuit_transitions_total";
+const CIRCUIT_OPEN_SECONDS: &str = "outboxd_handler_circuit_open_seconds";
+const LIMIT: &str = "outboxd_handler_concurrency_limit";
+/// How often the limit is read from `/metrics` (each read renders the whole page).
+const LIMIT_EVERY: Duration = Duration::from_millis(250);
 
+/// All series of `name` added up (0 when there are none).
 fn sum(text: &str, name: &str) -> f64 {
-    metric_series(text, name).iter().map(|s| s.1).sum()
+    metric_series(text, name).iter().fold(0.0, |a, s| a + s.1)
 }
 
 /// One contender on a fresh topic: it is assigned the empty topic, then `n`
@@ -166,11 +191,17 @@ pub(crate) async fn overload_run(b: &Bench, who: Limit, n: u64, rep: usize) -> a
     let cap = Duration::from_secs(60) + Duration::from_secs_f64(10.0 * n as f64 / MODEL.throughput(MODEL.knee));
     let t0 = Instant::now();
     let mut samples: Vec<i64> = Vec::new();
+    let (mut limits, mut limit_at): (Vec<i64>, Instant) = (Vec::new(), Instant::now());
     let partial = loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let (done, in_flight) = b.recv.progress();
         if b.recv.first_call().is_some() {
             samples.push(in_flight as i64);
+            if limit_at.elapsed() >= LIMIT_EVERY {
+                limit_at = Instant::now();
+                let text = metrics_text(admin).await.unwrap_or_default();
+                limits.extend(metric_series(&text, LIMIT).first().map(|s| s.1 as i64));
+            }
         }
         if done >= n {
             break false;
@@ -199,7 +230,11 @@ pub(crate) async fn overload_run(b: &Bench, who: Limit, n: u64, rep: usize) -> a
         }
     }
     let metrics = metrics_text(admin).await.unwrap_or_default();
-    let circuit = metrics.contains(CIRCUIT).then(|| metric_series(&metrics, CIRCUIT));
+    let circuit = (metrics.contains(CIRCUIT) || metrics.contains(CIRCUIT_OPEN_SECONDS)).then(|| {
+        let opens =
+            metric_series(&metrics, CIRCUIT).iter().filter(|s| s.0.contains("to=\"open\"")).fold(0.0, |a, s| a + s.1);
+        (opens, sum(&metrics, CIRCUIT_OPEN_SECONDS))
+    });
     let retried = sum(&metrics, RETRIED);
     child.stop(Duration::from_secs(30)).await?;
     let _ = std::fs::remove_dir_all(b.work.join("stores").join(format!("overload-{}-{rep}", who.name())));
@@ -212,9 +247,16 @@ pub(crate) async fn overload_run(b: &Bench, who: Limit, n: u64, rep: usize) -> a
     let mut retry: Vec<i64> = i.retry_lat.clone();
     retry.sort_unstable();
     samples.sort_unstable();
+    limits.sort_unstable();
+    let limit = (!limits.is_empty()).then(|| {
+        let p = |q| pct(&limits, q);
+        [p(0.1), p(0.5), p(0.9), limits[0] as f64, limits[limits.len() - 1] as f64]
+    });
+    let secs = (last - first).as_secs_f64().max(1e-3);
     let r = OverloadResult {
         events: done,
-        eps: done as f64 / (last - first).as_secs_f64().max(1e-3),
+        eps: done as f64 / secs,
+        secs,
         p99_ms: pct(&lat, 0.99) / 1000.0,
         p50_ms: pct(&lat, 0.5) / 1000.0,
         retry_p99_ms: pct(&retry, 0.99) / 1000.0,
@@ -222,13 +264,14 @@ pub(crate) async fn overload_run(b: &Bench, who: Limit, n: u64, rep: usize) -> a
         unavailable: i.unavailable,
         repeats: i.repeats,
         in_flight: (pct(&samples, 0.1), pct(&samples, 0.5), pct(&samples, 0.9)),
+        limit,
         circuit,
         retried,
         partial,
     };
     drop(i);
     eprintln!(
-        "bench: overload {:<16} run {rep}: {:>5.0} events/s, p50 {:.0} ms p99 {:.0} ms from produce, p99 {:.0} ms first call → 2xx, {} calls ({} 503, {:.2} per event; outboxd retried {:.0}), {} repeats, in flight p10/p50/p90 {:.0}/{:.0}/{:.0}, circuit {}{}",
+        "bench: overload {:<16} run {rep}: {:>5.0} events/s, p50 {:.0} ms p99 {:.0} ms from produce, p99 {:.0} ms first call → 2xx, {} calls ({} 503, {:.2} per event; outboxd retried {:.0}), {} repeats, in flight p10/p50/p90 {:.0}/{:.0}/{:.0}, limit {}, circuit {}{}",
         who.name(),
         r.eps,
         r.p50_ms,
@@ -242,9 +285,13 @@ pub(crate) async fn overload_run(b: &Bench, who: Limit, n: u64, rep: usize) -> a
         r.in_flight.0,
         r.in_flight.1,
         r.in_flight.2,
-        match &r.circuit {
+        match r.limit {
             None => "not exported".to_owned(),
-            Some(v) => format!("{v:?}"),
+            Some([p10, p50, p90, lo, hi]) => format!("p10/p50/p90 {p10:.0}/{p50:.0}/{p90:.0} (min {lo:.0}, max {hi:.0})"),
+        },
+        match r.circuit {
+            None => "not exported".to_owned(),
+            Some((opens, secs)) => format!("opened {opens:.0} times, not closed for {secs:.1} s"),
         },
         if partial { format!(" [stopped after {cap:?}: {done} of {n} answered 2xx]") } else { String::new() },
     );
