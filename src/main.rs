@@ -12,6 +12,9 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// How long the exit waits for blocking tasks still running after the work is done.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -22,7 +25,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    let outcome = runtime.block_on(dispatch(cli.command));
+    // Dropping the runtime would wait for every blocking task still running (a
+    // changelog read of a restore or a standby pass, a metadata lookup), each up to
+    // its own timeout: the service would linger past its drain after saying it
+    // stopped. Everything that must outlast the process is flushed and committed by
+    // now, so what is left is given up after a moment.
+    runtime.shutdown_timeout(EXIT_GRACE);
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             report(format_args!("error: {e:#}"));
