@@ -5,7 +5,6 @@
 //! through the same claim, with these few steps of its own.
 
 use super::chains::{ChainId, Running};
-use super::changelog::Change;
 use super::messages::copy_key;
 use super::{now_us, Claim, Record, State, Store, StoreError, UNDECODABLE_SCOPE};
 use crate::event::RawMessage;
@@ -154,15 +153,7 @@ impl Store {
         let Some(f) = self.find_in(scope, &r.event_id)? else { return Ok(None) };
         match f.record.state {
             State::Held => {
-                self.settle_entry(Change::Gone(&f.record), || {
-                    self.chained(&f.key, None, || {
-                        f.slice.tree.remove(&f.key)?;
-                        self.messages.remove(&copy_key(f.slice.start, &f.key))?;
-                        f.slice.moved(Some(f.record.state), None);
-                        Ok(())
-                    })
-                })
-                .await?;
+                self.remove_found(&f).await?;
                 Ok(None)
             }
             State::Done => {

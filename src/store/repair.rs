@@ -24,6 +24,13 @@ impl Store {
     /// under its key goes there first). Returns what was removed.
     pub(in crate::store) async fn forget(&self, id: &str) -> Result<Record, StoreError> {
         let f = self.existing(id)?;
+        self.remove_found(&f).await?;
+        Ok(f.record)
+    }
+
+    /// Removes a found record, its message copy and its chain entry (with a
+    /// changelog, its tombstone goes there first).
+    pub(in crate::store) async fn remove_found(&self, f: &Found) -> Result<(), StoreError> {
         self.settle_entry(Change::Gone(&f.record), || {
             self.chained(&f.key, None, || {
                 f.slice.tree.remove(&f.key)?;
@@ -32,8 +39,7 @@ impl Store {
                 Ok(())
             })
         })
-        .await?;
-        Ok(f.record)
+        .await
     }
 
     /// Takes a dead or parked event back for a re-run, in one write: it becomes
