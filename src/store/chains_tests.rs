@@ -1,12 +1,12 @@
 //! The chain bookkeeping: which events are held behind which, in what order they
 //! come out, what the changelog carries of a chain and how another store rebuilds it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
 use crate::event::{OutboxEvent, Payload, Position, RawMessage};
-use crate::store::changelog::{Acked, ChangelogRecord, Entry, SendFuture, Sink};
+use crate::store::changelog::tests::Recorded;
 use crate::store::{now_us, Claim, Claimed, StoreOptions};
 
 const TOPIC: &str = "outbox.event.order";
@@ -211,37 +211,6 @@ async fn an_undecodable_message_of_a_held_key_is_held_and_with_continue_a_dead_e
     assert!(!arrives(&store, &message(21, Some("order-9"))).await);
 }
 
-/// A changelog on a broker that acknowledges everything at the next offset of its partition.
-#[derive(Default)]
-struct Recorded {
-    entries: Mutex<Vec<(i64, Entry)>>,
-}
-
-impl Sink for Recorded {
-    fn send(&self, entry: Entry) -> SendFuture {
-        let mut entries = self.entries.lock().unwrap();
-        let offset = entries.iter().filter(|(_, e)| e.partition == entry.partition).count() as i64;
-        let acked = Acked { changelog_topic: format!("{}.cl", entry.topic), partition: entry.partition, offset };
-        entries.push((offset, entry));
-        Box::pin(async move { Ok(acked) })
-    }
-}
-
-impl Recorded {
-    fn records(&self) -> Vec<ChangelogRecord> {
-        let entries = self.entries.lock().unwrap();
-        entries
-            .iter()
-            .map(|(offset, e)| ChangelogRecord {
-                offset: *offset,
-                key: e.key.clone(),
-                value: e.value.clone(),
-                mac: None,
-            })
-            .collect()
-    }
-}
-
 #[tokio::test]
 async fn a_chain_follows_its_partition_through_the_changelog_with_its_copies() {
     let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -256,7 +225,7 @@ async fn a_chain_follows_its_partition_through_the_changelog_with_its_copies() {
 
     // Another instance restores the partition: the same chain, and the copies to run it from.
     let b = open(b_dir.path());
-    b.apply_changelog(TOPIC, &sink.records()).unwrap();
+    b.apply_changelog(TOPIC, &sink.records(TOPIC, 2)).unwrap();
     let chain = chain_of(&b, "e12");
     assert_eq!((chain.head.as_deref(), chain.held.clone()), (Some("e10"), ids(&[11, 12, 13])));
     for id in ["e10", "e11", "e12", "e13"] {
@@ -282,12 +251,12 @@ async fn a_head_resolved_through_another_instance_releases_the_chain_where_it_is
     a.attach_changelog(a_sink.clone());
     dies(&a, &message(10, Some("order-7"))).await;
     assert!(arrives(&a, &message(11, Some("order-7"))).await);
-    b.apply_changelog(TOPIC, &a_sink.records()).unwrap();
+    b.apply_changelog(TOPIC, &a_sink.records(TOPIC, 2)).unwrap();
     let b_sink = Arc::new(Recorded::default());
     b.attach_changelog(b_sink.clone());
     b.resolve_done("e10", "resolved by hand: done".into()).await.unwrap();
     assert!(a.released_chains().is_empty());
-    a.apply_changelog(TOPIC, &b_sink.records()).unwrap();
+    a.apply_changelog(TOPIC, &b_sink.records(TOPIC, 2)).unwrap();
     assert_eq!(a.released_chains(), [order_key()], "A follows B's repair");
     assert_eq!(chain_of(&a, "e11").head, None);
 }
@@ -362,13 +331,13 @@ async fn the_owner_writes_aging_chain_records_again_with_their_copies_unless_the
     ids.sort();
     assert_eq!(ids, ["e10", "e11"], "the chain's records, not the done one");
 
-    let sent = sink.records().len();
+    let sent = sink.records(TOPIC, 2).len();
     let held = aging.iter().find(|r| r.event_id == "e11").unwrap();
     assert!(store.refresh_member(held).await.unwrap());
     let now = store.get("e11").unwrap().unwrap();
     assert!(now.updated_at_us > held.updated_at_us, "written again");
     assert_eq!((now.state, now.chain.clone()), (State::Held, held.chain.clone()), "as it was");
-    let records = sink.records();
+    let records = sink.records(TOPIC, 2);
     assert_eq!(records.len(), sent + 1, "and sent to the changelog again");
     let (_, copy) = crate::store::changelog::decode_entry_with_copy(
         TOPIC,

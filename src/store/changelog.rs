@@ -621,7 +621,7 @@ pub mod mac;
 
 #[cfg(test)]
 #[path = "changelog_tests.rs"]
-mod tests;
+pub(in crate::store) mod tests;
 
 #[cfg(test)]
 #[path = "changelog_apply_tests.rs"]

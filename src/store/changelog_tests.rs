@@ -20,9 +20,10 @@ fn event(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {
     }
 }
 
-/// A changelog on a broker that acknowledges everything at the next offset of its partition.
+/// A changelog on a broker that acknowledges everything at the next offset of its
+/// partition (the store's other tests use it too).
 #[derive(Default)]
-struct Recorded {
+pub(in crate::store) struct Recorded {
     entries: Mutex<Vec<(i64, Entry)>>,
     fail: bool,
 }
@@ -51,7 +52,7 @@ impl Sink for Recorded {
 
 impl Recorded {
     /// What a restore of `topic`/`partition` would read.
-    fn records(&self, topic: &str, partition: i32) -> Vec<ChangelogRecord> {
+    pub(in crate::store) fn records(&self, topic: &str, partition: i32) -> Vec<ChangelogRecord> {
         let entries = self.entries.lock().unwrap();
         entries
             .iter()
