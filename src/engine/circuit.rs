@@ -236,6 +236,16 @@ enum Phase {
     },
 }
 
+impl Phase {
+    fn state(self) -> State {
+        match self {
+            Phase::Closed => State::Closed,
+            Phase::Open { .. } => State::Open,
+            Phase::HalfOpen { .. } => State::HalfOpen,
+        }
+    }
+}
+
 impl Circuit {
     fn new(h: &HandlerConfig, changed: Arc<watch::Sender<u64>>) -> Circuit {
         let timeout = match &h.spec {
@@ -283,21 +293,13 @@ impl Circuit {
     }
 
     pub fn state(&self) -> State {
-        match self.lock().phase {
-            Phase::Closed => State::Closed,
-            Phase::Open { .. } => State::Open,
-            Phase::HalfOpen { .. } => State::HalfOpen,
-        }
+        self.lock().phase.state()
     }
 
     pub fn view(&self) -> CircuitView {
         let now = Instant::now();
         let i = self.lock();
-        let state = match i.phase {
-            Phase::Closed => State::Closed,
-            Phase::Open { .. } => State::Open,
-            Phase::HalfOpen { .. } => State::HalfOpen,
-        };
+        let state = i.phase.state();
         let open_for = i.left_closed.map(|t| now.saturating_duration_since(t));
         CircuitView {
             handler: self.name.clone(),
@@ -479,13 +481,9 @@ impl Circuit {
     fn enter(&self, i: &mut Inner, phase: Phase) {
         let from = i.phase;
         i.phase = phase;
-        let to = match phase {
-            Phase::Closed => State::Closed,
-            Phase::Open { .. } => State::Open,
-            Phase::HalfOpen { .. } => State::HalfOpen,
-        };
+        let to = phase.state();
         let was_closed = from == Phase::Closed;
-        if std::mem::discriminant(&from) == std::mem::discriminant(&phase) {
+        if from.state() == to {
             return;
         }
         i.transitions += 1;
