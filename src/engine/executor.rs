@@ -607,12 +607,15 @@ impl Executor {
         let p = &event.position;
         error!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, attempt, %state, %reason,
             "event failed");
-        self.counters.dead.fetch_add(1, Ordering::Relaxed);
-        let metric = if state == State::Parked { names::PARKED } else { names::DEAD };
-        metrics::counter!(metric, "topic" => p.topic.clone()).increment(1);
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
         let claimed = claimed.holding(hc.on_dead.holds(), msg);
-        self.store.handling().finish_failed(claimed, state, reason, msg, dlq).await
+        let topic = p.topic.clone();
+        self.store.handling().finish_failed(claimed, state, reason, msg, dlq).await?;
+        // Counted once recorded, like a handled event: the counters never run ahead of the store.
+        self.counters.dead.fetch_add(1, Ordering::Relaxed);
+        let metric = if state == State::Parked { names::PARKED } else { names::DEAD };
+        metrics::counter!(metric, "topic" => topic).increment(1);
+        Ok(())
     }
 }
 

@@ -119,6 +119,25 @@ async fn an_empty_store_restored_from_the_changelog_holds_what_the_old_store_hel
         others.iter().all(|id| receiver.answered(id)) && receiver.in_flight() == 1
     })
     .await;
+    // An answer is recorded a group commit later: wait until the counters (which count
+    // recorded outcomes) show every answered event, so that the kill cuts only the held call.
+    let (done, dead) = ((EVENTS - 7) as f64, 6.0);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        a.assert_alive();
+        let m = harness::metrics::try_scrape(&a).await.unwrap_or_default();
+        let count = |name| harness::metrics::sample(&m, name, &[("topic", topic.as_str())]);
+        if (count("outboxd_events_handled_total"), count("outboxd_events_dead_total")) == (done, dead) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "A recorded {} handled and {} dead, not {done} and {dead}",
+            count("outboxd_events_handled_total"),
+            count("outboxd_events_dead_total")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Killed during the held call: started again, A finds its claim and parks the event.
     a.kill();
     hold.store(false, std::sync::atomic::Ordering::SeqCst);
