@@ -41,18 +41,21 @@ fn calls_by_id(receiver: &Receiver) -> HashMap<String, Vec<Call>> {
     by_id
 }
 
-/// Every event executed, and none started again after an instance recorded it
-/// done (a handler call that reached the receiver after the earliest `done_at`
-/// of the event in any of the stopped instances' stores). Calls that repeated
-/// an earlier one before any record said done (in flight when its partition
-/// moved: the documented repeat, with the same idempotency key) are printed,
-/// not counted.
+/// Every event executed, and none started again after an instance made it
+/// durably done (a handler call that reached the receiver after the earliest
+/// "event handled" line of the event in any instance's log: that line comes once
+/// the record is synced and, with the changelog, acknowledged by it; a record's
+/// `done_at` is stamped before that, and an instance frozen in between has a done
+/// record that no other member could know of). Calls that repeated an earlier one
+/// before it was durably done (in flight when its partition moved: the documented
+/// repeat, with the same idempotency key) are printed, not counted.
 fn assert_none_ran_after_done(receiver: &Receiver, instances: &[&Outboxd], events: &[(String, String)]) {
     let mut done_at: HashMap<String, SystemTime> = HashMap::new();
     for od in instances {
-        for r in od.store_list(Some("done"), events.len() * 2) {
-            let at = r.done_at();
-            done_at.entry(r.event_id.clone()).and_modify(|t| *t = (*t).min(at)).or_insert(at);
+        for line in harness::logs::all_logs(od).lines().filter(|l| l.contains("event handled")) {
+            let id = line.split("event_id=").nth(1).and_then(|rest| rest.split_whitespace().next());
+            let (Some(id), Some(at)) = (id, harness::logs::log_time(line)) else { continue };
+            done_at.entry(id.to_owned()).and_modify(|t| *t = (*t).min(at)).or_insert(at);
         }
     }
     let by_id = calls_by_id(receiver);
