@@ -122,6 +122,44 @@ struct PartitionState {
     moved_at: Instant,
     /// Its changelog is being restored: none of its events may begin.
     restoring: bool,
+    /// How far its restore has read: (records read, records to read), for the console.
+    restore_progress: Option<(u64, u64)>,
+    /// What the broker last said of it (librdkafka's statistics), for the console.
+    broker: Option<BrokerOffsets>,
+}
+
+/// A partition's offsets as librdkafka's statistics last gave them (-1: not known yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerOffsets {
+    /// The group's committed offset.
+    pub committed: i64,
+    /// The partition's end (high watermark).
+    pub end: i64,
+    /// Messages between the consumed position and the end.
+    pub lag: i64,
+}
+
+/// One assigned partition as the console shows it ([`OffsetTracker::overview`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionOverview {
+    /// Which partition.
+    pub id: PartitionId,
+    /// Waiting for its changelog restore, with (read, to read) once it has begun.
+    pub restoring: Option<(u64, u64)>,
+    /// Being revoked (its running events finish; nothing new begins).
+    pub revoking: bool,
+    /// The next offset to commit, once one finished.
+    pub committable: Option<i64>,
+    /// The commit gap: the oldest unfinished offset, which holds the committed offset back.
+    pub oldest_unfinished: Option<i64>,
+    /// Offsets consumed and not finished.
+    pub unfinished: usize,
+    /// Executions running.
+    pub running: usize,
+    /// How long since its committable offset moved (or waiting began).
+    pub unmoved_for: Duration,
+    /// The broker's view, when the statistics have reported it.
+    pub broker: Option<BrokerOffsets>,
 }
 
 impl PartitionState {
@@ -134,6 +172,8 @@ impl PartitionState {
             running: 0,
             revoking: false,
             moved_at: Instant::now(),
+            restore_progress: None,
+            broker: None,
         }
     }
 }
@@ -430,6 +470,41 @@ impl OffsetTracker {
     /// Events consumed and not yet finished, over all partitions.
     pub fn unfinished(&self) -> usize {
         self.partitions.values().map(|p| p.pending.values().filter(|done| !**done).count()).sum()
+    }
+
+    /// The restore of an assigned partition has read `read` of `total` records.
+    pub fn restore_progress(&mut self, partition: &PartitionId, read: u64, total: u64) {
+        if let Some(p) = self.partitions.get_mut(partition) {
+            p.restore_progress = Some((read, total));
+        }
+    }
+
+    /// librdkafka's statistics for an assigned partition.
+    pub fn broker_offsets(&mut self, partition: &PartitionId, offsets: BrokerOffsets) {
+        if let Some(p) = self.partitions.get_mut(partition) {
+            p.broker = Some(offsets);
+        }
+    }
+
+    /// Every assigned partition, in name order, as of `now`.
+    pub fn overview(&self, now: Instant) -> Vec<PartitionOverview> {
+        let mut all: Vec<PartitionOverview> = self
+            .partitions
+            .iter()
+            .map(|(id, p)| PartitionOverview {
+                id: id.clone(),
+                restoring: p.restoring.then_some(p.restore_progress.unwrap_or((0, 0))),
+                revoking: p.revoking,
+                committable: p.committable,
+                oldest_unfinished: p.pending.iter().find(|(_, done)| !**done).map(|(o, _)| *o),
+                unfinished: p.pending.values().filter(|done| !**done).count(),
+                running: p.running,
+                unmoved_for: now.saturating_duration_since(p.moved_at),
+                broker: p.broker,
+            })
+            .collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all
     }
 }
 

@@ -75,7 +75,7 @@ pub(super) async fn restore_all(
                 (store.clone(), restorer.clone(), changelog.clone(), tokio::runtime::Handle::current());
             let task = partition.clone();
             let restored = tokio::task::spawn_blocking(move || {
-                restore_partition(&store, &restorer, &changelog, &task, &|| true, &runtime)
+                restore_partition(&store, &restorer, &changelog, &task, &|| true, &|_, _| {}, &runtime)
             })
             .await?
             .with_context(|| format!("restoring {changelog_topic}/{p}"))?

@@ -22,6 +22,8 @@ pub struct RawAdmin {
     /// besides the listen address and the loopback names of its port.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// `[admin.ui]`: the operators' console at `/ui`.
+    pub ui: Option<super::ui::RawUi>,
 }
 
 /// `[admin]` validated; every default when the section is absent.
@@ -34,6 +36,8 @@ pub struct AdminConfig {
     /// Lower-case `host` or `host:port` entries; default empty (only the listen
     /// address and loopback names pass the DNS-rebinding check).
     pub allowed_hosts: Vec<String>,
+    /// `[admin.ui]`: the console at `/ui` (on by default).
+    pub ui: super::ui::UiConfig,
 }
 
 /// The section is optional: absent means every default.
@@ -72,7 +76,8 @@ pub(super) fn validate(
             allowed_host(h).map_err(|e| ConfigError::field(format!("admin.allowed_hosts[{i}]"), format!("{h:?} {e}")))
         })
         .collect::<Result<_, _>>()?;
-    Ok(AdminConfig { listen, token, allowed_hosts })
+    let ui = super::ui::validate(raw.ui)?;
+    Ok(AdminConfig { listen, token, allowed_hosts, ui })
 }
 
 /// One `Host` value as it is compared (lower case): a name or address, with an optional port.

@@ -8,6 +8,7 @@
 //! - `store`: `[store]`, the dedup store, retention, group commit, in-flight bounds;
 //!   `changelog`: `[store.changelog]`, the dedup state in Kafka topics;
 //! - `admin`: `[admin]`, the admin server's address, token and allowed `Host`s;
+//!   `ui`: `[admin.ui]`, the console's sessions and login limits;
 //! - `schema_registry`: `[schema_registry]`, Avro schemas and decoding limits;
 //! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts;
 //! - `values`: durations, sizes and `${VAR}`, shared by all of them;
@@ -32,6 +33,7 @@ mod retry;
 mod schema_registry;
 mod store;
 mod topics;
+mod ui;
 mod values;
 
 #[cfg(test)]
@@ -53,6 +55,7 @@ pub use schema_registry::{RawSchemaRegistry, RegistryOptions};
 pub(crate) use store::DEFAULT_RETENTION;
 pub use store::{RawStore, StoreConfig};
 pub use topics::TopicMatch;
+pub use ui::{RawUi, UiConfig};
 pub use values::expand_env;
 
 /// Added to the longest legitimate wait of a partition's head event (see

@@ -164,6 +164,14 @@ impl Executor {
         &self.circuits
     }
 
+    /// Decodes a stored message copy as its topic's handler reads it, once (no
+    /// waiting for the schema registry), for a person to look at; `None` when no
+    /// handler covers the topic any more.
+    pub async fn decode_copy(&self, msg: &RawMessage) -> Option<Result<OutboxEvent, DecodeError>> {
+        let hc = self.config.handler_for(&msg.topic)?;
+        Some(self.decoder.decode(msg, &self.layouts[hc.index]).await)
+    }
+
     /// True once [`Executor::fail`] was called: nothing more runs and no offset moves.
     pub fn stopped(&self) -> bool {
         self.failure.get().is_some()

@@ -123,7 +123,8 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             let ended = tokio::task::spawn_blocking(move || {
                 let (shared, restorer, changelog, partition) = &task;
                 let ours = || shared.tracker.lock().is_restoring(partition, generation) && !shared.exec.stopped();
-                restore_partition(&shared.exec.store, restorer, changelog, partition, &ours, &runtime)
+                let seen = |read, total| shared.tracker.lock().restore_progress(partition, read, total);
+                restore_partition(&shared.exec.store, restorer, changelog, partition, &ours, &seen, &runtime)
             })
             .await;
             match ended {
@@ -160,13 +161,15 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
 /// Reads the changelog partition of a source partition into the store, from its
 /// checkpoint (or the beginning) up to the end seen now, in durable batches that
 /// move the checkpoint. `keep_going` is asked before each batch: `None` when it
-/// said no. Blocking: run it off the runtime's workers.
+/// said no. `read_so_far` is told after each batch how many of how many offsets
+/// were read. Blocking: run it off the runtime's workers.
 pub fn restore_partition(
     store: &Store,
     restorer: &Restorer,
     changelog: &ChangelogConfig,
     partition: &PartitionId,
     keep_going: &dyn Fn() -> bool,
+    read_so_far: &dyn Fn(u64, u64),
     runtime: &tokio::runtime::Handle,
 ) -> Result<Option<Restored>, RestoreError> {
     let (topic, p) = (&partition.topic, partition.partition);
@@ -186,7 +189,10 @@ pub fn restore_partition(
     let started = Instant::now();
     let labels = [("topic", topic.clone()), ("partition", p.to_string())];
     info!(%topic, partition = p, changelog_topic, from, end, records = end - from, "restoring the partition from its changelog");
+    let total = (end - from).max(0) as u64;
+    read_so_far(0, total);
     let progress = |batch: Progress| {
+        read_so_far((batch.next - from).clamp(0, end - from) as u64, total);
         metrics::counter!(names::RESTORED, &labels).increment(batch.read);
         metrics::gauge!(names::RESTORE_LAG, &labels).set((end - batch.next).max(0) as f64);
     };

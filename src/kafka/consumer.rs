@@ -79,6 +79,12 @@ impl ClientContext for Ctx {
                 if *id < 0 || !p.desired {
                     continue;
                 }
+                let offsets = crate::offsets::BrokerOffsets {
+                    committed: p.committed_offset,
+                    end: p.hi_offset,
+                    lag: p.consumer_lag,
+                };
+                self.tracker.lock().broker_offsets(&PartitionId::new(topic.clone(), *id), offsets);
                 let labels = [("topic", topic.clone()), ("partition", id.to_string())];
                 if p.consumer_lag >= 0 {
                     metrics::gauge!(names::LAG, &labels).set(p.consumer_lag as f64);

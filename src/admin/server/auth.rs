@@ -14,6 +14,25 @@ use subtle::ConstantTimeEq;
 
 use super::ApiError;
 
+/// What a credential may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Look and act (retry, resolve, forget, gc).
+    Operate,
+    /// Look only.
+    #[allow(dead_code)] // until read-only tokens can be configured
+    Read,
+}
+
+/// Who a request (or a console session) is, by the token it showed.
+#[derive(Debug, Clone)]
+pub struct Credential {
+    /// The credential's name, as the audit records it.
+    pub name: String,
+    /// What it may do.
+    pub access: Access,
+}
+
 /// What the store API accepts, fixed when the server starts.
 pub struct Guard {
     /// Accepted bearer tokens: `[admin] token` and this run's token from the owner file.
@@ -78,8 +97,14 @@ impl Guard {
         bool::from(ok)
     }
 
-    fn host_allowed(&self, host: &str) -> bool {
+    pub(super) fn host_allowed(&self, host: &str) -> bool {
         self.hosts.allows(host)
+    }
+
+    /// The credential `given` is, if it is one (compared in constant time, as
+    /// [`Guard::accepts`] does).
+    pub(super) fn credential_for(&self, given: &str) -> Option<Credential> {
+        self.accepts(given).then(|| Credential { name: "admin".into(), access: Access::Operate })
     }
 
     /// Refuses a request that a browser made for another site's page, or that

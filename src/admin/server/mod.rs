@@ -2,11 +2,13 @@
 //! `/metrics` (Prometheus), open to anyone who can reach the port, and the
 //! store API (`/v1/*`, `routes`) that `outboxd store …` uses while the
 //! service holds the database, behind one layer (`auth`) that requires a
-//! bearer token and refuses browsers and foreign `Host` headers. axum is
+//! bearer token and refuses browsers and foreign `Host` headers; and the
+//! operators' console (`/ui`, `ui`), behind a login of its own. axum is
 //! used only here (and in the demo receiver).
 
 mod auth;
 mod routes;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,20 +76,27 @@ pub async fn serve(
     if run_token.is_none() && state.token.is_none() {
         tracing::warn!("no admin token: the store API (/v1) refuses every request (the owner file could not be written and [admin] token is not set)");
     }
-    let guard = auth::Guard::new(
+    let listen = listener.local_addr()?;
+    let guard = Arc::new(auth::Guard::new(
         state.token.clone().into_iter().chain(run_token),
-        listener.local_addr()?,
+        listen,
         &state.exec.config.admin.allowed_hosts,
-    );
+    ));
     let state = Arc::new(state);
     let api =
-        routes::router(state.exec.clone()).layer(axum::middleware::from_fn_with_state(Arc::new(guard), auth::check));
-    let app = Router::new()
+        routes::router(state.exec.clone()).layer(axum::middleware::from_fn_with_state(guard.clone(), auth::check));
+    let mut app = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(state)
+        .with_state(state.clone())
         .nest("/v1", api);
+    if state.exec.config.admin.ui.enabled {
+        let console = ui::Console::new(state.exec.clone(), state.tracker.clone(), state.broker.clone(), guard, listen);
+        app = app.nest("/ui", ui::router(console));
+    }
+    // The console's login limit is per client address.
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 

@@ -1,0 +1,299 @@
+//! Retry, resolve and forget, for one event or a whole group. Each shows what
+//! it will do before it runs; a group needs its phrase typed ("retry 37"), so
+//! nobody acts on a group by a stray click. The run is a job ([`super::jobs`])
+//! whose page shows its progress. A read-only login sees the impact, not the button.
+
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use serde::Deserialize;
+
+use super::format::{self, When};
+use super::jobs::Job;
+use super::pages::{group_ids, group_query, Chrome};
+use super::{Shared, Viewer};
+use crate::ops;
+use crate::store::State as RecordState;
+
+/// Ids listed on a confirmation page (the count covers all).
+const IDS_LISTED: usize = 20;
+
+/// What an operator can do to a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Run a dead or parked event again from its stored copy.
+    Retry,
+    /// Record it done by hand: it will not run.
+    Resolve,
+    /// Remove its record: a redelivery of its id runs again.
+    Forget,
+}
+
+impl Action {
+    fn parse(s: &str) -> Option<Action> {
+        match s {
+            "retry" => Some(Action::Retry),
+            "resolve" => Some(Action::Resolve),
+            "forget" => Some(Action::Forget),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Retry => "retry",
+            Action::Resolve => "resolve",
+            Action::Forget => "forget",
+        }
+    }
+
+    /// What it will do to `n` events, said before it runs.
+    fn impact(self, n: usize) -> String {
+        let events = if n == 1 { "1 event".to_owned() } else { format!("{n} events") };
+        match self {
+            Action::Retry => format!(
+                "This will call the receiver again for {events}, from the stored copies, with the same idempotency key as before. \
+                 Each ends done, or dead (or parked) again."
+            ),
+            Action::Resolve => format!(
+                "This will record {events} done by hand. Nothing runs; a redelivery is suppressed like any done event's."
+            ),
+            Action::Forget => format!(
+                "This will remove the record of {events}. A redelivery of {} id would run again.",
+                if n == 1 { "this" } else { "each" }
+            ),
+        }
+    }
+}
+
+/// Which events an action is for: one id, or the group of a state, topic and reason.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct Target {
+    #[serde(default)]
+    pub action: String,
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub topic: String,
+    /// The reason group ([`super::format::reason_group`]).
+    #[serde(default)]
+    pub group: String,
+}
+
+impl Target {
+    fn is_group(&self) -> bool {
+        self.id.is_empty()
+    }
+
+    /// The ids it names now.
+    async fn ids(&self, c: &Shared) -> Result<Vec<String>, String> {
+        if !self.is_group() {
+            return Ok(vec![self.id.clone()]);
+        }
+        let state = self.state.parse::<RecordState>().map_err(|e| e.to_string())?;
+        if !matches!(state, RecordState::Dead | RecordState::Parked) || self.topic.is_empty() {
+            return Err("a group is the dead or parked events of one topic with one reason".into());
+        }
+        let (c, topic, group) = (c.clone(), self.topic.clone(), self.group.clone());
+        let found = tokio::task::spawn_blocking(move || group_ids(&c, state, &topic, &group)).await;
+        found.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "ui/confirm.html")]
+pub struct ConfirmPage {
+    pub chrome: Chrome,
+    pub action: &'static str,
+    pub target: Target,
+    pub impact: String,
+    pub count: usize,
+    pub ids: Vec<String>,
+    /// What must be typed to run it (groups only).
+    pub phrase: Option<String>,
+    pub error: Option<String>,
+    pub back: String,
+}
+
+fn confirm_page(viewer: &Viewer, action: Action, target: Target, ids: &[String], error: Option<String>) -> ConfirmPage {
+    let back = if target.is_group() {
+        format!("/ui/events?{}", group_query(&target.state, &target.topic, &target.group))
+    } else {
+        format!("/ui/event/{}", url::form_urlencoded::byte_serialize(target.id.as_bytes()).collect::<String>())
+    };
+    ConfirmPage {
+        chrome: Chrome { who: viewer.0.who.clone(), can_act: viewer.0.can_act(), nav: "events" },
+        action: action.as_str(),
+        impact: action.impact(ids.len()),
+        count: ids.len(),
+        ids: ids.iter().take(IDS_LISTED).cloned().collect(),
+        phrase: target.is_group().then(|| format!("{} {}", action.as_str(), ids.len())),
+        target,
+        error,
+        back,
+    }
+}
+
+fn bad_request(text: String) -> Response {
+    (StatusCode::BAD_REQUEST, text).into_response()
+}
+
+/// What an action would do, and the form that runs it.
+pub async fn preview(State(c): State<Shared>, viewer: Viewer, Query(t): Query<Target>) -> Response {
+    let Some(action) = Action::parse(&t.action) else {
+        return bad_request(format!("unknown action {:?}: retry, resolve or forget", t.action));
+    };
+    match t.ids(&c).await {
+        Ok(ids) => confirm_page(&viewer, action, t, &ids, None).into_response(),
+        Err(e) => bad_request(e),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct RunForm {
+    #[serde(flatten)]
+    target: Target,
+    /// The count the confirmation page showed.
+    #[serde(default)]
+    count: usize,
+    /// The phrase typed (groups).
+    #[serde(default)]
+    confirm: String,
+}
+
+/// Runs an action as a job, once its confirmation holds; answers with the job's page.
+pub async fn run(State(c): State<Shared>, viewer: Viewer, Form(f): Form<RunForm>) -> Response {
+    if !viewer.0.can_act() {
+        tracing::warn!(who = %viewer.0.who, action = %f.target.action, "console action refused: read-only credential");
+        return (StatusCode::FORBIDDEN, "this login can look but not act (a read-only token)").into_response();
+    }
+    let Some(action) = Action::parse(&f.target.action) else {
+        return bad_request(format!("unknown action {:?}", f.target.action));
+    };
+    let ids = match f.target.ids(&c).await {
+        Ok(ids) => ids,
+        Err(e) => return bad_request(e),
+    };
+    if f.target.is_group() {
+        let phrase = format!("{} {}", action.as_str(), ids.len());
+        let error = if ids.len() != f.count {
+            Some(format!("The group changed: it has {} events now, not {}. Check again.", ids.len(), f.count))
+        } else if f.confirm.trim() != phrase {
+            Some(format!("Type \u{201c}{phrase}\u{201d} to confirm."))
+        } else {
+            None
+        };
+        if let Some(error) = error {
+            return (StatusCode::UNPROCESSABLE_ENTITY, confirm_page(&viewer, action, f.target, &ids, Some(error)))
+                .into_response();
+        }
+    }
+    let job = c.jobs.add(action, &viewer.0.who, ids.len());
+    tracing::info!(who = %viewer.0.who, action = action.as_str(), events = ids.len(), job = job.id, "console action started");
+    let turns = c.jobs.turns.clone();
+    let (c2, j) = (c.clone(), job.clone());
+    tokio::spawn(async move {
+        let _turn = turns.acquire_owned().await.expect("the jobs' semaphore is never closed");
+        carry_out(&c2, &j, &ids).await;
+    });
+    Redirect::to(&format!("/ui/jobs/{}", job.id)).into_response()
+}
+
+/// Carries the job's action out on each event in turn.
+async fn carry_out(c: &Shared, job: &Job, ids: &[String]) {
+    for id in ids {
+        let result = match job.action {
+            Action::Retry => ops::rerun(&c.exec, id).await.map(|_| ()),
+            Action::Resolve => c.local.resolve_done(id).await.map(|_| ()),
+            Action::Forget => c.local.forget(id).await.map(|_| ()),
+        };
+        match result {
+            Ok(()) => {
+                job.done.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(event_id = %id, action = job.action.as_str(), error = %e, "console action failed on an event");
+                job.failed_on(id, e.to_string());
+            }
+        }
+    }
+    job.finished.store(true, Ordering::Relaxed);
+    tracing::info!(who = %job.who, action = job.action.as_str(), job = job.id, done = job.done.load(Ordering::Relaxed),
+        failed = job.failed.load(Ordering::Relaxed), "console action finished");
+}
+
+/// A job's progress as its page shows it.
+pub struct Progress {
+    pub id: u64,
+    pub action: &'static str,
+    pub who: String,
+    pub started: When,
+    pub total: usize,
+    pub handled: usize,
+    pub done: usize,
+    pub failed: usize,
+    pub percent: usize,
+    pub finished: bool,
+    pub failures: Vec<(String, String)>,
+}
+
+impl Progress {
+    fn of(job: &Job) -> Progress {
+        let handled = job.handled();
+        Progress {
+            id: job.id,
+            action: job.action.as_str(),
+            who: job.who.clone(),
+            started: format::at(job.started, SystemTime::now()),
+            total: job.total,
+            handled,
+            done: job.done.load(Ordering::Relaxed),
+            failed: job.failed.load(Ordering::Relaxed),
+            percent: handled * 100 / job.total.max(1),
+            finished: job.finished.load(Ordering::Relaxed),
+            failures: job.failures(),
+        }
+    }
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "ui/job.html")]
+pub struct JobPage {
+    pub chrome: Chrome,
+    pub p: Progress,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "ui/job_progress.html")]
+pub struct JobProgress {
+    pub p: Progress,
+}
+
+fn no_job() -> Response {
+    (StatusCode::NOT_FOUND, "no such job (jobs are kept until the service restarts)").into_response()
+}
+
+pub async fn job(State(c): State<Shared>, viewer: Viewer, Path(id): Path<u64>) -> Response {
+    match c.jobs.get(id) {
+        Some(job) => {
+            let chrome = Chrome { who: viewer.0.who.clone(), can_act: viewer.0.can_act(), nav: "events" };
+            JobPage { chrome, p: Progress::of(&job) }.into_response()
+        }
+        None => no_job(),
+    }
+}
+
+pub async fn job_progress(State(c): State<Shared>, _viewer: Viewer, Path(id): Path<u64>) -> Response {
+    match c.jobs.get(id) {
+        Some(job) => JobProgress { p: Progress::of(&job) }.into_response(),
+        None => no_job(),
+    }
+}

@@ -1,0 +1,133 @@
+//! How the console writes times, durations and sizes: UTC with a relative hint
+//! ("2026-12-01 19:03:04 UTC", "5 min ago"), so that people in different zones
+//! read the same time and still see at a glance how long ago it was.
+
+use std::time::{Duration, SystemTime};
+
+/// A moment as the pages show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct When {
+    /// The machine-readable form (RFC 3339, for `<time datetime>`).
+    pub iso: String,
+    /// UTC to the second.
+    pub utc: String,
+    /// How long before (or after) now, roughly.
+    pub relative: String,
+}
+
+/// `rfc3339` (as the store's views give times) as the pages show it; the text
+/// itself when it is not a time.
+pub fn when(rfc3339: &str, now: SystemTime) -> When {
+    match humantime::parse_rfc3339_weak(rfc3339.trim_end_matches('Z')) {
+        Ok(t) => at(t, now),
+        Err(_) => When { iso: rfc3339.to_owned(), utc: rfc3339.to_owned(), relative: String::new() },
+    }
+}
+
+/// A moment as the pages show it.
+pub fn at(t: SystemTime, now: SystemTime) -> When {
+    let iso = humantime::format_rfc3339_seconds(t).to_string();
+    let utc = iso.replacen('T', " ", 1).replace('Z', " UTC");
+    let relative = match now.duration_since(t) {
+        Ok(d) => format!("{} ago", rough(d)),
+        Err(e) => format!("in {}", rough(e.duration())),
+    };
+    When { iso, utc, relative }
+}
+
+/// A duration in its largest unit, as people say it: "40 s", "5 min", "3 h", "2 d".
+pub fn rough(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86400 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86400),
+    }
+}
+
+/// A size in bytes, in the largest unit under 1024 of it, one decimal.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// A reason with what differs between events of one cause taken out: how long it
+/// took (`23.28ms`) and how many attempts it made, so that events that failed the
+/// same way fall into one group. Statuses, error codes and texts stay.
+pub fn reason_group(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len());
+    let mut rest = reason;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
+        let (before, from) = rest.split_at(start);
+        out.push_str(before);
+        let digits = from.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(from.len());
+        let after = &from[digits..];
+        let unit = ["ns", "µs", "us", "ms", "s", "m", "h"]
+            .iter()
+            .find(|u| after.starts_with(**u) && !after[u.len()..].starts_with(|c: char| c.is_alphanumeric()));
+        let starts_word = before.chars().next_back().is_none_or(|c| !c.is_alphanumeric());
+        match unit {
+            Some(u) if starts_word => {
+                out.push('…');
+                rest = &after[u.len()..];
+            }
+            _ if starts_word && before.ends_with("after ") && after.starts_with(" attempt") => {
+                out.push('…');
+                rest = after;
+            }
+            _ => {
+                out.push_str(&from[..digits]);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_group_drops_timings_and_attempt_counts_and_keeps_statuses() {
+        let a = "gave up after 2 attempts in 23.284993ms: could not connect: tcp connect error (os error 111)";
+        let b = "gave up after 5 attempts in 1.5s: could not connect: tcp connect error (os error 111)";
+        assert_eq!(reason_group(a), reason_group(b));
+        assert_eq!(
+            reason_group(a),
+            "gave up after … attempts in …: could not connect: tcp connect error (os error 111)"
+        );
+        assert_ne!(reason_group("http 500 Internal"), reason_group("http 503 Unavailable"));
+        assert_eq!(reason_group("order v2 is 10s late"), "order v2 is … late");
+        assert_eq!(reason_group(""), "");
+    }
+
+    #[test]
+    fn times_are_utc_with_a_relative_hint_and_garbage_stays_as_written() {
+        let t = humantime::parse_rfc3339("2026-12-01T19:03:04Z").unwrap();
+        let w = when("2026-12-01T19:03:04.123456Z", t + Duration::from_secs(330));
+        assert_eq!((w.utc.as_str(), w.relative.as_str()), ("2026-12-01 19:03:04 UTC", "5 min ago"));
+        assert_eq!(w.iso, "2026-12-01T19:03:04Z");
+        assert_eq!(when("2026-12-01T19:03:04Z", t - Duration::from_secs(7200)).relative, "in 2 h");
+        assert_eq!(when("soon", t).utc, "soon");
+    }
+
+    #[test]
+    fn sizes_and_durations_read_as_people_say_them() {
+        assert_eq!((bytes(512), bytes(1536), bytes(5 << 30)), ("512 B".into(), "1.5 KiB".into(), "5.0 GiB".into()));
+        assert_eq!(rough(Duration::from_secs(59)), "59 s");
+        assert_eq!(rough(Duration::from_secs(3 * 86400)), "3 d");
+    }
+}

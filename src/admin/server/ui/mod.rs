@@ -1,0 +1,241 @@
+//! The operators' console at `/ui`: server-rendered pages (askama templates,
+//! checked when outboxd is built) with htmx for live parts, every asset embedded.
+//!
+//! - `session`: logins, the cookie and its life;
+//! - `pages`: the overview, events (filters, groups of dead events), one event, the audit;
+//! - `actions`: retry / resolve / forget with their impact shown first, and bulk runs (`jobs`);
+//! - `assets`: htmx and the style sheet, served from the binary;
+//! - `format`: times in UTC with relative hints, sizes, the bits of text templates share.
+//!
+//! Security, in the order a request meets it ([`guard`]): every answer carries a strict CSP
+//! (no inline script, nothing from elsewhere), `frame-ancestors 'none'`, nosniff and
+//! `no-referrer`; the `Host` must be one this server answers to (as for `/v1`); a
+//! request that changes something must come from a page of this origin (`Sec-Fetch-Site`
+//! or `Origin`, because `SameSite` ignores ports); and every page but the login needs a
+//! live session, whose cookie is `HttpOnly`, `SameSite=Strict`, `Path=/ui`.
+
+mod actions;
+mod assets;
+mod format;
+mod jobs;
+mod pages;
+mod session;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
+use axum::http::{header, request::Parts, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use serde::Deserialize;
+
+use super::auth::{Credential, Guard};
+use crate::config::UiConfig;
+use crate::engine::Executor;
+use crate::ops::Local;
+use session::{Session, Sessions, COOKIE};
+
+/// The console's content security policy: scripts, styles and images from this
+/// server only, no inline script or style, no `eval`, no framing, forms post here only.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; \
+                   form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// What the console works with.
+pub struct Console {
+    pub(super) exec: Arc<Executor>,
+    pub(super) local: Local,
+    pub(super) tracker: crate::offsets::Tracker,
+    pub(super) broker: Arc<crate::kafka::BrokerHealth>,
+    pub(super) guard: Arc<Guard>,
+    pub(super) sessions: Sessions,
+    /// Login attempts per client address (`[admin.ui] login_attempts_per_minute`).
+    pub(super) logins: governor::DefaultKeyedRateLimiter<std::net::IpAddr>,
+    pub(super) jobs: jobs::Jobs,
+    pub(super) config: UiConfig,
+    /// When this process started, and the address the admin server listens on.
+    pub(super) started: SystemTime,
+    pub(super) listen: SocketAddr,
+}
+
+type Shared = Arc<Console>;
+
+impl Console {
+    pub fn new(
+        exec: Arc<Executor>,
+        tracker: crate::offsets::Tracker,
+        broker: Arc<crate::kafka::BrokerHealth>,
+        guard: Arc<Guard>,
+        listen: SocketAddr,
+    ) -> Console {
+        let config = exec.config.admin.ui.clone();
+        let per_minute =
+            std::num::NonZeroU32::new(config.login_attempts_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
+        Console {
+            local: Local::with_executor(exec.clone()),
+            exec,
+            tracker,
+            broker,
+            guard,
+            sessions: Sessions::new(config.session_idle, config.session_max, config.max_sessions),
+            logins: governor::RateLimiter::keyed(governor::Quota::per_minute(per_minute)),
+            jobs: jobs::Jobs::default(),
+            config,
+            started: SystemTime::now(),
+            listen,
+        }
+    }
+}
+
+/// The console's routes, to be nested at `/ui`.
+pub fn router(console: Console) -> Router {
+    let state = Arc::new(console);
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/ui/overview") }))
+        .route("/login", get(pages::login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/overview", get(pages::overview))
+        .route("/overview/live", get(pages::overview_live))
+        .route("/events", get(pages::events))
+        .route("/groups", get(pages::groups))
+        .route("/event/{*id}", get(pages::event))
+        .route("/audit", get(pages::audit))
+        .route("/actions/preview", get(actions::preview))
+        .route("/actions/run", post(actions::run))
+        .route("/jobs/{id}", get(actions::job))
+        .route("/jobs/{id}/progress", get(actions::job_progress))
+        .route("/assets/{name}", get(assets::serve))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// The checks every console request passes, and the headers every answer carries.
+async fn guard(State(c): State<Shared>, req: Request, next: Next) -> Response {
+    let refused = refusal(&c.guard, req.method(), req.headers());
+    let mut resp = match refused {
+        Some(why) => {
+            tracing::warn!(path = req.uri().path(), reason = why, "console request refused");
+            (StatusCode::FORBIDDEN, why).into_response()
+        }
+        None => next.run(req).await,
+    };
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// Why a request is refused, if it is: a `Host` this server does not answer to
+/// (DNS rebinding), or a change asked for by a page of another origin.
+fn refusal(guard: &Guard, method: &Method, headers: &HeaderMap) -> Option<&'static str> {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let Some(host) = host.filter(|h| guard.host_allowed(h)) else {
+        return Some("unexpected Host header: open the console at the listen address, localhost or 127.0.0.1, or add the name to [admin] allowed_hosts");
+    };
+    if method == Method::GET || method == Method::HEAD {
+        return None;
+    }
+    let site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let same_origin = match (site, origin) {
+        (Some(site), _) => site.eq_ignore_ascii_case("same-origin"),
+        (None, Some(origin)) => {
+            origin.eq_ignore_ascii_case(&format!("http://{host}"))
+                || origin.eq_ignore_ascii_case(&format!("https://{host}"))
+        }
+        (None, None) => false,
+    };
+    (!same_origin).then_some("a console action must come from a console page of this server (Sec-Fetch-Site or Origin)")
+}
+
+/// The session cookie's value, if the request carries one.
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find_map(|(k, v)| (k == COOKIE).then_some(v))
+}
+
+/// The logged-in person of a request; without a live session, a page answers
+/// with the login page (htmx requests get `HX-Redirect`, so the whole page goes there).
+pub struct Viewer(pub Session);
+
+impl FromRequestParts<Shared> for Viewer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, c: &Shared) -> Result<Viewer, Response> {
+        let session = session_cookie(&parts.headers).and_then(|id| c.sessions.touch(id, Instant::now()));
+        match session {
+            Some(s) => Ok(Viewer(s)),
+            None if parts.headers.contains_key("hx-request") => {
+                Err((StatusCode::UNAUTHORIZED, [("hx-redirect", "/ui/login")], "log in again").into_response())
+            }
+            None => {
+                // The nested router sees its own part of the path; the original is the page's address.
+                let original = parts.extensions.get::<axum::extract::OriginalUri>().map(|u| &u.0);
+                let here = original.and_then(|u| u.path_and_query()).map_or("/ui/overview", |p| p.as_str());
+                let next = format!(
+                    "/ui/login?next={}",
+                    url::form_urlencoded::byte_serialize(here.as_bytes()).collect::<String>()
+                );
+                Err(Redirect::to(&next).into_response())
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+    #[serde(default)]
+    next: String,
+}
+
+/// A login: the token checked in constant time against every credential, at
+/// most `login_attempts_per_minute` tries per client address.
+async fn login(
+    State(c): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    if c.logins.check_key(&peer.ip()).is_err() {
+        tracing::warn!(client = %peer.ip(), "console login refused: too many attempts");
+        let page = pages::LoginPage { error: Some("Too many attempts; wait a minute.".into()), next: f.next };
+        return (StatusCode::TOO_MANY_REQUESTS, page).into_response();
+    }
+    let Some(credential): Option<Credential> = c.guard.credential_for(f.token.trim()) else {
+        tracing::warn!(client = %peer.ip(), "console login refused: wrong token");
+        let page = pages::LoginPage { error: Some("That token is not accepted.".into()), next: f.next };
+        return (StatusCode::UNAUTHORIZED, page).into_response();
+    };
+    let id = c.sessions.start(&credential, Instant::now());
+    tracing::info!(who = %credential.name, client = %peer.ip(), "console login");
+    let secure = if c.config.secure_cookie { "; Secure" } else { "" };
+    let cookie = format!(
+        "{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        c.config.session_max.as_secs()
+    );
+    // Only a console page is a place to go on to (no open redirect).
+    let next = if f.next.starts_with("/ui/") && !f.next.starts_with("/ui//") { f.next } else { "/ui/overview".into() };
+    ([(header::SET_COOKIE, cookie)], Redirect::to(&next)).into_response()
+}
+
+async fn logout(State(c): State<Shared>, headers: HeaderMap) -> Response {
+    if let Some(id) = session_cookie(&headers) {
+        c.sessions.end(id);
+    }
+    let cookie = format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0");
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/ui/login")).into_response()
+}
+
+#[cfg(test)]
+mod tests;
