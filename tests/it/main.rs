@@ -13,6 +13,7 @@ mod avro_registry;
 mod broker_away;
 mod changelog_auth;
 mod compose;
+mod console;
 mod core;
 mod dashboard;
 mod debezium;

@@ -17,7 +17,8 @@ pub struct PrivateBroker {
     controller_port: u16,
 }
 
-fn free_port() -> u16 {
+/// A port of 127.0.0.1 that nothing listens on now.
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     l.local_addr().expect("addr").port()
 }

@@ -31,6 +31,7 @@
 
 pub mod avro;
 pub mod broker;
+pub mod browser;
 pub mod changelog;
 pub mod daemon;
 pub mod debezium;

@@ -1,5 +1,5 @@
 //! The console's static files, compiled into the binary: htmx (2.0.11, vendored
-//! unchanged from its npm package; `assets/ui/htmx.LICENSE`) and the style sheet.
+//! unchanged from its npm package; `assets/ui/htmx.LICENSE`), the style sheet and the icon.
 //! Nothing is fetched from elsewhere, so the console works offline and under a CSP
 //! that allows this server only.
 
@@ -8,9 +8,10 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 /// Name, content type, content.
-const ASSETS: [(&str, &str, &[u8]); 2] = [
+const ASSETS: [(&str, &str, &[u8]); 3] = [
     ("htmx.min.js", "text/javascript; charset=utf-8", include_bytes!("../../../../assets/ui/htmx.min.js")),
     ("console.css", "text/css; charset=utf-8", include_bytes!("../../../../assets/ui/console.css")),
+    ("favicon.svg", "image/svg+xml", include_bytes!("../../../../assets/ui/favicon.svg")),
 ];
 
 /// Assets change only with the binary: browsers may keep them an hour.
