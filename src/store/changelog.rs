@@ -288,7 +288,7 @@ impl Changelog {
         })
     }
 
-    fn sink(&self) -> Option<Arc<dyn Sink>> {
+    pub(super) fn sink(&self) -> Option<Arc<dyn Sink>> {
         self.sink.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }
@@ -384,7 +384,11 @@ pub fn decode_entry_with_copy(
     value: &[u8],
 ) -> Result<(Record, Option<Vec<u8>>), StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
-    let (event_key, id, scope) = split_key(key).ok_or_else(|| corrupt("malformed changelog key"))?;
+    let (event_key, id, scope) = split_key(key).ok_or_else(|| match key.first() {
+        // An entry of a kind a newer release writes (one that is not a record): skipped, never applied.
+        Some(1..=3) | None => corrupt("malformed changelog key"),
+        Some(_) => corrupt("changelog key of a kind this release does not know (written by a newer outboxd?)"),
+    })?;
     let (&version, rest) = value.split_first().ok_or_else(|| corrupt("empty changelog value"))?;
     if version != VALUE_VERSION {
         return Err(corrupt("changelog value of an unknown version (written by a newer outboxd?)"));
@@ -514,6 +518,12 @@ impl Store {
         let now = now_us();
         let mut applied = 0;
         for rec in records {
+            if super::audit::is_audit_key(&rec.key) {
+                if let Some(value) = &rec.value {
+                    applied += u64::from(self.apply_audit(&rec.key, value, now)?);
+                }
+                continue;
+            }
             let Some(value) = &rec.value else {
                 if self.apply_tombstone(source_topic, &rec.key)? {
                     applied += 1;

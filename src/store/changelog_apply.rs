@@ -99,6 +99,13 @@ impl Store {
         let mut applied = 0;
         let mut last_scope: Option<(String, u32)> = None;
         for rec in records {
+            if crate::store::audit::is_audit_key(&rec.key) {
+                // An audit entry: its own tree, never a record (store/audit.rs).
+                if let Some(value) = &rec.value {
+                    applied += u64::from(self.apply_audit(&rec.key, value, now)?);
+                }
+                continue;
+            }
             let Some(value) = &rec.value else {
                 applied += self.write_pending(std::mem::take(&mut pending), restoring)?;
                 if self.apply_tombstone(source_topic, &rec.key)? {

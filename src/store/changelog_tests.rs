@@ -51,6 +51,11 @@ impl Sink for Recorded {
 }
 
 impl Recorded {
+    /// A changelog whose broker refuses every entry.
+    pub(in crate::store) fn refusing() -> Recorded {
+        Recorded { fail: true, ..Recorded::default() }
+    }
+
     /// What a restore of `topic`/`partition` would read.
     pub(in crate::store) fn records(&self, topic: &str, partition: i32) -> Vec<ChangelogRecord> {
         let entries = self.entries.lock().unwrap();

@@ -8,6 +8,8 @@
 //! - `messages`: copies of failed messages, within a quota, per slice.
 //! - `handling`: claim, attempts, final records (the handling path).
 //! - `read`: listing, paging, scanning and counting; `repair`: forget, reopen, resolve.
+//! - `audit`: what people did (forget, resolve, re-run, gc): who, when, why, what came
+//!   of it; kept `retention` long and sent to the changelog partition of the events named.
 //! - `inflight`: claims kept in memory only (`on_uncertain = retry`), shown while they last.
 //! - `chains`: events held behind a dead or parked event of their Kafka key
 //!   (`on_dead = "hold"`), and the index of those chains; `held`: recording events
@@ -16,6 +18,7 @@
 //! - `changelog`: the changelog's value format, restore, and checkpoints (`[store.changelog]`).
 //! - `publish`: records the changelog may lack (written while it was off) copied into it, resumably.
 
+pub mod audit;
 pub mod chains;
 pub mod changelog;
 mod counts;
@@ -43,12 +46,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub use audit::{AuditAction, AuditEntry, AuditEvent};
 pub use chains::{ChainId, ChainInfo};
 pub use keys::UNDECODABLE_SCOPE;
 pub use options::{Role, StoreOptions, SMALL_CACHE_BYTES};
 pub(crate) use owner::Owner;
 pub use record::{now_us, Record, State};
-pub use roles::{Handling, Holds, Reads, Repairs, Restore};
+pub use roles::{Audit, Handling, Holds, Reads, Repairs, Restore};
 pub use sync::SyncStats;
 
 use crate::event::{OutboxEvent, RawMessage};
@@ -122,6 +126,9 @@ pub enum StoreError {
     /// reached), so it cannot run again from the store.
     #[error("no stored copy of the message of event {0:?}")]
     NoMessage(String),
+    /// A page cursor of the audit that no page answered with.
+    #[error("{0:?} is not a cursor of the audit (use the `next` of an earlier page)")]
+    BadCursor(String),
     /// With a changelog: the broker did not acknowledge a record's entry (the
     /// reason), so the write does not count.
     #[error("changelog write failed: {0}")]
@@ -244,6 +251,8 @@ pub struct Store {
     changelog: changelog::Changelog,
     /// Held chains (`on_dead = "hold"`): which keys wait, and for what.
     chains: chains::Chains,
+    /// What people did to the store (`audit`), kept `retention` long.
+    audit: audit::AuditLog,
 }
 
 impl Store {
@@ -297,6 +306,7 @@ impl Store {
             }
         };
         let chains = chains::Chains::open(&db)?;
+        let audit = audit::AuditLog::open(&db, opts.retention)?;
         let store = Store {
             path: path.to_owned(),
             meta,
@@ -312,6 +322,7 @@ impl Store {
             owner: Mutex::new(owner),
             changelog,
             chains,
+            audit,
         };
         store.load_chains()?;
         Ok(store)
@@ -359,7 +370,8 @@ impl Store {
 
     /// Removes the records whose retention ended before `now_us`: every slice
     /// that ended `retention` ago is dropped whole, with its message copies.
-    /// No record is read. Returns how many were removed.
+    /// No record is read. Audit entries older than `retention` go too (not
+    /// counted). Returns how many records were removed.
     async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
         let mut removed = 0u64;
         for slice in self.slices.drop_expired(now_us)? {
@@ -367,6 +379,7 @@ impl Store {
             self.messages.drop_slice(slice.start)?;
         }
         self.prune_chains()?;
+        self.expire_audit(now_us)?;
         self.durable().await?;
         Ok(removed)
     }

@@ -7,12 +7,14 @@
 //! - [`Repairs`]: what a person changes (`outboxd store forget|resolve|retry|gc`).
 //! - [`Reads`]: records, counts and message copies as they are.
 //! - [`Holds`]: the releaser of held chains: which chains are released, their next event.
+//! - [`Audit`]: what people did (`ops` records each repair, `store audit` lists them).
 //!
 //! What stays on [`Store`] itself is its life: open, close, durability, the
 //! changelog it writes to, the admin address it advertises.
 
 use std::collections::BTreeSet;
 
+use super::audit::AuditEntry;
 use super::chains::{ChainId, ChainInfo, Running};
 use super::changelog::mac::Authentic;
 use super::changelog::Restoring;
@@ -44,6 +46,37 @@ impl Store {
     /// Held chains, for their releaser.
     pub fn holds(&self) -> Holds<'_> {
         Holds(self)
+    }
+
+    /// What people did to the store.
+    pub fn audit(&self) -> Audit<'_> {
+        Audit(self)
+    }
+}
+
+/// What people did to the store ([`Store::audit`]): `ops` records every repair
+/// it makes (whatever came of it), `store audit` and `/v1/audit` list them.
+#[derive(Clone, Copy)]
+pub struct Audit<'a>(&'a Store);
+
+impl Audit<'_> {
+    /// Records `entry`, durably, and (with a changelog) in the changelog partition
+    /// of the events it names, awaited like a repair (`store/audit.rs` says how an
+    /// entry naming several partitions is split). A changelog that does not take it
+    /// fails the call; the entry is in the local audit even then.
+    pub async fn record(&self, entry: AuditEntry) -> Result<(), StoreError> {
+        self.0.record_audit(entry).await
+    }
+
+    /// Up to `limit` entries, newest first, older than the cursor `before` (the
+    /// `next` of an earlier page); answers the cursor of the next page when more follow.
+    pub fn list(&self, before: Option<&str>, limit: usize) -> Result<(Vec<AuditEntry>, Option<String>), StoreError> {
+        self.0.audit.list(before, limit)
+    }
+
+    /// Every entry naming event `id`, newest first (a scan of the audit alone).
+    pub fn for_event(&self, id: &str) -> Result<Vec<AuditEntry>, StoreError> {
+        self.0.audit.for_event(id)
     }
 }
 

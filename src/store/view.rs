@@ -14,7 +14,7 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use super::{ChainInfo, Record, State, Stats, Store, StoreError};
+use super::{AuditAction, AuditEntry, ChainInfo, Record, State, Stats, Store, StoreError};
 use crate::event::RawMessage;
 
 /// A time in µs since the epoch as RFC 3339 with microseconds (UTC).
@@ -250,6 +250,86 @@ pub struct PageView {
     pub next: Option<String>,
     /// The records of this page.
     pub records: Vec<RecordView>,
+}
+
+/// One entry of the audit (`store audit`, `/v1/audit`): what a person did, times as RFC 3339.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditView {
+    /// `forget`, `resolve`, `retry` or `gc`.
+    pub action: AuditAction,
+    /// When.
+    pub at: String,
+    /// The events it was done to (none for gc).
+    pub events: Vec<AuditEventView>,
+    /// What came of it: `done`, `dead again`, `error: …`, …
+    pub outcome: String,
+    /// Why, as the person said.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub reason: Option<String>,
+    /// The credential's name, or `cli:<user>` for `outboxd store` on the store itself.
+    pub who: String,
+}
+
+/// An event an audit entry names, and where its record was.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEventView {
+    /// The event id.
+    pub id: String,
+    /// The partition of its record; `None`: there was no record of it.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub partition: Option<i32>,
+    /// The topic of its record; `None`: there was no record of it.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub topic: Option<String>,
+}
+
+impl From<&AuditEntry> for AuditView {
+    fn from(e: &AuditEntry) -> AuditView {
+        AuditView {
+            action: e.action,
+            at: rfc3339(e.at_us),
+            events: e
+                .events
+                .iter()
+                .map(|ev| AuditEventView {
+                    id: ev.id.clone(),
+                    partition: ev.source.as_ref().map(|s| s.1),
+                    topic: ev.source.as_ref().map(|s| s.0.clone()),
+                })
+                .collect(),
+            outcome: e.outcome.clone(),
+            reason: e.reason.clone(),
+            who: e.who.clone(),
+        }
+    }
+}
+
+/// One page of the audit, newest first (`/v1/audit`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditPage {
+    /// The entries of this page.
+    pub entries: Vec<AuditView>,
+    /// The cursor to ask for the next (older) page with (`?before=`); `None` on the last page.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub next: Option<String>,
+}
+
+/// `store audit`: one row per entry, newest first.
+pub fn audit_table(entries: &[AuditView]) -> Table {
+    let mut t = table(&["at", "who", "action", "events", "outcome", "reason"]);
+    for e in entries {
+        let events: Vec<String> = e
+            .events
+            .iter()
+            .map(|ev| match (&ev.topic, ev.partition) {
+                (Some(topic), Some(p)) => format!("{} ({topic}/{p})", ev.id),
+                _ => ev.id.clone(),
+            })
+            .collect();
+        let events = if events.is_empty() { "-".to_owned() } else { events.join("\n") };
+        t.add_row(vec![e.at.clone(), e.who.clone(), e.action.to_string(), events, e.outcome.clone(), cell(&e.reason)]);
+    }
+    t
 }
 
 /// What `gc` removed (`/v1/gc`).

@@ -1,0 +1,288 @@
+//! The audit: what people did to the store (forget, resolve, re-run, gc), who,
+//! when, why, and what came of it. One sled tree, `audit`, of entries keyed by
+//! time, so that the newest come first and a page starts after a cursor without
+//! a scan (docs/architecture.md §3 and §4, "Audit entries").
+//!
+//! - Key: the entry's time (µs, big-endian with the sign bit flipped, so keys sort
+//!   by time) and 8 random bytes, so that two entries of the same microsecond, on
+//!   two instances, never share a key. The same 16 bytes after [`AUDIT_TAG`] are
+//!   its changelog key: unique keys, so compaction keeps every entry, and the
+//!   topic's `retention.ms` (`store.retention`) ends them as it ends records.
+//! - Value: a version byte, then the entry as JSON (entries are few and rare; a
+//!   field added later is read past by older releases).
+//! - Where an entry goes: to the changelog partition of the events it names (the
+//!   source partition of their records), so it follows the partition to its next
+//!   owner like a repair. An entry naming events of several partitions is split
+//!   into one entry per partition, each with the ids of its partition; ids without
+//!   a record (a refused forget of an unknown id) and entries naming no event (gc)
+//!   stay in this instance's store only.
+//! - Retention: `Store::gc` removes the entries older than `store.retention`; a
+//!   restore does not write entries that old.
+//!
+//! An older release reading a changelog with audit entries skips them: their key
+//! starts with a tag no record key has, and a record that does not decode is
+//! skipped with a warning, never applied, and the read goes on.
+
+use serde::{Deserialize, Serialize};
+
+use super::changelog::{Acked, Entry};
+use super::{Store, StoreError};
+
+/// The first byte of an audit entry's changelog key: no record key starts with it
+/// (those start with 1, 2 or 3: `keys`).
+pub const AUDIT_TAG: u8 = 0x10;
+const TREE: &str = "audit";
+const VALUE_VERSION: u8 = 1;
+/// Bytes of an entry's key in the tree (time, then random bytes).
+const KEY_BYTES: usize = 16;
+
+/// What a person did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditAction {
+    /// Removed a record (`store forget`).
+    Forget,
+    /// Recorded a dead or parked event done by hand (`store resolve --done`).
+    Resolve,
+    /// Ran a dead or parked event again (`store retry`, `store resolve --retry`).
+    Retry,
+    /// Removed expired records now (`store gc`).
+    Gc,
+}
+
+impl AuditAction {
+    /// As the audit shows it: `forget`, `resolve`, `retry`, `gc`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditAction::Forget => "forget",
+            AuditAction::Resolve => "resolve",
+            AuditAction::Retry => "retry",
+            AuditAction::Gc => "gc",
+        }
+    }
+}
+
+impl std::fmt::Display for AuditAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An event an entry names, and where its record is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    /// The event id.
+    pub id: String,
+    /// The source topic and partition of its record (the changelog partition the
+    /// entry goes to); `None` when there was no record of it.
+    pub source: Option<(String, i32)>,
+}
+
+/// One thing a person did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// When (µs since the epoch).
+    pub at_us: i64,
+    /// Who: the credential's name (`admin`, `local`, a `[[admin.tokens]]` name) or `cli:<user>`.
+    pub who: String,
+    /// What.
+    pub action: AuditAction,
+    /// The events it was done to (none for gc).
+    pub events: Vec<AuditEvent>,
+    /// Why, as the person said (bounded by `ops`).
+    pub reason: Option<String>,
+    /// What came of it: `done`, `dead again`, `error: …`, …
+    pub outcome: String,
+}
+
+impl AuditEntry {
+    /// Whether it names event `id`.
+    pub fn names(&self, id: &str) -> bool {
+        self.events.iter().any(|e| e.id == id)
+    }
+
+    /// One entry per source partition of the events named, each with that
+    /// partition's ids; ids without a record, or no ids at all, make one entry
+    /// that stays local (`None`).
+    fn split(self) -> Vec<(Option<(String, i32)>, AuditEntry)> {
+        let mut parts: Vec<(Option<(String, i32)>, AuditEntry)> = Vec::new();
+        for e in &self.events {
+            match parts.iter_mut().find(|(s, _)| *s == e.source) {
+                Some((_, part)) => part.events.push(e.clone()),
+                None => parts.push((e.source.clone(), AuditEntry { events: vec![e.clone()], ..self.clone() })),
+            }
+        }
+        if parts.is_empty() {
+            parts.push((None, self));
+        }
+        parts
+    }
+}
+
+/// The audit tree, and how long entries are kept.
+pub(super) struct AuditLog {
+    tree: sled::Tree,
+    /// `store.retention` in µs: gc removes older entries.
+    retention_us: i64,
+}
+
+/// The tree key of an entry at `at_us`, with `random` making it unique.
+fn key_at(at_us: i64, random: [u8; 8]) -> [u8; KEY_BYTES] {
+    let mut k = [0u8; KEY_BYTES];
+    k[..8].copy_from_slice(&((at_us as u64) ^ (1 << 63)).to_be_bytes());
+    k[8..].copy_from_slice(&random);
+    k
+}
+
+/// A page cursor: the key of the page's last entry, in hex.
+fn cursor_of(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_cursor(cursor: &str) -> Option<[u8; KEY_BYTES]> {
+    let bytes = cursor.as_bytes();
+    if bytes.len() != KEY_BYTES * 2 {
+        return None;
+    }
+    let mut k = [0u8; KEY_BYTES];
+    for (out, pair) in k.iter_mut().zip(bytes.chunks_exact(2)) {
+        *out = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(k)
+}
+
+fn encode(entry: &AuditEntry) -> Vec<u8> {
+    let mut v = vec![VALUE_VERSION];
+    serde_json::to_writer(&mut v, entry).expect("an audit entry serializes");
+    v
+}
+
+fn decode(key: &[u8], value: &[u8]) -> Result<AuditEntry, StoreError> {
+    let corrupt = |error: String| StoreError::Corrupt { id: format!("audit {}", cursor_of(key)), error };
+    match value.split_first() {
+        Some((&VALUE_VERSION, json)) => serde_json::from_slice(json).map_err(|e| corrupt(e.to_string())),
+        Some(_) => Err(corrupt("audit entry of an unknown version (written by a newer outboxd?)".into())),
+        None => Err(corrupt("empty audit entry".into())),
+    }
+}
+
+/// Whether a changelog key is an audit entry's.
+pub(super) fn is_audit_key(key: &[u8]) -> bool {
+    key.first() == Some(&AUDIT_TAG)
+}
+
+impl AuditLog {
+    pub(super) fn open(db: &sled::Db, retention: std::time::Duration) -> Result<AuditLog, StoreError> {
+        let retention_us = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
+        Ok(AuditLog { tree: db.open_tree(TREE)?, retention_us })
+    }
+
+    /// Up to `limit` entries, newest first, older than the cursor `before`; the
+    /// cursor of the next page when more follow.
+    pub(super) fn list(
+        &self,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<AuditEntry>, Option<String>), StoreError> {
+        let upto = match before {
+            Some(c) => parse_cursor(c).ok_or_else(|| StoreError::BadCursor(c.to_owned()))?.to_vec(),
+            None => vec![0xFF; KEY_BYTES + 1],
+        };
+        let (mut entries, mut last) = (Vec::new(), None);
+        for item in self.tree.range(..upto).rev() {
+            let (k, v) = item?;
+            if entries.len() == limit {
+                return Ok((entries, last.as_deref().map(cursor_of)));
+            }
+            entries.push(decode(&k, &v)?);
+            last = Some(k.to_vec());
+        }
+        Ok((entries, None))
+    }
+
+    /// Every entry that names event `id`, newest first (a scan of the audit: it
+    /// holds what people did within the retention, not one entry per event).
+    pub(super) fn for_event(&self, id: &str) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.tree.iter().rev() {
+            let (k, v) = item?;
+            let entry = decode(&k, &v)?;
+            if entry.names(id) {
+                out.push(entry);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes the entries older than the retention before `now_us`; answers how many.
+    pub(super) fn expire(&self, now_us: i64) -> Result<u64, StoreError> {
+        let cutoff = key_at(now_us.saturating_sub(self.retention_us), [0; 8]);
+        let mut removed = 0;
+        for item in self.tree.range(..cutoff) {
+            let (k, _) = item?;
+            self.tree.remove(k)?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+}
+
+impl Store {
+    /// Records what a person did: the entry (split per source partition, see the
+    /// module docs) goes to the changelog partition of its events and into the
+    /// local audit, durably (the group commit). A changelog that does not take it
+    /// fails the call, after the entry was written here: the audit keeps what it can.
+    pub(in crate::store) async fn record_audit(&self, entry: AuditEntry) -> Result<(), StoreError> {
+        let mut refused = None;
+        for (source, part) in entry.split() {
+            let key = key_at(part.at_us, rand::random());
+            let value = encode(&part);
+            let sent = match (source, self.changelog.sink()) {
+                (Some((topic, partition)), Some(sink)) => {
+                    let changelog_key = [&[AUDIT_TAG][..], &key].concat();
+                    Some(sink.send(Entry { topic, partition, key: changelog_key, value: Some(value.clone()) }))
+                }
+                _ => None,
+            };
+            let acked: Option<Acked> = match sent {
+                Some(sent) => sent.await.map_err(|e| refused = Some(e)).ok(),
+                None => None,
+            };
+            self.audit.tree.insert(key, value)?;
+            self.durable().await?;
+            self.acknowledged(acked);
+        }
+        refused.map_or(Ok(()), |e| Err(StoreError::Changelog(e)))
+    }
+
+    /// An audit entry read from a changelog partition (restore, follow, standby,
+    /// `store rebuild`), unless it is malformed (skipped with a warning) or older
+    /// than the retention before `now`. Answers whether it was written.
+    pub(super) fn apply_audit(&self, key: &[u8], value: &[u8], now: i64) -> Result<bool, StoreError> {
+        let Some(tree_key) = key.get(1..).filter(|k| k.len() == KEY_BYTES) else {
+            tracing::warn!(key = ?key, "changelog audit entry skipped: malformed key");
+            return Ok(false);
+        };
+        let entry = match decode(tree_key, value) {
+            Ok(entry) => entry,
+            Err(error) => {
+                tracing::warn!(%error, "changelog audit entry skipped");
+                return Ok(false);
+            }
+        };
+        if entry.at_us.saturating_add(self.changelog.retention_us) <= now {
+            return Ok(false);
+        }
+        self.audit.tree.insert(tree_key, value)?;
+        Ok(true)
+    }
+
+    /// Removes audit entries older than the retention (`Store::gc`).
+    pub(super) fn expire_audit(&self, now_us: i64) -> Result<u64, StoreError> {
+        self.audit.expire(now_us)
+    }
+}
+
+#[cfg(test)]
+#[path = "audit_tests.rs"]
+mod tests;
