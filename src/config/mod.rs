@@ -7,7 +7,7 @@
 //! - `kafka`: `[kafka]`, brokers, group, commit and drain timing, librdkafka options;
 //! - `store`: `[store]`, the dedup store, retention, group commit, in-flight bounds;
 //!   `changelog`: `[store.changelog]`, the dedup state in Kafka topics;
-//! - `admin`: `[admin]`, the admin server's address, token and allowed `Host`s;
+//! - `admin`: `[admin]`, the admin server's address, tokens (named, with their access) and allowed `Host`s;
 //!   `ui`: `[admin.ui]`, the console's sessions and login limits;
 //! - `schema_registry`: `[schema_registry]`, Avro schemas and decoding limits;
 //! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts;
@@ -39,7 +39,7 @@ mod values;
 #[cfg(test)]
 mod doc_keys;
 
-pub use admin::{AdminConfig, RawAdmin};
+pub use admin::{Access, AdminConfig, NamedToken, RawAdmin, RawToken, ADMIN_TOKEN_NAME, RUN_TOKEN_NAME};
 pub(crate) use changelog::DEFAULT_MAX_CLOCK_SKEW;
 pub use changelog::{ChangelogConfig, ChangelogKeys, RawChangelog, Secret};
 pub use circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
