@@ -1,43 +1,50 @@
 //! The one door of the store API (`/v1/*`): a layer that refuses browser
 //! requests from other origins and unexpected `Host` headers (DNS rebinding),
-//! then requires a bearer token. `/healthz`, `/readyz` and `/metrics` do not
-//! pass through it.
+//! then requires a bearer token, finds whose it is (a [`Credential`], put into
+//! the request's extensions for the audit), and refuses a change (any method but
+//! `GET` and `HEAD`) by a credential that may only read. `/healthz`, `/readyz` and
+//! `/metrics` do not pass through it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use subtle::ConstantTimeEq;
+use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use super::ApiError;
+pub use crate::config::Access;
 
-/// What a credential may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Look and act (retry, resolve, forget, gc).
-    Operate,
-    /// Look only.
-    #[allow(dead_code)] // until read-only tokens can be configured
-    Read,
-}
-
-/// Who a request (or a console session) is, by the token it showed.
-#[derive(Debug, Clone)]
+/// Who a request comes from: the name of the credential its bearer token is
+/// (`admin` for `[admin] token`, `local` for the per-run token of the owner file,
+/// or an `[[admin.tokens]]` name), and what that credential may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Credential {
-    /// The credential's name, as the audit records it.
+    /// The credential's name, as the audit shows it.
     pub name: String,
     /// What it may do.
     pub access: Access,
 }
 
+impl Credential {
+    /// The credential `name` with `access`.
+    pub fn new(name: impl Into<String>, access: Access) -> Credential {
+        Credential { name: name.into(), access }
+    }
+
+    /// May it change the store (forget, resolve, retry, gc)?
+    pub fn may_operate(&self) -> bool {
+        self.access == Access::Operate
+    }
+}
+
 /// What the store API accepts, fixed when the server starts.
 pub struct Guard {
-    /// Accepted bearer tokens: `[admin] token` and this run's token from the owner file.
-    /// Never logged.
-    tokens: Vec<String>,
+    /// Accepted bearer tokens and whose they are: `[admin] token`, `[[admin.tokens]]`
+    /// and this run's token from the owner file. Tokens are never logged.
+    tokens: Vec<(String, Credential)>,
     /// Accepted `Host` values (lower case).
     hosts: Hosts,
 }
@@ -67,7 +74,12 @@ impl Hosts {
 }
 
 impl Guard {
-    pub fn new(tokens: impl IntoIterator<Item = String>, listen: SocketAddr, allowed_hosts: &[String]) -> Guard {
+    /// Accepts `tokens` (empty ones never), for a server on `listen`.
+    pub fn new(
+        tokens: impl IntoIterator<Item = (String, Credential)>,
+        listen: SocketAddr,
+        allowed_hosts: &[String],
+    ) -> Guard {
         let listen_ip = match listen {
             SocketAddr::V4(a) => a.ip().to_string(),
             SocketAddr::V6(a) => format!("[{}]", a.ip()),
@@ -81,30 +93,32 @@ impl Guard {
                 (_, None) => any_port.push(h),
             }
         }
-        let tokens = tokens.into_iter().filter(|t| !t.is_empty()).collect();
+        let tokens = tokens.into_iter().filter(|(t, _)| !t.is_empty()).collect();
         Guard { tokens, hosts: Hosts { port: listen.port(), own, exact, any_port } }
     }
 
-    /// Whether `Authorization: Bearer <given>` names an accepted token. Each
-    /// comparison takes the same time whatever bytes match, so response
-    /// times do not reveal a prefix; only whether the length is right can be
-    /// learnt (the per-run token's length is public anyway).
-    fn accepts(&self, given: &str) -> bool {
-        let mut ok = subtle::Choice::from(0);
-        for t in &self.tokens {
-            ok |= given.as_bytes().ct_eq(t.as_bytes());
+    /// The credential whose token `given` is, if any. Every accepted token is
+    /// compared, each in the same time whatever bytes match, and which one matched
+    /// is selected without a branch, so response times reveal neither a prefix nor
+    /// which credential it was; only whether a length is right can be learnt (the
+    /// per-run token's length is public anyway). The console's login uses it too.
+    pub(super) fn credential_for(&self, given: &str) -> Option<Credential> {
+        let (mut ok, mut index) = (subtle::Choice::from(0), 0u32);
+        for (i, (t, _)) in self.tokens.iter().enumerate() {
+            let eq = given.as_bytes().ct_eq(t.as_bytes());
+            index.conditional_assign(&(i as u32), eq);
+            ok |= eq;
         }
-        bool::from(ok)
+        bool::from(ok).then(|| self.tokens[index as usize].1.clone())
+    }
+
+    #[cfg(test)]
+    fn accepts(&self, given: &str) -> bool {
+        self.credential_for(given).is_some()
     }
 
     pub(super) fn host_allowed(&self, host: &str) -> bool {
         self.hosts.allows(host)
-    }
-
-    /// The credential `given` is, if it is one (compared in constant time, as
-    /// [`Guard::accepts`] does).
-    pub(super) fn credential_for(&self, given: &str) -> Option<Credential> {
-        self.accepts(given).then(|| Credential { name: "admin".into(), access: Access::Operate })
     }
 
     /// Refuses a request that a browser made for another site's page, or that
@@ -136,34 +150,60 @@ impl Guard {
         }
     }
 
-    fn credential(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+    fn credential(&self, headers: &HeaderMap) -> Result<Credential, ApiError> {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
         let missing = "the store API needs Authorization: Bearer <token>: the token in the store's owner file \
                        (outboxd.owner, readable by the user running outboxd) or [admin] token";
-        match given {
+        match given.map(|t| self.credential_for(t)) {
             None => Err(ApiError(StatusCode::UNAUTHORIZED, format!("missing credential: {missing}"))),
-            Some(t) if self.accepts(t) => Ok(()),
-            Some(_) => Err(ApiError(StatusCode::UNAUTHORIZED, format!("wrong credential: {missing}"))),
+            Some(Some(credential)) => Ok(credential),
+            Some(None) => Err(ApiError(StatusCode::UNAUTHORIZED, format!("wrong credential: {missing}"))),
         }
     }
 }
 
-/// The layer on `/v1`: 403 for browsers and foreign `Host`s, 401 without an accepted token.
-pub async fn check(State(guard): State<Arc<Guard>>, req: Request, next: Next) -> Response {
+/// A change (forget, resolve, retry, gc: every method but `GET` and `HEAD`) by a
+/// credential that may only read: 403, saying so.
+fn refused_change(method: &Method, credential: &Credential) -> Option<ApiError> {
+    let reads = *method == Method::GET || *method == Method::HEAD;
+    (!reads && !credential.may_operate()).then(|| {
+        ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "credential {:?} has read access: it may look, not change the store (forget, resolve, retry and gc \
+                 need a credential with access = \"operate\")",
+                credential.name
+            ),
+        )
+    })
+}
+
+/// The layer on `/v1`: 403 for browsers and foreign `Host`s, 401 without an
+/// accepted token, 403 for a change by a read credential; a request let through
+/// carries its [`Credential`] in its extensions.
+pub async fn check(State(guard): State<Arc<Guard>>, mut req: Request, next: Next) -> Response {
     let authority = req.uri().authority().map(|a| a.as_str().to_owned());
     if let Some(refused) = guard.refusal(req.headers(), authority.as_deref()) {
         tracing::warn!(path = req.uri().path(), reason = %refused.1, "admin request refused");
         return refused.into_response();
     }
-    if let Err(e) = guard.credential(req.headers()) {
-        tracing::warn!(path = req.uri().path(), reason = %e.1, "admin request refused");
-        let mut resp = e.into_response();
-        resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-        return resp;
+    let credential = match guard.credential(req.headers()) {
+        Ok(credential) => credential,
+        Err(e) => {
+            tracing::warn!(path = req.uri().path(), reason = %e.1, "admin request refused");
+            let mut resp = e.into_response();
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            return resp;
+        }
+    };
+    if let Some(refused) = refused_change(req.method(), &credential) {
+        tracing::warn!(path = req.uri().path(), credential = %credential.name, reason = %refused.1, "admin request refused");
+        return refused.into_response();
     }
+    req.extensions_mut().insert(credential);
     next.run(req).await
 }
 
@@ -185,8 +225,16 @@ mod tests {
 
     const RUN: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
+    fn operate(name: &str) -> Credential {
+        Credential::new(name, Access::Operate)
+    }
+
+    fn run_token() -> (String, Credential) {
+        (RUN.to_owned(), operate("local"))
+    }
+
     fn guard(configured: Option<&str>, allowed: &[&str]) -> Guard {
-        let tokens = configured.into_iter().map(str::to_owned).chain([RUN.to_owned()]);
+        let tokens = configured.into_iter().map(|t| (t.to_owned(), operate("admin"))).chain([run_token()]);
         let allowed: Vec<String> = allowed.iter().map(|s| s.to_string()).collect();
         Guard::new(tokens, "127.0.0.1:9464".parse().unwrap(), &allowed)
     }
@@ -213,15 +261,41 @@ mod tests {
         let only_run = guard(None, &[]);
         assert!(!only_run.accepts("s3cret-configured"));
         assert!(
-            !Guard::new([String::new()], "127.0.0.1:1".parse().unwrap(), &[]).accepts(""),
+            !Guard::new([(String::new(), operate("x"))], "127.0.0.1:1".parse().unwrap(), &[]).accepts(""),
             "an empty token is never accepted"
         );
     }
 
     #[test]
+    fn each_token_is_the_credential_it_was_configured_as() {
+        let tokens = [
+            ("alice-0123456789abcdef".to_owned(), operate("alice")),
+            ("bob-0123456789abcdef".to_owned(), Credential::new("bob", Access::Read)),
+            run_token(),
+        ];
+        let g = Guard::new(tokens, "127.0.0.1:9464".parse().unwrap(), &[]);
+        assert_eq!(g.credential_for("alice-0123456789abcdef"), Some(operate("alice")));
+        assert_eq!(g.credential_for("bob-0123456789abcdef"), Some(Credential::new("bob", Access::Read)));
+        assert_eq!(g.credential_for(RUN), Some(operate("local")));
+        assert_eq!(g.credential_for("bob-0123456789abcde"), None);
+    }
+
+    #[test]
+    fn a_read_credential_may_look_but_not_change() {
+        let (read, op) = (Credential::new("bob", Access::Read), operate("alice"));
+        assert!(refused_change(&Method::GET, &read).is_none());
+        assert!(refused_change(&Method::HEAD, &read).is_none());
+        let refused = refused_change(&Method::POST, &read).expect("a POST by a read credential");
+        assert_eq!(refused.0, StatusCode::FORBIDDEN);
+        assert!(refused.1.contains("\"bob\" has read access"), "{}", refused.1);
+        assert!(refused_change(&Method::POST, &op).is_none());
+        assert!(refused_change(&Method::DELETE, &read).is_some());
+    }
+
+    #[test]
     fn credential_is_a_bearer_authorization_header() {
         let g = guard(None, &[]);
-        assert!(g.credential(&headers(&[("authorization", &format!("Bearer {RUN}"))])).is_ok());
+        assert_eq!(g.credential(&headers(&[("authorization", &format!("Bearer {RUN}"))])).ok(), Some(operate("local")));
         for (h, why) in [
             (headers(&[]), "missing"),
             (headers(&[("authorization", RUN)]), "without the scheme"),
@@ -254,9 +328,9 @@ mod tests {
         {
             assert!(!g.host_allowed(refused), "{refused}");
         }
-        let wildcard = Guard::new([RUN.to_owned()], "0.0.0.0:9464".parse().unwrap(), &[]);
+        let wildcard = Guard::new([run_token()], "0.0.0.0:9464".parse().unwrap(), &[]);
         assert!(wildcard.host_allowed("0.0.0.0:9464") && !wildcard.host_allowed("10.1.2.3:9464"));
-        let on_80 = Guard::new([RUN.to_owned()], "127.0.0.1:80".parse().unwrap(), &[]);
+        let on_80 = Guard::new([run_token()], "127.0.0.1:80".parse().unwrap(), &[]);
         assert!(on_80.host_allowed("localhost") && !on_80.host_allowed("evil.example"));
     }
 

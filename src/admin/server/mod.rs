@@ -10,6 +10,8 @@ mod auth;
 mod routes;
 mod ui;
 
+pub use auth::{Access, Credential};
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -64,24 +66,26 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, BindError
     tokio::net::TcpListener::bind(addr).await.map_err(|error| BindError { addr, error })
 }
 
-/// Serves until `shutdown`. The store API accepts `[admin] token` and the
-/// token the store wrote into its owner file with the admin address
-/// ([`crate::store::Store::advertise_admin`]); with neither, it refuses everything.
+/// Serves until `shutdown`. The store API accepts `[admin] token` (the credential
+/// `admin`), the `[[admin.tokens]]` (by their names) and the token the store wrote
+/// into its owner file with the admin address (`local`,
+/// [`crate::store::Store::advertise_admin`]); with none, it refuses everything.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let run_token = state.exec.store.admin_token();
-    if run_token.is_none() && state.token.is_none() {
-        tracing::warn!("no admin token: the store API (/v1) refuses every request (the owner file could not be written and [admin] token is not set)");
+    if run_token.is_none() && state.token.is_none() && state.exec.config.admin.tokens.is_empty() {
+        tracing::warn!("no admin token: the store API (/v1) refuses every request (the owner file could not be written and neither [admin] token nor [[admin.tokens]] is set)");
     }
+    let admin = &state.exec.config.admin;
+    let operate = |name: &str| Credential::new(name, Access::Operate);
+    let tokens = (state.token.clone().into_iter().map(|t| (t, operate(crate::config::ADMIN_TOKEN_NAME))))
+        .chain(admin.tokens.iter().map(|t| (t.token.clone(), Credential::new(&t.name, t.access))))
+        .chain(run_token.map(|t| (t, operate(crate::config::RUN_TOKEN_NAME))));
     let listen = listener.local_addr()?;
-    let guard = Arc::new(auth::Guard::new(
-        state.token.clone().into_iter().chain(run_token),
-        listen,
-        &state.exec.config.admin.allowed_hosts,
-    ));
+    let guard = Arc::new(auth::Guard::new(tokens, listen, &admin.allowed_hosts));
     let state = Arc::new(state);
     let api =
         routes::router(state.exec.clone()).layer(axum::middleware::from_fn_with_state(guard.clone(), auth::check));
@@ -114,6 +118,7 @@ impl From<StoreError> for ApiError {
         let status = match e {
             StoreError::NotFound(_) => StatusCode::NOT_FOUND,
             StoreError::WrongState { .. } | StoreError::NoMessage(_) => StatusCode::CONFLICT,
+            StoreError::BadCursor(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(status, e.to_string())
