@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
 use crate::config::{Config, EventIdSource, HandlerSpec};
-use crate::ops::{self, Needs, Opened, Rerun, StoreApi};
+use crate::ops::{self, Actor, Needs, Opened, Rerun, StoreApi};
 use crate::store::view::{self, table};
 use crate::store::State;
 
@@ -71,6 +71,22 @@ pub struct StoreArgs {
     pub json: bool,
 }
 
+/// Why a repair is made, for the audit.
+#[derive(Debug, Args)]
+pub struct ReasonArg {
+    /// Why (kept in the audit with who and when; at most 500 characters).
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+impl ReasonArg {
+    /// Who makes the repair: `cli:<user>` on the store itself; through a running
+    /// service, the service names the caller by its credential (the reason is sent).
+    fn actor(&self) -> anyhow::Result<Actor> {
+        Ok(Actor::cli(self.reason.as_deref())?)
+    }
+}
+
 /// `outboxd store …`: inspect or repair the dedup store.
 #[derive(Debug, Subcommand)]
 pub enum StoreCommand {
@@ -103,12 +119,35 @@ pub enum StoreCommand {
         /// Confirm: the event's side effect may then happen again.
         #[arg(long)]
         yes: bool,
+        /// Why, for the audit.
+        #[command(flatten)]
+        reason: ReasonArg,
         /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
     },
     /// Remove expired done/dead records now (retention).
-    Gc(StoreArgs),
+    Gc {
+        /// Why, for the audit.
+        #[command(flatten)]
+        reason: ReasonArg,
+        /// Where the store is, and the output format.
+        #[command(flatten)]
+        args: StoreArgs,
+    },
+    /// What people did to the store (forget, resolve, retry, gc), newest first:
+    /// when, who, the events, what came of it, and why.
+    Audit {
+        /// At most this many entries.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Only the entries naming this event.
+        #[arg(long)]
+        id: Option<String>,
+        /// Where the store is, and the output format.
+        #[command(flatten)]
+        args: StoreArgs,
+    },
     /// Run dead (or parked) events again from their stored copy, through the same
     /// handler and dedup rules. Needs the full config (handlers).
     Retry {
@@ -120,6 +159,9 @@ pub enum StoreCommand {
         /// Only the dead events of this topic (with --all-dead).
         #[arg(long, requires = "all_dead")]
         topic: Option<String>,
+        /// Why, for the audit.
+        #[command(flatten)]
+        reason: ReasonArg,
         /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
@@ -134,6 +176,9 @@ pub enum StoreCommand {
         /// Run it again from its stored copy, through its handler.
         #[arg(long)]
         retry: bool,
+        /// Why, for the audit.
+        #[command(flatten)]
+        reason: ReasonArg,
         /// Where the store is, and the output format.
         #[command(flatten)]
         args: StoreArgs,
@@ -170,8 +215,10 @@ pub enum StoreCommand {
 impl StoreCommand {
     fn args(&self) -> &StoreArgs {
         match self {
-            StoreCommand::Stats(args) | StoreCommand::Gc(args) | StoreCommand::Rebuild(args) => args,
-            StoreCommand::Get { args, .. }
+            StoreCommand::Stats(args) | StoreCommand::Rebuild(args) => args,
+            StoreCommand::Gc { args, .. }
+            | StoreCommand::Audit { args, .. }
+            | StoreCommand::Get { args, .. }
             | StoreCommand::List { args, .. }
             | StoreCommand::Forget { args, .. }
             | StoreCommand::Retry { args, .. }
@@ -260,29 +307,40 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
                 println!("{}\n{} record(s)", view::records_table(&records), records.len());
             }
         }
-        StoreCommand::Forget { event_id, .. } => {
-            let r = api.forget(&event_id).await?;
+        StoreCommand::Forget { event_id, reason, .. } => {
+            let r = api.forget(&event_id, &reason.actor()?).await?;
             println!("forgot {event_id} (was {}, {} attempt(s))", r.state, r.attempts);
         }
-        StoreCommand::Gc(_) => {
-            let gc = api.gc().await?;
+        StoreCommand::Gc { reason, .. } => {
+            let gc = api.gc(&reason.actor()?).await?;
             println!("removed {} expired record(s)", gc.removed);
+        }
+        StoreCommand::Audit { limit, id, args } => {
+            let entries = match id {
+                Some(id) => api.audit_of(&id).await?.into_iter().take(limit).collect(),
+                None => audit_entries(api, limit).await?,
+            };
+            if args.json {
+                println!("{}", serde_json::to_string(&entries)?);
+            } else {
+                println!("{}\n{} entr{}", view::audit_table(&entries), entries.len(), plural_y(entries.len()));
+            }
         }
         // Handled before a store is opened (they need the brokers, not the store API).
         StoreCommand::Rebuild(args) => return rebuild(&args).await,
         StoreCommand::Publish { args, force } => return publish(&args, force).await,
-        StoreCommand::Retry { event_id, topic, .. } => {
+        StoreCommand::Retry { event_id, topic, reason, .. } => {
             let ids = match event_id {
                 Some(id) => vec![id],
                 None => ops::dead_ids(api, topic.as_deref()).await?,
             };
-            rerun(api, &ids).await?;
+            rerun(api, &ids, &reason.actor()?).await?;
         }
-        StoreCommand::Resolve { event_id, done: true, .. } => {
-            api.resolve_done(&event_id).await?;
+        StoreCommand::Resolve { event_id, done: true, reason, .. } => {
+            api.resolve_done(&event_id, &reason.actor()?).await?;
             println!("{event_id}: recorded done (it will not run again)");
         }
-        StoreCommand::Resolve { event_id, .. } => rerun(api, &[event_id]).await?,
+        StoreCommand::Resolve { event_id, reason, .. } => rerun(api, &[event_id], &reason.actor()?).await?,
         StoreCommand::Export { state, topic, .. } => {
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             // Drawn on stderr when it is a terminal; hidden when piped or redirected.
@@ -382,11 +440,34 @@ async fn publish(args: &StoreArgs, force: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Up to `limit` audit entries, newest first, page after page.
+async fn audit_entries(api: &impl StoreApi, limit: usize) -> anyhow::Result<Vec<view::AuditView>> {
+    let (mut entries, mut before) = (Vec::new(), None::<String>);
+    while entries.len() < limit {
+        let page = api.audit(before.as_deref(), limit - entries.len()).await?;
+        entries.extend(page.entries);
+        match page.next {
+            Some(next) => before = Some(next),
+            None => break,
+        }
+    }
+    entries.truncate(limit);
+    Ok(entries)
+}
+
+fn plural_y(n: usize) -> &'static str {
+    if n == 1 {
+        "y"
+    } else {
+        "ies"
+    }
+}
+
 /// Runs stored copies again (the handler, retries, dead letters), one line per event.
-async fn rerun(api: &impl StoreApi, ids: &[String]) -> anyhow::Result<()> {
+async fn rerun(api: &impl StoreApi, ids: &[String], actor: &Actor) -> anyhow::Result<()> {
     let (mut done, mut failed) = (0, 0);
     for id in ids {
-        match api.rerun(id).await? {
+        match api.rerun(id, actor).await? {
             Rerun::Finished(r) if r.state == State::Done => {
                 done += 1;
                 println!("{id}: done ({})", r.outcome.unwrap_or_default());

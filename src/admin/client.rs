@@ -6,7 +6,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::store::view::{GcView, PageView, RecordView, RetryView, StatsView};
+use crate::store::view::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
 
 /// Records asked for per request when a list is paged through.
 const DEFAULT_PAGE: usize = 1_000;
@@ -241,31 +241,50 @@ impl AdminClient {
         Ok(lines)
     }
 
-    /// `POST /v1/{op}?id=…`, a repair of one event; `None` when there is no record of it.
-    async fn repair<T: DeserializeOwned>(&self, op: &str, id: &str) -> Result<Option<T>, AdminError> {
-        let req = self.http.post(format!("{}/v1/{op}", self.base)).query(&[("id", id)]);
+    /// `POST /v1/{op}?id=…&reason=…`, a repair of one event (audited under this
+    /// client's credential, with `reason`); `None` when there is no record of it.
+    async fn repair<T: DeserializeOwned>(
+        &self,
+        op: &str,
+        id: &str,
+        reason: Option<&str>,
+    ) -> Result<Option<T>, AdminError> {
+        let mut q = vec![("id", id)];
+        q.extend(reason.map(|r| ("reason", r)));
+        let req = self.http.post(format!("{}/v1/{op}", self.base)).query(&q);
         self.call(req, &format!("POST /v1/{op}")).await
     }
 
     /// `POST /v1/forget`: removes the record; answers it as it was.
-    pub async fn forget(&self, id: &str) -> Result<Option<RecordView>, AdminError> {
-        self.repair("forget", id).await
+    pub async fn forget(&self, id: &str, reason: Option<&str>) -> Result<Option<RecordView>, AdminError> {
+        self.repair("forget", id, reason).await
     }
 
     /// `POST /v1/resolve`: records the event done by hand; answers its record as it is now.
-    pub async fn resolve(&self, id: &str) -> Result<Option<RecordView>, AdminError> {
-        self.repair("resolve", id).await
+    pub async fn resolve(&self, id: &str, reason: Option<&str>) -> Result<Option<RecordView>, AdminError> {
+        self.repair("resolve", id, reason).await
     }
 
     /// `POST /v1/retry`: runs the event again in the service; answers what it came to.
-    pub async fn retry(&self, id: &str) -> Result<Option<RetryView>, AdminError> {
-        self.repair("retry", id).await
+    pub async fn retry(&self, id: &str, reason: Option<&str>) -> Result<Option<RetryView>, AdminError> {
+        self.repair("retry", id, reason).await
     }
 
     /// `POST /v1/gc`: removes expired records now; answers how many.
-    pub async fn gc(&self) -> Result<GcView, AdminError> {
-        let req = self.http.post(format!("{}/v1/gc", self.base));
+    pub async fn gc(&self, reason: Option<&str>) -> Result<GcView, AdminError> {
+        let q: Vec<(&str, &str)> = reason.map(|r| ("reason", r)).into_iter().collect();
+        let req = self.http.post(format!("{}/v1/gc", self.base)).query(&q);
         self.call(req, "POST /v1/gc").await?.ok_or(AdminError::Missing("gc answer"))
+    }
+
+    /// `GET /v1/audit`: up to `limit` audit entries, newest first, older than the
+    /// cursor `before`, or (with `id`) every entry naming that event.
+    pub async fn audit(&self, before: Option<&str>, id: Option<&str>, limit: usize) -> Result<AuditPage, AdminError> {
+        let mut q = vec![("limit", limit.to_string())];
+        q.extend(before.map(|b| ("before", b.to_owned())));
+        q.extend(id.map(|i| ("id", i.to_owned())));
+        let req = self.http.get(format!("{}/v1/audit", self.base)).query(&q);
+        self.call(req, "GET /v1/audit").await?.ok_or(AdminError::Missing("audit"))
     }
 }
 

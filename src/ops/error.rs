@@ -72,6 +72,12 @@ pub enum OpsError {
     /// Writing an export out failed.
     #[error(transparent)]
     Write(#[from] std::io::Error),
+    /// A repair's reason is longer than the audit keeps.
+    #[error("the reason has {chars} characters; at most {} are kept in the audit", super::audit::MAX_REASON_CHARS)]
+    ReasonTooLong {
+        /// Its length in characters.
+        chars: usize,
+    },
 }
 
 impl From<StoreError> for OpsError {

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::audit::{self, Actor};
 use super::changelog::explain;
 use super::{OpsError, Rerun, StoreApi};
 use crate::config::{Config, RawConfig};
 use crate::engine::Executor;
-use crate::store::view::{self, ExportLine, GcView, PageView, RecordView, StatsView};
-use crate::store::{now_us, Role, State, Store, StoreError, StoreOptions};
+use crate::store::view::{self, AuditPage, AuditView, ExportLine, GcView, PageView, RecordView, StatsView};
+use crate::store::{now_us, AuditAction, Role, State, Store, StoreError, StoreOptions};
 
 /// The note a record resolved by hand keeps as its outcome.
 const RESOLVED_DONE: &str = "resolved by hand: done";
@@ -107,30 +108,60 @@ impl Local {
         self.store.reads().scan(state, topic, |r| f(view::export_line(&self.store, &r)?))
     }
 
-    /// Removes a record, so the event runs again when it is redelivered; answers the record as it was.
-    pub async fn forget(&self, id: &str) -> Result<RecordView, StoreError> {
-        Ok(RecordView::from(&self.store.repairs().forget(id).await?))
+    /// Removes a record, so the event runs again when it is redelivered; answers the
+    /// record as it was. Audited under `actor`, also when it fails or is refused.
+    pub async fn forget_by(&self, id: &str, actor: &Actor) -> Result<RecordView, StoreError> {
+        let event = audit::event(&self.store, id);
+        let forgot = self.store.repairs().forget(id).await;
+        let outcome = forgot.as_ref().map_or_else(|e| audit::failed(e), |_| "done".to_owned());
+        audit::record(&self.store, actor, AuditAction::Forget, vec![event], outcome).await;
+        Ok(RecordView::from(&forgot?))
     }
 
-    /// Records the event done by hand; answers its record as it is now.
-    pub async fn resolve_done(&self, id: &str) -> Result<Option<RecordView>, StoreError> {
-        self.store.repairs().resolve_done(id, RESOLVED_DONE.to_owned()).await?;
+    /// Records the event done by hand; answers its record as it is now. Audited
+    /// under `actor`, also when it fails or is refused.
+    pub async fn resolve_done_by(&self, id: &str, actor: &Actor) -> Result<Option<RecordView>, StoreError> {
+        let event = audit::event(&self.store, id);
+        let resolved = self.store.repairs().resolve_done(id, RESOLVED_DONE.to_owned()).await;
+        let outcome = resolved.as_ref().map_or_else(|e| audit::failed(e), |()| "done".to_owned());
+        audit::record(&self.store, actor, AuditAction::Resolve, vec![event], outcome).await;
+        resolved?;
         self.get(id)
     }
 
-    /// Removes expired records now; answers how many.
-    pub async fn gc(&self) -> Result<GcView, StoreError> {
-        Ok(GcView { removed: self.store.repairs().gc(now_us()).await? })
+    /// Removes expired records now; answers how many. Audited under `actor`.
+    pub async fn gc_by(&self, actor: &Actor) -> Result<GcView, StoreError> {
+        let removed = self.store.repairs().gc(now_us()).await;
+        let outcome = removed.as_ref().map_or_else(|e| audit::failed(e), |n| format!("removed {n} expired record(s)"));
+        audit::record(&self.store, actor, AuditAction::Gc, Vec::new(), outcome).await;
+        Ok(GcView { removed: removed? })
+    }
+
+    /// Up to `limit` audit entries, newest first, older than the cursor `before`.
+    pub fn audit(&self, before: Option<&str>, limit: usize) -> Result<AuditPage, StoreError> {
+        let (entries, next) = self.store.audit().list(before, limit)?;
+        Ok(AuditPage { entries: entries.iter().map(AuditView::from).collect(), next })
+    }
+
+    /// Every audit entry naming event `id`, newest first.
+    pub fn audit_of(&self, id: &str) -> Result<Vec<AuditView>, StoreError> {
+        Ok(self.store.audit().for_event(id)?.iter().map(AuditView::from).collect())
     }
 }
 
 /// Runs a dead or parked event again from its stored copy, through `exec`
-/// (the handler, its retries, dead letters).
-pub async fn rerun(exec: &Executor, id: &str) -> Result<Rerun, StoreError> {
-    Ok(match exec.rerun(id).await? {
-        Some(r) => Rerun::Finished(Box::new(RecordView::from(&r))),
-        None => Rerun::Redecoded,
-    })
+/// (the handler, its retries, dead letters). Audited under `actor` with what it
+/// came to, also when it fails or is refused.
+pub async fn rerun_by(exec: &Executor, id: &str, actor: &Actor) -> Result<Rerun, StoreError> {
+    let event = audit::event(&exec.store, id);
+    let rerun = match exec.rerun(id).await {
+        Ok(Some(r)) => Ok(Rerun::Finished(Box::new(RecordView::from(&r)))),
+        Ok(None) => Ok(Rerun::Redecoded),
+        Err(e) => Err(e),
+    };
+    let outcome = rerun.as_ref().map_or_else(|e| audit::failed(e), audit::rerun_outcome);
+    audit::record(&exec.store, actor, AuditAction::Retry, vec![event], outcome).await;
+    rerun
 }
 
 impl StoreApi for Local {
@@ -154,26 +185,36 @@ impl StoreApi for Local {
         Ok(self.page(state, topic, None, limit)?.records)
     }
 
-    async fn forget(&self, id: &str) -> Result<RecordView, OpsError> {
+    async fn forget(&self, id: &str, actor: &Actor) -> Result<RecordView, OpsError> {
         self.attach_changelog()?;
-        Local::forget(self, id).await.map_err(|e| explain(id, e))
+        self.forget_by(id, actor).await.map_err(|e| explain(id, e))
     }
 
-    async fn resolve_done(&self, id: &str) -> Result<(), OpsError> {
+    async fn resolve_done(&self, id: &str, actor: &Actor) -> Result<(), OpsError> {
         self.attach_changelog()?;
-        Local::resolve_done(self, id).await.map_err(|e| explain(id, e))?;
+        self.resolve_done_by(id, actor).await.map_err(|e| explain(id, e))?;
         Ok(())
     }
 
-    async fn rerun(&self, id: &str) -> Result<Rerun, OpsError> {
+    async fn rerun(&self, id: &str, actor: &Actor) -> Result<Rerun, OpsError> {
         let Some(exec) = &self.exec else {
             return Err(OpsError::NoHandlers(id.to_owned()));
         };
-        rerun(exec, id).await.map_err(|e| OpsError::Rerun { id: id.to_owned(), error: Box::new(explain(id, e)) })
+        rerun_by(exec, id, actor)
+            .await
+            .map_err(|e| OpsError::Rerun { id: id.to_owned(), error: Box::new(explain(id, e)) })
     }
 
-    async fn gc(&self) -> Result<GcView, OpsError> {
-        Ok(Local::gc(self).await?)
+    async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError> {
+        Ok(self.gc_by(actor).await?)
+    }
+
+    async fn audit(&self, before: Option<&str>, limit: usize) -> Result<AuditPage, OpsError> {
+        Ok(Local::audit(self, before, limit)?)
+    }
+
+    async fn audit_of(&self, id: &str) -> Result<Vec<AuditView>, OpsError> {
+        Ok(Local::audit_of(self, id)?)
     }
 
     async fn export(

@@ -7,11 +7,16 @@
 //! [`crate::store::view`] (the admin API's wire format), so both sides print
 //! alike; failures are an [`OpsError`].
 //!
+//! Every repair (forget, resolve, re-run, gc) names its [`Actor`] (who, and why) and
+//! leaves an entry in the store's audit, whatever came of it (`audit`); the
+//! service's admin API names the caller by its credential.
+//!
 //! Repairs (forget, resolve, re-run) reach the changelog wherever they are made:
 //! the service's store has its changelog attached, and `outboxd store` on a
 //! stopped service's store attaches the same producer (`changelog`) when
 //! `[store.changelog]` is on, failing with nothing changed when the brokers do not answer.
 
+mod audit;
 mod changelog;
 mod error;
 mod local;
@@ -20,12 +25,13 @@ mod remote;
 use std::path::Path;
 
 use crate::admin::client::AdminClient;
-use crate::store::view::{GcView, RecordView, RedecodedView, RetryView, StatsView};
+use crate::store::view::{AuditPage, AuditView, GcView, RecordView, RedecodedView, RetryView, StatsView};
 use crate::store::{Owner, State, StoreError};
 
+pub use audit::{Actor, MAX_REASON_CHARS};
 pub use changelog::attach as attach_changelog;
 pub use error::{BoxError, OpsError};
-pub use local::{rerun, Local};
+pub use local::{rerun_by, Local};
 pub use remote::Remote;
 
 /// What a re-run came to.
@@ -80,13 +86,20 @@ pub trait StoreApi {
     /// Up to `limit` records in id order (`usize::MAX`: all), optionally of one state and topic.
     async fn list(&self, state: Option<State>, topic: Option<&str>, limit: usize) -> Result<Vec<RecordView>, OpsError>;
     /// Removes a record, so the event runs again when it is redelivered; answers the record as it was.
-    async fn forget(&self, id: &str) -> Result<RecordView, OpsError>;
+    /// Each repair is audited under `actor` (through a running service: under the
+    /// caller's credential, with `actor`'s reason).
+    async fn forget(&self, id: &str, actor: &Actor) -> Result<RecordView, OpsError>;
     /// Records a parked (or dead) event `done` by hand: it will not run again.
-    async fn resolve_done(&self, id: &str) -> Result<(), OpsError>;
+    async fn resolve_done(&self, id: &str, actor: &Actor) -> Result<(), OpsError>;
     /// Runs a dead or parked event again from its stored copy, through its handler.
-    async fn rerun(&self, id: &str) -> Result<Rerun, OpsError>;
+    async fn rerun(&self, id: &str, actor: &Actor) -> Result<Rerun, OpsError>;
     /// Removes expired done/dead records now; answers how many.
-    async fn gc(&self) -> Result<GcView, OpsError>;
+    async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError>;
+    /// Up to `limit` audit entries, newest first, older than the cursor `before`
+    /// (an earlier page's `next`).
+    async fn audit(&self, before: Option<&str>, limit: usize) -> Result<AuditPage, OpsError>;
+    /// Every audit entry naming event `id`, newest first.
+    async fn audit_of(&self, id: &str) -> Result<Vec<AuditView>, OpsError>;
     /// Writes records (with the message copies of dead and parked events) as
     /// JSON Lines to `out`, moving `progress` along; answers how many.
     async fn export(

@@ -1,9 +1,9 @@
 //! The operations through a running service's admin API (`/v1`), for
 //! `outboxd store …` while that service holds the store.
 
-use super::{OpsError, Rerun, StoreApi};
+use super::{Actor, OpsError, Rerun, StoreApi};
 use crate::admin::client::AdminClient;
-use crate::store::view::{GcView, RecordView, StatsView};
+use crate::store::view::{AuditPage, AuditView, GcView, RecordView, StatsView};
 use crate::store::State;
 
 /// The store of a running service, through its admin API.
@@ -43,22 +43,33 @@ impl StoreApi for Remote {
         Ok(self.client.list(state.map(State::as_str), topic, limit).await?)
     }
 
-    async fn forget(&self, id: &str) -> Result<RecordView, OpsError> {
-        self.client.forget(id).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))
+    // The service audits a repair under the caller's credential: `actor` gives the reason only.
+    async fn forget(&self, id: &str, actor: &Actor) -> Result<RecordView, OpsError> {
+        self.client.forget(id, actor.reason.as_deref()).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))
     }
 
-    async fn resolve_done(&self, id: &str) -> Result<(), OpsError> {
-        self.client.resolve(id).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
+    async fn resolve_done(&self, id: &str, actor: &Actor) -> Result<(), OpsError> {
+        let reason = actor.reason.as_deref();
+        self.client.resolve(id, reason).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
         Ok(())
     }
 
-    async fn rerun(&self, id: &str) -> Result<Rerun, OpsError> {
-        let answer = self.client.retry(id).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
+    async fn rerun(&self, id: &str, actor: &Actor) -> Result<Rerun, OpsError> {
+        let reason = actor.reason.as_deref();
+        let answer = self.client.retry(id, reason).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
         Ok(Rerun::from(answer))
     }
 
-    async fn gc(&self) -> Result<GcView, OpsError> {
-        Ok(self.client.gc().await?)
+    async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError> {
+        Ok(self.client.gc(actor.reason.as_deref()).await?)
+    }
+
+    async fn audit(&self, before: Option<&str>, limit: usize) -> Result<AuditPage, OpsError> {
+        Ok(self.client.audit(before, None, limit).await?)
+    }
+
+    async fn audit_of(&self, id: &str) -> Result<Vec<AuditView>, OpsError> {
+        Ok(self.client.audit(None, Some(id), usize::MAX).await?.entries)
     }
 
     async fn export(

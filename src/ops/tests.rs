@@ -72,9 +72,58 @@ async fn a_page_names_the_next_cursor_only_when_more_records_follow() {
 async fn a_store_opened_without_handlers_refuses_to_rerun() {
     let dir = tempfile::tempdir().unwrap();
     let local = Local::new(store_with_done(dir.path(), &["a"]).await);
-    let e = StoreApi::rerun(&local, "a").await.unwrap_err();
+    let e = StoreApi::rerun(&local, "a", &Actor::new("t", None).unwrap()).await.unwrap_err();
     assert!(matches!(&e, OpsError::NoHandlers(id) if id == "a"), "{e:?}");
     assert_eq!(printed(&e), "re-running \"a\" needs the handlers: the store was opened without them");
+}
+
+#[tokio::test]
+async fn every_repair_is_audited_with_who_why_and_what_came_of_it_refused_ones_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = Local::new(store_with_done(dir.path(), &["a", "b"]).await);
+    let alice = Actor::new("alice", Some("  replayed by hand, ticket 42 ")).unwrap();
+    StoreApi::forget(&local, "a", &alice).await.unwrap();
+    let e = StoreApi::forget(&local, "nope", &alice).await.unwrap_err();
+    assert!(matches!(e, OpsError::NotFound(_)), "{e:?}");
+    let e = StoreApi::resolve_done(&local, "b", &Actor::new("bob", None).unwrap()).await.unwrap_err();
+    assert!(printed(&e).contains("is done, not dead or parked"), "{}", printed(&e));
+    StoreApi::gc(&local, &alice).await.unwrap();
+
+    let page = StoreApi::audit(&local, None, 10).await.unwrap();
+    let rows: Vec<_> = page
+        .entries
+        .iter()
+        .map(|e| (e.action.as_str(), e.who.as_str(), e.events.iter().map(|v| v.id.as_str()).collect::<Vec<_>>()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("gc", "alice", vec![]),
+            ("resolve", "bob", vec!["b"]),
+            ("forget", "alice", vec!["nope"]),
+            ("forget", "alice", vec!["a"])
+        ],
+        "newest first"
+    );
+    let forgot = &page.entries[3];
+    assert_eq!((forgot.outcome.as_str(), forgot.reason.as_deref()), ("done", Some("replayed by hand, ticket 42")));
+    assert_eq!((forgot.events[0].topic.as_deref(), forgot.events[0].partition), (Some("t"), Some(0)));
+    let refused = &page.entries[2];
+    assert!(refused.outcome.starts_with("error: no record for event"), "{}", refused.outcome);
+    assert_eq!((refused.events[0].topic.as_deref(), refused.reason.is_some()), (None, true));
+    assert!(page.entries[1].outcome.starts_with("error: event \"b\" is done"), "{}", page.entries[1].outcome);
+    assert_eq!(page.entries[0].outcome, "removed 0 expired record(s)");
+    assert_eq!(page.next, None);
+    let of_a = StoreApi::audit_of(&local, "a").await.unwrap();
+    assert_eq!(of_a, page.entries[3..]);
+}
+
+#[test]
+fn a_reason_is_bounded_and_a_blank_one_is_none() {
+    assert_eq!(Actor::new("a", Some("   ")).unwrap().reason, None);
+    assert!(Actor::new("a", Some(&"é".repeat(MAX_REASON_CHARS))).is_ok(), "characters, not bytes");
+    let e = Actor::new("a", Some(&"x".repeat(MAX_REASON_CHARS + 1))).unwrap_err();
+    assert!(matches!(e, OpsError::ReasonTooLong { chars: 501 }), "{e:?}");
 }
 
 #[test]
@@ -97,8 +146,12 @@ async fn a_repair_from_the_command_line_with_the_brokers_down_changes_nothing_an
         [store.changelog]\ndelivery_timeout = \"1s\"\n";
     std::fs::write(&config, text).unwrap();
     let local = Local::with_config(store.clone(), &config);
-    let e = StoreApi::forget(&local, "a").await.unwrap_err();
+    let me = Actor::new("cli:tester", Some("broker test")).unwrap();
+    let e = StoreApi::forget(&local, "a", &me).await.unwrap_err();
     assert!(matches!(&e, OpsError::NothingChanged { id, .. } if id == "a"), "{e:?}");
+    let tried = local.audit(None, 10).unwrap().entries;
+    assert_eq!(tried.len(), 1, "the failed attempt is audited, here at least: {tried:?}");
+    assert!(tried[0].outcome.starts_with("error: changelog write failed"), "{}", tried[0].outcome);
     // Printed once each: what was left behind, then the changelog's reason.
     let said = printed(&e);
     assert!(said.starts_with("a: nothing was changed in the store"), "{said}");
@@ -109,8 +162,8 @@ async fn a_repair_from_the_command_line_with_the_brokers_down_changes_nothing_an
     // With the changelog off, the repair is the store's alone, as before.
     std::fs::write(&config, format!("{text}enabled = false\n")).unwrap();
     let off = Local::with_config(store_with_done(&dir.path().join("off"), &["b"]).await, &config);
-    assert_eq!(StoreApi::forget(&off, "b").await.unwrap().event_id, "b");
-    let e = StoreApi::forget(&off, "b").await.unwrap_err();
+    assert_eq!(StoreApi::forget(&off, "b", &me).await.unwrap().event_id, "b");
+    let e = StoreApi::forget(&off, "b", &me).await.unwrap_err();
     assert!(matches!(&e, OpsError::NotFound(id) if id == "b"), "forgotten already: {e:?}");
     assert_eq!(printed(&e), "no record for event \"b\"");
 }

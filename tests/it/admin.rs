@@ -161,7 +161,7 @@ async fn store_commands_answer_the_same_through_the_running_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_view_reads_back_through_the_admin_api_as_the_store_itself_says() {
     use outboxd::admin::{AdminClient, AdminError};
-    use outboxd::ops::{self, Needs, Opened, OpsError, Remote, StoreApi};
+    use outboxd::ops::{self, Actor, Needs, Opened, OpsError, Remote, StoreApi};
     use outboxd::store::view::{GcView, StatsView};
 
     let kafka = Kafka::connect();
@@ -178,15 +178,16 @@ async fn every_view_reads_back_through_the_admin_api_as_the_store_itself_says() 
 
     let client = || AdminClient::new(&od.admin_address(), Some(od.admin_token())).expect("an admin client");
     let remote = Remote::new(client());
+    let me = Actor::new("ignored: the service names its caller", None).unwrap();
     // The repairs first: the reads after them see the store as it stays once stopped.
     let before = remote.get(&ids[3]).await.unwrap().expect("a record before forget");
-    assert_eq!(remote.forget(&ids[3]).await.unwrap(), before, "forget answers the record as it was");
-    match remote.forget(&ids[3]).await {
+    assert_eq!(remote.forget(&ids[3], &me).await.unwrap(), before, "forget answers the record as it was");
+    match remote.forget(&ids[3], &me).await {
         Err(OpsError::NotFound(id)) => assert_eq!(id, ids[3]),
         other => panic!("forgetting it again: {other:?}"),
     }
-    assert_eq!(remote.gc().await.unwrap(), GcView { removed: 0 }, "nothing has expired");
-    match remote.rerun(&ids[0]).await {
+    assert_eq!(remote.gc(&me).await.unwrap(), GcView { removed: 0 }, "nothing has expired");
+    match remote.rerun(&ids[0], &me).await {
         Err(OpsError::Remote(AdminError::Status { status: 409, message })) => assert!(message.contains(&ids[0])),
         other => panic!("re-running a done event is a conflict: {other:?}"),
     }
@@ -199,6 +200,13 @@ async fn every_view_reads_back_through_the_admin_api_as_the_store_itself_says() 
     let admin = client();
     let live_first = admin.page(None, Some(&topic), None, 2).await.unwrap();
     let live_second = admin.page(None, Some(&topic), live_first.next.as_deref(), 2).await.unwrap();
+    let remote_audit = remote.audit(None, 100).await.unwrap();
+    let actions: Vec<_> = remote_audit.entries.iter().map(|e| (e.action.as_str(), e.who.as_str())).collect();
+    assert_eq!(
+        actions,
+        [("retry", "local"), ("gc", "local"), ("forget", "local"), ("forget", "local")],
+        "newest first, the refused ones too, under the per-run token's name"
+    );
     od.stop();
 
     let opened = ops::open(od.config_path(), None, Needs::Records).expect("the stopped service's store");
@@ -218,7 +226,9 @@ async fn every_view_reads_back_through_the_admin_api_as_the_store_itself_says() 
     let second = local.page(None, Some(&topic), first.next.as_deref(), 2).unwrap();
     assert_eq!((second.records.len(), second.next.as_deref()), (1, None));
     assert_eq!(second, live_second);
-    assert_eq!(StoreApi::gc(&local).await.unwrap(), GcView { removed: 0 });
+    let live_audit = remote_audit;
+    assert_eq!(StoreApi::audit(&local, None, 100).await.unwrap(), live_audit, "the audit reads back alike");
+    assert_eq!(StoreApi::gc(&local, &me).await.unwrap(), GcView { removed: 0 });
 }
 
 /// One request to the admin server: status and body.

@@ -1,11 +1,12 @@
 //! The store API under `/v1`: reads (stats, one record, pages of records,
-//! export) and repairs (forget, resolve, retry, gc), answered by
+//! export, the audit) and repairs (forget, resolve, retry, gc), answered by
 //! [`ops::Local`] on the service's store. Every route here sits behind
-//! [`super::auth::check`]; none checks credentials itself.
+//! [`super::auth::check`]; none checks credentials itself: a repair is audited
+//! under the [`Credential`] that layer found, with the request's `reason=`.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -13,10 +14,11 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
+use super::auth::Credential;
 use super::ApiError;
 use crate::engine::Executor;
-use crate::ops::{self, Local};
-use crate::store::view::{GcView, PageView, RecordView, RetryView, StatsView};
+use crate::ops::{self, Actor, Local, OpsError};
+use crate::store::view::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
 use crate::store::{State as RecordState, StoreError};
 
 /// Records in one page of `/v1/events` when the request names no `limit`.
@@ -54,6 +56,7 @@ pub(super) fn router(exec: Arc<Executor>) -> Router {
         .route("/retry", post(retry).with_state(Arc::new(retries)))
         .route("/gc", post(gc))
         .route("/export", get(export))
+        .route("/audit", get(audit))
         .with_state(local)
 }
 
@@ -109,19 +112,69 @@ async fn list(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Json
 #[derive(Deserialize)]
 struct IdQuery {
     id: String,
+    /// Why, for the audit (at most `ops::MAX_REASON_CHARS`).
+    reason: Option<String>,
 }
 
-async fn forget(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<RecordView>, ApiError> {
-    Ok(Json(l.forget(&q.id).await?))
+#[derive(Deserialize)]
+struct ReasonQuery {
+    reason: Option<String>,
 }
 
-async fn resolve(State(l): State<Local>, Query(q): Query<IdQuery>) -> Result<Json<RecordView>, ApiError> {
-    let record = l.resolve_done(&q.id).await?;
+/// Who makes a repair: the request's credential, with its `reason=`; a 400 for a
+/// reason too long to keep.
+fn actor(credential: &Credential, reason: Option<&str>) -> Result<Actor, ApiError> {
+    Actor::new(&credential.name, reason).map_err(|e: OpsError| ApiError(StatusCode::BAD_REQUEST, e.to_string()))
+}
+
+async fn forget(
+    State(l): State<Local>,
+    Extension(who): Extension<Credential>,
+    Query(q): Query<IdQuery>,
+) -> Result<Json<RecordView>, ApiError> {
+    Ok(Json(l.forget_by(&q.id, &actor(&who, q.reason.as_deref())?).await?))
+}
+
+async fn resolve(
+    State(l): State<Local>,
+    Extension(who): Extension<Credential>,
+    Query(q): Query<IdQuery>,
+) -> Result<Json<RecordView>, ApiError> {
+    let record = l.resolve_done_by(&q.id, &actor(&who, q.reason.as_deref())?).await?;
     found(&q.id, record)
 }
 
-async fn gc(State(l): State<Local>) -> Result<Json<GcView>, ApiError> {
-    Ok(Json(l.gc().await?))
+async fn gc(
+    State(l): State<Local>,
+    Extension(who): Extension<Credential>,
+    Query(q): Query<ReasonQuery>,
+) -> Result<Json<GcView>, ApiError> {
+    Ok(Json(l.gc_by(&actor(&who, q.reason.as_deref())?).await?))
+}
+
+/// Entries in one page of `/v1/audit` when the request names no `limit`.
+const DEFAULT_AUDIT_PAGE: usize = 100;
+/// Largest page of `/v1/audit` (an entry is ~0.3 kB of JSON, its reason included).
+const MAX_AUDIT_PAGE: usize = 1_000;
+
+#[derive(Deserialize)]
+struct AuditQuery {
+    /// Cursor: entries older than this (an earlier page's `next`).
+    before: Option<String>,
+    limit: Option<usize>,
+    /// Only the entries naming this event (all of them, on one page).
+    id: Option<String>,
+}
+
+/// The audit, newest first: `{"entries": [...], "next": CURSOR | null}`; ask for
+/// the next (older) page with `?before=CURSOR`. With `?id=`, every entry naming
+/// that event.
+async fn audit(State(l): State<Local>, Query(q): Query<AuditQuery>) -> Result<Json<AuditPage>, ApiError> {
+    if let Some(id) = &q.id {
+        return Ok(Json(AuditPage { entries: l.audit_of(id)?, next: None }));
+    }
+    let limit = q.limit.unwrap_or(DEFAULT_AUDIT_PAGE).clamp(1, MAX_AUDIT_PAGE);
+    Ok(Json(l.audit(q.before.as_deref(), limit)?))
 }
 
 /// JSON Lines of records (with message copies), streamed while the store is scanned.
@@ -146,12 +199,17 @@ async fn export(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Re
 /// drops this handler when the client goes away, and a re-execution dropped
 /// between its claim and its outcome would leave the record `claimed`, with
 /// no Kafka delivery left to finish it.
-async fn retry(State(r): State<Arc<Retries>>, Query(q): Query<IdQuery>) -> Result<Json<RetryView>, ApiError> {
+async fn retry(
+    State(r): State<Arc<Retries>>,
+    Extension(who): Extension<Credential>,
+    Query(q): Query<IdQuery>,
+) -> Result<Json<RetryView>, ApiError> {
+    let actor = actor(&who, q.reason.as_deref())?;
     let turn = r.turns.clone().acquire_owned().await.expect("the retry semaphore is never closed");
     let exec = r.exec.clone();
     let run = tokio::spawn(async move {
         let _turn = turn;
-        let answer = ops::rerun(&exec, &q.id).await.map_err(ApiError::from);
+        let answer = ops::rerun_by(&exec, &q.id, &actor).await.map_err(ApiError::from);
         if let Err(e) = &answer {
             tracing::warn!(event_id = %q.id, error = %e.1, "admin retry failed");
         }
