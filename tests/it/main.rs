@@ -7,6 +7,7 @@
 mod harness;
 
 mod admin;
+mod audit;
 mod avro;
 mod avro_local;
 mod avro_registry;
