@@ -73,6 +73,8 @@
 //!   with `key`, each carries a MAC (`store::changelog::mac`) and reads apply only records that check.
 //!   `store::publish`: records written while the changelog was off, copied into it (resumably) before
 //!   anything is handled, and the marker that says the changelog has them all.
+//!   `store::audit`: what people did to the store (who, when, why, the outcome), kept `retention` long
+//!   and written to the changelog partition of the events named, so it follows the partition.
 //! - `offsets`: per-partition tracker of the next committable offset.
 //! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
@@ -88,10 +90,11 @@
 //! - `log_writer`: the binary's stderr writer, which drops (and counts) a line it cannot write instead of failing.
 //! - `app`: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
-//! - `ops`: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export),
-//!   written once against `ops::StoreApi`: on the store itself, or through a running service.
+//! - `ops`: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export, audit),
+//!   written once against `ops::StoreApi`: on the store itself, or through a running service; every
+//!   repair is audited under its `ops::Actor`.
 //! - `admin`: `admin::server`: health, readiness, Prometheus metrics (open), the store API behind a bearer
-//!   token (axum), answered by `ops`; `admin::client`: that API's client, which `store …` uses.
+//!   token, named and with its access (`[[admin.tokens]]`) (axum), answered by `ops`; `admin::client`: that API's client, which `store …` uses.
 //! - `cli`: `run`, `check-config`, `store …`: parses arguments, calls `ops`, prints.
 
 #![warn(missing_docs)]
