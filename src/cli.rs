@@ -74,7 +74,7 @@ pub struct StoreArgs {
 /// Why a repair is made, for the audit.
 #[derive(Debug, Args)]
 pub struct ReasonArg {
-    /// Why (kept in the audit with who and when; at most 500 characters).
+    /// Why (kept in the audit with who and when; one line, at most 500 characters).
     #[arg(long)]
     pub reason: Option<String>,
 }

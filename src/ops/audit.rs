@@ -8,6 +8,8 @@ use crate::store::{now_us, AuditAction, AuditEntry, AuditEvent, State, Store};
 /// the person who reads the audit later, not a document; every entry is kept
 /// `store.retention` long and goes to the changelog.
 pub const MAX_REASON_CHARS: usize = 500;
+/// The longest OS user name kept in `cli:<user>` (the names a credential may have are as long).
+const MAX_USER_CHARS: usize = 64;
 
 /// Who makes a repair, and why: what its audit entry says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +31,11 @@ impl Actor {
             if chars > MAX_REASON_CHARS {
                 return Err(OpsError::ReasonTooLong { chars });
             }
+            // One line of text: a terminal escape or a line break in the audit
+            // would change what a person reading `store audit` sees.
+            if r.chars().any(char::is_control) {
+                return Err(OpsError::ReasonNotText);
+            }
         }
         Ok(Actor { name: name.into(), reason: reason.map(str::to_owned) })
     }
@@ -38,6 +45,8 @@ impl Actor {
     /// the caller by its credential instead.
     pub fn cli(reason: Option<&str>) -> Result<Actor, OpsError> {
         let user = ["USER", "LOGNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()));
+        // A name as the environment says it, without control characters, one table cell long.
+        let user = user.map(|u| u.chars().filter(|c| !c.is_control()).take(MAX_USER_CHARS).collect::<String>());
         Actor::new(user.map_or_else(|| "cli".to_owned(), |u| format!("cli:{u}")), reason)
     }
 }

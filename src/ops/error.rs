@@ -78,6 +78,9 @@ pub enum OpsError {
         /// Its length in characters.
         chars: usize,
     },
+    /// A repair's reason has control characters (a line break, a terminal escape).
+    #[error("the reason must be one line of text, without control characters")]
+    ReasonNotText,
 }
 
 impl From<StoreError> for OpsError {

@@ -124,6 +124,9 @@ fn a_reason_is_bounded_and_a_blank_one_is_none() {
     assert!(Actor::new("a", Some(&"é".repeat(MAX_REASON_CHARS))).is_ok(), "characters, not bytes");
     let e = Actor::new("a", Some(&"x".repeat(MAX_REASON_CHARS + 1))).unwrap_err();
     assert!(matches!(e, OpsError::ReasonTooLong { chars: 501 }), "{e:?}");
+    for bad in ["line one\nline two", "\u{1b}[2Jcleared", "tab\there"] {
+        assert!(matches!(Actor::new("a", Some(bad)), Err(OpsError::ReasonNotText)), "{bad:?}");
+    }
 }
 
 #[test]
