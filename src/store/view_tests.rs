@@ -240,3 +240,30 @@ fn a_record_in_a_held_chain_shows_what_it_waits_for_and_the_head_what_it_holds()
     held.chain = Some(chain(None));
     assert!(records_table(&[held]).to_string().contains("it runs now"));
 }
+
+#[test]
+fn an_audit_entry_reads_back_from_its_json_and_a_missing_field_is_named() {
+    use crate::store::{AuditAction, AuditEntry, AuditEvent};
+    let entry = AuditEntry {
+        at_us: 1_700_000_000_000_001,
+        who: "alice".into(),
+        action: AuditAction::Retry,
+        events: vec![
+            AuditEvent { id: "e1".into(), source: Some(("orders".into(), 2)) },
+            AuditEvent { id: "e9".into(), source: None },
+        ],
+        reason: Some("INC-1".into()),
+        outcome: "dead again".into(),
+    };
+    let page = AuditPage { entries: vec![AuditView::from(&entry)], next: Some("00ff".into()) };
+    let json = serde_json::to_string(&page).unwrap();
+    assert_eq!(
+        json,
+        r#"{"entries":[{"action":"retry","at":"2023-11-14T22:13:20.000001Z","events":[{"id":"e1","partition":2,"topic":"orders"},{"id":"e9","partition":null,"topic":null}],"outcome":"dead again","reason":"INC-1","who":"alice"}],"next":"00ff"}"#
+    );
+    assert_eq!(serde_json::from_str::<AuditPage>(&json).unwrap(), page);
+    let e = serde_json::from_str::<AuditPage>(&json.replace(r#""reason":"INC-1","#, "")).unwrap_err().to_string();
+    assert!(e.contains("missing field `reason`"), "{e}");
+    let table = audit_table(&page.entries).to_string();
+    assert!(table.contains("e1 (orders/2)") && table.contains("dead again") && table.contains("INC-1"), "{table}");
+}
