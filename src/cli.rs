@@ -542,6 +542,21 @@ fn print_changelog_plan(config: &Config) -> Vec<String> {
     }
 }
 
+/// The admin server's address and the credentials its store API accepts, by name
+/// and access (never a token).
+fn print_admin(admin: &crate::config::AdminConfig) {
+    let Some(listen) = admin.listen else {
+        println!("admin: off");
+        return;
+    };
+    let mut credentials = vec![format!("{} (operate; the owner file's per-run token)", crate::config::RUN_TOKEN_NAME)];
+    if admin.token.is_some() {
+        credentials.push(format!("{} (operate; [admin] token)", crate::config::ADMIN_TOKEN_NAME));
+    }
+    credentials.extend(admin.tokens.iter().map(|t| format!("{} ({})", t.name, t.access.as_str())));
+    println!("admin: listen={listen} credentials: {}", credentials.join(", "));
+}
+
 /// `outboxd check-config`: validates the config, lets librdkafka check
 /// `kafka.options`, prints the settings, the changelog topics `run` would create
 /// (when the brokers answer), and the handler for each topic.
@@ -564,6 +579,7 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         config.store.max_in_flight,
         config.store.fsync
     );
+    print_admin(&config.admin);
     let refused = print_changelog_plan(&config);
     let mut t = table(&["handler", "topics", "kind", "target", "event id", "retry"]);
     for h in &config.handlers {

@@ -87,6 +87,10 @@ async fn repairs_through_the_service_are_audited_under_the_token_name_and_a_read
     }
     od.wait_until("every event final and committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
 
+    let checked = ok(od.command(&["check-config"]), "check-config");
+    assert!(checked.contains("alice (operate), viewer (read)"), "check-config names the credentials: {checked}");
+    assert!(!checked.contains(ALICE) && !checked.contains(VIEWER), "and never a token: {checked}");
+
     // The viewer may look, and is refused every repair: 403, nothing changed.
     ok(as_token(&od, VIEWER, &["store", "get", &spared, "--json"]), "a read by the viewer");
     for args in [
