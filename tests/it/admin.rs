@@ -286,7 +286,7 @@ async fn reads_without_a_credential_are_refused_even_on_loopback() {
     let token = od.admin_token();
     let bearer = format!("Bearer {token}");
 
-    let reads: [&str; 4] = ["/v1/stats", "/v1/events", &format!("/v1/events/{id}"), "/v1/export"];
+    let reads: [&str; 5] = ["/v1/stats", "/v1/events", &format!("/v1/events/{id}"), "/v1/export", "/v1/audit"];
     let repairs: [&str; 4] =
         ["/v1/gc", &format!("/v1/forget?id={id}"), &format!("/v1/resolve?id={id}"), &format!("/v1/retry?id={id}")];
     let all = reads.iter().map(|p| (Method::GET, p)).chain(repairs.iter().map(|p| (Method::POST, p)));
