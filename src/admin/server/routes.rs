@@ -127,12 +127,22 @@ fn actor(credential: &Credential, reason: Option<&str>) -> Result<Actor, ApiErro
     Actor::new(&credential.name, reason).map_err(|e: OpsError| ApiError(StatusCode::BAD_REQUEST, e.to_string()))
 }
 
+/// Runs a repair as a task of its own and waits for it: axum drops a handler whose
+/// client went away, and a repair dropped halfway (after the changelog took it,
+/// before the local write or the audit entry) would be made without its entry.
+async fn to_the_end<T: Send + 'static>(
+    repair: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    Ok(tokio::spawn(repair).await.map_err(join_error)??)
+}
+
 async fn forget(
     State(l): State<Local>,
     Extension(who): Extension<Credential>,
     Query(q): Query<IdQuery>,
 ) -> Result<Json<RecordView>, ApiError> {
-    Ok(Json(l.forget_by(&q.id, &actor(&who, q.reason.as_deref())?).await?))
+    let actor = actor(&who, q.reason.as_deref())?;
+    Ok(Json(to_the_end(async move { l.forget_by(&q.id, &actor).await }).await?))
 }
 
 async fn resolve(
@@ -140,7 +150,9 @@ async fn resolve(
     Extension(who): Extension<Credential>,
     Query(q): Query<IdQuery>,
 ) -> Result<Json<RecordView>, ApiError> {
-    let record = l.resolve_done_by(&q.id, &actor(&who, q.reason.as_deref())?).await?;
+    let actor = actor(&who, q.reason.as_deref())?;
+    let id = q.id.clone();
+    let record = to_the_end(async move { l.resolve_done_by(&id, &actor).await }).await?;
     found(&q.id, record)
 }
 
@@ -149,7 +161,8 @@ async fn gc(
     Extension(who): Extension<Credential>,
     Query(q): Query<ReasonQuery>,
 ) -> Result<Json<GcView>, ApiError> {
-    Ok(Json(l.gc_by(&actor(&who, q.reason.as_deref())?).await?))
+    let actor = actor(&who, q.reason.as_deref())?;
+    Ok(Json(to_the_end(async move { l.gc_by(&actor).await }).await?))
 }
 
 /// Entries in one page of `/v1/audit` when the request names no `limit`.
