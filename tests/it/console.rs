@@ -127,6 +127,7 @@ async fn an_operator_retries_a_dead_group_and_resolves_a_parked_event_in_the_bro
     browser.screenshot("confirm").await;
     assert_clean_page(&browser, "confirm").await;
     browser.type_into("#confirm", &format!("retry {DEAD}")).await;
+    browser.type_into("#reason", "the receiver refused orders until its 2.3 fix").await;
     browser.click("form[action='/ui/actions/run'] button[type='submit']").await;
     browser.wait_for_text("Finished").await;
     browser.wait_for_text(&format!("{DEAD} of {DEAD} (100%), {DEAD} carried out, 0 failed")).await;
@@ -145,6 +146,18 @@ async fn an_operator_retries_a_dead_group_and_resolves_a_parked_event_in_the_bro
     browser.click("form[action='/ui/actions/run'] button[type='submit']").await;
     browser.wait_for_text("1 of 1 (100%), 1 carried out, 0 failed").await;
 
+    // The audit: who did what, why, and how it ended.
+    browser.open(&format!("{base}/ui/audit"), "h1").await;
+    browser.wait_for_text("the receiver refused orders until its 2.3 fix").await;
+    let text = browser.text().await;
+    assert!(text.matches("retry").count() >= DEAD, "a retry entry per event:\n{text}");
+    assert!(text.contains("resolve") && text.contains(&parked.1), "the resolve entry:\n{text}");
+    browser.screenshot("audit").await;
+    assert_clean_page(&browser, "audit").await;
+    // And on the event's own page.
+    browser.open(&format!("{base}/ui/event/{first}"), "h1").await;
+    browser.wait_for_text("What people did to it").await;
+
     // Log out: the pages need a login again.
     browser.click("form[action='/ui/logout'] button").await;
     browser.wait_for("form[action='/ui/login']").await;
@@ -152,6 +165,9 @@ async fn an_operator_retries_a_dead_group_and_resolves_a_parked_event_in_the_bro
     browser.close().await;
 
     od.stop();
+    let audit = od.command(&["store", "audit", "--json"]);
+    let audit = String::from_utf8_lossy(&audit.stdout);
+    assert!(audit.contains("the receiver refused orders until its 2.3 fix"), "`store audit` shows it too: {audit}");
     let done: HashSet<String> = od.store_list(Some("done"), 100).into_iter().map(|r| r.event_id).collect();
     for (_, id) in dead.iter().chain([&parked]) {
         assert!(done.contains(id), "{id} is done after the console's actions");
@@ -167,6 +183,10 @@ async fn the_console_refuses_other_origins_and_pages_without_a_session_and_sends
     let topic = kafka.create_topic(&unique_name("console-refusals"), 1, &[]).await;
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    const VIEWER: &str = "a-read-only-token-for-the-viewer";
+    od.config.env.insert("VIEWER_TOKEN".into(), VIEWER.into());
+    od.config.admin_extra =
+        "[[admin.tokens]]\nname = \"viewer\"\ntoken = \"${VIEWER_TOKEN}\"\naccess = \"read\"\n".into();
     od.start();
     od.wait_for_assignment().await;
     let base = format!("http://{}", od.admin_address());
@@ -219,6 +239,23 @@ async fn the_console_refuses_other_origins_and_pages_without_a_session_and_sends
     assert_eq!(action.status(), 403, "an action from another origin, even with the session cookie");
     let rebinding = http.get(format!("{base}/ui/overview")).header("host", "evil.example").send().await.unwrap();
     assert_eq!(rebinding.status(), 403, "a Host this server does not answer to");
+    // A read-only token can look, not act.
+    let viewer = http.post(format!("{base}/ui/login")).header("origin", base.clone()).form(&[("token", VIEWER)]).send();
+    let viewer = viewer.await.unwrap();
+    assert_eq!(viewer.status(), 303, "the read-only token logs in");
+    let viewer = viewer.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+    let page = http.get(format!("{base}/ui/overview")).header("cookie", &viewer).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("viewer (read-only)"));
+    let acted = http
+        .post(format!("{base}/ui/actions/run"))
+        .header("cookie", &viewer)
+        .header("origin", base.clone())
+        .form(&[("action", "forget"), ("id", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(acted.status(), 403, "a read-only login cannot act");
     // /v1 stays bearer-only: the console's cookie opens nothing there.
     let v1 = http.get(format!("{base}/v1/stats")).header("cookie", &session).send().await.unwrap();
     assert_eq!(v1.status(), 401);

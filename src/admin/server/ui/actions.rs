@@ -167,6 +167,9 @@ pub struct RunForm {
     /// The phrase typed (groups).
     #[serde(default)]
     confirm: String,
+    /// Why, for the audit (optional).
+    #[serde(default)]
+    reason: String,
 }
 
 /// Runs an action as a job, once its confirmation holds; answers with the job's page.
@@ -196,24 +199,31 @@ pub async fn run(State(c): State<Shared>, viewer: Viewer, Form(f): Form<RunForm>
                 .into_response();
         }
     }
+    let actor = match ops::Actor::new(viewer.0.who.clone(), Some(f.reason.as_str())) {
+        Ok(actor) => actor,
+        Err(e) => {
+            let page = confirm_page(&viewer, action, f.target, &ids, Some(e.to_string()));
+            return (StatusCode::UNPROCESSABLE_ENTITY, page).into_response();
+        }
+    };
     let job = c.jobs.add(action, &viewer.0.who, ids.len());
     tracing::info!(who = %viewer.0.who, action = action.as_str(), events = ids.len(), job = job.id, "console action started");
     let turns = c.jobs.turns.clone();
     let (c2, j) = (c.clone(), job.clone());
     tokio::spawn(async move {
         let _turn = turns.acquire_owned().await.expect("the jobs' semaphore is never closed");
-        carry_out(&c2, &j, &ids).await;
+        carry_out(&c2, &j, &ids, &actor).await;
     });
     Redirect::to(&format!("/ui/jobs/{}", job.id)).into_response()
 }
 
-/// Carries the job's action out on each event in turn.
-async fn carry_out(c: &Shared, job: &Job, ids: &[String]) {
+/// Carries the job's action out on each event in turn, each audited under `actor`.
+async fn carry_out(c: &Shared, job: &Job, ids: &[String], actor: &ops::Actor) {
     for id in ids {
         let result = match job.action {
-            Action::Retry => ops::rerun(&c.exec, id).await.map(|_| ()),
-            Action::Resolve => c.local.resolve_done(id).await.map(|_| ()),
-            Action::Forget => c.local.forget(id).await.map(|_| ()),
+            Action::Retry => ops::rerun_by(&c.exec, id, actor).await.map(|_| ()),
+            Action::Resolve => c.local.resolve_done_by(id, actor).await.map(|_| ()),
+            Action::Forget => c.local.forget_by(id, actor).await.map(|_| ()),
         };
         match result {
             Ok(()) => {

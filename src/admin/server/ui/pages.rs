@@ -565,6 +565,8 @@ pub struct EventPage {
     pub message: Option<MessageCopy>,
     /// Its key's held chain, said in a line.
     pub chain: Option<String>,
+    /// What people did to it, newest first.
+    pub audit: Vec<AuditRow>,
     pub can_rerun: bool,
     pub query: String,
 }
@@ -646,15 +648,70 @@ pub async fn event(State(c): State<Shared>, viewer: Viewer, Path(id): Path<Strin
         Some(head) => format!("held behind {head}, with {} events of its key", ch.held_total),
         None => format!("released: its {} held events run in order", ch.held_total),
     });
-    EventPage { chrome, id, r, times, message, chain, can_rerun, query }.into_response()
+    let audit = c.local.audit_of(&id).map(|entries| entries.iter().map(|v| AuditRow::of(v, now)).collect());
+    let audit = audit.unwrap_or_default();
+    EventPage { chrome, id, r, times, message, chain, audit, can_rerun, query }.into_response()
+}
+
+/// Audit entries on one page.
+const AUDIT_ROWS: usize = 100;
+
+/// One audit entry as the pages show it.
+pub struct AuditRow {
+    pub at: When,
+    pub who: String,
+    pub action: &'static str,
+    /// The events it names, each with the link to its page.
+    pub events: Vec<(String, String)>,
+    pub reason: String,
+    pub outcome: String,
+    pub failed: bool,
+}
+
+impl AuditRow {
+    fn of(v: &crate::store::view::AuditView, now: SystemTime) -> AuditRow {
+        AuditRow {
+            at: format::when(&v.at, now),
+            who: v.who.clone(),
+            action: v.action.as_str(),
+            events: v.events.iter().map(|e| (e.id.clone(), link(&e.id))).collect(),
+            reason: v.reason.clone().unwrap_or_default(),
+            failed: v.outcome.starts_with("error"),
+            outcome: v.outcome.clone(),
+        }
+    }
 }
 
 #[derive(Template, WebTemplate)]
 #[template(path = "ui/audit.html")]
 pub struct AuditPage {
     pub chrome: Chrome,
+    pub rows: Vec<AuditRow>,
+    pub next: Option<String>,
+    pub error: Option<String>,
 }
 
-pub async fn audit(viewer: Viewer) -> AuditPage {
-    AuditPage { chrome: Chrome::new(&viewer, "audit") }
+#[derive(Deserialize)]
+pub struct AuditQuery {
+    #[serde(default)]
+    before: String,
+}
+
+pub async fn audit(State(c): State<Shared>, viewer: Viewer, Query(q): Query<AuditQuery>) -> AuditPage {
+    let chrome = Chrome::new(&viewer, "audit");
+    let before = Some(q.before).filter(|b| !b.is_empty());
+    let (local, now) = (c.local.clone(), SystemTime::now());
+    let read = tokio::task::spawn_blocking(move || local.audit(before.as_deref(), AUDIT_ROWS)).await;
+    match read {
+        Ok(Ok(page)) => AuditPage {
+            chrome,
+            rows: page.entries.iter().map(|v| AuditRow::of(v, now)).collect(),
+            next: page.next.map(|n| {
+                format!("/ui/audit?before={}", url::form_urlencoded::byte_serialize(n.as_bytes()).collect::<String>())
+            }),
+            error: None,
+        },
+        Ok(Err(e)) => AuditPage { chrome, rows: Vec::new(), next: None, error: Some(e.to_string()) },
+        Err(e) => AuditPage { chrome, rows: Vec::new(), next: None, error: Some(e.to_string()) },
+    }
 }

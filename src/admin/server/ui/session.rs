@@ -106,7 +106,7 @@ mod tests {
     use super::*;
 
     fn alice() -> Credential {
-        Credential { name: "alice".into(), access: Access::Operate }
+        Credential::new("alice", Access::Operate)
     }
 
     #[test]

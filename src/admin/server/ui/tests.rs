@@ -1,10 +1,11 @@
 use axum::http::{HeaderMap, HeaderValue, Method};
 
-use super::super::auth::Guard;
+use super::super::auth::{Access, Credential, Guard};
 use super::{refusal, session_cookie};
 
 fn guard() -> Guard {
-    Guard::new(["t0ken-t0ken-t0ken".to_owned()], "127.0.0.1:9464".parse().unwrap(), &[])
+    let admin = ("t0ken-t0ken-t0ken".to_owned(), Credential::new("admin", Access::Operate));
+    Guard::new([admin], "127.0.0.1:9464".parse().unwrap(), &[])
 }
 
 fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
