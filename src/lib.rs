@@ -94,7 +94,9 @@
 //!   written once against `ops::StoreApi`: on the store itself, or through a running service; every
 //!   repair is audited under its `ops::Actor`.
 //! - `admin`: `admin::server`: health, readiness, Prometheus metrics (open), the store API behind a bearer
-//!   token, named and with its access (`[[admin.tokens]]`) (axum), answered by `ops`; `admin::client`: that API's client, which `store …` uses.
+//!   token, named and with its access (`[[admin.tokens]]`) (axum), answered by `ops`; `admin::server::ui`:
+//!   the operators' console at `/ui` (askama templates, htmx, assets in the binary; its own login, sessions
+//!   and origin checks); `admin::client`: that API's client, which `store …` uses.
 //! - `cli`: `run`, `check-config`, `store …`: parses arguments, calls `ops`, prints.
 
 #![warn(missing_docs)]
