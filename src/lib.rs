@@ -78,6 +78,7 @@
 //! - `offsets`: per-partition tracker of the next committable offset.
 //! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
+//!   `kafka::group`: the group's members as the brokers describe them (the console's overview).
 //!   `kafka::health`: the brokers' reachability, which every client reports to: one warning when they are away,
 //!   a summary per interval, one line when they are back (`/readyz`, `outboxd_broker_reachable`).
 //! - `engine`: poll loop, per-key chains, bounded in-flight, retries, drain, restore on assignment,

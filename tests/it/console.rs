@@ -106,6 +106,7 @@ async fn an_operator_retries_a_dead_group_and_resolves_a_parked_event_in_the_bro
     // The overview, live.
     browser.open(&format!("{base}/ui/overview"), "#live").await;
     browser.wait_for_text(&format!("{topic}/0")).await;
+    browser.wait_for_text("(this instance)").await;
     browser.screenshot("overview").await;
     assert_clean_page(&browser, "overview").await;
 

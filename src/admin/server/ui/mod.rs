@@ -55,6 +55,11 @@ pub struct Console {
     /// Login attempts per client address (`[admin.ui] login_attempts_per_minute`).
     pub(super) logins: governor::DefaultKeyedRateLimiter<std::net::IpAddr>,
     pub(super) jobs: jobs::Jobs,
+    /// The client that describes the group, made when the overview is first shown
+    /// (`None` when it could not be made), and the last description with when it
+    /// was fetched ([`pages::MEMBERS_FOR`]).
+    pub(super) group: std::sync::OnceLock<Option<Arc<crate::kafka::Group>>>,
+    pub(super) members: tokio::sync::Mutex<Option<(Instant, Result<crate::kafka::GroupView, String>)>>,
     pub(super) config: UiConfig,
     /// When this process started, and the address the admin server listens on.
     pub(super) started: SystemTime,
@@ -76,13 +81,15 @@ impl Console {
             std::num::NonZeroU32::new(config.login_attempts_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
         Console {
             local: Local::with_executor(exec.clone()),
-            exec,
             tracker,
             broker,
             guard,
             sessions: Sessions::new(config.session_idle, config.session_max, config.max_sessions),
             logins: governor::RateLimiter::keyed(governor::Quota::per_minute(per_minute)),
             jobs: jobs::Jobs::default(),
+            group: std::sync::OnceLock::new(),
+            members: tokio::sync::Mutex::new(None),
+            exec,
             config,
             started: SystemTime::now(),
             listen,

@@ -4,6 +4,7 @@
 //! and the dead groups read the dead and parked records only.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use askama::Template;
@@ -62,8 +63,70 @@ pub async fn login_page(Query(q): Query<LoginQuery>) -> LoginPage {
     LoginPage { error: None, next: q.next }
 }
 
+/// How long a description of the group is shown before it is asked for again:
+/// the live overview refreshes every 3 s, the brokers need not answer that often.
+pub const MEMBERS_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the brokers may take to describe the group.
+const DESCRIBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A member of the group as the overview lists it.
+pub struct MemberRow {
+    pub client: String,
+    pub host: String,
+    pub partitions: String,
+    /// Whether it is this instance (it holds exactly this instance's partitions).
+    pub this: bool,
+}
+
+/// The group's members, from a description at most [`MEMBERS_FOR`] old.
+async fn members(c: &Shared, ours: &[crate::offsets::PartitionId]) -> (String, Vec<MemberRow>) {
+    let group = c.group.get_or_init(|| match crate::kafka::Group::new(&c.exec.config.kafka) {
+        Ok(g) => Some(Arc::new(g)),
+        Err(error) => {
+            tracing::warn!(%error, "the console cannot describe the consumer group");
+            None
+        }
+    });
+    let Some(group) = group.clone() else {
+        return ("not known (no client to ask the brokers)".into(), Vec::new());
+    };
+    let mut cached = c.members.lock().await;
+    let fresh = cached.as_ref().is_some_and(|(at, _)| at.elapsed() < MEMBERS_FOR);
+    if !fresh {
+        let described = tokio::task::spawn_blocking(move || group.describe(DESCRIBE_TIMEOUT)).await;
+        let described = match described {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        *cached = Some((Instant::now(), described));
+    }
+    match cached.as_ref().map(|(_, r)| r) {
+        Some(Ok(view)) => {
+            let rows = view
+                .members
+                .iter()
+                .map(|m| MemberRow {
+                    client: m.client_id.clone(),
+                    host: m.host.clone(),
+                    partitions: if m.partitions.is_empty() {
+                        "none".into()
+                    } else {
+                        crate::offsets::describe(&m.partitions)
+                    },
+                    this: !ours.is_empty() && m.partitions == ours,
+                })
+                .collect();
+            (view.state.clone(), rows)
+        }
+        Some(Err(e)) => (format!("not known: {e}"), Vec::new()),
+        None => ("not known".into(), Vec::new()),
+    }
+}
+
 /// The overview's live part, rendered alone every few seconds.
 pub struct Live {
+    pub group_state: String,
+    pub members: Vec<MemberRow>,
     pub version: &'static str,
     pub listen: String,
     pub group_id: String,
@@ -120,11 +183,18 @@ pub struct OverviewLive {
 }
 
 pub async fn overview(State(c): State<Shared>, viewer: Viewer) -> OverviewPage {
-    OverviewPage { chrome: Chrome::new(&viewer, "overview"), live: live(&c) }
+    OverviewPage { chrome: Chrome::new(&viewer, "overview"), live: live_with_members(&c).await }
 }
 
 pub async fn overview_live(State(c): State<Shared>, _viewer: Viewer) -> OverviewLive {
-    OverviewLive { live: live(&c) }
+    OverviewLive { live: live_with_members(&c).await }
+}
+
+async fn live_with_members(c: &Shared) -> Live {
+    let mut live = live(c);
+    let ours = c.tracker.lock().partitions();
+    (live.group_state, live.members) = members(c, &ours).await;
+    live
 }
 
 fn optional(v: i64) -> String {
@@ -202,6 +272,8 @@ fn live(c: &Shared) -> Live {
     let counters = &c.exec.counters;
     let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
     Live {
+        group_state: String::new(),
+        members: Vec::new(),
         version: env!("CARGO_PKG_VERSION"),
         listen: c.listen.to_string(),
         group_id: c.exec.config.kafka.group_id.clone(),
