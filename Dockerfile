@@ -9,6 +9,9 @@ RUN apt-get update \
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY src ./src
+# The console's templates and assets are compiled into the binary.
+COPY templates ./templates
+COPY assets ./assets
 COPY examples ./examples
 # A workspace member: cargo loads it even when building only outboxd.
 COPY bench/Cargo.toml ./bench/
