@@ -201,6 +201,8 @@ pub struct OffsetTracker {
     fenced: u64,
     /// The group gave this member an assignment (maybe empty) at least once.
     joined: bool,
+    /// Partitions whose changelog this instance tails while another owns them (the console shows them).
+    standby: Vec<PartitionId>,
 }
 
 impl OffsetTracker {
@@ -449,6 +451,18 @@ impl OffsetTracker {
     /// for its restore (whose end resumes it).
     pub fn may_fetch(&self, partition: &PartitionId) -> bool {
         self.partitions.get(partition).is_some_and(|p| !p.restoring)
+    }
+
+    /// The partitions this instance stands by for (tails the changelog of; owned elsewhere).
+    pub fn set_standby(&mut self, partitions: impl IntoIterator<Item = PartitionId>) {
+        self.standby = partitions.into_iter().collect();
+    }
+
+    /// The partitions stood by for, in name order.
+    pub fn standby(&self) -> Vec<PartitionId> {
+        let mut all = self.standby.clone();
+        all.sort();
+        all
     }
 
     /// The group assigned this member partitions (maybe none): it is a member.

@@ -85,6 +85,8 @@ pub struct Executor {
     /// same id (at another offset or key) waits instead of running twice.
     live: LiveIds,
     pub(crate) counters: Counters,
+    /// Calls and failed calls of each handler since start (parallel to `config.handlers`), for the console.
+    calls: Vec<HandlerCalls>,
     /// The receiver's health per handler: while one is open, none of its calls start.
     circuits: Arc<Circuits>,
     /// Calls in flight per handler; parallel to `config.handlers`.
@@ -128,6 +130,7 @@ impl Executor {
                 Limiter::new(&h.name, max, h.concurrency.adaptive)
             })
             .collect();
+        let calls = (0..config.handlers.len()).map(|_| HandlerCalls::default()).collect();
         Ok(Executor {
             config,
             store,
@@ -138,6 +141,7 @@ impl Executor {
             decoder: Decoder::new(registry),
             live: LiveIds::default(),
             counters: Counters::default(),
+            calls,
             circuits,
             limiters,
             failure: std::sync::OnceLock::new(),
@@ -157,6 +161,13 @@ impl Executor {
         let reason = reason.into();
         let _ = self.failure.set(reason);
         self.shutdown.cancel();
+    }
+
+    /// Each handler's name with its calls and failed calls since start, in config order.
+    pub fn handler_calls(&self) -> Vec<(String, u64, u64)> {
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        let named = self.config.handlers.iter().zip(&self.calls);
+        named.map(|(hc, c)| (hc.name.clone(), load(&c.calls), load(&c.failed))).collect()
     }
 
     /// The handlers' circuits (the engine pauses an open one's partitions; `/readyz` names them).
@@ -515,6 +526,7 @@ impl Executor {
             inject_panic(&event.id);
             let t = Instant::now();
             let result = handler.handle(event).await;
+            self.calls[hc.index].count(result.is_ok());
             metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(t.elapsed().as_secs_f64());
             let health = Health::of(&result);
             let last_chance = charged + 1 >= hc.retry.max_attempts
@@ -624,6 +636,24 @@ impl Executor {
         let metric = if state == State::Parked { names::PARKED } else { names::DEAD };
         metrics::counter!(metric, "topic" => topic).increment(1);
         Ok(())
+    }
+}
+
+/// One handler's calls since start.
+#[derive(Debug, Default)]
+pub struct HandlerCalls {
+    /// Calls made (each attempt, re-runs included).
+    pub calls: AtomicU64,
+    /// Of those, calls that failed (any error: the event's or the receiver's).
+    pub failed: AtomicU64,
+}
+
+impl HandlerCalls {
+    fn count(&self, ok: bool) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

@@ -77,6 +77,7 @@ impl Standby {
         };
         self.log_changes(&wanted, shared, changelog);
         self.tailed = wanted;
+        shared.tracker.lock().set_standby(self.tailed.iter().cloned());
         metrics::gauge!(names::STANDBY).set(self.tailed.len() as f64);
         if self.tailed.is_empty() {
             return;
@@ -117,6 +118,7 @@ impl Standby {
         if wanted.len() < self.tailed.len() {
             self.log_changes(&wanted, shared, changelog);
             self.tailed = wanted;
+            shared.tracker.lock().set_standby(self.tailed.iter().cloned());
             metrics::gauge!(names::STANDBY).set(self.tailed.len() as f64);
         }
     }

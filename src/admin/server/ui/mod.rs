@@ -60,6 +60,8 @@ pub struct Console {
     /// was fetched ([`pages::MEMBERS_FOR`]).
     pub(super) group: std::sync::OnceLock<Option<Arc<crate::kafka::Group>>>,
     pub(super) members: tokio::sync::Mutex<Option<(Instant, Result<crate::kafka::GroupView, String>)>>,
+    /// Each handler's calls when the overview was last rendered, for its rate.
+    last_calls: std::sync::Mutex<Option<(Instant, Vec<u64>)>>,
     pub(super) config: UiConfig,
     /// When this process started, and the address the admin server listens on.
     pub(super) started: SystemTime,
@@ -89,11 +91,33 @@ impl Console {
             jobs: jobs::Jobs::default(),
             group: std::sync::OnceLock::new(),
             members: tokio::sync::Mutex::new(None),
+            last_calls: std::sync::Mutex::new(None),
             exec,
             config,
             started: SystemTime::now(),
             listen,
         }
+    }
+}
+
+impl Console {
+    /// Calls per second of each handler since the last time this was asked (`None`
+    /// the first time, or when asked again within a second).
+    fn rates(&self, calls: &[(String, u64, u64)]) -> Vec<Option<f64>> {
+        let now = Instant::now();
+        let counts: Vec<u64> = calls.iter().map(|(_, n, _)| *n).collect();
+        let mut last = self.last_calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let rates = match last.as_ref() {
+            Some((at, before)) if now.duration_since(*at).as_secs_f64() >= 1.0 && before.len() == counts.len() => {
+                let secs = now.duration_since(*at).as_secs_f64();
+                counts.iter().zip(before).map(|(n, b)| Some(n.saturating_sub(*b) as f64 / secs)).collect()
+            }
+            _ => vec![None; counts.len()],
+        };
+        if rates.iter().any(Option::is_some) || last.is_none() {
+            *last = Some((now, counts));
+        }
+        rates
     }
 }
 

@@ -143,6 +143,8 @@ pub struct Live {
     pub dead: u64,
     pub reexecuted: u64,
     pub partitions: Vec<PartitionRow>,
+    /// Partitions this instance stands by for: (partition, changelog read up to).
+    pub standby: Vec<(String, String)>,
     pub handlers: Vec<HandlerRow>,
     pub now: When,
 }
@@ -161,6 +163,10 @@ pub struct PartitionRow {
 
 pub struct HandlerRow {
     pub name: String,
+    pub calls: u64,
+    pub failed: u64,
+    /// Calls per second since the last time the overview was rendered.
+    pub rate: String,
     pub state: String,
     pub state_class: &'static str,
     pub failures: u32,
@@ -242,6 +248,8 @@ fn live(c: &Shared) -> Live {
             }
         })
         .collect();
+    let calls = c.exec.handler_calls();
+    let rates = c.rates(&calls);
     let handlers = c
         .exec
         .circuits()
@@ -249,12 +257,18 @@ fn live(c: &Shared) -> Live {
         .iter()
         .map(|circuit| {
             let v = circuit.view();
+            let i = calls.iter().position(|(name, _, _)| *name == v.handler);
+            let (calls, failed) = i.map_or((0, 0), |i| (calls[i].1, calls[i].2));
+            let rate = i.and_then(|i| rates[i]).map_or_else(String::new, |r| format!("{r:.1}/s"));
             let state_class = match v.state.as_str() {
                 "closed" => "ok",
                 "half_open" => "warn",
                 _ => "bad",
             };
             HandlerRow {
+                calls,
+                failed,
+                rate,
                 open_for: v
                     .open_for_seconds
                     .map_or(String::new(), |s| format::rough(std::time::Duration::from_secs_f64(s))),
@@ -265,6 +279,16 @@ fn live(c: &Shared) -> Live {
                 failures: v.failures,
                 transitions: v.transitions,
             }
+        })
+        .collect();
+    let standby = c.tracker.lock().standby();
+    let changelog = c.exec.config.store.changelog.as_ref();
+    let standby = standby
+        .into_iter()
+        .map(|p| {
+            let checkpoint =
+                changelog.and_then(|ch| c.exec.store.restore().checkpoint(&ch.topic_for(&p.topic), p.partition));
+            (p.to_string(), checkpoint.map_or_else(|| "nothing yet".to_owned(), |o| format!("offset {o}")))
         })
         .collect();
     let reads = c.exec.store.reads();
@@ -290,6 +314,7 @@ fn live(c: &Shared) -> Live {
         dead: load(&counters.dead),
         reexecuted: load(&counters.reexecuted),
         partitions,
+        standby,
         handlers,
         now: format::at(now, now),
     }
