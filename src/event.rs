@@ -50,6 +50,17 @@ impl RawMessage {
     }
 }
 
+/// The W3C trace context a message carries: where the trace of the transaction that
+/// wrote the event goes on. Both values are checked to be header-safe and of the W3C
+/// shape (`traceparent` as `00-<32 hex>-<16 hex>-<2 hex>`, lower case).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    /// `version-traceid-parentid-flags`.
+    pub traceparent: String,
+    /// Vendor entries that travel with it, when there are any.
+    pub tracestate: Option<String>,
+}
+
 /// The outbox `payload` column, in whichever form the converters left it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Payload {

@@ -12,6 +12,7 @@
 mod json;
 #[cfg(test)]
 mod tests;
+mod trace;
 
 use serde_json::Value;
 
@@ -20,6 +21,7 @@ use crate::config::{Body, EventIdSource, Format, HandlerConfig};
 use crate::event::{OutboxEvent, Payload, RawMessage};
 
 pub use json::{decode_text, decode_value};
+pub use trace::trace_context;
 
 /// Longest event id we accept: ids are keys in the store and go into URLs.
 pub const MAX_EVENT_ID_LEN: usize = 512;
@@ -207,7 +209,7 @@ fn event(
     };
     check_id(&id)?;
     let event_type = last_header(msg, event_type_header).map(decode_text);
-    let traceparent = traceparent(msg);
+    let traceparent = trace_context(msg).map(|c| c.traceparent);
     Ok(OutboxEvent {
         id,
         aggregate_id,
@@ -217,24 +219,6 @@ fn event(
         timestamp_ms: msg.timestamp_ms,
         traceparent,
     })
-}
-
-/// A `traceparent` header, or the one inside Debezium's `tracingspancontext`
-/// (the outbox column of that name, placed as a header: Java properties text).
-fn traceparent(msg: &RawMessage) -> Option<String> {
-    let direct = last_header(msg, "traceparent").map(decode_text);
-    let from_context = || {
-        let text = decode_text(last_header(msg, "tracingspancontext")?);
-        text.lines().find_map(|l| l.trim().strip_prefix("traceparent=").map(str::to_owned))
-    };
-    direct.or_else(from_context).filter(|t| is_traceparent(t))
-}
-
-/// `00-<32 hex>-<16 hex>-<2 hex>`: anything else is not forwarded.
-fn is_traceparent(t: &str) -> bool {
-    let parts: Vec<&str> = t.split('-').collect();
-    parts.len() == 4
-        && [2, 32, 16, 2].iter().zip(&parts).all(|(n, p)| p.len() == *n && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn check_id(id: &str) -> Result<(), DecodeError> {
