@@ -155,8 +155,8 @@ fn method(field: &str, text: &str) -> Result<reqwest::Method, ConfigError> {
         .map_err(|_| ConfigError::field(field, format!("invalid HTTP method {text:?}")))
 }
 
-/// Static headers, values with `${VAR}` expanded and checked.
-fn headers(
+/// Static headers, values with `${VAR}` expanded and checked (also `tracing.otlp.headers`).
+pub(super) fn headers(
     at: &str,
     raw: &BTreeMap<String, String>,
     env: &dyn Fn(&str) -> Option<String>,

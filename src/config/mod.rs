@@ -11,6 +11,7 @@
 //!   `ui`: `[admin.ui]`, the console's sessions and login limits;
 //! - `schema_registry`: `[schema_registry]`, Avro schemas and decoding limits;
 //! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts;
+//! - `traces`: `[tracing.otlp]`, spans exported to an OpenTelemetry collector;
 //! - `values`: durations, sizes and `${VAR}`, shared by all of them;
 //! - `error`: [`ConfigError`], what is wrong and in which field; `{:#}` prints it as the CLI shows it.
 //!
@@ -34,6 +35,7 @@ mod schema_registry;
 mod store;
 mod topics;
 mod ui;
+mod traces;
 mod values;
 
 #[cfg(test)]
@@ -56,6 +58,7 @@ pub(crate) use store::DEFAULT_RETENTION;
 pub use store::{RawStore, StoreConfig};
 pub use topics::TopicMatch;
 pub use ui::{RawUi, UiConfig};
+pub use traces::{OtlpConfig, RawOtlp, RawTracing};
 pub use values::expand_env;
 
 /// Added to the longest legitimate wait of a partition's head event (see
@@ -74,6 +77,8 @@ pub struct RawConfig {
     pub admin: Option<RawAdmin>,
     /// `[schema_registry]`: where Avro schemas come from; needed by `format = "avro"`.
     pub schema_registry: Option<RawSchemaRegistry>,
+    /// `[tracing]`: span export (`[tracing.otlp]`); absent means none.
+    pub tracing: Option<RawTracing>,
     /// `[[handlers]]`: one entry per set of topics; at least one is required.
     #[serde(default)]
     pub handlers: Vec<RawHandler>,
@@ -92,6 +97,9 @@ pub struct Config {
     pub schema_registry: Option<RegistryOptions>,
     /// In file order, at least one; each topic matches exactly one of them.
     pub handlers: Vec<HandlerConfig>,
+    /// Where spans are exported (`[tracing.otlp]`); `None`: nowhere. The `outboxd`
+    /// binary installs the exporter; a program embedding outboxd installs its own.
+    pub otlp: Option<OtlpConfig>,
 }
 
 impl Config {
@@ -152,6 +160,7 @@ impl RawConfig {
         let store = self.store.validate(&kafka.group_id, env)?;
         let admin = admin::validate(self.admin, env)?;
         let schema_registry = self.schema_registry.map(|r| r.validate(&store.path, env)).transpose()?;
+        let otlp = self.tracing.map(|t| t.validate(env)).transpose()?.flatten();
 
         if self.handlers.is_empty() {
             return Err(ConfigError::NoHandlers);
@@ -174,7 +183,7 @@ impl RawConfig {
                 return Err(ConfigError::AvroWithoutRegistry { index: h.index });
             }
         }
-        Ok(Config { kafka, store, admin, schema_registry, handlers })
+        Ok(Config { kafka, store, admin, schema_registry, handlers, otlp })
     }
 }
 
