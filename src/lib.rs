@@ -89,6 +89,9 @@
 //! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest calls to the receivers), `log`, closures.
 //! - `metrics`: metric names and the Prometheus recorder (a leaf).
 //! - `log_writer`: the binary's stderr writer, which drops (and counts) a line it cannot write instead of failing.
+//! - `telemetry`: the one user of OpenTelemetry: with `[tracing.otlp]`, the binary's layer that exports the
+//!   per-event spans (`engine::spans`) over OTLP/HTTP, batched and bounded; an event's span continues the
+//!   trace context its message carried, and the http handler sends its call's context on (`traceparent`).
 //! - `app`: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
 //! - `ops`: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export, audit),
@@ -129,6 +132,8 @@ pub mod offsets;
 pub mod ops;
 #[doc(hidden)]
 pub mod store;
+#[doc(hidden)]
+pub mod telemetry;
 #[doc(hidden)]
 pub mod template;
 

@@ -3,8 +3,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use outboxd::cli::{self, Cli, Command, LogFormat};
-use outboxd::config::Config;
-use tracing_subscriber::EnvFilter;
+use outboxd::config::{Config, OtlpConfig};
+use outboxd::telemetry;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 /// Every event allocates in sled, rdkafka and the handler on several threads;
 /// mimalloc's thread-local free lists cost less CPU than glibc's arenas there
@@ -17,7 +20,6 @@ const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -25,7 +27,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(dispatch(cli.command));
+    let outcome = runtime.block_on(dispatch(cli.command, cli.log_format));
     // Dropping the runtime would wait for every blocking task still running (a
     // changelog read of a restore or a standby pass, a metadata lookup), each up to
     // its own timeout: the service would linger past its drain after saying it
@@ -41,16 +43,30 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(command: Command) -> anyhow::Result<()> {
+async fn dispatch(command: Command, format: LogFormat) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
             // Installed before anything else, so a signal during start-up also drains.
             let shutdown = shutdown_signal()?;
+            // Read before logging starts (reading logs nothing): `[tracing.otlp]` says
+            // whether the subscriber also exports spans.
             let config = Config::load(&args.config)?;
-            outboxd::app::run(config, shutdown).await
+            let exporter = init_logging(format, config.otlp.as_ref())?;
+            let outcome = outboxd::app::run(config, shutdown).await;
+            // After the drain: the last spans get `telemetry::FLUSH_TIMEOUT` at most.
+            if let Some(exporter) = exporter {
+                exporter.shutdown().await;
+            }
+            outcome
         }
-        Command::CheckConfig(args) => cli::check_config(&args.config),
-        Command::Store(cmd) => cli::store_command(cmd).await,
+        Command::CheckConfig(args) => {
+            init_logging(format, None)?;
+            cli::check_config(&args.config)
+        }
+        Command::Store(cmd) => {
+            init_logging(format, None)?;
+            cli::store_command(cmd).await
+        }
     }
 }
 
@@ -73,18 +89,36 @@ fn report(line: std::fmt::Arguments<'_>) {
 }
 
 /// Log lines go to stderr; one that cannot be written is dropped and counted, so a log
-/// stream that goes away never stops the service (`log_writer`).
-fn init_logging(format: LogFormat) {
+/// stream that goes away never stops the service (`log_writer`). `OUTBOXD_LOG` (or
+/// `RUST_LOG`, default `info`) filters the log lines only. With `otlp`, spans also go
+/// to the exporter, through a filter of its own (`telemetry`): the per-event spans are
+/// exported whatever the log level, and log lines do not change with them. Runs on
+/// the runtime (the exporter's batch task is spawned on it).
+fn init_logging(format: LogFormat, otlp: Option<&OtlpConfig>) -> anyhow::Result<Option<telemetry::Exporter>> {
     let filter = EnvFilter::try_from_env("OUTBOXD_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let Some(config) = otlp else {
+        // No exporter: the filter is global, as it always was.
+        tracing_subscriber::registry().with(filter).with(log_layer(format)).init();
+        return Ok(None);
+    };
+    let (spans, exporter) = telemetry::layer(config)?;
+    tracing_subscriber::registry().with(spans).with(log_layer(format).with_filter(filter)).init();
+    Ok(Some(exporter))
+}
+
+/// The log lines' layer, in `format`.
+fn log_layer<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(outboxd::log_writer::MakeLossyStderr)
         // Its report of a failed write is an `eprintln!`, a panic when stderr is gone.
         .log_internal_errors(false);
     match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Human => log.boxed(),
+        LogFormat::Json => log.json().boxed(),
     }
 }

@@ -46,6 +46,11 @@ pub mod names {
     pub const BROKER_CONNECTION_ERRORS: &str = "outboxd_broker_connection_errors_total";
     /// Log lines dropped because stderr could not be written (its reader went away).
     pub const LOG_LINES_DROPPED: &str = "outboxd_log_lines_dropped_total";
+    /// Spans sent to the OTLP collector and accepted (`[tracing.otlp]`).
+    pub const TRACE_SPANS_EXPORTED: &str = "outboxd_trace_spans_exported_total";
+    /// Spans not exported, label `reason`: `queue_full` (the export queue was full) or
+    /// `export_failed` (the collector was away, refused or timed out). Events go on.
+    pub const TRACE_SPANS_DROPPED: &str = "outboxd_trace_spans_dropped_total";
     /// Gauge: records in the store, per `state`.
     pub const RECORDS: &str = "outboxd_store_records";
     /// Gauge: the store's size on disk, in bytes.
@@ -166,6 +171,11 @@ fn describe() {
         "Connection errors librdkafka reported, per client; the log summarizes them instead of one line each."
     );
     describe_counter!(names::LOG_LINES_DROPPED, "Log lines dropped because stderr could not be written.");
+    describe_counter!(names::TRACE_SPANS_EXPORTED, "Spans the OTLP collector accepted.");
+    describe_counter!(
+        names::TRACE_SPANS_DROPPED,
+        "Spans not exported (queue full, or the collector away), per reason."
+    );
     describe_gauge!(names::RECORDS, "Records in the store per state.");
     describe_gauge!(names::STORE_BYTES, Unit::Bytes, "Size of the store on disk.");
     describe_histogram!(names::BATCH, "Records made durable by one group commit.");
