@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, warn, Instrument, Span};
 
 use super::circuit::{Admit, Circuits, Health};
 use super::concurrency::{Limiter, Signal};
 use super::fatal::Fatal;
 use super::guards::{live_guard, LiveIds, Release};
 use super::retry::{backoff, next_delay};
+use super::spans;
 use crate::avro;
 use crate::codec::{DecodeError, Decoder, Layout};
 use crate::config::{Config, HandlerConfig, OnUncertain};
@@ -203,6 +204,17 @@ impl Executor {
     /// flight), so that an event whose partition moved meanwhile is left to its
     /// new owner instead of running here too.
     pub async fn execute_owned(&self, msg: &RawMessage, owned: &Ownership<'_>) -> Result<Executed, StoreError> {
+        let span = spans::event(msg);
+        self.execute_in_span(msg, owned, &span).instrument(span.clone()).await
+    }
+
+    /// [`Executor::execute_owned`] inside the message's `span`.
+    async fn execute_in_span(
+        &self,
+        msg: &RawMessage,
+        owned: &Ownership<'_>,
+        span: &Span,
+    ) -> Result<Executed, StoreError> {
         if self.config.store.changelog.as_ref().is_some_and(|c| c.is_changelog(&msg.topic)) {
             // A handler's topic_pattern matched a changelog topic: its records are
             // outboxd's own state, not events (read by restores, never handled).
@@ -213,14 +225,24 @@ impl Executor {
             self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await?;
             return Ok(Executed::Final);
         };
-        match self.decode(hc, msg).await {
+        let decode = spans::decode();
+        match self.decode(hc, msg).instrument(decode.clone()).await {
             Err(reason) => {
-                self.undecodable(Some(hc), msg, reason.to_string()).await?;
+                let reason = reason.to_string();
+                spans::failed(&decode, &reason);
+                drop(decode);
+                self.undecodable(Some(hc), msg, reason).await?;
                 Ok(Executed::Final)
             }
             Ok(event) => {
+                drop(decode);
+                spans::decoded(span, &hc.name, &event);
                 let handler = self.custom.get(&msg.topic).unwrap_or(&self.handlers[hc.index]);
-                self.handle(hc, handler.as_ref(), event, msg, owned).await
+                let executed = self.handle(hc, handler.as_ref(), event, msg, owned).await;
+                if let Ok(Executed::Abandoned) = executed {
+                    spans::ended(span, "abandoned");
+                }
+                executed
             }
         }
     }
@@ -296,14 +318,22 @@ impl Executor {
         // A key that waits behind a dead or parked event holds this message too (`on_dead = "hold"`).
         let hold = hc.is_some_and(|h| h.on_dead.holds());
         if self.store.handling().hold_message(&id, msg, hold).await? {
+            spans::ended(&Span::current(), State::Held);
             return Ok(());
         }
         warn!(event_id = %id, topic = %msg.topic, partition = msg.partition, offset = msg.offset, %reason,
             "message cannot be decoded; dead-lettered");
+        spans::failed(&Span::current(), &reason);
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
         let dlq = self.dead_letter(hc, msg, &reason, 0).await;
-        self.store.handling().record_undecodable(&id, msg, reason, dlq, hold).await
+        let record = spans::record(State::Dead, self.changelog());
+        self.store.handling().record_undecodable(&id, msg, reason, dlq, hold).instrument(record).await
+    }
+
+    /// Whether final records also wait for the changelog's acknowledgement.
+    fn changelog(&self) -> bool {
+        self.config.store.changelog.is_some()
     }
 
     /// Produces the dead letter when the handler has a topic, retrying until the
@@ -380,14 +410,17 @@ impl Executor {
         let scope = hc.dedup_scope.of(&event.position.topic);
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
-        let claim = if hc.on_uncertain == OnUncertain::Retry {
-            self.store.handling().claim_in_memory(event, scope).await?
+        let durable = hc.on_uncertain != OnUncertain::Retry;
+        let claim_span = spans::claim(durable);
+        let claim = if durable {
+            self.store.handling().claim(event, scope).instrument(claim_span.clone()).await?
         } else {
-            self.store.handling().claim(event, scope).await?
+            self.store.handling().claim_in_memory(event, scope).instrument(claim_span.clone()).await?
         };
         let _release = Release { store: &self.store, id: &event.id, scope };
         // A key that waits behind a dead or parked event holds this one (`on_dead = "hold"`).
         let Some(claim) = self.store.handling().hold_behind(claim, hc.on_dead.holds(), msg).await? else {
+            spans::ended(&Span::current(), State::Held);
             return Ok(Executed::Final);
         };
         let Some(claimed) = self.resolve_claim(hc, handler, event, msg, claim).await? else {
@@ -395,7 +428,7 @@ impl Executor {
         };
         if claimed.is_durable() {
             // A new owner of the partition must find the outcome uncertain, not absent.
-            self.store.handling().log_claim(&claimed).await?;
+            self.store.handling().log_claim(&claimed).instrument(claim_span).await?;
         }
         self.run_attempts(hc, handler, event, msg, claimed, owned, admitted).await
     }
@@ -418,6 +451,7 @@ impl Executor {
                 let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
                 metrics::counter!(names::DUPLICATES, "topic" => topic.clone(), "cause" => cause).increment(1);
                 info!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
+                spans::ended(&Span::current(), "duplicate");
                 return Ok(None);
             }
             Claim::Claimed(c) if !c.reexecution() => c,
@@ -440,7 +474,8 @@ impl Executor {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
                             self.counters.handled.fetch_add(1, Ordering::Relaxed);
-                            self.store.handling().finish(c, State::Done, outcome).await?;
+                            let record = spans::record(State::Done, self.changelog());
+                            self.store.handling().finish(c, State::Done, outcome).instrument(record).await?;
                             return Ok(None);
                         }
                         Ok(Verified::Missing) => {
@@ -525,7 +560,13 @@ impl Executor {
             #[cfg(debug_assertions)]
             inject_panic(&event.id);
             let t = Instant::now();
-            let result = handler.handle(event).await;
+            let span = spans::call(attempt);
+            let result = handler.handle(event).instrument(span.clone()).await;
+            match &result {
+                Ok(outcome) => spans::answered(&span, &outcome.0),
+                Err(e) => spans::failed(&span, e),
+            }
+            drop(span);
             self.calls[hc.index].count(result.is_ok());
             metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(t.elapsed().as_secs_f64());
             let health = Health::of(&result);
@@ -536,7 +577,8 @@ impl Executor {
             limiter.done(call, signal);
             let (reason, retry_after) = match result {
                 Ok(outcome) => {
-                    self.store.handling().finish(claimed, State::Done, outcome.0.clone()).await?;
+                    let record = spans::record(State::Done, self.changelog());
+                    self.store.handling().finish(claimed, State::Done, outcome.0.clone()).instrument(record).await?;
                     self.counters.handled.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(names::HANDLED, "topic" => topic.clone()).increment(1);
                     if let Some(ts) = event.timestamp_ms {
@@ -627,10 +669,12 @@ impl Executor {
         let p = &event.position;
         error!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, attempt, %state, %reason,
             "event failed");
+        spans::failed(&Span::current(), &reason);
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
         let claimed = claimed.holding(hc.on_dead.holds(), msg);
         let topic = p.topic.clone();
-        self.store.handling().finish_failed(claimed, state, reason, msg, dlq).await?;
+        let record = spans::record(state, self.changelog());
+        self.store.handling().finish_failed(claimed, state, reason, msg, dlq).instrument(record).await?;
         // Counted once recorded, like a handled event: the counters never run ahead of the store.
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
         let metric = if state == State::Parked { names::PARKED } else { names::DEAD };

@@ -14,6 +14,7 @@ mod policy_tests;
 mod reader;
 mod restore;
 mod retry;
+mod spans;
 mod standby;
 mod worker;
 

@@ -67,8 +67,13 @@ impl Handler for HttpHandler {
         if let Some(a) = &event.aggregate_id {
             insert_text(&mut headers, "Outbox-Aggregate-Id", a);
         }
-        if let Some(tp) = &event.traceparent {
-            insert_text(&mut headers, "traceparent", tp);
+        // The call's own span when spans are exported, so the receiver's trace continues
+        // from this call; else the event's traceparent as it came.
+        if let Some(trace) = crate::telemetry::outgoing(event.traceparent.as_deref()) {
+            insert_text(&mut headers, "traceparent", &trace.traceparent);
+            if let Some(state) = &trace.tracestate {
+                insert_text(&mut headers, "tracestate", state);
+            }
         }
         let response = self
             .client
@@ -78,6 +83,8 @@ impl Handler for HttpHandler {
             .send()
             .await
             .map_err(|e| HandlerError::unavailable(describe(e)))?;
+        // On the engine's `handler call` span, when there is one (as i64: spans export unsigned numbers as text).
+        tracing::Span::current().record("http.response.status_code", i64::from(response.status().as_u16()));
         let retry_after = retry_after(response.headers());
         match classify(&self.config.classify, response.status()) {
             Err(HandlerError::Retryable { reason, .. }) => Err(HandlerError::Retryable { reason, retry_after }),

@@ -1,0 +1,108 @@
+//! The spans of one message's handling, named and shaped in one place (the list is in
+//! docs/operations.md, "Traces"):
+//!
+//! ```text
+//! event            one per message; its parent is the trace context the message carried
+//! ├─ decode
+//! ├─ claim         the claim, and for a durable one its changelog record
+//! ├─ handler call  one per attempt: retries are siblings; status and HTTP status
+//! └─ record        the final record, durable (group commit, and the changelog's ack when it is on)
+//! ```
+//!
+//! They are `debug` spans of plain `tracing`: nothing here knows OpenTelemetry (the
+//! parent is set through `telemetry`). Without the exporter no layer wants them, each
+//! call site is disabled once, and every function below is a no-op on `Span::none()`.
+//! Attribute names follow OpenTelemetry's messaging conventions where one exists;
+//! `otel.*` fields are the OpenTelemetry layer's (kind, status). Numbers go in as `i64`:
+//! the layer exports unsigned ones as text.
+
+use tracing::field::Empty;
+use tracing::{debug_span, Span};
+
+use crate::event::{OutboxEvent, RawMessage};
+use crate::store::State;
+
+/// The span of one message, child of the trace context in its headers (a new root without one).
+pub(super) fn event(msg: &RawMessage) -> Span {
+    let span = debug_span!(
+        "event",
+        otel.kind = "consumer",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        messaging.system = "kafka",
+        messaging.operation.type = "process",
+        messaging.destination.name = %msg.topic,
+        messaging.destination.partition.id = msg.partition,
+        messaging.kafka.offset = msg.offset,
+        outboxd.event.id = Empty,
+        outboxd.event.type = Empty,
+        outboxd.aggregate.id = Empty,
+        outboxd.handler = Empty,
+        outboxd.state = Empty,
+    );
+    if !span.is_disabled() {
+        crate::telemetry::set_parent(&span, crate::codec::trace_context(msg).as_ref());
+    }
+    span
+}
+
+/// What decoding found, on the event's span.
+pub(super) fn decoded(span: &Span, handler: &str, event: &OutboxEvent) {
+    span.record("outboxd.handler", handler);
+    span.record("outboxd.event.id", event.id.as_str());
+    if let Some(t) = &event.event_type {
+        span.record("outboxd.event.type", t.as_str());
+    }
+    if let Some(a) = &event.aggregate_id {
+        span.record("outboxd.aggregate.id", a.as_str());
+    }
+}
+
+pub(super) fn decode() -> Span {
+    debug_span!("decode", otel.status_code = Empty, otel.status_description = Empty)
+}
+
+pub(super) fn claim(durable: bool) -> Span {
+    debug_span!("claim", outboxd.claim.durable = durable)
+}
+
+/// One attempt of the handler; `http.response.status_code` is the http handler's to fill in.
+pub(super) fn call(attempt: u32) -> Span {
+    debug_span!(
+        "handler call",
+        otel.kind = "client",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        outboxd.attempt = i64::from(attempt),
+        outboxd.outcome = Empty,
+        http.response.status_code = Empty,
+    )
+}
+
+/// Writing the final record `state` and waiting until it is durable. Called in the
+/// event's span, which gets the state too.
+pub(super) fn record(state: State, changelog: bool) -> Span {
+    ended(&Span::current(), state);
+    debug_span!("record", outboxd.state = %state, outboxd.changelog = changelog)
+}
+
+/// How the event ended, on `span` (the event's): `duplicate`, `held`, `abandoned`, or
+/// a record's state.
+pub(super) fn ended(span: &Span, state: impl std::fmt::Display) {
+    if !span.is_disabled() {
+        span.record("outboxd.state", state.to_string().as_str());
+    }
+}
+
+/// An error status on `span`, with what went wrong.
+pub(super) fn failed(span: &Span, reason: impl std::fmt::Display) {
+    if !span.is_disabled() {
+        span.record("otel.status_code", "error");
+        span.record("otel.status_description", reason.to_string().as_str());
+    }
+}
+
+/// A handler call's answer.
+pub(super) fn answered(span: &Span, outcome: &str) {
+    span.record("outboxd.outcome", outcome);
+}
