@@ -38,4 +38,5 @@ mod scale_standby;
 mod scale_topics;
 mod store_failure;
 mod tls_config;
+mod traces;
 mod upgrade;

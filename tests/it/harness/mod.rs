@@ -17,6 +17,7 @@
 //!   directory, its stderr in a file (printed when a test fails), kill/stop helpers and
 //!   the store CLI.
 //! - [`metrics`]: a running outboxd's Prometheus metrics, and their samples.
+//! - [`otlp`]: a real OTLP/HTTP collector process (`outboxd-otlp-receiver`) and the spans it got.
 //! - [`store`]: the store CLI commands beyond `get|list`: `export`, raw JSON records.
 //! - [`logs`]: what outboxd logged (lines, event ids, times, panics).
 //! - [`debezium`]: the rest of the real pipeline: PostgreSQL (through `psql`), Kafka
@@ -38,6 +39,7 @@ pub mod debezium;
 pub mod kafka;
 pub mod logs;
 pub mod metrics;
+pub mod otlp;
 pub mod receiver;
 pub mod store;
 pub mod tmpfs;
