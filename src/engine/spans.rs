@@ -22,9 +22,11 @@ use tracing::{debug_span, Span};
 use crate::event::{OutboxEvent, RawMessage};
 use crate::store::State;
 
-/// The span of one message, child of the trace context in its headers (a new root without one).
+/// The span of one message, child of the trace context in its headers (a new root
+/// without one, whatever span the caller is in).
 pub(super) fn event(msg: &RawMessage) -> Span {
     let span = debug_span!(
+        parent: None,
         "event",
         otel.kind = "consumer",
         otel.status_code = Empty,

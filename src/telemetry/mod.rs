@@ -270,8 +270,7 @@ mod tests {
             let incoming = context(&format!("00-{TRACE}-{PARENT}-01"), Some("congo=t61rcWkgMzE"));
             let event = tracing::debug_span!("event");
             set_parent(&event, Some(&incoming));
-            let _entered = event.enter();
-            let sent = outgoing(Some(&incoming.traceparent)).expect("a context to send");
+            let sent = event.in_scope(|| outgoing(Some(&incoming.traceparent))).expect("a context to send");
             let own = event.context().span().span_context().span_id();
             assert_eq!(
                 sent.traceparent,
