@@ -204,23 +204,23 @@ impl Executor {
     /// flight), so that an event whose partition moved meanwhile is left to its
     /// new owner instead of running here too.
     pub async fn execute_owned(&self, msg: &RawMessage, owned: &Ownership<'_>) -> Result<Executed, StoreError> {
-        let span = spans::event(msg);
-        self.execute_in_span(msg, owned, &span).instrument(span.clone()).await
-    }
-
-    /// [`Executor::execute_owned`] inside the message's `span`.
-    async fn execute_in_span(
-        &self,
-        msg: &RawMessage,
-        owned: &Ownership<'_>,
-        span: &Span,
-    ) -> Result<Executed, StoreError> {
         if self.config.store.changelog.as_ref().is_some_and(|c| c.is_changelog(&msg.topic)) {
             // A handler's topic_pattern matched a changelog topic: its records are
             // outboxd's own state, not events (read by restores, never handled).
             debug!(topic = %msg.topic, partition = msg.partition, offset = msg.offset, "changelog record skipped");
             return Ok(Executed::Final);
         }
+        let span = spans::event(msg);
+        self.execute_in_span(msg, owned, &span).instrument(span.clone()).await
+    }
+
+    /// [`Executor::execute_owned`] for an event, inside its `span`.
+    async fn execute_in_span(
+        &self,
+        msg: &RawMessage,
+        owned: &Ownership<'_>,
+        span: &Span,
+    ) -> Result<Executed, StoreError> {
         let Some(hc) = self.config.handler_for(&msg.topic) else {
             self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await?;
             return Ok(Executed::Final);
@@ -318,12 +318,12 @@ impl Executor {
         // A key that waits behind a dead or parked event holds this message too (`on_dead = "hold"`).
         let hold = hc.is_some_and(|h| h.on_dead.holds());
         if self.store.handling().hold_message(&id, msg, hold).await? {
-            spans::ended(&Span::current(), State::Held);
+            spans::ended_here(State::Held);
             return Ok(());
         }
         warn!(event_id = %id, topic = %msg.topic, partition = msg.partition, offset = msg.offset, %reason,
             "message cannot be decoded; dead-lettered");
-        spans::failed(&Span::current(), &reason);
+        spans::failed_here(&reason);
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
         let dlq = self.dead_letter(hc, msg, &reason, 0).await;
@@ -420,7 +420,7 @@ impl Executor {
         let _release = Release { store: &self.store, id: &event.id, scope };
         // A key that waits behind a dead or parked event holds this one (`on_dead = "hold"`).
         let Some(claim) = self.store.handling().hold_behind(claim, hc.on_dead.holds(), msg).await? else {
-            spans::ended(&Span::current(), State::Held);
+            spans::ended_here(State::Held);
             return Ok(Executed::Final);
         };
         let Some(claimed) = self.resolve_claim(hc, handler, event, msg, claim).await? else {
@@ -451,7 +451,7 @@ impl Executor {
                 let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
                 metrics::counter!(names::DUPLICATES, "topic" => topic.clone(), "cause" => cause).increment(1);
                 info!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
-                spans::ended(&Span::current(), "duplicate");
+                spans::ended_here("duplicate");
                 return Ok(None);
             }
             Claim::Claimed(c) if !c.reexecution() => c,
@@ -669,7 +669,7 @@ impl Executor {
         let p = &event.position;
         error!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, attempt, %state, %reason,
             "event failed");
-        spans::failed(&Span::current(), &reason);
+        spans::failed_here(&reason);
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
         let claimed = claimed.holding(hc.on_dead.holds(), msg);
         let topic = p.topic.clone();

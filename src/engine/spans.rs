@@ -17,6 +17,7 @@
 //! the layer exports unsigned ones as text.
 
 use tracing::field::Empty;
+use tracing::level_filters::LevelFilter;
 use tracing::{debug_span, Span};
 
 use crate::event::{OutboxEvent, RawMessage};
@@ -84,8 +85,29 @@ pub(super) fn call(attempt: u32) -> Span {
 /// Writing the final record `state` and waiting until it is durable. Called in the
 /// event's span, which gets the state too.
 pub(super) fn record(state: State, changelog: bool) -> Span {
-    ended(&Span::current(), state);
+    ended_here(state);
     debug_span!("record", outboxd.state = %state, outboxd.changelog = changelog)
+}
+
+/// The span the caller is in (the event's, where the `_here` functions are called),
+/// or none while no layer can want a `debug` span: `Span::current()` is a lookup in
+/// the subscriber's span stack, the level check an atomic load.
+fn current() -> Span {
+    if LevelFilter::current() < LevelFilter::DEBUG {
+        Span::none()
+    } else {
+        Span::current()
+    }
+}
+
+/// [`ended`] on the span the caller is in.
+pub(super) fn ended_here(state: impl std::fmt::Display) {
+    ended(&current(), state);
+}
+
+/// [`failed`] on the span the caller is in.
+pub(super) fn failed_here(reason: impl std::fmt::Display) {
+    failed(&current(), reason);
 }
 
 /// How the event ended, on `span` (the event's): `duplicate`, `held`, `abandoned`, or
@@ -107,4 +129,91 @@ pub(super) fn failed(span: &Span, reason: impl std::fmt::Display) {
 /// A handler call's answer.
 pub(super) fn answered(span: &Span, outcome: &str) {
     span.record("outboxd.outcome", outcome);
+}
+
+/// What the spans of one event cost the CPU, with the exporter off (the log layer's
+/// global filter at `info`, as the binary has it) and on (its layer, exporting to a
+/// port nothing listens on). Prints the figures; run it in release:
+/// `cargo test --release --lib -- engine::spans::cost --ignored --nocapture`.
+#[cfg(test)]
+mod cost {
+    use std::time::Instant;
+
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::Layer as _;
+
+    use super::*;
+
+    fn one(msg: &RawMessage, event: &OutboxEvent) {
+        let span = super::event(msg);
+        let _e = span.enter();
+        let d = decode();
+        drop(d);
+        decoded(&span, "h", event);
+        let c = claim(false);
+        drop(c);
+        let call = call(1);
+        answered(&call, "http 200");
+        drop(call);
+        let r = record(State::Done, true);
+        drop(r);
+    }
+
+    fn run(label: &str, n: u32, msg: &RawMessage, event: &OutboxEvent) {
+        let t = Instant::now();
+        for _ in 0..n {
+            one(msg, event);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / f64::from(n);
+        eprintln!("COST {label}: {ns:.0} ns per event");
+    }
+
+    #[test]
+    #[ignore]
+    fn spans_of_one_event_with_the_exporter_off_and_on() {
+        let tp = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_vec();
+        let msg = RawMessage {
+            topic: "outbox.event.order".into(),
+            partition: 3,
+            offset: 12345,
+            headers: vec![("id".into(), Some(b"e-1".to_vec())), ("traceparent".into(), Some(tp))],
+            ..RawMessage::default()
+        };
+        let event = OutboxEvent {
+            id: "e-1".into(),
+            aggregate_id: Some("order-1".into()),
+            event_type: Some("OrderPaid".into()),
+            payload: crate::event::Payload::Null,
+            position: msg.position(),
+            timestamp_ms: None,
+            traceparent: None,
+        };
+        let off = tracing_subscriber::registry()
+            .with(tracing_subscriber::EnvFilter::new("info"))
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::sink));
+        tracing::subscriber::with_default(off, || {
+            run("exporter off (warm-up)", 200_000, &msg, &event);
+            run("exporter off", 1_000_000, &msg, &event);
+        });
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let _g = rt.enter();
+        let config = crate::config::OtlpConfig {
+            endpoint: "http://127.0.0.1:9/v1/traces".into(),
+            service_name: "x".into(),
+            sample_ratio: 1.0,
+            headers: vec![],
+            timeout: std::time::Duration::from_secs(1),
+            max_queue: 1 << 20,
+        };
+        let (layer, _exporter) = crate::telemetry::layer(&config).unwrap();
+        let on = tracing_subscriber::registry().with(layer).with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::sink)
+                .with_filter(tracing_subscriber::EnvFilter::new("info")),
+        );
+        tracing::subscriber::with_default(on, || {
+            run("exporter on (warm-up)", 20_000, &msg, &event);
+            run("exporter on", 100_000, &msg, &event);
+        });
+    }
 }
