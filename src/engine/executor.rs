@@ -411,11 +411,10 @@ impl Executor {
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
         let durable = hc.on_uncertain != OnUncertain::Retry;
-        let claim_span = spans::claim(durable);
         let claim = if durable {
-            self.store.handling().claim(event, scope).instrument(claim_span.clone()).await?
+            self.store.handling().claim(event, scope).instrument(spans::claim(durable)).await?
         } else {
-            self.store.handling().claim_in_memory(event, scope).instrument(claim_span.clone()).await?
+            self.store.handling().claim_in_memory(event, scope).instrument(spans::claim(durable)).await?
         };
         let _release = Release { store: &self.store, id: &event.id, scope };
         // A key that waits behind a dead or parked event holds this one (`on_dead = "hold"`).
@@ -428,7 +427,8 @@ impl Executor {
         };
         if claimed.is_durable() {
             // A new owner of the partition must find the outcome uncertain, not absent.
-            self.store.handling().log_claim(&claimed).instrument(claim_span).await?;
+            let ack = spans::changelog_ack("claim", self.changelog());
+            self.store.handling().log_claim(&claimed).instrument(ack).await?;
         }
         self.run_attempts(hc, handler, event, msg, claimed, owned, admitted).await
     }

@@ -4,7 +4,8 @@
 //! ```text
 //! event            one per message; its parent is the trace context the message carried
 //! ├─ decode
-//! ├─ claim         the claim, and for a durable one its changelog record
+//! ├─ claim         the claim (written, for `on_uncertain = verify | park`)
+//! ├─ changelog ack a durable claim's changelog record, acknowledged (with the changelog on)
 //! ├─ handler call  one per attempt: retries are siblings; status and HTTP status
 //! └─ record        the final record, durable (group commit, and the changelog's ack when it is on)
 //! ```
@@ -67,6 +68,17 @@ pub(super) fn decode() -> Span {
 
 pub(super) fn claim(durable: bool) -> Span {
     debug_span!("claim", outboxd.claim.durable = durable)
+}
+
+/// Waiting for the changelog to acknowledge a `record` of outboxd's own (a durable
+/// claim); none while the changelog is off. The final record's acknowledgement is
+/// part of its `record` span: the store awaits it together with the group commit.
+pub(super) fn changelog_ack(record: &'static str, changelog: bool) -> Span {
+    if changelog {
+        debug_span!("changelog ack", outboxd.changelog.record = record)
+    } else {
+        Span::none()
+    }
 }
 
 /// One attempt of the handler; `http.response.status_code` is the http handler's to fill in.

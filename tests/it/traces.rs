@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::harness::daemon::changelog_off;
 use crate::harness::logs::log_lines;
 use crate::harness::metrics::{sample, try_scrape};
 use crate::harness::otlp::{OtlpReceiver, Span};
@@ -37,6 +38,8 @@ async fn an_events_spans_continue_the_producers_trace_to_the_receiver() {
     let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     od.config.extra_toml =
         format!("\n[tracing.otlp]\nendpoint = \"{}\"\nservice_name = \"outboxd-it\"\n", collector.endpoint());
+    // A durable claim, so that the claim's changelog record shows (with the changelog on).
+    od.config.handler_extra = "on_uncertain = \"park\"\n".into();
     od.start();
     od.wait_for_assignment().await;
 
@@ -83,6 +86,9 @@ async fn an_events_spans_continue_the_producers_trace_to_the_receiver() {
     for name in ["decode", "claim", "record"] {
         assert_eq!(children(&trace, &event.span_id, name).len(), 1, "one {name} span under the event: {trace:#?}");
     }
+    let acks = if changelog_off() { 0 } else { 1 };
+    assert_eq!(children(&trace, &event.span_id, "changelog ack").len(), acks, "{trace:#?}");
+    assert_eq!(children(&trace, &event.span_id, "claim")[0].attr("outboxd.claim.durable"), Some(&json!(true)));
     let mut calls = children(&trace, &event.span_id, "handler call");
     calls.sort_by_key(|s| s.attr("outboxd.attempt").and_then(|a| a.as_i64()));
     assert_eq!(calls.len(), 2, "each attempt is a span of its own: {trace:#?}");
