@@ -34,8 +34,8 @@ mod retry;
 mod schema_registry;
 mod store;
 mod topics;
-mod ui;
 mod traces;
+mod ui;
 mod values;
 
 #[cfg(test)]
@@ -57,8 +57,8 @@ pub use schema_registry::{RawSchemaRegistry, RegistryOptions};
 pub(crate) use store::DEFAULT_RETENTION;
 pub use store::{RawStore, StoreConfig};
 pub use topics::TopicMatch;
-pub use ui::{RawUi, UiConfig};
 pub use traces::{OtlpConfig, RawOtlp, RawTracing};
+pub use ui::{RawUi, UiConfig};
 pub use values::expand_env;
 
 /// Added to the longest legitimate wait of a partition's head event (see
