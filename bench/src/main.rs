@@ -185,6 +185,12 @@ enum Cli {
     },
     /// Investigation: append the suite's outbox messages to an existing topic (create it
     /// with `scripts/stack topic-reset TOPIC 8`), e.g. to run outboxd by hand under a profiler.
+    /// What the spans of one event cost the CPU with the OTLP exporter off and on
+    /// (a loop over the span calls of one event; run the release build).
+    SpanCost {
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u32,
+    },
     /// Investigation: append changelog records (done, the first `--claims` of them
     /// preceded by a claim) to partition 0 of an existing changelog topic of `--source`,
     /// e.g. to profile `outboxd store rebuild` by hand.
@@ -225,6 +231,11 @@ async fn main() -> anyhow::Result<()> {
                 tokio::task::spawn_blocking(move || outboxd_bench::probe::run(&dir, records, variant, cache_mb, batch))
                     .await??;
             println!("{v}");
+            return Ok(());
+        }
+        Cli::SpanCost { events } => {
+            let (off, on) = outboxd::engine::spans::cost::spans_of_one_event_with_the_exporter_off_and_on(events);
+            println!("spans of one event: {off:.0} ns with the exporter off, {on:.0} ns with it on");
             return Ok(());
         }
         Cli::FillChangelog { changelog, source, records, claims, brokers } => {

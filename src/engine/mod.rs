@@ -14,7 +14,7 @@ mod policy_tests;
 mod reader;
 mod restore;
 mod retry;
-mod spans;
+pub mod spans;
 mod standby;
 mod worker;
 

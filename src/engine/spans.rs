@@ -145,10 +145,9 @@ pub(super) fn answered(span: &Span, outcome: &str) {
 
 /// What the spans of one event cost the CPU, with the exporter off (the log layer's
 /// global filter at `info`, as the binary has it) and on (its layer, exporting to a
-/// port nothing listens on). Prints the figures; run it in release:
-/// `cargo test --release --lib -- engine::spans::cost --ignored --nocapture`.
-#[cfg(test)]
-mod cost {
+/// port nothing listens on): a measurement for the benchmark (`outboxd-bench
+/// span-cost`, in release), not a test.
+pub mod cost {
     use std::time::Instant;
 
     use tracing_subscriber::layer::SubscriberExt as _;
@@ -171,18 +170,18 @@ mod cost {
         drop(r);
     }
 
-    fn run(label: &str, n: u32, msg: &RawMessage, event: &OutboxEvent) {
+    /// Nanoseconds per event over `n` events.
+    fn run(n: u32, msg: &RawMessage, event: &OutboxEvent) -> f64 {
         let t = Instant::now();
         for _ in 0..n {
             one(msg, event);
         }
-        let ns = t.elapsed().as_nanos() as f64 / f64::from(n);
-        eprintln!("COST {label}: {ns:.0} ns per event");
+        t.elapsed().as_nanos() as f64 / f64::from(n)
     }
 
-    #[test]
-    #[ignore]
-    fn spans_of_one_event_with_the_exporter_off_and_on() {
+    /// Nanoseconds per event with the exporter off and on (`n` events each, after a
+    /// warm-up of a fifth of that). Needs a tokio runtime entered, for the exporter.
+    pub fn spans_of_one_event_with_the_exporter_off_and_on(n: u32) -> (f64, f64) {
         let tp = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_vec();
         let msg = RawMessage {
             topic: "outbox.event.order".into(),
@@ -203,12 +202,10 @@ mod cost {
         let off = tracing_subscriber::registry()
             .with(tracing_subscriber::EnvFilter::new("info"))
             .with(tracing_subscriber::fmt::layer().with_writer(std::io::sink));
-        tracing::subscriber::with_default(off, || {
-            run("exporter off (warm-up)", 200_000, &msg, &event);
-            run("exporter off", 1_000_000, &msg, &event);
+        let off = tracing::subscriber::with_default(off, || {
+            run(n / 5, &msg, &event);
+            run(n, &msg, &event)
         });
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let _g = rt.enter();
         let config = crate::config::OtlpConfig {
             endpoint: "http://127.0.0.1:9/v1/traces".into(),
             service_name: "x".into(),
@@ -217,15 +214,16 @@ mod cost {
             timeout: std::time::Duration::from_secs(1),
             max_queue: 1 << 20,
         };
-        let (layer, _exporter) = crate::telemetry::layer(&config).unwrap();
+        let (layer, _exporter) = crate::telemetry::layer(&config).expect("the exporter's layer");
         let on = tracing_subscriber::registry().with(layer).with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::sink)
                 .with_filter(tracing_subscriber::EnvFilter::new("info")),
         );
-        tracing::subscriber::with_default(on, || {
-            run("exporter on (warm-up)", 20_000, &msg, &event);
-            run("exporter on", 100_000, &msg, &event);
+        let on = tracing::subscriber::with_default(on, || {
+            run(n / 50, &msg, &event);
+            run(n / 10, &msg, &event)
         });
+        (off, on)
     }
 }
