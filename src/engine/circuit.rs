@@ -222,6 +222,9 @@ struct Inner {
     closes: u64,
     /// When the receiver last answered a call.
     last_answer: Option<Instant>,
+    /// `give_up_after` passed in this open period and the engine was told (so that
+    /// it stops holding the handler's partitions paused); cleared when it closes.
+    gave_up: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +272,7 @@ impl Circuit {
                 transitions: 0,
                 closes: 0,
                 last_answer: None,
+                gave_up: false,
             }),
             wake: Notify::new(),
             changed,
@@ -285,6 +289,14 @@ impl Circuit {
     /// Whether it is open or half-open: no ordinary call starts.
     pub fn is_open(&self) -> bool {
         self.lock().phase != Phase::Closed
+    }
+
+    /// Whether its handler's partitions should stay paused: open, and not yet for
+    /// longer than `give_up_after`. Past that, the events it would hold back are
+    /// dead-lettered as they come ([`Admit::GaveUp`]), so fetching them again lets
+    /// every one of them through to that end instead of leaving later ones unread.
+    pub fn pauses(&self) -> bool {
+        self.is_open() && self.given_up().is_none()
     }
 
     /// How often it closed again after being open: the concurrency limit ramps up anew after each.
@@ -371,17 +383,26 @@ impl Circuit {
         }
     }
 
-    /// `give_up_after` has passed since the circuit opened.
+    /// `give_up_after` has passed since the circuit opened. The first time in an open
+    /// period, the engine is told: it resumes the handler's partitions ([`Circuit::pauses`]).
     fn given_up(&self) -> Option<String> {
         let limit = self.config.give_up_after?;
-        let i = self.lock();
+        let mut i = self.lock();
+        if i.phase == Phase::Closed {
+            return None;
+        }
         let open_for = i.left_closed?.elapsed();
-        (open_for >= limit).then(|| {
-            format!(
-                "the receiver was unavailable for {open_for:?}, longer than circuit.give_up_after ({limit:?}); last failure: {}",
-                i.last_failure.as_deref().unwrap_or("unknown")
-            )
-        })
+        if open_for < limit {
+            return None;
+        }
+        if !i.gave_up {
+            i.gave_up = true;
+            self.changed.send_modify(|n| *n += 1);
+        }
+        Some(format!(
+            "the receiver was unavailable for {open_for:?}, longer than circuit.give_up_after ({limit:?}); last failure: {}",
+            i.last_failure.as_deref().unwrap_or("unknown")
+        ))
     }
 
     async fn probe_health(&self) {
@@ -489,6 +510,7 @@ impl Circuit {
         i.transitions += 1;
         match to {
             State::Closed => {
+                i.gave_up = false;
                 let open_for = i.left_closed.take().map(|t| t.elapsed()).unwrap_or_default();
                 i.open_total += open_for;
                 i.failures = 0;

@@ -196,7 +196,7 @@ impl Engine {
     fn follow_circuits(&self, open: &mut OpenCircuits, full: &mut Waiting) {
         let consumer = &self.shared.consumer;
         for (h, circuit) in self.shared.exec.circuits().all().iter().enumerate() {
-            let now_open = circuit.is_open();
+            let now_open = circuit.pauses();
             if now_open == open.is_open(h) {
                 continue;
             }
@@ -222,7 +222,12 @@ impl Engine {
                     paused.into_iter().filter(|p| tracker.may_fetch(p) && !full.holds(p)).collect()
                 };
                 if !resume.is_empty() {
-                    info!(handler = %circuit.name, partitions = %describe(&resume), "circuit closed: resuming its partitions");
+                    if circuit.is_open() {
+                        warn!(handler = %circuit.name, partitions = %describe(&resume),
+                            "circuit open longer than circuit.give_up_after: resuming its partitions (their events are dead-lettered)");
+                    } else {
+                        info!(handler = %circuit.name, partitions = %describe(&resume), "circuit closed: resuming its partitions");
+                    }
                     consumer.resume(&resume);
                 }
             }

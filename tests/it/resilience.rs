@@ -464,9 +464,21 @@ async fn a_circuit_open_longer_than_give_up_after_dead_letters_the_waiting_event
     })
     .await;
     let ids: Vec<String> = (0..5).map(|_| new_event_id()).collect();
-    for (i, id) in ids.iter().enumerate() {
+    async fn send(r: &Rig, i: usize, id: &str) {
         // A key each: nothing is held behind another event of its key.
         r.producer.send_event(&r.topic, &format!("k{i}"), id, Some("Test"), &json!({"i": i})).await;
+    }
+    for (i, id) in ids.iter().enumerate().take(2) {
+        send(&r, i, id).await;
+    }
+    harness::wait_until("the circuit to give up", HANDLED_TIMEOUT, || {
+        harness::logs::logged(&r.od, "longer than circuit.give_up_after")
+    })
+    .await;
+    // Events that arrive after it gave up, while it is still open, are dead-lettered too
+    // (the partition no longer stays paused, or they would never be read).
+    for (i, id) in ids.iter().enumerate().skip(2) {
+        send(&r, i, id).await;
     }
     r.wait_committed().await;
     r.od.stop();
