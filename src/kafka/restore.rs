@@ -10,7 +10,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::health::ClientCtx;
+use super::health::{is_connection_error, ClientCtx};
 use super::KafkaError;
 use crate::config::KafkaConfig;
 use crate::store::changelog::{mac, ChangelogRecord};
@@ -80,15 +80,30 @@ impl Restorer {
 impl Reading<'_> {
     /// Up to `max` records below `end` and about `max_bytes` of keys and values
     /// (the record that reaches it is the last), waiting at most `wait` for the first.
+    ///
+    /// A connection error the poll hands over (a broker down, all of them down) is
+    /// librdkafka telling, not giving up: it reconnects by itself (and the client's
+    /// context has reported it to the brokers' health). So the read goes on until
+    /// `wait` is over. Returning it as a failure made every restore attempt end at
+    /// once on the error queued while the brokers were away, before the client had a
+    /// chance to reconnect, attempt after attempt, with the brokers back.
     pub fn next(&self, end: i64, max: usize, max_bytes: u64, wait: Duration) -> Result<Batch, KafkaError> {
         let consumer = &self.restorer.consumer;
         let mut records = Vec::new();
         let mut bytes = 0u64;
         let mut timeout = wait;
+        let deadline = std::time::Instant::now() + wait;
         while records.len() < max && bytes < max_bytes {
             match consumer.poll(timeout) {
                 None => break,
                 Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return Ok(Batch { records, at_end: true }),
+                Some(Err(rdkafka::error::KafkaError::MessageConsumption(code))) if is_connection_error(code) => {
+                    match deadline.checked_duration_since(std::time::Instant::now()) {
+                        Some(left) if !left.is_zero() => timeout = timeout.min(left),
+                        _ => break,
+                    }
+                    continue;
+                }
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(m)) => {
                     if m.offset() >= end {
