@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use super::format::{self, When};
 use super::jobs::Job;
-use super::pages::{group_ids, group_query, Chrome};
+use super::pages::{group_ids, group_query, link, Chrome};
 use super::{Shared, Viewer};
 use crate::ops;
 use crate::store::State as RecordState;
@@ -127,10 +127,10 @@ fn confirm_page(viewer: &Viewer, action: Action, target: Target, ids: &[String],
     let back = if target.is_group() {
         format!("/ui/events?{}", group_query(&target.state, &target.topic, &target.group))
     } else {
-        format!("/ui/event/{}", url::form_urlencoded::byte_serialize(target.id.as_bytes()).collect::<String>())
+        link(&target.id)
     };
     ConfirmPage {
-        chrome: Chrome { who: viewer.0.who.clone(), can_act: viewer.0.can_act(), nav: "events" },
+        chrome: Chrome::new(viewer, "events"),
         action: action.as_str(),
         impact: action.impact(ids.len()),
         count: ids.len(),
@@ -294,7 +294,7 @@ fn no_job() -> Response {
 pub async fn job(State(c): State<Shared>, viewer: Viewer, Path(id): Path<u64>) -> Response {
     match c.jobs.get(id) {
         Some(job) => {
-            let chrome = Chrome { who: viewer.0.who.clone(), can_act: viewer.0.can_act(), nav: "events" };
+            let chrome = Chrome::new(&viewer, "events");
             JobPage { chrome, p: Progress::of(&job) }.into_response()
         }
         None => no_job(),

@@ -24,6 +24,11 @@ pub fn when(rfc3339: &str, now: SystemTime) -> When {
     }
 }
 
+/// A moment in µs since the epoch (as records keep times) as the pages show it.
+pub fn at_us(us: i64, now: SystemTime) -> When {
+    at(SystemTime::UNIX_EPOCH + Duration::from_micros(us.max(0) as u64), now)
+}
+
 /// A moment as the pages show it.
 pub fn at(t: SystemTime, now: SystemTime) -> When {
     let iso = humantime::format_rfc3339_seconds(t).to_string();

@@ -41,7 +41,7 @@ pub struct Chrome {
 }
 
 impl Chrome {
-    fn new(viewer: &Viewer, nav: &'static str) -> Chrome {
+    pub fn new(viewer: &Viewer, nav: &'static str) -> Chrome {
         Chrome { who: viewer.0.who.clone(), can_act: viewer.0.can_act(), nav }
     }
 }
@@ -434,7 +434,8 @@ pub struct EventRow {
     pub updated: When,
 }
 
-fn link(id: &str) -> String {
+/// The page of event `id`.
+pub fn link(id: &str) -> String {
     format!("/ui/event/{}", url::form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>())
 }
 
@@ -447,7 +448,6 @@ fn shorten(text: &str, chars: usize) -> String {
 
 impl EventRow {
     fn of(r: &Record, now: SystemTime) -> EventRow {
-        let updated = SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(r.updated_at_us.max(0) as u64);
         EventRow {
             link: link(&r.event_id),
             id: r.event_id.clone(),
@@ -457,7 +457,7 @@ impl EventRow {
             attempts: r.attempts,
             event_type: r.event_type.clone().unwrap_or_default(),
             reason: shorten(r.reason.as_deref().unwrap_or(""), REASON_SHOWN),
-            updated: format::at(updated, now),
+            updated: format::at_us(r.updated_at_us, now),
         }
     }
 }
@@ -614,7 +614,7 @@ pub async fn groups(State(c): State<Shared>, viewer: Viewer) -> GroupsPage {
         Err(e) => return GroupsPage { chrome, groups: Vec::new(), more: 0, error: Some(e.to_string()) },
     };
     let now = SystemTime::now();
-    let at = |us: i64| format::at(SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(us.max(0) as u64), now);
+    let at = |us: i64| format::at_us(us, now);
     let mut all: Vec<(GroupKey, (u64, i64, i64))> = groups.into_iter().collect();
     // The largest groups first: they are where a fix pays most.
     all.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| a.0.cmp(&b.0)));
@@ -709,9 +709,7 @@ async fn message_copy(c: &Shared, id: &str) -> Option<MessageCopy> {
     });
     Some(MessageCopy {
         position: format!("{}/{}@{}", msg.topic, msg.partition, msg.offset),
-        timestamp: msg
-            .timestamp_ms
-            .map(|ms| format::at(SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64), now)),
+        timestamp: msg.timestamp_ms.map(|ms| format::at_us(ms.saturating_mul(1000), now)),
         key: msg.key.as_deref().map(text).unwrap_or_else(|| "(none)".into()),
         headers: msg.headers.iter().map(|(k, v)| (k.clone(), v.as_deref().map(text).unwrap_or_default())).collect(),
         payload,
