@@ -27,10 +27,16 @@ pub(crate) enum Contender {
     RelaxedW0,
     /// outboxd with `[store.changelog] enabled = false` (drain: what the changelog costs).
     NoChangelog,
+    /// Apache Camel's Idempotent Consumer (bench/camel, see `camel.rs`): the at-least-once recipe.
+    Camel,
+    /// The same Camel route with Camel's defaults (eager, 1000 ids cached, auto commit).
+    CamelDefaults,
+    /// The Camel recipe with the in-memory repository instead of the Kafka one.
+    CamelMemory,
 }
 
 /// The default four are in `--contenders`; also selectable with --contenders (investigation): outboxd with `store.commit_interval = "0ms"`.
-pub(crate) const ALL: [Contender; 7] = [
+pub(crate) const ALL: [Contender; 10] = [
     Contender::Naive,
     Contender::PgTable,
     Contender::Outboxd,
@@ -38,6 +44,9 @@ pub(crate) const ALL: [Contender; 7] = [
     Contender::Relaxed,
     Contender::OutboxdW0,
     Contender::RelaxedW0,
+    Contender::Camel,
+    Contender::CamelDefaults,
+    Contender::CamelMemory,
 ];
 
 impl Contender {
@@ -50,6 +59,9 @@ impl Contender {
             Contender::OutboxdW0 => "outboxd-window0",
             Contender::RelaxedW0 => "outboxd-relaxed-window0",
             Contender::NoChangelog => "outboxd-nochangelog",
+            Contender::Camel => "camel",
+            Contender::CamelDefaults => "camel-defaults",
+            Contender::CamelMemory => "camel-memory",
         }
     }
     pub(crate) fn fsync(self) -> bool {
@@ -61,7 +73,11 @@ impl Contender {
     }
     /// The outboxd binary (not a contender of bench/).
     pub(crate) fn is_outboxd(self) -> bool {
-        !matches!(self, Contender::Naive | Contender::PgTable)
+        !matches!(self, Contender::Naive | Contender::PgTable) && !self.is_camel()
+    }
+    /// A Camel route (a JVM, started by `camel::spawn`), not a binary of this workspace.
+    pub(crate) fn is_camel(self) -> bool {
+        matches!(self, Contender::Camel | Contender::CamelDefaults | Contender::CamelMemory)
     }
     /// What goes into `[store]` besides the common settings.
     pub(crate) fn store_extra(self) -> &'static str {

@@ -3,19 +3,21 @@
 //!
 //! Contenders, on the same broker, topics, receiver and run, interleaved:
 //! `naive` (no dedup, upper bound), `pg-table` (dedup in a PostgreSQL table),
-//! `outboxd` (release binary, `store.fsync = true`) and `outboxd-relaxed`
-//! (`store.fsync = false`). Scenarios: drain, added latency, slow receiver,
+//! `outboxd` (release binary, `store.fsync = true`), `outboxd-relaxed`
+//! (`store.fsync = false`) and Apache Camel's Idempotent Consumer (`camel`, the
+//! at-least-once recipe, and `camel-defaults`; HTTP handler only). Scenarios: drain, added latency, slow receiver,
 //! overloaded receiver (outboxd with a fixed in-flight limit against adaptive
 //! concurrency), store, restore, failover. Writes a markdown report (default
 //! `bench/results.md`).
 //!
 //! The driver's modules: `bench` (the contenders, the configs they run with and
-//! `Bench`, what every scenario shares), `procs` (contender processes and what
+//! `Bench`, what every scenario shares), `camel` (the Camel contenders' JVM), `procs` (contender processes and what
 //! /proc says about them), `receiver` (the HTTP receiver the handlers call),
 //! `produce` (the outbox messages), `watch` (committed and end offsets),
 //! `scenarios` (one module per scenario), `stats` and `report` (the markdown).
 
 mod bench;
+mod camel;
 mod changelog;
 mod procs;
 mod produce;
@@ -78,6 +80,10 @@ struct Args {
     /// Slow receiver: measuring window per configuration, seconds. Default 10 (quick 4).
     #[arg(long)]
     slow_secs: Option<u64>,
+    /// Slow receiver: the receiver's latencies (ms) at which outboxd (256 in flight),
+    /// camel and naive are compared; the full table is at 20 ms.
+    #[arg(long, default_value = "1,5,20", value_delimiter = ',')]
+    slow_latencies: Vec<u64>,
     /// Store: retained records. Default 1000000 (quick 100000).
     #[arg(long)]
     store_records: Option<u64>,
@@ -94,7 +100,11 @@ struct Args {
     /// librdkafka property for every contender's consumer, KEY=VALUE (repeatable).
     #[arg(long = "kafka-option")]
     kafka_options: Vec<String>,
-    /// Comma-separated subset of the contenders (naive,pg-table,outboxd,outboxd-relaxed) for drain and latency.
+    /// Comma-separated subset of the contenders for drain and latency: naive, pg-table,
+    /// outboxd, outboxd-relaxed, camel (Apache Camel's Idempotent Consumer, the
+    /// at-least-once recipe), camel-defaults (the same route with Camel's defaults),
+    /// camel-memory (the recipe with the in-memory repository). The Camel routes run with
+    /// the HTTP handler only.
     #[arg(long, default_value = "naive,pg-table,outboxd,outboxd-relaxed")]
     contenders: String,
     /// Extra contenders in the latency scenario only: outboxd with the group-commit
@@ -102,8 +112,9 @@ struct Args {
     #[arg(long, default_value = "outboxd-window0,outboxd-relaxed-window0")]
     latency_extra: String,
     /// Extra contenders in the drain scenario only: outboxd with the changelog off
-    /// (`[store.changelog] enabled = false`), to show what the changelog costs.
-    #[arg(long, default_value = "outboxd-nochangelog")]
+    /// (`[store.changelog] enabled = false`), to show what the changelog costs, and
+    /// Apache Camel's Idempotent Consumer (recipe and defaults; HTTP handler only).
+    #[arg(long, default_value = "outboxd-nochangelog,camel,camel-defaults")]
     drain_extra: String,
     /// Contenders of the overloaded-receiver scenario: outboxd-fixed (`[handlers.concurrency]
     /// adaptive = false`), outboxd-adaptive (`adaptive = true`), outboxd (no such table: as
@@ -121,6 +132,9 @@ struct Args {
     /// Where the release binaries are (outboxd, naive, pg-table).
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
+    /// The Camel contenders' jar (`mvn -f bench/camel/pom.xml package`; bench/run builds it).
+    #[arg(long, default_value = "bench/camel/target/outboxd-camel.jar")]
+    camel_jar: PathBuf,
     /// Scratch space for stores and configs (same disk as the stores: the fdatasync floor is measured here).
     #[arg(long, default_value = "target/bench-work")]
     work_dir: PathBuf,
@@ -319,7 +333,8 @@ struct Measured {
     lat: HashMap<Contender, Vec<LatResult>>,
     floor_pairs: Vec<i64>,
     floor_singles: Vec<i64>,
-    slow: Vec<(String, usize, &'static str, Vec<f64>)>,
+    /// (contender, calls in flight, keys, receiver ms, events/s per run)
+    slow: Vec<(String, usize, &'static str, u64, Vec<f64>)>,
     overload: report_overload::Overloaded,
     store: Option<StoreResult>,
     restore: Option<RestoreResult>,
@@ -349,6 +364,10 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
             for hk in [Hk::Log, Hk::Http] {
                 let names = format!("{},{}", b.args.contenders, b.args.drain_extra);
                 for who in order(r + hk as usize, &names) {
+                    // A Camel route calls the receiver; it has no log handler to compare.
+                    if who.is_camel() && hk == Hk::Log {
+                        continue;
+                    }
                     let res = drain_run(b, who, hk, r, &topic, total).await?;
                     m.drain.entry((who, hk)).or_default().push(res);
                 }
@@ -392,8 +411,10 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         let hot = b.topic("slow.hot");
         b.create_topic(&many, PARTITIONS).await?;
         b.create_topic(&hot, PARTITIONS).await?;
-        // Enough for 256 in flight at 20 ms (12,800/s) through the window, warm-up and start.
-        let n_many = 12_800 * (s.slow_secs + 4);
+        // Enough for 256 in flight at the shortest latency through the window, warm-up and
+        // start (12,800/s at 20 ms; below that at most about what naive drains, 25,000/s).
+        let fastest = b.args.slow_latencies.iter().copied().chain([SLOW_RECEIVER_MS]).min().unwrap_or(1).max(1);
+        let n_many = (256_000 / fastest).min(25_000) * (s.slow_secs + 4);
         let n_hot = 60 * (s.slow_secs + 4);
         let (br, mt, h) = (b.args.brokers.clone(), many.clone(), hot.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
@@ -402,27 +423,36 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
             Ok(())
         })
         .await??;
-        let configs: Vec<(Contender, usize, &'static str, &String)> = vec![
-            (Contender::Outboxd, 1, "many keys", &many),
-            (Contender::Outboxd, 16, "many keys", &many),
-            (Contender::Outboxd, 256, "many keys", &many),
-            (Contender::Outboxd, 1, "one key", &hot),
-            (Contender::Outboxd, 16, "one key", &hot),
-            (Contender::Outboxd, 256, "one key", &hot),
-            (Contender::Naive, 256, "many keys", &many),
+        let at = SLOW_RECEIVER_MS;
+        let mut configs: Vec<(Contender, usize, &'static str, &String, u64)> = vec![
+            (Contender::Outboxd, 1, "many keys", &many, at),
+            (Contender::Outboxd, 16, "many keys", &many, at),
+            (Contender::Outboxd, 256, "many keys", &many, at),
+            (Contender::Outboxd, 1, "one key", &hot, at),
+            (Contender::Outboxd, 16, "one key", &hot, at),
+            (Contender::Outboxd, 256, "one key", &hot, at),
+            (Contender::Naive, 256, "many keys", &many, at),
+            // Camel's natural concurrency: one call at a time per consumer.
+            (Contender::Camel, camel::CONSUMERS, "many keys", &many, at),
         ];
+        let mut others: Vec<u64> = b.args.slow_latencies.iter().copied().filter(|l| *l != at).collect();
+        others.sort_unstable();
+        others.dedup();
+        for l in others {
+            configs.push((Contender::Outboxd, 256, "many keys", &many, l));
+            configs.push((Contender::Camel, camel::CONSUMERS, "many keys", &many, l));
+            configs.push((Contender::Naive, 256, "many keys", &many, l));
+        }
         let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         for r in 0..s.runs {
-            for (i, (who, mif, label, topic)) in configs.iter().enumerate() {
-                results[i].push(
-                    slow_run(b, *who, *mif, topic, if *label == "one key" { "one-key" } else { "many-keys" }, r)
-                        .await?,
-                );
+            for (i, (who, mif, label, topic, lat)) in configs.iter().enumerate() {
+                let label = if *label == "one key" { "one-key" } else { "many-keys" };
+                results[i].push(slow_run(b, *who, *mif, topic, label, *lat, r).await?);
             }
         }
         m.noise.push(("slow receiver", n0.other_share()));
-        for (i, (who, mif, label, _)) in configs.iter().enumerate() {
-            m.slow.push((who.name().to_owned(), *mif, label, results[i].clone()));
+        for (i, (who, mif, label, _, lat)) in configs.iter().enumerate() {
+            m.slow.push((who.name().to_owned(), *mif, label, *lat, results[i].clone()));
         }
     }
 

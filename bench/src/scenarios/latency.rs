@@ -30,7 +30,7 @@ pub(crate) async fn latency_run(b: &Bench, who: Contender, rep: usize) -> anyhow
     let group = format!("bench-{}-{name}", b.run_id);
     let (cfg, admin) = b.write_config(&Cfg {
         name: name.clone(),
-        group,
+        group: group.clone(),
         topics: vec![topic.clone()],
         handler: Hk::Http,
         fsync: who.fsync(),
@@ -44,7 +44,11 @@ pub(crate) async fn latency_run(b: &Bench, who: Contender, rep: usize) -> anyhow
         handler_extra: String::new(),
     })?;
     let table = format!("processed_events_{}_lat_{rep}", b.run_id.replace('-', "_"));
-    let mut child = b.spawn(who, &cfg, &table, QUIET_LOG)?;
+    let ids = b.args.rate * b.sizes.latency_secs;
+    let mut child = match who.is_camel() {
+        true => crate::camel::spawn(b, who, &name, &group, &[topic.clone()], ids).await?,
+        false => b.spawn(who, &cfg, &table, QUIET_LOG)?,
+    };
     child.wait_assigned().await?;
     // Let the consumer's fetchers and the receiver connection settle.
     tokio::time::sleep(Duration::from_millis(1500)).await;

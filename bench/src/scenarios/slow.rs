@@ -1,5 +1,6 @@
-//! Slow receiver: events per second when every call takes `SLOW_RECEIVER_MS`, by
-//! `max_in_flight` and by how many keys the events are spread over.
+//! Slow receiver: events per second when every call takes a fixed time (`SLOW_RECEIVER_MS`,
+//! and the `--slow-latencies` for outboxd, Camel and naive), by `max_in_flight` and by how
+//! many keys the events are spread over.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,8 @@ use anyhow::bail;
 
 use crate::bench::{Bench, Cfg, Contender, Hk};
 use crate::scenarios::QUIET_LOG;
-use crate::SLOW_RECEIVER_MS;
+use crate::watch::end_offsets;
+use crate::PARTITIONS;
 
 pub(crate) async fn slow_run(
     b: &Bench,
@@ -15,13 +17,14 @@ pub(crate) async fn slow_run(
     mif: usize,
     topic: &str,
     label: &str,
+    latency_ms: u64,
     rep: usize,
 ) -> anyhow::Result<f64> {
-    let name = format!("slow-{}-{mif}-{label}-{rep}", who.name());
+    let name = format!("slow-{}-{mif}-{label}-{latency_ms}ms-{rep}", who.name());
     let group = format!("bench-{}-{name}", b.run_id);
     let (cfg, admin) = b.write_config(&Cfg {
-        name,
-        group,
+        name: name.clone(),
+        group: group.clone(),
         topics: vec![topic.to_owned()],
         handler: Hk::Http,
         fsync: who.fsync(),
@@ -35,8 +38,14 @@ pub(crate) async fn slow_run(
         handler_extra: String::new(),
     })?;
     let _ = admin;
-    b.recv.reset(SLOW_RECEIVER_MS);
-    let mut child = b.spawn(who, &cfg, "unused", QUIET_LOG)?;
+    b.recv.reset(latency_ms);
+    let mut child = match who.is_camel() {
+        true => {
+            let ids = end_offsets(&b.args.brokers, topic, PARTITIONS)? as u64;
+            crate::camel::spawn(b, who, &name, &group, &[topic.to_owned()], ids).await?
+        }
+        false => b.spawn(who, &cfg, "unused", QUIET_LOG)?,
+    };
     child.wait_assigned().await?;
     let t0 = Instant::now();
     while b.recv.calls() == 0 {
@@ -55,7 +64,7 @@ pub(crate) async fn slow_run(
     b.recv.reset(0);
     let eps = (c2 - c1) as f64 / (t2 - t1).as_secs_f64();
     eprintln!(
-        "bench: slow receiver {:<16} max_in_flight {mif:>3} {label:<9} run {rep}: {eps:>7.0} events/s",
+        "bench: slow receiver {latency_ms:>2} ms {:<16} max_in_flight {mif:>3} {label:<9} run {rep}: {eps:>7.0} events/s",
         who.name()
     );
     Ok(eps)
