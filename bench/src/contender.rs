@@ -12,7 +12,9 @@
 //!   `processed_events` table before the handler (0 rows = duplicate, skip),
 //!   `UPDATE … SET state = 'done'` after it, each its own transaction with
 //!   `synchronous_commit = on`; the offset is stored only once the event and every
-//!   earlier one of its partition is done (outboxd's own offset tracker).
+//!   earlier one of its partition is done (outboxd's own offset tracker). The
+//!   table is created when missing and kept otherwise, so a restarted pg-table
+//!   recovers from it (the driver names a fresh table per run).
 //!
 //! Both run up to `store.max_in_flight` events at once without per-key ordering
 //! (outboxd orders per key; these do not, which only makes them faster).
@@ -96,8 +98,7 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
             let pool = deadpool_postgres::Pool::builder(mgr).max_size(*pool).build()?;
             let c = pool.get().await.context("connecting to PostgreSQL")?;
             c.batch_execute(&format!(
-                "DROP TABLE IF EXISTS {table};
-                 CREATE TABLE {table} (event_id text PRIMARY KEY, state text NOT NULL,
+                "CREATE TABLE IF NOT EXISTS {table} (event_id text PRIMARY KEY, state text NOT NULL,
                    claimed_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz);
                  SET synchronous_commit = on;"
             ))

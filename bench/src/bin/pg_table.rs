@@ -1,6 +1,6 @@
 //! `pg-table --config F --pg URL --table NAME [--pool N]`: outboxd's decoder and
 //! handler, deduplicating with a PostgreSQL `processed_events`-style table
-//! (created fresh), synchronous_commit on.
+//! (created when missing, kept across restarts), synchronous_commit on.
 
 use clap::Parser;
 
