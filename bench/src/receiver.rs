@@ -1,5 +1,6 @@
 //! The HTTP receiver the contenders' http handlers call: counts calls, their
-//! answers, repeated idempotency keys and the latency from each event's produce
+//! answers, repeated idempotency keys, the events answered (by the payload's
+//! `seq`, whatever key the call carried) and the latency from each event's produce
 //! time. It answers 200 after a fixed delay ([`Recv::reset`]), or models a
 //! receiver that slows down with load and sheds calls past a knee
 //! ([`Recv::reset_overloaded`], [`Overload`]).
@@ -56,6 +57,11 @@ pub(crate) struct RecvInner {
     keys: HashSet<String>,
     /// Calls whose key had already been answered 2xx (a second side effect).
     pub(crate) repeats: u64,
+    /// Events answered 2xx: the `seq` of their payloads (one number per event of a topic).
+    pub(crate) events: HashSet<u64>,
+    /// 2xx calls for an event already answered 2xx that carried another key or none:
+    /// a second side effect the receiver cannot recognise by its key.
+    pub(crate) repeats_new_key: u64,
     /// (produce time µs, latency µs) of each 2xx.
     pub(crate) lat: Vec<(i64, i64)>,
     pub(crate) first: Option<Instant>,
@@ -75,9 +81,11 @@ impl RecvInner {
         self.keys.len() as u64
     }
 
-    /// Records a 2xx; `counted` = the call was already counted as a repeat on arrival.
-    fn ok(&mut self, key: String, ts: Option<i64>, now: i64, counted: bool) {
+    /// Records a 2xx of event `seq`; `counted` = the call was already counted as a
+    /// repeat on arrival.
+    fn ok(&mut self, key: String, seq: Option<u64>, ts: Option<i64>, now: i64, counted: bool) {
         self.ok += 1;
+        let new_event = seq.is_none_or(|s| self.events.insert(s));
         if let Some(ts) = ts {
             self.lat.push((ts, now - ts));
         }
@@ -86,8 +94,18 @@ impl RecvInner {
                 self.retry_lat.push(now - t);
             }
         }
-        if self.keys.insert(key) {
+        if key.is_empty() {
+            // No key: only the payload tells a repeat.
+            if new_event {
+                self.last_new_ok = Some(Instant::now());
+            } else {
+                self.repeats_new_key += 1;
+            }
+        } else if self.keys.insert(key) {
             self.last_new_ok = Some(Instant::now());
+            if !new_event {
+                self.repeats_new_key += 1;
+            }
         } else if !counted {
             self.repeats += 1;
         }
@@ -138,11 +156,11 @@ pub(crate) async fn on_call(State(r): State<Arc<Recv>>, headers: HeaderMap, body
         tokio::time::sleep(Duration::from_millis(d)).await;
     }
     let now = now_us();
-    let ts = find_ts(&body);
+    let (ts, seq) = (find_num(&body, b"\"ts_us\":"), find_num(&body, b"\"seq\":"));
     let mut i = r.inner.lock().unwrap();
     i.calls += 1;
     i.first.get_or_insert_with(Instant::now);
-    i.ok(key, ts, now, false);
+    i.ok(key, seq.map(|s| s as u64), ts, now, false);
     StatusCode::OK
 }
 
@@ -191,19 +209,19 @@ async fn overloaded(r: Arc<Recv>, knee: u64, key: String, body: &[u8]) -> Status
     let hold = r.base_us.load(Ordering::Relaxed) + n * r.per_call_us.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_micros(hold)).await;
     let now = now_us();
-    let ts = find_ts(body);
+    let (ts, seq) = (find_num(body, b"\"ts_us\":"), find_num(body, b"\"seq\":"));
     let mut i = r.inner.lock().unwrap();
     admitted.answered = true;
     if i.generation == generation {
         i.in_flight -= 1;
-        i.ok(key, ts, now, counted);
+        i.ok(key, seq.map(|s| s as u64), ts, now, counted);
     }
     StatusCode::OK
 }
 
-fn find_ts(body: &[u8]) -> Option<i64> {
-    const K: &[u8] = b"\"ts_us\":";
-    let at = body.windows(K.len()).position(|w| w == K)? + K.len();
+/// The number after `field` (e.g. `"ts_us":`) in a payload.
+fn find_num(body: &[u8], field: &[u8]) -> Option<i64> {
+    let at = body.windows(field.len()).position(|w| w == field)? + field.len();
     let digits: Vec<u8> = body[at..].iter().take_while(|b| b.is_ascii_digit()).copied().collect();
     std::str::from_utf8(&digits).ok()?.parse().ok()
 }
