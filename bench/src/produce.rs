@@ -1,5 +1,5 @@
 //! The outbox messages the scenarios consume: event ids, payloads, and producing
-//! them up front (with duplicates) or at a fixed rate.
+//! them up front (with duplicates), at a fixed rate, or again (a replay).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -118,17 +118,51 @@ pub(crate) fn preload(
             events += 1;
             events - 1
         };
-        let key = format!("agg-{:06}", splitmix(i ^ 0x55) % keys);
-        let ts = now_us();
-        send(&p, topic, &key, &event_id(salt, i), &payload(i, &key, ts), ts / 1000)?;
+        send_event(&p, topic, salt, i, keys)?;
         if m % 1024 == 0 {
             p.poll(Duration::ZERO);
         }
     }
+    flush(&p, topic)?;
+    Ok((n, dup_count))
+}
+
+/// Event `i` of `preload(.., salt, .., keys, ..)`: its id, key and payload (stamped now).
+fn send_event(p: &BaseProducer<ProdCtx>, topic: &str, salt: u64, i: u64, keys: u64) -> anyhow::Result<()> {
+    let key = format!("agg-{:06}", splitmix(i ^ 0x55) % keys);
+    let ts = now_us();
+    send(p, topic, &key, &event_id(salt, i), &payload(i, &key, ts), ts / 1000)
+}
+
+fn flush(p: &BaseProducer<ProdCtx>, topic: &str) -> anyhow::Result<()> {
     p.flush(Duration::from_secs(120))?;
     let errors = p.context().errors.load(Ordering::Relaxed);
     anyhow::ensure!(errors == 0, "{errors} messages were not delivered to {topic}");
-    Ok((n, dup_count))
+    Ok(())
+}
+
+/// Events `events` of an earlier `preload` (same salt and keys, no duplicates)
+/// produced again at new offsets, with the same ids, keys and payloads: what
+/// Debezium sends after a connector restart, from its last flushed offset on. The
+/// messages of a contiguous range of events are a contiguous range of each
+/// partition (a key stays on its partition). Returns the messages written.
+pub(crate) fn replay(
+    brokers: &str,
+    topic: &str,
+    salt: u64,
+    events: std::ops::Range<u64>,
+    keys: u64,
+) -> anyhow::Result<u64> {
+    let p = producer(brokers, 20)?;
+    let n = events.end - events.start;
+    for i in events {
+        send_event(&p, topic, salt, i, keys)?;
+        if i % 1024 == 0 {
+            p.poll(Duration::ZERO);
+        }
+    }
+    flush(&p, topic)?;
+    Ok(n)
 }
 
 /// Produces `rate` events per second for `secs` seconds, each stamped with the
