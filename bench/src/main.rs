@@ -7,8 +7,9 @@
 //! (`store.fsync = false`) and Apache Camel's Idempotent Consumer (`camel`, the
 //! at-least-once recipe, and `camel-defaults`; HTTP handler only). Scenarios: drain, added latency, slow receiver,
 //! overloaded receiver (outboxd with a fixed in-flight limit against adaptive
-//! concurrency), store, restore, failover. Writes a markdown report (default
-//! `bench/results.md`).
+//! concurrency), store, restore, failover, crash (SIGKILL mid-drain and Debezium
+//! replays: events lost and side effects repeated). Writes a markdown report
+//! (default `bench/results.md`).
 //!
 //! The driver's modules: `bench` (the contenders, the configs they run with and
 //! `Bench`, what every scenario shares), `camel` (the Camel contenders' JVM), `procs` (contender processes and what
@@ -23,6 +24,7 @@ mod procs;
 mod produce;
 mod receiver;
 mod report;
+mod report_crash;
 mod report_overload;
 mod report_restore;
 mod scenarios;
@@ -43,6 +45,7 @@ use crate::procs::Noise;
 use crate::produce::preload;
 use crate::receiver::{now_us, on_call, Recv};
 use crate::report::{machine, others_running, write_report};
+use crate::scenarios::crash::{crash_scenario, CrashResult};
 use crate::scenarios::drain::{drain_run, DrainResult};
 use crate::scenarios::failover::{failover_scenario, FailoverResult};
 use crate::scenarios::latency::{fdatasync_floor, latency_run, LatResult};
@@ -90,6 +93,9 @@ struct Args {
     /// Restore and failover: records in the changelog partition. Default 1000000 (quick 100000).
     #[arg(long)]
     restore_records: Option<u64>,
+    /// Crash: events per contender (killed at 25%, 50%, 75%; the last 30% replayed). Default 20000 (quick 10000).
+    #[arg(long)]
+    crash_events: Option<u64>,
     /// Drain: a contender still running after this many seconds is stopped and
     /// measured on what it committed. Default 120 (quick 40).
     #[arg(long)]
@@ -121,9 +127,9 @@ struct Args {
     /// shipped); each also as `-nocircuit` (`[handlers.circuit] enabled = false`).
     #[arg(long, default_value = "outboxd-fixed,outboxd-adaptive,outboxd-fixed-nocircuit,outboxd-adaptive-nocircuit")]
     overload_contenders: String,
-    /// Comma-separated subset of: drain,latency,slow,overload,store,restore,failover
+    /// Comma-separated subset of: drain,latency,slow,overload,store,restore,failover,crash
     /// (overload = the overloaded receiver; not in the default set).
-    #[arg(long, default_value = "drain,latency,slow,store,restore,failover")]
+    #[arg(long, default_value = "drain,latency,slow,store,restore,failover,crash")]
     scenarios: String,
     #[arg(long, default_value = "127.0.0.1:19092")]
     brokers: String,
@@ -158,6 +164,7 @@ struct Sizes {
     slow_secs: u64,
     store_records: u64,
     restore_records: u64,
+    crash_events: u64,
     drain_cap: Duration,
     floor_samples: usize,
 }
@@ -172,6 +179,7 @@ impl Sizes {
             slow_secs: a.slow_secs.unwrap_or(if q { 4 } else { 10 }),
             store_records: a.store_records.unwrap_or(if q { 100_000 } else { 1_000_000 }),
             restore_records: a.restore_records.unwrap_or(if q { 100_000 } else { 1_000_000 }),
+            crash_events: a.crash_events.unwrap_or(if q { 10_000 } else { 20_000 }),
             drain_cap: Duration::from_secs(a.drain_cap_secs.unwrap_or(if q { 40 } else { 120 })),
             floor_samples: if q { 300 } else { 1000 },
         }
@@ -273,7 +281,7 @@ async fn main() -> anyhow::Result<()> {
     let scenarios: HashSet<String> = args.scenarios.split(',').map(|s| s.trim().to_owned()).collect();
     for s in &scenarios {
         anyhow::ensure!(
-            ["drain", "latency", "slow", "overload", "store", "restore", "failover"].contains(&s.as_str()),
+            ["drain", "latency", "slow", "overload", "store", "restore", "failover", "crash"].contains(&s.as_str()),
             "unknown scenario {s}"
         );
     }
@@ -339,6 +347,7 @@ struct Measured {
     store: Option<StoreResult>,
     restore: Option<RestoreResult>,
     failover: Option<FailoverResult>,
+    crash: Vec<CrashResult>,
 }
 
 async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> anyhow::Result<()> {
@@ -493,6 +502,12 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
         let n0 = Noise::now();
         m.failover = Some(failover_scenario(b).await?);
         m.noise.push(("failover", n0.other_share()));
+    }
+    write_report(b, started, &m, false)?;
+    if scenarios.contains("crash") {
+        let n0 = Noise::now();
+        m.crash = crash_scenario(b).await?;
+        m.noise.push(("crash", n0.other_share()));
     }
 
     write_report(b, started, &m, true)?;

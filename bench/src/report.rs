@@ -91,6 +91,7 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
         store,
         restore,
         failover,
+        crash,
     } = m;
     let s = &b.sizes;
     let mut rep = Report { md: String::new() };
@@ -435,6 +436,7 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
     let sections = [
         restore.as_ref().map(crate::report_restore::restore_section),
         failover.as_ref().map(crate::report_restore::failover_section),
+        (!crash.is_empty()).then(|| crate::report_crash::crash_section(crash)),
     ];
     for (md, t) in sections.into_iter().flatten() {
         md.iter().for_each(|l| rep.line(l));

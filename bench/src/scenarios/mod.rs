@@ -1,5 +1,6 @@
 //! The scenarios, one module each, in the order the suite runs them.
 
+pub(crate) mod crash;
 pub(crate) mod drain;
 pub(crate) mod failover;
 pub(crate) mod latency;
