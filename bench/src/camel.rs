@@ -48,6 +48,19 @@ pub(crate) async fn spawn(
     topics: &[String],
     ids: u64,
 ) -> anyhow::Result<ChildProc> {
+    spawn_with(b, who, name, group, topics, ids, None).await
+}
+
+/// [`spawn`], with the consumers' `session.timeout.ms` when not the Kafka client's default.
+pub(crate) async fn spawn_with(
+    b: &Bench,
+    who: Contender,
+    name: &str,
+    group: &str,
+    topics: &[String],
+    ids: u64,
+    session_timeout_ms: Option<u64>,
+) -> anyhow::Result<ChildProc> {
     let jar = std::path::absolute(&b.args.camel_jar)?;
     anyhow::ensure!(
         jar.exists(),
@@ -60,6 +73,10 @@ pub(crate) async fn spawn(
     }
     let settings = b.work.join("configs").join(format!("{name}.properties"));
     write_settings(b, &settings, who, group, topics, &repository, ids)?;
+    if let Some(ms) = session_timeout_ms {
+        let mut f = std::fs::OpenOptions::new().append(true).open(&settings)?;
+        std::io::Write::write_all(&mut f, format!("session.timeout.ms={ms}\n").as_bytes())?;
+    }
     let mut cmd = tokio::process::Command::new("java");
     cmd.arg("-jar").arg(&jar).arg(&settings).current_dir(&b.work);
     ChildProc::spawn(cmd, who.name())

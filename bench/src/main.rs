@@ -122,6 +122,10 @@ struct Args {
     /// Apache Camel's Idempotent Consumer (recipe and defaults; HTTP handler only).
     #[arg(long, default_value = "outboxd-nochangelog,camel,camel-defaults")]
     drain_extra: String,
+    /// Extra contenders in the crash scenario only: Apache Camel's Idempotent Consumer
+    /// (recipe and defaults).
+    #[arg(long, default_value = "camel,camel-defaults")]
+    crash_extra: String,
     /// Contenders of the overloaded-receiver scenario: outboxd-fixed (`[handlers.concurrency]
     /// adaptive = false`), outboxd-adaptive (`adaptive = true`), outboxd (no such table: as
     /// shipped); each also as `-nocircuit` (`[handlers.circuit] enabled = false`).

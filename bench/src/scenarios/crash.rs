@@ -34,7 +34,9 @@
 //! first call); events recorded done are suppressed, replays included.
 //!
 //! Consumers run with `session.timeout.ms = 6000`, so a restart waits about 6 s for
-//! the broker to drop the killed member, not librdkafka's default 45 s.
+//! the broker to drop the killed member, not librdkafka's default 45 s (Camel's
+//! route: `sessionTimeoutMs`). The Camel contenders (`--crash-extra`) restart on
+//! their repository topic, which `KafkaIdempotentRepository` reads back at start.
 
 use std::time::{Duration, Instant};
 
@@ -76,10 +78,10 @@ pub(crate) struct CrashResult {
     pub(crate) partial: bool,
 }
 
-/// One crash run per contender of `--contenders`.
+/// One crash run per contender of `--contenders` and `--crash-extra`.
 pub(crate) async fn crash_scenario(b: &Bench) -> anyhow::Result<Vec<CrashResult>> {
     let mut out = Vec::new();
-    for who in order(0, &b.args.contenders) {
+    for who in order(0, &format!("{},{}", b.args.contenders, b.args.crash_extra)) {
         out.push(crash_run(b, who).await?);
     }
     Ok(out)
@@ -116,7 +118,24 @@ async fn crash_run(b: &Bench, who: Contender) -> anyhow::Result<CrashResult> {
     let watch = GroupWatch::new(&b.args.brokers, &group, &topic, PARTITIONS)?;
     b.recv.reset(RECEIVER_MS);
     let t0 = Instant::now();
-    let mut child = b.spawn(who, &cfg, &table, QUIET_LOG)?;
+    let start = || async {
+        match who.is_camel() {
+            true => {
+                crate::camel::spawn_with(
+                    b,
+                    who,
+                    &name,
+                    &group,
+                    std::slice::from_ref(&topic),
+                    n,
+                    Some(SESSION_TIMEOUT_MS),
+                )
+                .await
+            }
+            false => b.spawn(who, &cfg, &table, QUIET_LOG),
+        }
+    };
+    let mut child = start().await?;
     let mut kills_at = Vec::new();
     let mut partial = false;
     for share in KILLS {
@@ -128,7 +147,7 @@ async fn crash_run(b: &Bench, who: Contender) -> anyhow::Result<CrashResult> {
         child.kill().await?;
         kills_at.push(at as f64 / n as f64);
         eprintln!("bench: crash {:<16} SIGKILL at {at} of {n} committed; restarting", who.name());
-        child = b.spawn(who, &cfg, &table, QUIET_LOG)?;
+        child = start().await?;
     }
     let mut replayed = 0;
     if !partial {

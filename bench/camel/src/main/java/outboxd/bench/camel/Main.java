@@ -29,7 +29,8 @@ import org.apache.camel.processor.idempotent.kafka.KafkaIdempotentRepository;
  * <p>The settings come from a properties file (the only argument), written by the
  * driver: {@code brokers}, {@code group}, {@code topics} (comma-separated),
  * {@code receiver} (base URL), {@code partitions} (how many the group must hold before
- * the start line is printed), {@code consumers}, and {@code mode}:
+ * the start line is printed), {@code consumers}, optionally {@code session.timeout.ms} (the crash scenario's), and
+ * {@code mode}:
  *
  * <ul>
  *   <li>{@code camel}: Camel's at-least-once recipe: {@link KafkaIdempotentRepository}
@@ -83,6 +84,10 @@ public final class Main {
                 .append("&autoOffsetReset=earliest");
         if (recipe) {
             from.append("&allowManualCommit=true&autoCommitEnable=false&breakOnFirstError=true");
+        }
+        String session = p.getProperty("session.timeout.ms");
+        if (session != null) {
+            from.append("&sessionTimeoutMs=").append(session).append("&heartbeatIntervalMs=1000");
         }
         String receiver = p.getProperty("receiver");
 
