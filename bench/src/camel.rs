@@ -27,8 +27,6 @@
 //!
 //! Every mode sets `autoOffsetReset=earliest`: the group is new and has a backlog to read.
 
-use std::path::Path;
-
 use anyhow::Context;
 
 use crate::bench::{Bench, Contender};
@@ -39,20 +37,9 @@ use crate::PARTITIONS;
 pub(crate) const CONSUMERS: usize = PARTITIONS as usize;
 
 /// Starts the Camel route `who` on `topics` for consumer group `group`; `ids` = how many
-/// distinct event ids the run can bring (the recipe's cache holds them all).
+/// distinct event ids the run can bring (the recipe's cache holds them all);
+/// `session_timeout_ms`: the consumers' `session.timeout.ms` when not the Kafka client's default.
 pub(crate) async fn spawn(
-    b: &Bench,
-    who: Contender,
-    name: &str,
-    group: &str,
-    topics: &[String],
-    ids: u64,
-) -> anyhow::Result<ChildProc> {
-    spawn_with(b, who, name, group, topics, ids, None).await
-}
-
-/// [`spawn`], with the consumers' `session.timeout.ms` when not the Kafka client's default.
-pub(crate) async fn spawn_with(
     b: &Bench,
     who: Contender,
     name: &str,
@@ -72,26 +59,24 @@ pub(crate) async fn spawn_with(
         b.create_topic(&repository, 1).await?;
     }
     let settings = b.work.join("configs").join(format!("{name}.properties"));
-    write_settings(b, &settings, who, group, topics, &repository, ids)?;
-    if let Some(ms) = session_timeout_ms {
-        let mut f = std::fs::OpenOptions::new().append(true).open(&settings)?;
-        std::io::Write::write_all(&mut f, format!("session.timeout.ms={ms}\n").as_bytes())?;
-    }
+    let text = settings_text(b, who, group, topics, &repository, ids, session_timeout_ms);
+    std::fs::write(&settings, text).with_context(|| format!("writing {}", settings.display()))?;
     let mut cmd = tokio::process::Command::new("java");
     cmd.arg("-jar").arg(&jar).arg(&settings).current_dir(&b.work);
     ChildProc::spawn(cmd, who.name())
 }
 
-fn write_settings(
+/// The route's properties file (see bench/camel's `Main`).
+fn settings_text(
     b: &Bench,
-    file: &Path,
     who: Contender,
     group: &str,
     topics: &[String],
     repository: &str,
     ids: u64,
-) -> anyhow::Result<()> {
-    let text = format!(
+    session_timeout_ms: Option<u64>,
+) -> String {
+    let mut text = format!(
         "mode={mode}\nbrokers={brokers}\ngroup={group}\ntopics={topics}\nreceiver=http://127.0.0.1:{port}\n\
          partitions={partitions}\nconsumers={CONSUMERS}\nrepository.topic={repository}\nrepository.cache={ids}\n",
         mode = who.name(),
@@ -100,5 +85,8 @@ fn write_settings(
         port = b.recv_port,
         partitions = PARTITIONS as usize * topics.len(),
     );
-    std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))
+    if let Some(ms) = session_timeout_ms {
+        text.push_str(&format!("session.timeout.ms={ms}\n"));
+    }
+    text
 }

@@ -121,16 +121,8 @@ async fn crash_run(b: &Bench, who: Contender) -> anyhow::Result<CrashResult> {
     let start = || async {
         match who.is_camel() {
             true => {
-                crate::camel::spawn_with(
-                    b,
-                    who,
-                    &name,
-                    &group,
-                    std::slice::from_ref(&topic),
-                    n,
-                    Some(SESSION_TIMEOUT_MS),
-                )
-                .await
+                crate::camel::spawn(b, who, &name, &group, std::slice::from_ref(&topic), n, Some(SESSION_TIMEOUT_MS))
+                    .await
             }
             false => b.spawn(who, &cfg, &table, QUIET_LOG),
         }

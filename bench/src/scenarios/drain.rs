@@ -56,7 +56,7 @@ pub(crate) async fn drain_run(
     let pg0 = pg_server_ticks();
     let n0 = Noise::now();
     let mut child = match who.is_camel() {
-        true => crate::camel::spawn(b, who, &name, &group, &[topic.to_owned()], total as u64).await?,
+        true => crate::camel::spawn(b, who, &name, &group, &[topic.to_owned()], total as u64, None).await?,
         false => b.spawn(who, &cfg, &table, QUIET_LOG)?,
     };
     let t0 = child.wait_assigned().await?;

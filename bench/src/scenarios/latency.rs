@@ -46,7 +46,7 @@ pub(crate) async fn latency_run(b: &Bench, who: Contender, rep: usize) -> anyhow
     let table = format!("processed_events_{}_lat_{rep}", b.run_id.replace('-', "_"));
     let ids = b.args.rate * b.sizes.latency_secs;
     let mut child = match who.is_camel() {
-        true => crate::camel::spawn(b, who, &name, &group, std::slice::from_ref(&topic), ids).await?,
+        true => crate::camel::spawn(b, who, &name, &group, std::slice::from_ref(&topic), ids, None).await?,
         false => b.spawn(who, &cfg, &table, QUIET_LOG)?,
     };
     child.wait_assigned().await?;

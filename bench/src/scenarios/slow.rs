@@ -42,7 +42,7 @@ pub(crate) async fn slow_run(
     let mut child = match who.is_camel() {
         true => {
             let ids = end_offsets(&b.args.brokers, topic, PARTITIONS)? as u64;
-            crate::camel::spawn(b, who, &name, &group, &[topic.to_owned()], ids).await?
+            crate::camel::spawn(b, who, &name, &group, &[topic.to_owned()], ids, None).await?
         }
         false => b.spawn(who, &cfg, "unused", QUIET_LOG)?,
     };
