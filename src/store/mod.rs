@@ -45,6 +45,7 @@ pub mod view;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 pub use audit::{AuditAction, AuditEntry, AuditEvent};
 pub use chains::{ChainId, ChainInfo};
@@ -260,16 +261,7 @@ impl Store {
     /// store written in the earlier format; `Locked` if another process holds it.
     pub(crate) fn open(path: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
         std::fs::create_dir_all(path)?;
-        let db = match sled::Config::new().path(path).cache_capacity(opts.cache_bytes).open() {
-            Ok(db) => db,
-            Err(sled::Error::Io(e)) if is_lock_error(&e) => {
-                let holder = Owner::read(path);
-                let admin = holder.as_ref().and_then(|o| o.admin.clone());
-                let owner = holder.map(|o| o.to_string()).unwrap_or_else(|| "another process".to_owned());
-                return Err(StoreError::Locked { path: path.to_owned(), owner, admin });
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let db = open_db(path, opts.cache_bytes)?;
         // sled writes its `conf` file once and never fsyncs it; after a power loss it
         // would find it empty and rewrite it with defaults.
         sync::sync_file(&path.join("conf"))?;
@@ -392,6 +384,33 @@ impl Store {
 
 fn read_i64(tree: &sled::Tree, key: &[u8]) -> Result<Option<i64>, StoreError> {
     Ok(tree.get(key)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map(i64::from_be_bytes))
+}
+
+/// How long an open waits for sled's file lock while no live process is named as its
+/// holder. sled lets go of the file when the last of its I/O threads is done with it,
+/// which can be a moment after the `Db` (and its owner file) is gone; a process that is
+/// exiting is the same case. A live holder is reported at once.
+const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+/// Opens sled, or names who holds its lock.
+fn open_db(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
+    let deadline = std::time::Instant::now() + LOCK_RELEASE_WAIT;
+    loop {
+        match sled::Config::new().path(path).cache_capacity(cache_bytes).open() {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(e)) if is_lock_error(&e) => {
+                let holder = Owner::read(path).filter(Owner::alive);
+                if holder.is_none() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                let admin = holder.as_ref().and_then(|o| o.admin.clone());
+                let owner = holder.map(|o| o.to_string()).unwrap_or_else(|| "another process".to_owned());
+                return Err(StoreError::Locked { path: path.to_owned(), owner, admin });
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 fn is_lock_error(e: &std::io::Error) -> bool {

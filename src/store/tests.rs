@@ -134,6 +134,28 @@ async fn second_open_reports_the_holder() {
     assert!(text.contains(&format!("pid {}", std::process::id())) && text.contains("outboxd test"), "{text}");
 }
 
+/// sled releases its file lock when the last of its background threads lets go of the
+/// file, which may be a moment after the `Db` is dropped; a reopen in that moment, with
+/// no live owner named, waits for it instead of failing.
+#[tokio::test]
+async fn a_reopen_waits_for_a_lock_that_nobody_live_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path(), &opts(Duration::from_secs(60))).unwrap());
+    // Hold the lock the way a lingering sled thread of the dropped store would.
+    let lingering = std::fs::File::open(dir.path().join("db")).unwrap();
+    lingering.lock().unwrap();
+    let (held, released) = std::sync::mpsc::channel::<()>();
+    let releaser = std::thread::spawn(move || {
+        let _ = released.recv();
+        std::thread::sleep(Duration::from_millis(200));
+        drop(lingering);
+    });
+    held.send(()).unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(60)));
+    releaser.join().unwrap();
+    assert!(store.is_ok(), "{:?}", store.err());
+}
+
 #[tokio::test]
 async fn list_filters_by_state_and_limit() {
     let dir = tempfile::tempdir().unwrap();
