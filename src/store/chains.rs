@@ -374,7 +374,7 @@ impl Store {
     /// The record stored under a record key, newest slice first.
     pub(super) fn record_under(&self, record_key: &[u8]) -> Result<Option<Record>, StoreError> {
         for slice in self.slices.all().into_iter().rev() {
-            if let Some(raw) = slice.tree.get(record_key)? {
+            if let Some(raw) = slice.get(record_key)? {
                 return self.decode(&slice, record_key, &raw).map(Some);
             }
         }

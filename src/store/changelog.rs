@@ -574,7 +574,7 @@ impl Store {
         let Some((_, id, scope)) = split_key(key) else { return Ok(false) };
         let Some(f) = self.find_in(scope.as_deref().unwrap_or(source_topic), &id)? else { return Ok(false) };
         self.chained(&f.key, None, || {
-            f.slice.tree.remove(&f.key)?;
+            f.slice.remove(&f.key)?;
             self.messages.remove(&super::messages::copy_key(f.slice.start, &f.key))?;
             f.slice.moved(Some(f.record.state), None);
             Ok(())

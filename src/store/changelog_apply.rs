@@ -193,7 +193,7 @@ impl Store {
                 }
                 Some((old, l)) => {
                     self.messages.moved(&copy_key(old.start, &key), &copy_key(slice.start, &key))?;
-                    old.tree.remove(&key)?;
+                    old.remove(&key)?;
                     moves.push((old, Some(l.state), None));
                     moves.push((slice.clone(), None, Some(record.state)));
                 }
@@ -205,7 +205,7 @@ impl Store {
             if let (Some(f), Some(h)) = (restoring.fresh.as_mut(), hash) {
                 f.written.insert(h);
             }
-            self.chained(&key, Some(&record), || Ok(slice.tree.insert(&key, value)?))?;
+            self.chained(&key, Some(&record), || Ok(slice.insert(&key, value)?))?;
             if let Some(copy) = copy {
                 self.keep_copy(&copy_key(slice.start, &key), &copy, &record)?;
             }
@@ -222,7 +222,7 @@ impl Store {
     /// The record stored under `key` in the first of `live` slices that has one.
     fn lookup(&self, live: &[Arc<Slice>], key: &[u8]) -> Result<Option<(Arc<Slice>, Record)>, StoreError> {
         for slice in live {
-            if let Some(raw) = slice.tree.get(key)? {
+            if let Some(raw) = slice.get(key)? {
                 return Ok(Some((slice.clone(), self.decode(slice, key, &raw)?)));
             }
         }

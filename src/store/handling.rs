@@ -38,18 +38,18 @@ impl Store {
         self.chained(&key, Some(r), || {
             match from {
                 Some((old, was)) if Arc::ptr_eq(old, &to) => {
-                    to.tree.insert(&key, value)?;
+                    to.insert(&key, value)?;
                     to.moved(Some(was), Some(r.state));
                 }
                 Some((old, was)) => {
                     self.messages.moved(&copy_key(old.start, &key), &copy_key(to.start, &key))?;
-                    to.tree.insert(&key, value)?;
-                    old.tree.remove(&key)?;
+                    to.insert(&key, value)?;
+                    old.remove(&key)?;
                     old.moved(Some(was), None);
                     to.moved(None, Some(r.state));
                 }
                 None => {
-                    to.tree.insert(&key, value)?;
+                    to.insert(&key, value)?;
                     to.moved(None, Some(r.state));
                 }
             }

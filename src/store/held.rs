@@ -171,7 +171,7 @@ impl Store {
     pub(super) fn copy_for_changelog(&self, r: &Record) -> Result<Option<Vec<u8>>, StoreError> {
         let key = self.key_of(r)?;
         for slice in self.slices.all().into_iter().rev() {
-            if !slice.tree.contains_key(&key)? {
+            if !slice.contains_key(&key)? {
                 continue;
             }
             let Some(copy) = self.messages.get_encoded(&copy_key(slice.start, &key))? else { return Ok(None) };

@@ -70,7 +70,7 @@ pub fn convert(p: &Parts<'_>) -> Result<(), StoreError> {
                 legacy_until = legacy_until.max(Some(p.slices.expires_at(&slice)));
             }
             let key = keys::record_key(&keys::event_key(&r.event_id), scope);
-            slice.tree.insert(&key, format::encode(&r, p.names, slice.start)?)?;
+            slice.insert(&key, format::encode(&r, p.names, slice.start)?)?;
             if let Some(copy) = old_messages.get(old_key)? {
                 p.messages.insert_raw(&messages::copy_key(slice.start, &key), &copy)?;
             }
@@ -94,7 +94,7 @@ pub fn convert(p: &Parts<'_>) -> Result<(), StoreError> {
     let mut per_slice = Vec::new();
     for slice in p.slices.all() {
         let mut counted = [0i64; super::counts::STATES];
-        for item in slice.tree.iter() {
+        for item in slice.iter() {
             let (_, v) = item?;
             if let Some(state) = format::state(&v) {
                 counted[super::counts::slot(state)] += 1;

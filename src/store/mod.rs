@@ -22,6 +22,7 @@ pub mod audit;
 pub mod chains;
 pub mod changelog;
 mod counts;
+mod filter;
 mod format;
 mod handling;
 mod held;
@@ -317,6 +318,9 @@ impl Store {
             audit,
         };
         store.load_chains()?;
+        if opts.role.builds_lookup_filters() {
+            store.slices.fill_filters();
+        }
         Ok(store)
     }
 

@@ -23,7 +23,7 @@ impl Merged {
     fn new(slices: Vec<Arc<Slice>>, start: Bound<Vec<u8>>) -> Result<Merged, StoreError> {
         let mut heads = Vec::with_capacity(slices.len());
         for slice in slices {
-            let mut iter = slice.tree.range::<Vec<u8>, _>((start.clone(), Bound::Unbounded));
+            let mut iter = slice.range((start.clone(), Bound::Unbounded));
             let head = iter.next().transpose()?;
             heads.push((head, iter, slice));
         }
@@ -68,7 +68,7 @@ impl Store {
     pub(super) fn find_any(&self, id: &str) -> Result<Option<Found>, StoreError> {
         let prefix = keys::event_key(id);
         for slice in self.slices.all().into_iter().rev() {
-            if let Some(item) = slice.tree.scan_prefix(&prefix).next() {
+            if let Some(item) = slice.scan_prefix(&prefix).next() {
                 let (key, raw) = item?;
                 return self.found(slice, key.to_vec(), raw).map(Some);
             }
@@ -88,7 +88,7 @@ impl Store {
         }
         for slice in self.slices.live(now) {
             for key in [&scoped, &legacy].into_iter().flatten() {
-                if let Some(raw) = slice.tree.get(key)? {
+                if let Some(raw) = slice.get(key)? {
                     return self.found(slice, key.clone(), raw).map(Some);
                 }
             }
@@ -146,7 +146,7 @@ impl Store {
 
     /// No record in any slice (looks at the trees, not at the kept counts).
     pub(in crate::store) fn is_empty(&self) -> bool {
-        self.slices.all().iter().all(|s| s.tree.is_empty())
+        self.slices.all().iter().all(|s| s.is_empty())
     }
 
     /// Records in id order, optionally of one state and one topic.
@@ -248,7 +248,7 @@ impl Store {
         let mut members = Vec::new();
         for slice in self.slices.all() {
             let mut counted = [0i64; super::counts::STATES];
-            for item in slice.tree.iter() {
+            for item in slice.iter() {
                 let (k, v) = item?;
                 let r = self.decode(&slice, &k, &v)?;
                 let total = match r.state {

@@ -33,7 +33,7 @@ impl Store {
     pub(in crate::store) async fn remove_found(&self, f: &Found) -> Result<(), StoreError> {
         self.settle_entry(Change::Gone(&f.record), || {
             self.chained(&f.key, None, || {
-                f.slice.tree.remove(&f.key)?;
+                f.slice.remove(&f.key)?;
                 self.messages.remove(&copy_key(f.slice.start, &f.key))?;
                 f.slice.moved(Some(f.record.state), None);
                 Ok(())
@@ -136,7 +136,7 @@ impl Store {
         };
         let key = keys::record_key(&keys::event_key(&r.event_id), scope);
         for slice in self.slices.all().into_iter().rev() {
-            if slice.tree.contains_key(&key)? {
+            if slice.contains_key(&key)? {
                 return self.messages.get(&copy_key(slice.start, &key), &r.event_id);
             }
         }
@@ -164,5 +164,10 @@ impl Store {
     /// Bytes kept in message copies.
     pub(in crate::store) fn message_bytes(&self) -> u64 {
         self.messages.bytes()
+    }
+
+    /// Memory held by the slices' lookup filters (store/filter.rs).
+    pub(in crate::store) fn filter_bytes(&self) -> usize {
+        self.slices.all().iter().map(|s| s.filter_size().1).sum()
     }
 }

@@ -367,6 +367,11 @@ impl Reads<'_> {
         self.0.message_bytes()
     }
 
+    /// Memory held by the slices' lookup filters.
+    pub fn filter_bytes(&self) -> usize {
+        self.0.filter_bytes()
+    }
+
     /// The group commit's batches so far.
     pub fn sync_stats(&self) -> SyncStats {
         self.0.sync_stats()

@@ -16,6 +16,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use super::counts::{Counts, STATES};
+use super::filter::KeyFilter;
 use super::StoreError;
 
 /// Slices per retention: lookups check this many trees (plus one), and a record
@@ -35,7 +36,10 @@ pub struct Slice {
     /// µs since the epoch; also the tree's name. Records' times are stored relative to it.
     pub start: i64,
     pub width: i64,
-    pub tree: sled::Tree,
+    /// Written only through [`Slice::insert`], which keeps `filter` whole.
+    tree: sled::Tree,
+    /// Which keys the tree may hold: a lookup of a new id skips the tree (store/filter.rs).
+    filter: KeyFilter,
     /// Records per state in this slice; persisted with each group commit.
     pub counts: Counts,
     /// The counts changed since they were last persisted.
@@ -45,6 +49,57 @@ pub struct Slice {
 impl Slice {
     pub fn end(&self) -> i64 {
         self.start.saturating_add(self.width)
+    }
+
+    /// Writes a record key: into the filter first, so that no lookup ever finds the
+    /// tree holding a key the filter calls absent.
+    pub fn insert(&self, key: &[u8], value: impl Into<sled::IVec>) -> Result<Option<sled::IVec>, sled::Error> {
+        self.filter.add(key);
+        self.tree.insert(key, value)
+    }
+
+    /// The value under `key`; a key the filter knows to be absent reads no page.
+    pub fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>, sled::Error> {
+        if !self.filter.may_contain(key) {
+            return Ok(None);
+        }
+        self.tree.get(key)
+    }
+
+    /// Whether the tree holds `key` (the filter first, as [`Slice::get`]).
+    pub fn contains_key(&self, key: &[u8]) -> Result<bool, sled::Error> {
+        Ok(self.filter.may_contain(key) && self.tree.contains_key(key)?)
+    }
+
+    pub fn remove(&self, key: &[u8]) -> Result<Option<sled::IVec>, sled::Error> {
+        self.tree.remove(key)
+    }
+
+    /// Every record, in key order.
+    pub fn iter(&self) -> sled::Iter {
+        self.tree.iter()
+    }
+
+    pub fn range(&self, range: impl std::ops::RangeBounds<Vec<u8>>) -> sled::Iter {
+        self.tree.range(range)
+    }
+
+    pub fn scan_prefix(&self, prefix: &[u8]) -> sled::Iter {
+        self.tree.scan_prefix(prefix)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    /// The filter's keys and bytes (for `store stats` and the open's log line).
+    pub fn filter_size(&self) -> (usize, usize) {
+        (self.filter.len(), self.filter.bytes())
     }
 
     /// A record left `from` for `to` in this slice (see [`Counts::moved`]).
@@ -92,7 +147,8 @@ impl Slices {
                 Some(values) => Counts::from_values(values),
                 None => count(&tree)?,
             };
-            list.push(Arc::new(Slice { start, width, tree, counts, dirty: AtomicBool::new(false) }));
+            let filter = KeyFilter::unfilled();
+            list.push(Arc::new(Slice { start, width, tree, filter, counts, dirty: AtomicBool::new(false) }));
         }
         for name in db.tree_names() {
             if name.starts_with(PREFIX) && !list.iter().any(|s| tree_name(s.start) == name.as_ref()) {
@@ -107,6 +163,25 @@ impl Slices {
             retention: retention.as_micros() as i64,
             width: width_for(retention).as_micros() as i64,
         })
+    }
+
+    /// Builds the filters of the slices opened with records, in a thread of its own:
+    /// until a slice's filter has every key, lookups read that slice's tree.
+    pub fn fill_filters(&self) {
+        let unfilled: Vec<_> = self.all().iter().filter(|s| !s.filter.is_filled()).map(Arc::downgrade).collect();
+        if unfilled.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new().name("outboxd-filters".into()).spawn(move || fill(unfilled));
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "could not start the thread that builds the lookup filters; lookups read every slice");
+        }
+    }
+
+    /// Every slice's filter has all its keys (tests wait for it).
+    #[cfg(test)]
+    pub fn filters_filled(&self) -> bool {
+        self.all().iter().all(|s| s.filter.is_filled())
     }
 
     /// When records in `slice` stop being retained.
@@ -145,7 +220,9 @@ impl Slices {
         let key = tree_name(start);
         self.meta.insert(&key, entry(width, &counts))?;
         let tree = self.db.open_tree(&key)?;
-        let slice = Arc::new(Slice { start, width, tree, counts, dirty: AtomicBool::new(false) });
+        // A tree of that name would be the rest of an interrupted drop (dropped on open): empty.
+        let filter = if tree.is_empty() { KeyFilter::ready() } else { KeyFilter::unfilled() };
+        let slice = Arc::new(Slice { start, width, tree, filter, counts, dirty: AtomicBool::new(false) });
         let at = list.partition_point(|s| s.start < start);
         list.insert(at, slice.clone());
         Ok(slice)
@@ -223,6 +300,59 @@ impl Slices {
     }
 }
 
+/// Keys a filling thread reads from a slice before it lets go of it (and of the
+/// database: a store being closed is not kept open by its filling thread for longer).
+const FILL_CHUNK: usize = 16_384;
+
+/// Reads every key of `slices` into its filter, a chunk at a time; stops when the
+/// store is closed. A read that fails leaves that slice's filter answering "maybe".
+fn fill(slices: Vec<std::sync::Weak<Slice>>) {
+    let started = std::time::Instant::now();
+    let (mut keys, mut bytes) = (0, 0);
+    for weak in slices {
+        let mut after: Option<sled::IVec> = None;
+        let filled = loop {
+            let Some(slice) = weak.upgrade() else { return };
+            match fill_chunk(&slice, after.take()) {
+                Ok(Some(last)) => after = Some(last),
+                Ok(None) => {
+                    slice.filter.filled();
+                    break Some(slice);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "reading a slice's keys for its lookup filter failed; lookups read the slice");
+                    break None;
+                }
+            }
+        };
+        if let Some((k, b)) = filled.map(|s| s.filter_size()) {
+            (keys, bytes) = (keys + k, bytes + b);
+        }
+    }
+    tracing::info!(
+        records = keys,
+        filter_bytes = bytes,
+        took_ms = started.elapsed().as_millis() as u64,
+        "lookup filters built from the stored records"
+    );
+}
+
+/// Adds up to [`FILL_CHUNK`] keys of `slice` after `after` to its filter; returns
+/// the last one when there may be more.
+fn fill_chunk(slice: &Slice, after: Option<sled::IVec>) -> Result<Option<sled::IVec>, sled::Error> {
+    let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+    let mut read = 0;
+    for key in slice.tree.range::<sled::IVec, _>((from, std::ops::Bound::Unbounded)).keys() {
+        let key = key?;
+        slice.filter.add(&key);
+        read += 1;
+        if read == FILL_CHUNK {
+            return Ok(Some(key));
+        }
+    }
+    Ok(None)
+}
+
 /// Records per state of one slice, by reading it (only for a slice whose counts were lost).
 fn count(tree: &sled::Tree) -> Result<Counts, StoreError> {
     let counts = Counts::default();
@@ -250,7 +380,7 @@ mod tests {
         let a = slices.current(1_000 * S + 3).unwrap();
         assert_eq!((a.start, a.end()), (1_000 * S, 1_010 * S));
         assert!(Arc::ptr_eq(&a, &slices.current(1_009 * S).unwrap()));
-        a.tree.insert(b"k", b"v").unwrap();
+        a.insert(b"k", b"v").unwrap();
         a.moved(None, Some(State::Done));
         let b = slices.current(1_035 * S).unwrap();
         assert_eq!(b.start, 1_030 * S);

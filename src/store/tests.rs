@@ -260,9 +260,9 @@ async fn a_suppressed_duplicate_writes_no_record_and_its_count_survives_a_restar
         let c = claimed(&store, "e1", 1).await;
         store.finish(c, State::Done, "http 200".into()).await.unwrap();
         let slice = store.slices.all().pop().unwrap();
-        let before = slice.tree.iter().collect::<Result<Vec<_>, _>>().unwrap();
+        let before = slice.iter().collect::<Result<Vec<_>, _>>().unwrap();
         assert!(matches!(store.claim(&event("e1", 1), "t").await.unwrap(), Claim::Finished { .. }));
-        let after = slice.tree.iter().collect::<Result<Vec<_>, _>>().unwrap();
+        let after = slice.iter().collect::<Result<Vec<_>, _>>().unwrap();
         assert_eq!(before, after, "the record is not rewritten");
         store.durable().await.unwrap();
     }
@@ -271,7 +271,7 @@ async fn a_suppressed_duplicate_writes_no_record_and_its_count_survives_a_restar
 }
 
 fn stored_records(store: &Store) -> usize {
-    store.slices.all().iter().map(|s| s.tree.len()).sum()
+    store.slices.all().iter().map(|s| s.len()).sum()
 }
 
 #[tokio::test]
