@@ -97,7 +97,8 @@ async fn a_record_written_again_in_a_newer_slice_leaves_the_older_one() {
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     store.finish(c, State::Done, "http 200".into()).await.unwrap();
     store.reopen("e2").await.unwrap();
-    assert_eq!(trees(&store), 2);
+    // At least two: on a loaded machine these writes can also cross the next boundary.
+    assert!(trees(&store) >= 2, "the later writes went to a newer slice");
     let r = store.get("e1").unwrap().unwrap();
     assert_eq!((r.state, r.outcome.as_deref()), (State::Done, Some("http 200")));
     assert_eq!(store.list(None, 10).unwrap().len(), 2, "each record once");
