@@ -390,10 +390,10 @@ fn read_i64(tree: &sled::Tree, key: &[u8]) -> Result<Option<i64>, StoreError> {
     Ok(tree.get(key)?.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok()).map(i64::from_be_bytes))
 }
 
-/// How long an open waits for sled's file lock while no live process is named as its
-/// holder. sled lets go of the file when the last of its I/O threads is done with it,
-/// which can be a moment after the `Db` (and its owner file) is gone; a process that is
-/// exiting is the same case. A live holder is reported at once.
+/// How long an open waits for sled's file lock while no owner file names a holder.
+/// sled lets go of the file when the last of its I/O threads is done with it, which can
+/// be a moment after the `Db` (and its owner file) is gone; a process that is exiting is
+/// the same case. A holder its owner file names is reported at once.
 const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// Opens sled, or names who holds its lock.
@@ -403,7 +403,7 @@ fn open_db(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
         match sled::Config::new().path(path).cache_capacity(cache_bytes).open() {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(e)) if is_lock_error(&e) => {
-                let holder = Owner::read(path).filter(Owner::alive);
+                let holder = Owner::read(path);
                 if holder.is_none() && std::time::Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;

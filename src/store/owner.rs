@@ -41,7 +41,7 @@ impl Owner {
         serde_json::from_str(&text).ok()
     }
 
-    pub fn alive(&self) -> bool {
+    fn alive(&self) -> bool {
         Path::new(&format!("/proc/{}", self.pid)).exists()
     }
 }
