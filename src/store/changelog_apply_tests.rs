@@ -2,6 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::event::{OutboxEvent, Payload, Position};
+use crate::store::tests::event;
 use crate::store::{Claim, StoreOptions};
 
 fn opts() -> StoreOptions {
@@ -181,7 +182,7 @@ async fn every_record_written_is_found_through_the_lookup_filters() {
             store.apply_restoring("t", batch, &mut restoring).unwrap();
         }
         for (i, id) in handled.iter().enumerate() {
-            let Claim::Claimed(c) = store.handling().claim(&event_at(id, i as i64), "t").await.unwrap() else {
+            let Claim::Claimed(c) = store.handling().claim(&event(id, i as i64), "t").await.unwrap() else {
                 panic!("{id} is new")
             };
             store.handling().finish(c, State::Done, "ok".into()).await.unwrap();
@@ -196,27 +197,15 @@ async fn every_record_written_is_found_through_the_lookup_filters() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     all_final(&store, &ids).await;
-    let Claim::Claimed(_) = store.handling().claim(&event_at("never-seen", 1), "t").await.unwrap() else {
+    let Claim::Claimed(_) = store.handling().claim(&event("never-seen", 1), "t").await.unwrap() else {
         panic!("an id never written is new")
     };
-}
-
-fn event_at(id: &str, offset: i64) -> OutboxEvent {
-    OutboxEvent {
-        id: id.to_owned(),
-        aggregate_id: None,
-        event_type: None,
-        payload: Payload::Text(String::new()),
-        position: Position { topic: "t".into(), partition: 0, offset },
-        traceparent: None,
-        timestamp_ms: None,
-    }
 }
 
 /// Every id in `ids` is found final by a claim.
 async fn all_final(store: &Store, ids: &[String]) {
     for (i, id) in ids.iter().enumerate() {
-        if let Claim::Claimed(_) = store.handling().claim(&event_at(id, 10_000 + i as i64), "t").await.unwrap() {
+        if let Claim::Claimed(_) = store.handling().claim(&event(id, 10_000 + i as i64), "t").await.unwrap() {
             panic!("{id} was written, and a claim did not find it");
         }
     }

@@ -9,15 +9,15 @@
 //! [`super::slices::Slice::insert`], which adds the key here *before* it writes
 //! the tree (a lookup between the two finds "maybe" and reads the tree), and a
 //! slice opened with records answers "maybe" until a thread of the service has
-//! read every key it holds ([`super::slices::Slices::fill_filters`]). Removals leave the key in the filter: a stale "maybe"
-//! only costs a lookup.
+//! read every key it holds ([`super::slices::Slices::fill_filters`]). Removals
+//! leave the key in the filter: a stale "maybe" only costs a lookup.
 //!
 //! Memory: about 1.2 bytes per key of the slice at 1% false positives (the filter
 //! grows in steps as keys arrive; [`KeyFilter::bytes`] is what it holds now), so
 //! a million retained records cost about 1.5 MB.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::RwLock;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use growable_bloom_filter::{GrowableBloom, GrowableBloomBuilder};
 
@@ -34,52 +34,60 @@ const BITS_PER_KEY: f64 = 9.6;
 pub struct KeyFilter {
     bloom: RwLock<GrowableBloom>,
     /// Every key of the slice's tree has been added: only now may it answer "absent".
-    ready: AtomicBool,
+    filled: AtomicBool,
 }
 
 impl KeyFilter {
     /// For a slice whose tree is empty now: every key it will hold goes through `add`.
-    pub fn ready() -> KeyFilter {
-        KeyFilter { bloom: RwLock::new(new_bloom()), ready: AtomicBool::new(true) }
+    pub fn filled() -> KeyFilter {
+        KeyFilter { bloom: RwLock::new(new_bloom()), filled: AtomicBool::new(true) }
     }
 
-    /// For a slice that may hold keys already: "maybe" for every key until [`KeyFilter::fill`].
+    /// For a slice that may hold keys already: "maybe" for every key until [`KeyFilter::set_filled`].
     pub fn unfilled() -> KeyFilter {
-        KeyFilter { bloom: RwLock::new(new_bloom()), ready: AtomicBool::new(false) }
+        KeyFilter { bloom: RwLock::new(new_bloom()), filled: AtomicBool::new(false) }
     }
 
     /// Every key the slice's tree held when it was opened has been added (by
     /// [`KeyFilter::add`], as the keys written since): from now on the filter
     /// answers "absent" too.
-    pub fn filled(&self) {
-        self.ready.store(true, Ordering::Release);
+    pub fn set_filled(&self) {
+        self.filled.store(true, Ordering::Release);
     }
 
-    /// Whether [`KeyFilter::filled`] was called (or it began empty).
+    /// Whether it has every key of its slice (made filled, or [`KeyFilter::set_filled`]).
     pub fn is_filled(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.filled.load(Ordering::Acquire)
     }
 
     /// A key about to be written into the slice's tree.
     pub fn add(&self, key: &[u8]) {
-        self.bloom.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key);
+        self.write().insert(key);
     }
 
     /// False only if the slice's tree does not hold `key`.
     pub fn may_contain(&self, key: &[u8]) -> bool {
-        !self.ready.load(Ordering::Acquire)
-            || self.bloom.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains(key)
+        !self.is_filled() || self.read().contains(key)
     }
 
     /// Keys added so far (about: a key it already answered "maybe" for is not counted).
     pub fn len(&self) -> usize {
-        self.bloom.read().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+        self.read().len()
     }
 
     /// About the memory the filter holds now, in bytes.
     pub fn bytes(&self) -> usize {
-        let capacity = self.bloom.read().unwrap_or_else(std::sync::PoisonError::into_inner).capacity();
-        (capacity as f64 * BITS_PER_KEY / 8.0) as usize
+        (self.read().capacity() as f64 * BITS_PER_KEY / 8.0) as usize
+    }
+
+    // A poisoned lock only means a panic happened while it was held. A panic in `add`
+    // never reaches the tree: `Slice::insert` writes it only after `add` returned.
+    fn read(&self) -> RwLockReadGuard<'_, GrowableBloom> {
+        self.bloom.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, GrowableBloom> {
+        self.bloom.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -101,7 +109,7 @@ mod tests {
 
     #[test]
     fn a_key_added_is_never_reported_absent_and_most_others_are() {
-        let f = KeyFilter::ready();
+        let f = KeyFilter::filled();
         for i in 0..200_000 {
             f.add(&key(i));
         }
@@ -120,7 +128,7 @@ mod tests {
         assert!(f.may_contain(&key(7)), "not filled: it cannot know");
         f.add(&key(2));
         f.add(&key(3));
-        f.filled();
+        f.set_filled();
         assert!([1, 2, 3].iter().all(|i| f.may_contain(&key(*i))));
         assert!(!f.may_contain(&key(7)) || !f.may_contain(&key(8)), "filled: absent keys are answered absent");
     }

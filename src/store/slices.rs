@@ -97,7 +97,7 @@ impl Slice {
         self.tree.len()
     }
 
-    /// The filter's keys and bytes (for `store stats` and the open's log line).
+    /// The filter's keys and bytes (for the gauge and the filling thread's log line).
     pub fn filter_size(&self) -> (usize, usize) {
         (self.filter.len(), self.filter.bytes())
     }
@@ -221,7 +221,7 @@ impl Slices {
         self.meta.insert(&key, entry(width, &counts))?;
         let tree = self.db.open_tree(&key)?;
         // A tree of that name would be the rest of an interrupted drop (dropped on open): empty.
-        let filter = if tree.is_empty() { KeyFilter::ready() } else { KeyFilter::unfilled() };
+        let filter = if tree.is_empty() { KeyFilter::filled() } else { KeyFilter::unfilled() };
         let slice = Arc::new(Slice { start, width, tree, filter, counts, dirty: AtomicBool::new(false) });
         let at = list.partition_point(|s| s.start < start);
         list.insert(at, slice.clone());
@@ -316,7 +316,7 @@ fn fill(slices: Vec<std::sync::Weak<Slice>>) {
             match fill_chunk(&slice, after.take()) {
                 Ok(Some(last)) => after = Some(last),
                 Ok(None) => {
-                    slice.filter.filled();
+                    slice.filter.set_filled();
                     break Some(slice);
                 }
                 Err(error) => {

@@ -14,7 +14,7 @@ async fn claimed(store: &Store, id: &str, offset: i64) -> Claimed {
     }
 }
 
-fn event(id: &str, offset: i64) -> OutboxEvent {
+pub(in crate::store) fn event(id: &str, offset: i64) -> OutboxEvent {
     OutboxEvent {
         id: id.to_owned(),
         aggregate_id: Some("order-1".into()),
