@@ -204,17 +204,12 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
             rep.line(format!("Changelog topics the outboxd contenders wrote during the drain: {} bytes of log segments per record on the broker (median, min–max; as written, one record per event, before compaction, which removes nothing when every key is written once).", mmm(&cl, 1)));
             rep.line("");
         }
-        let med = |who, hk| {
-            median(&drain.get(&(who, hk)).map(|v| v.iter().map(|r| r.eps).collect::<Vec<_>>()).unwrap_or_default())
+        // The median of one figure over a contender's runs with a handler.
+        let over_runs = |who, hk, figure: fn(&crate::DrainResult) -> f64| {
+            median(&drain.get(&(who, hk)).map(|v| v.iter().map(figure).collect::<Vec<_>>()).unwrap_or_default())
         };
-        let cpu = |who, hk| {
-            median(
-                &drain
-                    .get(&(who, hk))
-                    .map(|v| v.iter().map(|r| r.cpu_per_100k).collect::<Vec<_>>())
-                    .unwrap_or_default(),
-            )
-        };
+        let med = |who, hk| over_runs(who, hk, |r| r.eps);
+        let cpu = |who, hk| over_runs(who, hk, |r| r.cpu_per_100k);
         let (o, n) = (med(Contender::Outboxd, Hk::Http), med(Contender::Naive, Hk::Http));
         targets.push((
             "drain, HTTP receiver: outboxd ≥ 0.75× naive events/s".into(),
