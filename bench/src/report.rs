@@ -8,6 +8,9 @@ use crate::scenarios::latency::LatResult;
 use crate::stats::{median, mmm, pct, ratio};
 use crate::{Measured, KEYS, SLOW_RECEIVER_MS};
 
+/// Issue 23's budget for outboxd's added p50 latency over naive's, in ms.
+const LATENCY_BUDGET_MS: f64 = 1.0;
+
 pub(crate) fn machine() -> String {
     let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -312,10 +315,20 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
         rep.line("");
         let full50 = median(&m(Contender::Outboxd, |r| r.p50)) - n50;
         let full99 = median(&m(Contender::Outboxd, |r| r.p99));
+        // The reference's own p50 moving by more than the budget between runs (the broker
+        // stalling on a shared machine) says the difference of medians cannot decide.
+        let naive50 = m(Contender::Naive, |r| r.p50);
+        let (lo, hi) = naive50.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let noisy = hi - lo > LATENCY_BUDGET_MS;
         targets.push((
             format!("added latency p50 ≤ +1.0 ms at {} events/s (outboxd; p99 next to naive's)", b.args.rate),
-            format!("{full50:+.2} ms (p99 {full99:.2} ms, naive {:.2} ms)", n99),
-            Some(full50 <= 1.0),
+            match noisy {
+                true => format!(
+                    "{full50:+.2} ms (p99 {full99:.2} ms, naive {n99:.2} ms); naive's own p50 ranged {lo:.2}–{hi:.2} ms over the runs, more than the budget"
+                ),
+                false => format!("{full50:+.2} ms (p99 {full99:.2} ms, naive {n99:.2} ms)"),
+            },
+            (!noisy).then_some(full50 <= LATENCY_BUDGET_MS),
         ));
     }
 
