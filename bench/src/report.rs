@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use crate::bench::{Bench, Contender, Hk, ALL};
 use crate::scenarios::latency::LatResult;
-use crate::stats::{median, mmm, pct, ratio};
+use crate::stats::{median, min_max, mmm, pct, ratio};
 use crate::{Measured, KEYS, SLOW_RECEIVER_MS};
 
 /// Issue 23's budget for outboxd's added p50 latency over naive's, in ms.
@@ -317,8 +317,7 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
         let full99 = median(&m(Contender::Outboxd, |r| r.p99));
         // The reference's own p50 moving by more than the budget between runs (the broker
         // stalling on a shared machine) says the difference of medians cannot decide.
-        let naive50 = m(Contender::Naive, |r| r.p50);
-        let (lo, hi) = naive50.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let (lo, hi) = min_max(&m(Contender::Naive, |r| r.p50));
         let noisy = hi - lo > LATENCY_BUDGET_MS;
         targets.push((
             format!("added latency p50 ≤ +1.0 ms at {} events/s (outboxd; p99 next to naive's)", b.args.rate),

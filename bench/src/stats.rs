@@ -22,7 +22,8 @@ pub(crate) fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn min_max(v: &[f64]) -> (f64, f64) {
+/// The smallest and largest finite values (infinite ones when there are none).
+pub(crate) fn min_max(v: &[f64]) -> (f64, f64) {
     let s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
     (s.iter().copied().fold(f64::INFINITY, f64::min), s.iter().copied().fold(f64::NEG_INFINITY, f64::max))
 }
