@@ -419,8 +419,10 @@ impl Sink for ChangelogProducer {
                         return Err(SendError::Refused { changelog_topic, partition, error: error.into() });
                     }
                     Err((error, _)) => {
-                        // librdkafka may only time out on a topic deleted under it: ask.
-                        if !exists(&producer, &topic, entry.partition).await {
+                        // librdkafka may only time out on a topic deleted under it: ask, while the
+                        // brokers can answer (unreachable ones could not say, and the question would
+                        // hold a blocking thread for ADMIN_TIMEOUT after its caller gave up).
+                        if health.reachable() && !exists(&producer, &topic, entry.partition).await {
                             return Err(gone(&topic, entry.partition));
                         }
                         if health.reachable() {
