@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn a_done_record_takes_a_few_dozen_bytes_and_every_record_round_trips() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
         let names = Names::open(db.open_tree("names").unwrap()).unwrap();
         let scope = names.id("orders").unwrap();
         let id = "0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";

@@ -38,7 +38,7 @@ fn old_record(id: &str, scope: Option<&str>, state: State, age: Duration) -> (Ve
 
 /// Writes records into a store directory as the earlier format did.
 fn write_old_store(dir: &std::path::Path, records: &[(Vec<u8>, Record)]) {
-    let db = sled::Config::new().path(dir).open().unwrap();
+    let db = crate::store::open_db(dir, crate::store::SMALL_CACHE_BYTES).unwrap();
     let (events, expiry, messages, meta) = (
         db.open_tree("events").unwrap(),
         db.open_tree("expiry").unwrap(),
@@ -133,7 +133,7 @@ async fn a_conversion_cut_short_starts_over_and_loses_and_doubles_nothing() {
     write_old_store(dir.path(), &old);
     {
         // The first half converted (written and flushed), the old tree still whole.
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
         let names = super::Names::open(db.open_tree(crate::store::NAMES_TREE).unwrap()).unwrap();
         let slices = super::Slices::open(&db, &meta, opts().retention).unwrap();

@@ -373,7 +373,7 @@ mod tests {
     #[test]
     fn slices_are_made_as_time_passes_and_dropped_whole_after_the_retention() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
         let slices = Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         assert_eq!(slices.width, 10 * S);
@@ -404,7 +404,7 @@ mod tests {
     #[test]
     fn an_older_record_gets_a_slice_that_does_not_overlap_newer_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
         let slices = Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         slices.current(1_005 * S).unwrap();

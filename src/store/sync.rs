@@ -263,7 +263,7 @@ mod tests {
     #[tokio::test]
     async fn after_a_failed_sync_every_later_wait_fails_too() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
         let calls = std::sync::atomic::AtomicU32::new(0);
         // Fails once, then would succeed: the second wait must not be told "durable".
         let flaky: BeforeFlush = Box::new(move || {
@@ -283,7 +283,7 @@ mod tests {
     #[tokio::test]
     async fn lone_writer_after_a_busy_batch_does_not_wait_out_the_window() {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
         let window = Duration::from_secs(2);
         let syncer = Syncer::start(db, None, window, Box::new(|| Ok(())));
         // Writers arriving together: batches of several, so the next batch would wait for company.
