@@ -40,7 +40,7 @@ pub(crate) async fn create_changelog(b: &Bench, name: &str) -> anyhow::Result<()
             anyhow::ensure!(code == RDKafkaErrorCode::TopicAlreadyExists, "creating topic {topic}: {code}");
         }
     }
-    b.topics.lock().unwrap().push(name.to_owned());
+    b.topics.add(name);
     Ok(())
 }
 

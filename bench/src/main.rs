@@ -33,14 +33,14 @@ mod watch;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 
-use crate::bench::{client, order, Bench, Contender, Hk};
+use crate::bench::{client, order, Bench, Contender, Hk, Topics};
 use crate::procs::Noise;
 use crate::produce::preload;
 use crate::receiver::{now_us, on_call, Recv};
@@ -319,14 +319,14 @@ async fn main() -> anyhow::Result<()> {
         recv,
         recv_port,
         admin,
-        topics: Mutex::default(),
+        topics: Topics::default(),
         clk_tck,
     };
     eprintln!("bench: run {} on {}", b.run_id, machine());
 
     let result = run_suite(&b, &scenarios, started).await;
     // Clean up topics and scratch stores whatever happened.
-    let names = b.topics.lock().unwrap().clone();
+    let names = b.topics.all();
     if !names.is_empty() {
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let _ = b.admin.delete_topics(&refs, &AdminOptions::new()).await;

@@ -85,7 +85,7 @@ pub(crate) async fn drain_run(
     child.stop(Duration::from_secs(30)).await?;
     let changelog_bytes = if who.is_outboxd() && who.store_extra().is_empty() {
         let changelog = format!("{group}.{topic}.outboxd-dedup");
-        b.topics.lock().unwrap().push(changelog.clone());
+        b.topics.add(changelog.clone());
         let records = end_offsets(&b.args.brokers, &changelog, PARTITIONS)?;
         let dir = broker_log_dir(&b.admin, &b.args.brokers).await?;
         Some(topic_bytes(&dir, &changelog) as f64 / records.max(1) as f64)

@@ -218,7 +218,7 @@ pub(crate) async fn overload_run(b: &Bench, who: Limit, n: u64, rep: usize) -> a
     let dead = sum(&metrics, DEAD);
     if dead > 0.0 {
         child.stop(Duration::from_secs(30)).await?;
-        b.topics.lock().unwrap().push(format!("{group}.{topic}.outboxd-dedup"));
+        b.topics.add(format!("{group}.{topic}.outboxd-dedup"));
         bail!("overload {}: {dead} events dead (retries used up): the scenario measures nothing then", who.name());
     }
     if !partial {
@@ -241,7 +241,7 @@ pub(crate) async fn overload_run(b: &Bench, who: Limit, n: u64, rep: usize) -> a
     let retried = sum(&metrics, RETRIED);
     child.stop(Duration::from_secs(30)).await?;
     // Its changelog topic goes with the suite's topics at the end.
-    b.topics.lock().unwrap().push(format!("{group}.{topic}.outboxd-dedup"));
+    b.topics.add(format!("{group}.{topic}.outboxd-dedup"));
     let _ = std::fs::remove_dir_all(b.work.join("stores").join(format!("overload-{}-{rep}", who.name())));
 
     let i = b.recv.inner.lock().unwrap();
