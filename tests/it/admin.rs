@@ -9,6 +9,7 @@ use crate::harness;
 
 use std::time::Duration;
 
+use harness::wait::keep_looking;
 use harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Receiver};
 use serde_json::{json, Value};
 
@@ -467,11 +468,7 @@ async fn admin_retry_finishes_after_its_client_goes_away() {
         }
         serde_json::from_str::<Value>(&body).expect("JSON")["state"].as_str().unwrap().to_owned()
     };
-    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
-    while state().await != "dead" {
-        assert!(std::time::Instant::now() < deadline, "the event never became dead");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    harness::wait_until_async("the event to become dead", HANDLED_TIMEOUT, async || state().await == "dead").await;
 
     // The receiver takes 5 s; the client gives up after 1 s and closes its connection.
     receiver.set_behaviour(&id, Behaviour::delay(Duration::from_secs(5)));
@@ -488,14 +485,15 @@ async fn admin_retry_finishes_after_its_client_goes_away() {
     assert!(calls[1].answered.is_none(), "the receiver had not answered yet");
 
     // The receiver answers 5 s after the call started; the record is done just after.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let last = loop {
+    let done = keep_looking(Duration::from_secs(20), harness::POLL_EVERY, async || {
         let s = state().await;
-        if s == "done" || std::time::Instant::now() >= deadline {
-            break s;
+        if s == "done" {
+            Ok(s)
+        } else {
+            Err(s)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    });
+    let last = done.await.unwrap_or_else(|last| last);
     assert_eq!(last, "done", "the retry finished without its client (not stranded `claimed`)");
     let second = &receiver.calls_for(&id)[1];
     assert_eq!((second.status, second.answered.is_some()), (200, true), "the receiver's answer was awaited");

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use harness::broker::PrivateBroker;
 use harness::logs::{log_lines, log_time, strip_ansi};
 use harness::metrics::{sample, try_scrape};
-use harness::{new_event_id, turns, unique_name, wait_until, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, turns, unique_name, wait_for, wait_until, Kafka, Outboxd, Receiver};
 use outboxd::metrics::names;
 use serde_json::{json, Value};
 
@@ -51,14 +51,7 @@ async fn readyz(od: &Outboxd) -> (u16, Value) {
 
 /// `/metrics` of the running service, once it answers.
 async fn scrape(od: &Outboxd) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(text) = try_scrape(od).await {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "/metrics did not answer within 30 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for("/metrics to answer", Duration::from_secs(30), async || try_scrape(od).await.ok_or("no answer")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 use crate::harness;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::changelog::{topic_for, write_done, write_tombstones};
 use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
@@ -71,16 +71,15 @@ async fn rejected(od: &Outboxd) -> Option<f64> {
 
 /// Waits until `od` has rejected at least `n` changelog records.
 async fn wait_for_rejections(od: &mut Outboxd, n: usize, doing: &str) {
-    let deadline = Instant::now() + FOLLOW_TIMEOUT;
-    loop {
-        od.assert_alive();
+    od.wait_for(format!("{doing} to reject {n} changelog records"), FOLLOW_TIMEOUT, async |od| {
         let seen = rejected(od).await;
         if seen.is_some_and(|r| r >= n as f64) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{seen:?} rejected"))
         }
-        assert!(Instant::now() < deadline, "{doing}: {seen:?} changelog records rejected, expected {n}");
-        tokio::time::sleep(harness::POLL_EVERY).await;
-    }
+    })
+    .await;
 }
 
 /// Effective (2xx) handler calls per event id.

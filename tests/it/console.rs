@@ -28,17 +28,16 @@ async fn assert_clean_page(browser: &Browser, page: &str) {
 
 /// Waits until the running service counts `n` of `metric` (counted once recorded) for `topic`.
 async fn wait_counted(od: &mut Outboxd, topic: &str, metric: &str, n: usize) {
-    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
-    loop {
-        od.assert_alive();
+    od.wait_for(format!("{metric} to be {n}"), HANDLED_TIMEOUT, async |od| {
         let m = harness::metrics::try_scrape(od).await.unwrap_or_default();
         let counted = harness::metrics::sample(&m, metric, &[("topic", topic)]);
         if counted == n as f64 {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{metric} is {counted}"))
         }
-        assert!(std::time::Instant::now() < deadline, "{metric} is {counted}, not {n}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 /// Dead events of one cause and an event parked by a SIGKILL; the operator logs

@@ -196,8 +196,7 @@ async fn a_running_outboxd_serves_every_metric_the_dashboard_queries() {
 
     let url = format!("http://{}/metrics", od.admin_address());
     let expected: Vec<(&str, Kind)> = queried.iter().copied().filter(|(m, _)| *m != names::REEXECUTED).collect();
-    let deadline = std::time::Instant::now() + SCRAPE_TIMEOUT;
-    loop {
+    od.wait_for("/metrics to serve every metric the dashboard queries", SCRAPE_TIMEOUT, async |_| {
         let scrape = reqwest::get(&url).await.expect("GET /metrics").text().await.expect("metrics body");
         let missing: Vec<String> = expected
             .iter()
@@ -205,15 +204,12 @@ async fn a_running_outboxd_serves_every_metric_the_dashboard_queries() {
             .filter(|line| !scrape.lines().any(|l| l == line))
             .collect();
         if missing.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(format!("/metrics lacks {missing:?}:\n{scrape}"))
         }
-        od.assert_alive();
-        assert!(
-            std::time::Instant::now() < deadline,
-            "after {SCRAPE_TIMEOUT:?} /metrics still lacks {missing:?}:\n{scrape}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    })
+    .await;
     if let Some((_, kind)) = queried.iter().find(|(m, _)| *m == names::REEXECUTED) {
         let scrape = reqwest::get(&url).await.expect("GET /metrics").text().await.expect("metrics body");
         let typed = scrape.lines().find(|l| l.starts_with(&format!("# TYPE {} ", names::REEXECUTED)));

@@ -12,6 +12,7 @@ use harness::avro::framed;
 use harness::daemon::{dead_letter_toml, instance_header_toml};
 use harness::logs::{self, all_logs, assert_no_panic};
 use harness::receiver::{Receiver, Reply};
+use harness::wait::keep_looking;
 use harness::{new_event_id, unique_name, Kafka, Outboxd};
 use serde_json::{json, Value};
 
@@ -27,15 +28,15 @@ async fn readyz(admin: &str) -> (u16, Value) {
 /// Asks `/readyz` until its status is `status` and `holds` is true of its body (which
 /// is returned); fails the test after [`HANDLED_TIMEOUT`] with `what` and the last body.
 async fn readyz_until(admin: &str, what: &str, status: u16, holds: impl Fn(&Value) -> bool) -> Value {
-    let deadline = std::time::Instant::now() + HANDLED_TIMEOUT;
-    loop {
+    let answered = keep_looking(HANDLED_TIMEOUT, Duration::from_millis(200), async || {
         let (got, body) = readyz(admin).await;
         if got == status && holds(&body) {
-            return body;
+            Ok(body)
+        } else {
+            Err(format!("{got} {body}"))
         }
-        assert!(std::time::Instant::now() < deadline, "{what}: last answer {got} {body}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    });
+    answered.await.unwrap_or_else(|last| panic!("{what}: last answer {last}"))
 }
 
 /// A receiver answered 503 with `Retry-After: 1` twice, then with

@@ -11,7 +11,9 @@ use crate::harness;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use harness::{env_usize, new_event_id, turns, unique_name, Behaviour, Kafka, Outboxd, Produced, Receiver};
+use harness::{
+    env_usize, new_event_id, turns, unique_name, wait_at_most, Behaviour, Kafka, Outboxd, Produced, Receiver,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -81,10 +83,8 @@ async fn kill_nine_loop_loses_nothing_and_never_repeats_after_done() {
         let after = Duration::from_millis(rng.random_range(200..=2500));
         tokio::time::sleep(after).await;
         if rng.random_bool(0.75) {
-            let until = Instant::now() + Duration::from_secs(1);
-            while receiver.in_flight() == 0 && Instant::now() < until {
-                tokio::time::sleep(Duration::from_millis(rng.random_range(1..=10))).await;
-            }
+            let every = Duration::from_millis(rng.random_range(1..=10));
+            wait_at_most(Duration::from_secs(1), every, || receiver.in_flight() > 0).await;
         }
         od.assert_alive();
         if receiver.in_flight() > 0 {

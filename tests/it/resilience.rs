@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use harness::metrics::{sample, try_scrape};
 use harness::receiver::{Call, Receiver, Reply};
+use harness::wait::keep_looking;
 use harness::{env_usize, new_event_id, unique_name, wait_until, Kafka, Outboxd, Producer};
 use serde_json::{json, Value};
 
@@ -110,16 +111,11 @@ async fn readyz(od: &Outboxd) -> Option<Value> {
 }
 
 async fn wait_degraded(od: &Outboxd, handler: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(r) = readyz(od).await {
-            if r["degraded"].as_array().is_some_and(|d| d.iter().any(|h| h == handler)) {
-                return r;
-            }
-        }
-        assert!(Instant::now() < deadline, "the circuit of {handler} did not open:\n{}", od.log_tails(40, 0));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let degraded = keep_looking(Duration::from_secs(60), Duration::from_millis(200), async || match readyz(od).await {
+        Some(r) if r["degraded"].as_array().is_some_and(|d| d.iter().any(|h| h == handler)) => Ok(r),
+        _ => Err(()),
+    });
+    degraded.await.unwrap_or_else(|()| panic!("the circuit of {handler} did not open:\n{}", od.log_tails(40, 0)))
 }
 
 /// How many probes the default schedule can make in `t` at most: open periods of

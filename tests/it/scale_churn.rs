@@ -215,10 +215,8 @@ async fn three_instances_joining_leaving_and_killed_at_random_lose_nothing_and_r
             }
             Step::Kill(i) => {
                 // Preferably while a call of this run is in flight.
-                let until = Instant::now() + Duration::from_secs(1);
-                while receiver.in_flight_from(&runs.label(i)) == 0 && Instant::now() < until {
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(1..=10))).await;
-                }
+                let (run, every) = (runs.label(i), Duration::from_millis(rng.random_range(1..=10)));
+                harness::wait_at_most(Duration::from_secs(1), every, || receiver.in_flight_from(&run) > 0).await;
                 ods[i].assert_alive();
                 ods[i].kill();
                 runs.ended(i, End::Killed);
@@ -244,12 +242,14 @@ async fn three_instances_joining_leaving_and_killed_at_random_lose_nothing_and_r
     replay(&kafka.producer(), &topic, &moved, &mut production).await;
 
     let alive: Vec<usize> = (0..NAMES.len()).filter(|&i| ods[i].is_running()).collect();
-    let deadline = Instant::now() + HANDLED_TIMEOUT;
-    while !offsets.reached_end() {
+    harness::wait_for("committed offsets to reach the end", HANDLED_TIMEOUT, async || {
+        if offsets.reached_end() {
+            return Ok(());
+        }
         alive.iter().for_each(|&i| ods[i].assert_alive());
-        assert!(Instant::now() < deadline, "committed offsets did not reach the end: {}", offsets.describe());
-        tokio::time::sleep(harness::POLL_EVERY).await;
-    }
+        Err(offsets.describe())
+    })
+    .await;
     for &i in &alive {
         ods[i].stop();
         runs.ended(i, End::Left);

@@ -5,7 +5,7 @@
 //! Debezium-style replays (the same ids at new offsets) are still suppressed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::harness;
 use crate::scale::{assert_each_executed_once, produce, replay_then_one_more, two_instances};
@@ -44,9 +44,7 @@ fn standing_by(od: &Outboxd) -> BTreeSet<i32> {
 /// by for, as many changelog records as that changelog partition holds (`ends`).
 /// Returns those partitions.
 async fn wait_for_standby_to_reach(od: &mut Outboxd, topic: &str, ends: &BTreeMap<i32, i64>) -> BTreeSet<i32> {
-    let deadline = Instant::now() + STANDBY_TIMEOUT;
-    loop {
-        od.assert_alive();
+    od.wait_for(format!("standby passes to reach the changelog ends {ends:?}"), STANDBY_TIMEOUT, async |od| {
         let partitions = standing_by(od);
         if let Some(metrics) = harness::metrics::try_scrape(od).await {
             let applied = |p: i32| {
@@ -58,15 +56,12 @@ async fn wait_for_standby_to_reach(od: &mut Outboxd, topic: &str, ends: &BTreeMa
                 && gauge == partitions.len() as f64
                 && partitions.iter().all(|p| applied(*p) >= ends[p] as f64)
             {
-                return partitions;
+                return Ok(partitions);
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "standby passes did not reach the changelog ends {ends:?} (standing by for {partitions:?})"
-        );
-        tokio::time::sleep(harness::POLL_EVERY).await;
-    }
+        Err(format!("standing by for {partitions:?}"))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@
 use crate::harness;
 use crate::scale::on;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::changelog;
 use harness::logs::{log_lines, strip_ansi};
@@ -39,15 +39,13 @@ async fn a_store_failure_during_a_restore_stops_the_service_with_the_error() {
     changelog::fill(&kafka, &changelog_topic, &topic, 0, RECORDS).await;
 
     od.start();
-    let started = Instant::now();
-    while !harness::broker::gone(od.pid()) {
-        assert!(
-            started.elapsed() < STOP_BOUND,
-            "outboxd still runs {STOP_BOUND:?} after its restore met a full store; its last restore lines: {:?}",
-            log_lines(&od, "restore").iter().rev().take(4).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let pid = od.pid();
+    let stopped = harness::wait_at_most(STOP_BOUND, harness::POLL_EVERY, || harness::broker::gone(pid)).await;
+    assert!(
+        stopped,
+        "outboxd still runs {STOP_BOUND:?} after its restore met a full store; its last restore lines: {:?}",
+        log_lines(&od, "restore").iter().rev().take(4).collect::<Vec<_>>()
+    );
     let status = od.terminate();
     let log = strip_ansi(&od.log());
     assert!(

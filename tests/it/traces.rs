@@ -11,7 +11,7 @@ use crate::harness::daemon::changelog_off;
 use crate::harness::logs::log_lines;
 use crate::harness::metrics::{sample, try_scrape};
 use crate::harness::otlp::{OtlpReceiver, Span};
-use crate::harness::{new_event_id, unique_name, wait_until, Behaviour, Kafka, Outboxd, Receiver};
+use crate::harness::{new_event_id, unique_name, wait_until, wait_until_async, Behaviour, Kafka, Outboxd, Receiver};
 
 /// Generous bound for "outboxd handled it and exported its spans" (batches go out every second).
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -135,15 +135,11 @@ async fn a_collector_that_is_away_costs_spans_not_events() {
         producer.send_raw(&topic, None, Some(format!("k{i}").as_bytes()), &headers, Some(b"{}")).await;
     }
     wait_until("every event handled", TIMEOUT, || ids.iter().all(|id| receiver.answered_ok(id))).await;
-    let mut dropped = 0.0;
-    let deadline = Instant::now() + TIMEOUT;
-    while dropped == 0.0 {
-        assert!(Instant::now() < deadline, "no dropped spans counted");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if let Some(m) = try_scrape(&od).await {
-            dropped = sample(&m, "outboxd_trace_spans_dropped_total", &[("reason", "export_failed")]);
-        }
-    }
+    wait_until_async("dropped spans to be counted", TIMEOUT, async || {
+        let m = try_scrape(&od).await.unwrap_or_default();
+        sample(&m, "outboxd_trace_spans_dropped_total", &[("reason", "export_failed")]) != 0.0
+    })
+    .await;
     assert_eq!(log_lines(&od, "trace export failed").len(), 1, "one warning, not one per batch:\n{}", od.log());
     // The exit does not wait for the collector beyond the flush bound.
     let started = Instant::now();

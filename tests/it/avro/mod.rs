@@ -39,7 +39,7 @@ use harness::debezium::{
     sweep_leftovers, wait_all_answered, wait_committed_to_end, Connect, OutboxRow, Pg, Scratch, StackTurn,
     MAIN_CONNECTOR,
 };
-use harness::{turns, unique_name, Kafka, Message, Outboxd, Receiver, POLL_EVERY};
+use harness::{turns, unique_name, wait_for, Kafka, Message, Outboxd, Receiver};
 use serde_json::{json, Value};
 
 mod registry_outage;
@@ -136,18 +136,15 @@ async fn wait_messages(
     connector: &str,
     timeout: Duration,
 ) -> i64 {
-    let deadline = Instant::now() + timeout;
-    loop {
+    wait_for(format!("{} to hold {n} messages", offsets.topic), timeout, async || {
         let have: i64 = offsets.end().values().sum();
         if have >= n {
-            return have;
+            return Ok(have);
         }
         assert_connector_alive(connect, connector, &format!("{have} of {n} messages were on {}", offsets.topic)).await;
-        if Instant::now() >= deadline {
-            panic!("after {timeout:?} {} holds {have} messages, expected {n}", offsets.topic);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Err(format!("{have} messages"))
+    })
+    .await
 }
 
 /// The receiver's call for each row carries what the row says: the payload as JSON (the

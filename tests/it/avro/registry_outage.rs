@@ -82,15 +82,14 @@ async fn registry_outage_makes_events_wait_then_flow() {
             .map(str::to_string)
             .collect()
     };
-    let deadline = Instant::now() + WAIT_LOG_TIMEOUT;
-    while log_lines(&od).is_empty() {
-        od.assert_alive();
-        assert!(
-            Instant::now() < deadline,
-            "after {WAIT_LOG_TIMEOUT:?} the fresh outboxd has not logged that it waits for the schema registry"
-        );
-        tokio::time::sleep(POLL_EVERY).await;
-    }
+    od.wait_for("the fresh outboxd to log that it waits for the schema registry", WAIT_LOG_TIMEOUT, async |od| {
+        if log_lines(od).is_empty() {
+            Err("nothing logged")
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let committed_at_start = offsets.committed();
     let hold_until = Instant::now() + HOLD;
     while Instant::now() < hold_until {

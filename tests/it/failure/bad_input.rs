@@ -295,11 +295,8 @@ async fn oversized_undecodable_message_is_dead_lettered() {
             log_lines(&od, "dead-letter produce failed").into_iter().take(3).collect::<Vec<_>>()
         )
     };
-    let deadline = Instant::now() + HANDLED_TIMEOUT;
-    while !offsets.reached_end() {
-        assert!(Instant::now() < deadline, "{}", stalled());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let reached = harness::wait_at_most(HANDLED_TIMEOUT, Duration::from_millis(200), || offsets.reached_end()).await;
+    assert!(reached, "{}", stalled());
     od.stop();
     let letters = kafka.read_topic(&dlq, DLQ_READ_TIMEOUT);
     assert_eq!(letters.len(), 1);

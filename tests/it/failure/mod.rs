@@ -9,7 +9,7 @@ use crate::harness;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use harness::daemon::dead_letter_toml;
 use harness::logs::{self, log_lines, logged};

@@ -38,10 +38,8 @@ async fn sigkill_at_random_moments_loses_nothing_and_never_repeats_after_done() 
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..=1500))).await;
         if rng.random_bool(0.8) {
-            let until = Instant::now() + Duration::from_secs(1);
-            while rx.in_flight() == 0 && Instant::now() < until {
-                tokio::time::sleep(Duration::from_millis(rng.random_range(1..=10))).await;
-            }
+            let every = Duration::from_millis(rng.random_range(1..=10));
+            harness::wait_at_most(Duration::from_secs(1), every, || rx.in_flight() > 0).await;
         }
         od.assert_alive();
         if rx.in_flight() > 0 {

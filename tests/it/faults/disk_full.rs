@@ -43,15 +43,13 @@ async fn store_filesystem_full_stops_cleanly_and_resumes_after_restart() {
     let filled = fill(&filler);
     let pid = od.pid();
     let stop_bound = Duration::from_secs(60);
-    while !harness::broker::gone(pid) {
-        assert!(
-            filled_at.elapsed() < stop_bound,
-            "outboxd still runs {stop_bound:?} after its store's filesystem filled up ({filled} bytes of filler; \
-             {} more events answered since)",
-            rx.ok_count() - answered_at_fill
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let stopped = harness::wait_at_most(stop_bound, Duration::from_millis(50), || harness::broker::gone(pid)).await;
+    assert!(
+        stopped,
+        "outboxd still runs {stop_bound:?} after its store's filesystem filled up ({filled} bytes of filler; \
+         {} more events answered since)",
+        rx.ok_count() - answered_at_fill
+    );
     let stopped_after = filled_at.elapsed();
     let exit_time = SystemTime::now();
     let status = od.terminate();

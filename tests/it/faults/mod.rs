@@ -177,17 +177,13 @@ fn fault_outboxd(kafka: &Kafka, topic: &str, rx: &Receiver, instance: &str) -> O
 
 /// Waits until `done()` holds, failing when outboxd dies or `timeout` passes.
 async fn wait_alive(ods: &mut [&mut Outboxd], what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if done() {
-            return;
+    harness::wait_until(what, timeout, || {
+        done() || {
+            ods.iter_mut().for_each(|od| od.assert_alive());
+            false
         }
-        for od in ods.iter_mut() {
-            od.assert_alive();
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 }
 
 /// What one scenario did, for its summary line.

@@ -5,7 +5,9 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::wait::keep_looking_blocking;
 
 /// `scripts/stack up kafka` may download jars on a cold machine and waits for
 /// readiness itself (bounded by OUTBOXD_STACK_TIMEOUT); this bounds the whole call.
@@ -63,21 +65,17 @@ impl PrivateBroker {
             .stderr(out)
             .spawn()
             .expect("run scripts/stack");
-        let deadline = Instant::now() + STACK_CALL_TIMEOUT;
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("try_wait") {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "`scripts/stack {}` (private broker) did not finish within {STACK_CALL_TIMEOUT:?}:\n{}",
-                    args.join(" "),
-                    std::fs::read_to_string(&out_path).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let exited = keep_looking_blocking(STACK_CALL_TIMEOUT, Duration::from_millis(50), || {
+            child.try_wait().expect("try_wait").ok_or(())
+        });
+        let Ok(status) = exited else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`scripts/stack {}` (private broker) did not finish within {STACK_CALL_TIMEOUT:?}:\n{}",
+                args.join(" "),
+                std::fs::read_to_string(&out_path).unwrap_or_default()
+            );
         };
         assert!(
             status.success(),
@@ -104,15 +102,14 @@ impl PrivateBroker {
         self.stack(&["kill-kafka"]);
         assert!(gone(pid), "broker pid {pid} still runs after kill-kafka");
         // The JVM's other threads (and its sockets) may outlive the main thread briefly.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.port_open() {
-            assert!(
-                Instant::now() < deadline,
-                "the broker port {} still accepts connections 10 s after kill-kafka",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let closed = keep_looking_blocking(Duration::from_secs(10), Duration::from_millis(50), || {
+            if self.port_open() {
+                Err(())
+            } else {
+                Ok(())
+            }
+        });
+        assert!(closed.is_ok(), "the broker port {} still accepts connections 10 s after kill-kafka", self.port);
     }
 
     /// Starts it again on the same data (`scripts/stack up kafka`).

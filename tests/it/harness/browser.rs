@@ -10,11 +10,13 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
+
+use super::{wait_for, wait_until_async};
 
 /// Where Debian puts the browser and its driver.
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -65,11 +67,10 @@ impl Browser {
             .spawn()
             .expect("start chromedriver");
         let url = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + DRIVER_START;
-        while reqwest::get(format!("{url}/status")).await.is_err() {
-            assert!(Instant::now() < deadline, "chromedriver did not answer on {url} within {DRIVER_START:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_until_async(format!("chromedriver to answer on {url}"), DRIVER_START, async || {
+            reqwest::get(format!("{url}/status")).await.is_ok()
+        })
+        .await;
         let profile = tempfile::tempdir().expect("a browser profile directory");
         let caps = json!({
             "browserName": "chrome",
@@ -105,15 +106,15 @@ impl Browser {
 
     /// Waits until the page's text contains `text`.
     pub async fn wait_for_text(&self, text: &str) {
-        let deadline = Instant::now() + PAGE_TIMEOUT;
-        loop {
+        wait_for(format!("{text:?} to appear on the page"), PAGE_TIMEOUT, async || {
             let body = self.text().await;
             if body.contains(text) {
-                return;
+                Ok(())
+            } else {
+                Err(format!("the page says\n{body}"))
             }
-            assert!(Instant::now() < deadline, "{text:?} did not appear on the page within {PAGE_TIMEOUT:?}:\n{body}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await;
     }
 
     /// The page's visible text.

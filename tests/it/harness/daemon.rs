@@ -3,13 +3,13 @@
 //! ([`Pipes`]), SIGTERM/SIGKILL, and the `outboxd store … --json` CLI.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,8 @@ use serde_json::Value;
 
 use super::kafka::Kafka;
 use super::receiver::Receiver;
-use super::{unique_name, POLL_EVERY};
+use super::unique_name;
+use super::wait::keep_looking_blocking;
 
 /// The outboxd binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
@@ -30,6 +31,9 @@ pub const ASSIGNMENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a SIGTERMed outboxd may take to drain and exit (drain_timeout is 5 s).
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a wait for outboxd's exit looks whether it exited.
+const REAP_EVERY: Duration = Duration::from_millis(20);
 
 /// The config outboxd is started with; tests change fields before [`Outboxd::start`].
 #[derive(Clone, Debug)]
@@ -346,23 +350,32 @@ impl Outboxd {
     }
 
     /// Like [`super::wait_until`], but fails at once when outboxd dies meanwhile.
-    pub async fn wait_until(
+    pub async fn wait_until(&mut self, what: impl Display, timeout: Duration, mut cond: impl FnMut() -> bool) {
+        super::wait_until(what, timeout, || {
+            cond() || {
+                self.assert_alive();
+                false
+            }
+        })
+        .await;
+    }
+
+    /// Like [`super::wait_for`] with a look at this outboxd (its metrics, its admin
+    /// API), but fails at once when it dies meanwhile.
+    pub async fn wait_for<T, E: Display>(
         &mut self,
-        what: impl std::fmt::Display,
+        what: impl Display,
         timeout: Duration,
-        mut cond: impl FnMut() -> bool,
-    ) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if cond() {
-                return;
+        mut look: impl AsyncFnMut(&Outboxd) -> Result<T, E>,
+    ) -> T {
+        super::wait_for(what, timeout, async || {
+            let seen = look(self).await;
+            if seen.is_err() {
+                self.assert_alive();
             }
-            self.assert_alive();
-            if Instant::now() >= deadline {
-                panic!("timed out after {timeout:?} waiting for {what}");
-            }
-            tokio::time::sleep(POLL_EVERY).await;
-        }
+            seen
+        })
+        .await
     }
 
     /// Waits until the current run logged `partitions assigned` and, with the
@@ -395,19 +408,9 @@ impl Outboxd {
 
     /// Waits (bounded) for outboxd to exit on its own (e.g. refusing to start); returns its status.
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let mut child = self.child.take().expect("outboxd is not running");
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                return status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("outboxd did not exit on its own within {timeout:?} (killed it)");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = self.child.take().expect("outboxd is not running");
+        reap_within(child, timeout)
+            .unwrap_or_else(|| panic!("outboxd did not exit on its own within {timeout:?} (killed it)"))
     }
 
     /// Sends `signal` (a name `kill` takes: `STOP`, `CONT`) to the running process.
@@ -420,21 +423,11 @@ impl Outboxd {
 
     /// SIGTERM and wait (bounded) for the exit; returns its status.
     pub fn terminate(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("outboxd is not running");
+        let child = self.child.take().expect("outboxd is not running");
         let sent = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().expect("run kill -TERM");
         assert!(sent.success(), "kill -TERM {} failed", child.id());
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                return status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("outboxd did not exit within {STOP_TIMEOUT:?} after SIGTERM (killed it)");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        reap_within(child, STOP_TIMEOUT)
+            .unwrap_or_else(|| panic!("outboxd did not exit within {STOP_TIMEOUT:?} after SIGTERM (killed it)"))
     }
 
     /// The store's owner file as the running service wrote it (JSON).
@@ -575,6 +568,17 @@ async fn copy_until(mut pipe: impl AsyncRead + Unpin, log: Arc<Mutex<File>>, sto
         bytes += n as u64;
     }
     bytes
+}
+
+/// Reaps `child` once it exits, within `timeout`; SIGKILLs and reaps it (and answers
+/// `None`) when it does not.
+fn reap_within(mut child: Child, timeout: Duration) -> Option<ExitStatus> {
+    let exited = keep_looking_blocking(timeout, REAP_EVERY, || child.try_wait().expect("try_wait").ok_or(()));
+    if exited.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    exited.ok()
 }
 
 impl Drop for Outboxd {

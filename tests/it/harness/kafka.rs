@@ -15,6 +15,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 
+use super::wait::keep_looking_blocking;
 use super::{unique_name, wait_until};
 
 /// Where the tests expect the broker unless `OUTBOXD_TEST_BROKERS` says otherwise.
@@ -218,27 +219,34 @@ impl Kafka {
         }
         consumer.assign(&tpl).unwrap_or_else(|e| panic!("assign {topic}: {e}"));
         let mut next: BTreeMap<i32, i64> = BTreeMap::new();
-        let deadline = std::time::Instant::now() + timeout;
-        while ends.iter().any(|(p, end)| next.get(p).copied().unwrap_or(0) < *end) {
-            if std::time::Instant::now() >= deadline {
-                panic!("could not read {topic} up to its end offsets {ends:?} within {timeout:?}; read up to {next:?}");
+        // Each look reads one message (polling blocks up to 200 ms, so no pause between).
+        let read = keep_looking_blocking(timeout, Duration::ZERO, || {
+            if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+                let m = m.unwrap_or_else(|e| panic!("read {topic}: {e}"));
+                next.insert(m.partition(), m.offset() + 1);
+                if ends.get(&m.partition()).is_some_and(|end| m.offset() < *end) {
+                    out.push(Message {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        headers: m
+                            .headers()
+                            .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+                            .unwrap_or_default(),
+                        timestamp_ms: m.timestamp().to_millis(),
+                    });
+                }
             }
-            let Some(m) = consumer.poll(Duration::from_millis(200)) else { continue };
-            let m = m.unwrap_or_else(|e| panic!("read {topic}: {e}"));
-            next.insert(m.partition(), m.offset() + 1);
-            if ends.get(&m.partition()).is_some_and(|end| m.offset() < *end) {
-                out.push(Message {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    value: m.payload().map(<[u8]>::to_vec),
-                    headers: m
-                        .headers()
-                        .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
-                        .unwrap_or_default(),
-                    timestamp_ms: m.timestamp().to_millis(),
-                });
+            let at_the_end = ends.iter().all(|(p, end)| next.get(p).copied().unwrap_or(0) >= *end);
+            if at_the_end {
+                Ok(())
+            } else {
+                Err(())
             }
+        });
+        if read.is_err() {
+            panic!("could not read {topic} up to its end offsets {ends:?} within {timeout:?}; read up to {next:?}");
         }
         out.sort_by_key(|m| (m.partition, m.offset));
         out

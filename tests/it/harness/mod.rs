@@ -5,6 +5,7 @@
 //! see: the receiver's calls, the group's committed offsets, the logs and the
 //! `outboxd store … --json` CLI.
 //!
+//! - [`wait`]: waiting for what a test expects, through the one deadline loop.
 //! - [`kafka`]: broker address, topics and their configs, a producer of outbox-shaped
 //!   and arbitrary messages, reading a topic, committed offsets and end offsets.
 //! - [`changelog`]: changelog topics (`[store.changelog]`): their names, their records
@@ -44,30 +45,12 @@ pub mod receiver;
 pub mod store;
 pub mod tmpfs;
 pub mod turns;
-
-use std::fmt::Display;
-use std::time::{Duration, Instant};
+pub mod wait;
 
 pub use daemon::{Outboxd, Record};
 pub use kafka::{Kafka, Message, OffsetReader, Produced, Producer};
 pub use receiver::{Behaviour, Call, Receiver};
-
-/// How often the wait helpers look again.
-pub const POLL_EVERY: Duration = Duration::from_millis(100);
-
-/// Waits until `cond` holds, looking every [`POLL_EVERY`]; fails the test after `timeout`.
-pub async fn wait_until(what: impl Display, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
-}
+pub use wait::{wait_at_most, wait_for, wait_until, wait_until_async, POLL_EVERY};
 
 /// A fresh event id in the shape Debezium's outbox uses (a random UUID v4, as text).
 pub fn new_event_id() -> String {

@@ -7,12 +7,13 @@ use crate::harness;
 use crate::scale::{on, produce};
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::changelog::{self, log_number};
 use harness::daemon::instance_header_toml;
 use harness::logs::{log_lines, logged};
 use harness::receiver::Reply;
+use harness::wait::keep_looking;
 use harness::{env_usize, new_event_id, unique_name, Kafka, Outboxd, Receiver};
 
 /// A restore cut by SIGKILL after some batches starts again from the checkpoint of
@@ -37,16 +38,19 @@ async fn a_restore_cut_by_sigkill_resumes_from_its_checkpoint() {
     // Two batches read: the first one's checkpoint is durable (a batch's records are
     // counted before its checkpoint is written, and batches follow one another).
     let labels = [("topic", topic.as_str()), ("partition", "0")];
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut restored = 0.0;
-    while restored < (2 * batch) as f64 {
-        od.assert_alive();
-        assert!(Instant::now() < deadline, "the restore did not read two batches ({restored} records)");
-        if let Some(m) = harness::metrics::try_scrape(&od).await {
-            restored = harness::metrics::sample(&m, "outboxd_changelog_records_restored_total", &labels);
+    // Looked at often: the kill must come before the restore ends.
+    let two_batches = keep_looking(Duration::from_secs(120), Duration::from_millis(20), async || {
+        let m = harness::metrics::try_scrape(&od).await.unwrap_or_default();
+        let restored = harness::metrics::sample(&m, "outboxd_changelog_records_restored_total", &labels);
+        if restored >= (2 * batch) as f64 {
+            return Ok(restored);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        od.assert_alive();
+        Err(restored)
+    });
+    let restored = two_batches
+        .await
+        .unwrap_or_else(|restored| panic!("the restore did not read two batches ({restored} records)"));
     od.kill();
     let first = log_lines(&od, "restoring the partition from its changelog");
     assert_eq!(first.len(), 1, "{first:?}");
@@ -122,22 +126,17 @@ async fn an_empty_store_restored_from_the_changelog_holds_what_the_old_store_hel
     // An answer is recorded a group commit later: wait until the counters (which count
     // recorded outcomes) show every answered event, so that the kill cuts only the held call.
     let (done, dead) = ((EVENTS - 7) as f64, 6.0);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        a.assert_alive();
-        let m = harness::metrics::try_scrape(&a).await.unwrap_or_default();
+    a.wait_for(format!("A to record {done} handled and {dead} dead"), Duration::from_secs(90), async |a| {
+        let m = harness::metrics::try_scrape(a).await.unwrap_or_default();
         let count = |name| harness::metrics::sample(&m, name, &[("topic", topic.as_str())]);
-        if (count("outboxd_events_handled_total"), count("outboxd_events_dead_total")) == (done, dead) {
-            break;
+        let recorded = (count("outboxd_events_handled_total"), count("outboxd_events_dead_total"));
+        if recorded == (done, dead) {
+            Ok(())
+        } else {
+            Err(format!("A recorded {} handled and {} dead", recorded.0, recorded.1))
         }
-        assert!(
-            Instant::now() < deadline,
-            "A recorded {} handled and {} dead, not {done} and {dead}",
-            count("outboxd_events_handled_total"),
-            count("outboxd_events_dead_total")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     // Killed during the held call: started again, A finds its claim and parks the event.
     a.kill();
     hold.store(false, std::sync::atomic::Ordering::SeqCst);

@@ -22,28 +22,22 @@ pub async fn wait_all_answered(
     connector: &str,
 ) {
     let ids = ids(rows);
-    let deadline = Instant::now() + timeout;
+    // Connect is asked once a second, the receiver at every look.
     let mut next_look = Instant::now();
-    loop {
+    od.wait_for(format!("the receiver to answer all {} events", ids.len()), timeout, async |_| {
         let n = receiver.count_answered_ok(&ids);
         if n == ids.len() {
-            return;
+            return Ok(());
         }
-        od.assert_alive();
         if Instant::now() >= next_look {
             next_look = Instant::now() + Duration::from_secs(1);
             assert_connector_alive(connect, connector, &format!("the receiver had answered {n} of {}", ids.len()))
                 .await;
         }
-        if Instant::now() >= deadline {
-            let missing: Vec<&String> = ids.iter().filter(|id| !receiver.answered(id)).take(10).collect();
-            panic!(
-                "after {timeout:?} the receiver has answered {n} of {} events; not answered e.g.: {missing:?}",
-                ids.len()
-            );
-        }
-        tokio::time::sleep(crate::harness::POLL_EVERY).await;
-    }
+        let missing: Vec<&String> = ids.iter().filter(|id| !receiver.answered(id)).take(10).collect();
+        Err(format!("{n} answered; not answered e.g.: {missing:?}"))
+    })
+    .await;
 }
 
 pub async fn assert_connector_alive(connect: &Connect, connector: &str, when: &str) {

@@ -98,74 +98,60 @@ impl Connect {
     /// `PUT /connectors/NAME/config`, retried while Connect is busy (409, 5xx).
     pub async fn put_config(&self, name: &str, config: &Value) -> Result<(), String> {
         let url = format!("{}/connectors/{name}/config", self.base);
-        let deadline = Instant::now() + CONNECTOR_CHANGE_TIMEOUT;
-        loop {
-            let last = match self.http.put(&url).json(config).send().await {
-                Ok(r) if r.status().is_success() => return Ok(()),
+        // Ok ends the retries: the change was taken, or refused for good.
+        let put = keep_looking(CONNECTOR_CHANGE_TIMEOUT, Duration::from_millis(500), async || {
+            match self.http.put(&url).json(config).send().await {
+                Ok(r) if r.status().is_success() => Ok(Ok(())),
                 Ok(r) => {
                     let status = r.status();
                     let text = r.text().await.unwrap_or_default();
                     if status.is_client_error() && status != reqwest::StatusCode::CONFLICT {
-                        return Err(format!("PUT {url}: {status}: {text}"));
+                        return Ok(Err(format!("PUT {url}: {status}: {text}")));
                     }
-                    format!("{status}: {text}")
+                    Err(format!("{status}: {text}"))
                 }
-                Err(e) => e.to_string(),
-            };
-            if Instant::now() >= deadline {
-                return Err(format!("PUT {url}: still failing after {CONNECTOR_CHANGE_TIMEOUT:?}: {last}"));
+                Err(e) => Err(e.to_string()),
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        });
+        put.await
+            .unwrap_or_else(|last| Err(format!("PUT {url}: still failing after {CONNECTOR_CHANGE_TIMEOUT:?}: {last}")))
     }
 
     /// Waits until the connector and its task are RUNNING; fails the test at once when
     /// one of them FAILED, or after `timeout`.
     pub async fn wait_running(&self, name: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let last = match self.status(name).await {
-                Ok(Some(s)) => {
-                    if is_running(&s) {
-                        return;
-                    }
-                    if let Some(trace) = failure(&s) {
-                        panic!("connector {name} FAILED: {}", shorten(&trace, 4000));
-                    }
-                    s.to_string()
+        wait_for(format!("connector {name} to be RUNNING"), timeout, async || match self.status(name).await {
+            Ok(Some(s)) if is_running(&s) => Ok(()),
+            Ok(Some(s)) => {
+                if let Some(trace) = failure(&s) {
+                    panic!("connector {name} FAILED: {}", shorten(&trace, 4000));
                 }
-                Ok(None) => "not registered".into(),
-                Err(e) => e,
-            };
-            if Instant::now() >= deadline {
-                panic!("connector {name} not RUNNING after {timeout:?}; last status: {last}");
+                Err(format!("status {s}"))
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            Ok(None) => Err("not registered".to_string()),
+            Err(e) => Err(e),
+        })
+        .await;
     }
 
     /// `DELETE /connectors/NAME` (retried while Connect is busy), then waits until
     /// Connect no longer knows it. A missing connector is fine.
     pub async fn delete(&self, name: &str) -> Result<(), String> {
         let url = format!("{}/connectors/{name}", self.base);
-        let deadline = Instant::now() + CONNECTOR_CHANGE_TIMEOUT;
-        loop {
-            let last = match self.http.delete(&url).send().await {
+        let gone = keep_looking(CONNECTOR_CHANGE_TIMEOUT, Duration::from_millis(300), async || {
+            match self.http.delete(&url).send().await {
                 Ok(r) if r.status().is_success() || r.status() == reqwest::StatusCode::NOT_FOUND => {
                     match self.config(name).await {
-                        Ok(None) => return Ok(()),
-                        Ok(Some(_)) => "still registered".to_string(),
-                        Err(e) => e,
+                        Ok(None) => Ok(()),
+                        Ok(Some(_)) => Err("still registered".to_string()),
+                        Err(e) => Err(e),
                     }
                 }
-                Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
-                Err(e) => e.to_string(),
-            };
-            if Instant::now() >= deadline {
-                return Err(format!("DELETE {url}: not gone after {CONNECTOR_CHANGE_TIMEOUT:?}: {last}"));
+                Ok(r) => Err(format!("{}: {}", r.status(), r.text().await.unwrap_or_default())),
+                Err(e) => Err(e.to_string()),
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        });
+        gone.await.map_err(|last| format!("DELETE {url}: not gone after {CONNECTOR_CHANGE_TIMEOUT:?}: {last}"))
     }
 }
 

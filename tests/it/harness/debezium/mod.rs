@@ -22,7 +22,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use std::collections::{HashMap, HashSet};
 
-use super::{new_event_id, OffsetReader, Outboxd, Receiver};
+use super::wait::{keep_looking, keep_looking_blocking};
+use super::{new_event_id, wait_for, OffsetReader, Outboxd, Receiver};
 
 mod assertions;
 mod connect;
@@ -109,19 +110,20 @@ pub fn run_bounded(mut cmd: Command, stdin: Option<String>, timeout: Duration) -
         let _ = err.read_to_end(&mut b);
         b
     });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => {}
-            Err(e) => return Err(format!("wait for {shown}: {e}")),
-        }
-        if Instant::now() >= deadline {
+    // Ok ends the wait: the child exited, or waiting for it failed.
+    let exited = keep_looking_blocking(timeout, Duration::from_millis(10), || match child.try_wait() {
+        Ok(Some(status)) => Ok(Ok(status)),
+        Ok(None) => Err(()),
+        Err(e) => Ok(Err(e)),
+    });
+    let status = match exited {
+        Ok(Ok(status)) => status,
+        Ok(Err(e)) => return Err(format!("wait for {shown}: {e}")),
+        Err(()) => {
             let _ = child.kill();
             let _ = child.wait();
             return Err(format!("{shown} did not finish within {timeout:?} (killed it)"));
         }
-        std::thread::sleep(Duration::from_millis(10));
     };
     let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
     Ok(RunOutput {
@@ -226,11 +228,10 @@ impl StackTurn {
         let port: u16 = env_or("OUTBOXD_TEST_TURN_PORT", &TURN_PORT.to_string())
             .parse()
             .unwrap_or_else(|e| panic!("OUTBOXD_TEST_TURN_PORT: {e}"));
-        let deadline = Instant::now() + timeout;
         let mut said = false;
-        loop {
+        let taken = keep_looking(timeout, Duration::from_millis(250), async || {
             match std::net::TcpListener::bind(("127.0.0.1", port)) {
-                Ok(listener) => return StackTurn { _listener: listener },
+                Ok(listener) => Ok(listener),
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
                     if !said {
                         eprintln!(
@@ -238,16 +239,17 @@ impl StackTurn {
                         );
                         said = true;
                     }
-                    if Instant::now() >= deadline {
-                        panic!(
-                            "127.0.0.1:{port} stayed taken for {timeout:?}: another test process is using the stack's \
-                             Kafka Connect (or something else uses the port: set OUTBOXD_TEST_TURN_PORT)"
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    Err(())
                 }
                 Err(e) => panic!("bind 127.0.0.1:{port} (the test processes' turn): {e}"),
             }
-        }
+        });
+        let Ok(listener) = taken.await else {
+            panic!(
+                "127.0.0.1:{port} stayed taken for {timeout:?}: another test process is using the stack's \
+                 Kafka Connect (or something else uses the port: set OUTBOXD_TEST_TURN_PORT)"
+            );
+        };
+        StackTurn { _listener: listener }
     }
 }

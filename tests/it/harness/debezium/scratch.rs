@@ -82,18 +82,16 @@ impl Scratch {
         self.slots.push(slot.clone());
         self.connect.put_config(name, config).await.unwrap_or_else(|e| panic!("register connector {name}: {e}"));
         self.connect.wait_running(name, timeout).await;
-        let deadline = Instant::now() + timeout;
-        loop {
+        wait_for(format!("replication slot {slot} of connector {name} to be active"), timeout, async || {
             let active =
                 self.pg.query(&format!("SELECT active FROM pg_replication_slots WHERE slot_name = {}", lit(&slot)));
             if active.trim() == "t" {
-                return;
+                Ok(())
+            } else {
+                Err(format!("active = {active:?}"))
             }
-            if Instant::now() >= deadline {
-                panic!("replication slot {slot} of connector {name} not active after {timeout:?} (got {active:?})");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await;
     }
 
     /// Deletes connector `name`, waits until it is gone, then drops its slot.
@@ -178,34 +176,41 @@ impl Drop for Scratch {
 /// (terminating a walsender that lingers past [`SLOT_RELEASE_TIMEOUT`]). A missing
 /// slot is fine.
 pub async fn drop_slot(pg: &Pg, slot: &str) -> Result<(), String> {
-    let deadline = Instant::now() + SLOT_RELEASE_TIMEOUT;
-    let mut terminated = false;
-    loop {
-        let row = pg.try_query(&format!(
+    // Ok ends the wait: the slot is dropped or gone, or an error came; Err is the pid
+    // of the walsender that still streams from it.
+    let mut look = async || -> Result<Result<(), String>, String> {
+        let row = match pg.try_query(&format!(
             "SELECT active, coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = {}",
             lit(slot)
-        ))?;
+        )) {
+            Ok(row) => row,
+            Err(e) => return Ok(Err(e)),
+        };
         let row = row.trim();
         if row.is_empty() {
-            return Ok(());
+            return Ok(Ok(()));
         }
         let (active, pid) = row.split_once('|').unwrap_or((row, "0"));
-        if active == "f" {
-            match pg.try_query(&format!("SELECT pg_drop_replication_slot({});", lit(slot))) {
-                Ok(_) => return Ok(()),
-                // It became active again in between, or vanished: look again.
-                Err(e) if e.contains("is active") || e.contains("does not exist") => {}
-                Err(e) => return Err(e),
-            }
-        } else if Instant::now() >= deadline {
-            if terminated {
-                return Err(format!("still active (pid {pid}) after {SLOT_RELEASE_TIMEOUT:?} and a terminate"));
-            }
-            eprintln!("slot {slot} still active after {SLOT_RELEASE_TIMEOUT:?}: terminating its walsender (pid {pid})");
-            pg.try_query(&format!("SELECT pg_terminate_backend({pid});"))?;
-            terminated = true;
+        if active != "f" {
+            return Err(pid.to_owned());
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        match pg.try_query(&format!("SELECT pg_drop_replication_slot({});", lit(slot))) {
+            Ok(_) => Ok(Ok(())),
+            // It became active again in between, or vanished: look again.
+            Err(e) if e.contains("is active") || e.contains("does not exist") => Err(pid.to_owned()),
+            Err(e) => Ok(Err(e)),
+        }
+    };
+    let pace = Duration::from_millis(200);
+    let pid = match keep_looking(SLOT_RELEASE_TIMEOUT, pace, &mut look).await {
+        Ok(dropped) => return dropped,
+        Err(pid) => pid,
+    };
+    eprintln!("slot {slot} still active after {SLOT_RELEASE_TIMEOUT:?}: terminating its walsender (pid {pid})");
+    pg.try_query(&format!("SELECT pg_terminate_backend({pid});"))?;
+    match keep_looking(pace, pace, &mut look).await {
+        Ok(dropped) => dropped,
+        Err(pid) => Err(format!("still active (pid {pid}) after {SLOT_RELEASE_TIMEOUT:?} and a terminate")),
     }
 }
 
