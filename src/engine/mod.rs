@@ -10,7 +10,11 @@ mod follow;
 mod guards;
 mod hold;
 #[cfg(test)]
+mod memory_source;
+#[cfg(test)]
 mod policy_tests;
+#[cfg(test)]
+mod poll_tests;
 mod reader;
 mod restore;
 mod retry;
@@ -33,7 +37,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::kafka::{Consumer, RecvError, Tracker};
+use crate::kafka::{RecvError, Source, Tracker};
 use crate::metrics::names;
 use crate::offsets::{describe, PartitionId};
 use worker::Shared;
@@ -55,7 +59,7 @@ pub struct Engine {
 
 impl Engine {
     /// Limits come from `exec`'s config.
-    pub fn new(exec: Arc<Executor>, consumer: Arc<Consumer>, tracker: Tracker) -> Engine {
+    pub fn new(exec: Arc<Executor>, consumer: Arc<dyn Source>, tracker: Tracker) -> Engine {
         let max_in_flight = exec.config.store.max_in_flight;
         let max_bytes = exec.config.store.max_in_flight_bytes;
         let drain_timeout = exec.config.kafka.drain_timeout;
@@ -85,6 +89,12 @@ impl Engine {
         hold::run(self.shared.clone(), self.drain_timeout, stop)
     }
 
+    /// Keys with an event queued or running (the in-process tests wait for none).
+    #[cfg(test)]
+    fn active_chains(&self) -> usize {
+        worker::lock(&self.shared.chains).len()
+    }
+
     /// True once the engine stopped taking events.
     pub fn draining(&self) -> Arc<AtomicBool> {
         self.draining.clone()
@@ -102,7 +112,7 @@ impl Engine {
     /// polls again, so rebalance callbacks and errors are served and the group
     /// never takes a partition away for want of a poll.
     pub async fn run(&self, shutdown: &CancellationToken) -> Option<Fatal> {
-        let consumer = &self.shared.consumer;
+        let consumer = &*self.shared.consumer;
         let mut full = Waiting::default();
         let mut open = OpenCircuits::new(self.shared.exec.circuits().all().len());
         let mut circuits = self.shared.exec.circuits().subscribe();
@@ -194,7 +204,7 @@ impl Engine {
     /// gives back its read-ahead, so that other handlers' topics keep flowing.
     /// Closed: its partitions resume (unless paused for read-ahead or a restore).
     fn follow_circuits(&self, open: &mut OpenCircuits, full: &mut Waiting) {
-        let consumer = &self.shared.consumer;
+        let consumer = &*self.shared.consumer;
         for (h, circuit) in self.shared.exec.circuits().all().iter().enumerate() {
             let now_open = circuit.pauses();
             if now_open == open.is_open(h) {
@@ -273,7 +283,8 @@ impl Engine {
                     "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
             }
         }
-        self.shared.consumer.commit_now(tracker);
+        let finished = tracker.lock().committable();
+        self.shared.consumer.commit_now(&finished);
         failure
     }
 
@@ -322,7 +333,7 @@ impl OpenCircuits {
         self.paused.iter().any(|ps| ps.contains(p))
     }
 
-    fn pause(&mut self, consumer: &Consumer, h: usize, p: PartitionId) {
+    fn pause(&mut self, consumer: &dyn Source, h: usize, p: PartitionId) {
         if !self.paused[h].contains(&p) {
             consumer.pause(std::slice::from_ref(&p));
             self.paused[h].push(p);
@@ -390,7 +401,7 @@ impl Waiting {
     /// Keeps `w`. While partitions are paused, a message that still comes
     /// (its partition assigned since, resumed by its restore meanwhile, or
     /// fetched before the pause took effect) pauses its own partition too.
-    fn push(&mut self, consumer: &Consumer, w: Wait) {
+    fn push(&mut self, consumer: &dyn Source, w: Wait) {
         if self.queue.is_empty() {
             self.since = tokio::time::Instant::now();
         }
@@ -406,7 +417,7 @@ impl Waiting {
 
     /// Read-ahead stayed full for `PAUSE_AFTER`: every assigned partition pauses
     /// until the waiting messages have room, and the loop polls meanwhile.
-    fn pause_all(&mut self, consumer: &Consumer, tracker: &Tracker) {
+    fn pause_all(&mut self, consumer: &dyn Source, tracker: &Tracker) {
         let all = tracker.lock().partitions();
         if all.is_empty() {
             // Nothing to pause (everything was revoked): look again later.
@@ -421,7 +432,7 @@ impl Waiting {
     /// Resumes what was paused for read-ahead, except partitions no longer
     /// assigned, those waiting for their restore (the restore resumes them) and
     /// those of a handler whose circuit is open.
-    fn resume(&mut self, consumer: &Consumer, tracker: &Tracker, open: &OpenCircuits) {
+    fn resume(&mut self, consumer: &dyn Source, tracker: &Tracker, open: &OpenCircuits) {
         if self.paused.is_empty() {
             return;
         }

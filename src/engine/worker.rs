@@ -15,7 +15,7 @@ use super::executor::{Executed, Executor};
 /// How often an event of a partition being restored looks whether it may begin.
 const RESTORE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 use crate::event::RawMessage;
-use crate::kafka::{Consumer, Tracker};
+use crate::kafka::{Source, Tracker};
 use crate::offsets::PartitionId;
 
 /// Events of one Kafka key in one partition run one at a time, in offset order.
@@ -54,7 +54,8 @@ pub struct Shared {
     /// Runs one message to a durable final state.
     pub exec: Arc<Executor>,
     pub tracker: Tracker,
-    pub consumer: Arc<Consumer>,
+    /// Where messages come from and offsets go (the Kafka consumer, or a test's source).
+    pub consumer: Arc<dyn Source>,
     /// Active chains: a key present here has a task working through its queue.
     pub chains: Mutex<HashMap<KeyId, Chain>>,
 }

@@ -3,7 +3,7 @@
 //! committing offsets.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer};
@@ -14,11 +14,12 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{error, info, warn};
 
 use super::health::{is_connection_error, BrokerHealth};
+use super::source::{RecvError, Source};
 use crate::config::KafkaConfig;
 use crate::event::RawMessage;
 use crate::metrics::names;
 pub use crate::offsets::Tracker;
-use crate::offsets::{describe, FenceCause, PartitionId};
+use crate::offsets::{describe, PartitionId};
 
 /// Keeps the offset tracker in step with assignments.
 struct Ctx {
@@ -31,9 +32,6 @@ struct Ctx {
     /// Told when partitions were assigned that must be restored first (changelog on).
     restore_wakeup: Arc<tokio::sync::Notify>,
 }
-
-/// How often a revoke looks whether running events have finished.
-const REVOKE_POLL: Duration = Duration::from_millis(10);
 
 /// librdkafka's log facilities that say the group may have given our partitions
 /// to another member: the session timed out, or the poll interval was exceeded.
@@ -115,24 +113,15 @@ impl ConsumerContext for Ctx {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
-                let assigned = partitions(tpl);
-                let mut tracker = self.tracker.lock();
-                tracker.join();
-                for p in &assigned {
-                    tracker.assign(p.clone());
-                }
-                if tracker.restores_first() && !assigned.is_empty() {
-                    // Nothing of them is fetched until their changelog is restored (the
-                    // restore resumes each); what was fetched already is fetched again then.
+                let pause = |_: &[PartitionId]| {
                     if let Err(error) = consumer.pause(tpl) {
-                        warn!(%error, partitions = %describe(&assigned), "could not pause partitions to restore; their events wait for the restore");
+                        warn!(%error, partitions = %describe(&partitions(tpl)),
+                            "could not pause partitions to restore; their events wait for the restore");
                     }
-                    info!(partitions = %describe(&assigned), "partitions assigned; restoring their changelog before handling them");
-                    self.restore_wakeup.notify_one();
-                }
+                };
+                super::source::assigned(&self.tracker, &partitions(tpl), pause, &self.restore_wakeup);
                 // An assignment came through the group coordinator: the broker is reachable.
                 self.health.reached();
-                info!(partitions = %describe(&assigned), "partitions assigned");
             }
             Rebalance::Error(error) => warn!(%error, "rebalance error"),
             Rebalance::Revoke(_) => {}
@@ -144,43 +133,12 @@ impl Ctx {
     /// Lets running events of the revoked partitions finish (bounded by the drain
     /// timeout), commits what finished, and forgets the partitions.
     fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
-        let revoked = partitions(tpl);
-        let lost = consumer.assignment_lost();
-        if lost {
-            // Another member may own them already: nothing of theirs starts here
-            // and no running event's outcome moves an offset from now on.
-            self.tracker.lock().fence(&revoked, FenceCause::Lost);
-        }
-        // No new event starts in these partitions; running ones may finish
-        // (bounded by the drain timeout) so their offsets can be committed.
-        let mut running = self.tracker.lock().start_revoke(&revoked);
-        if running > 0 && !lost {
-            info!(partitions = %describe(&revoked), running, drain_timeout = ?self.drain_timeout,
-                "revoking: waiting for running events to finish");
-        }
-        let deadline = Instant::now() + self.drain_timeout;
-        while running > 0 && !lost && Instant::now() < deadline {
-            std::thread::sleep(REVOKE_POLL);
-            let mut tracker = self.tracker.lock();
-            // The wait is inside the poll, and librdkafka keeps the membership
-            // meanwhile: the other partitions stay confirmed.
-            tracker.confirm(Instant::now());
-            running = tracker.running(&revoked);
-        }
-        let mut tracker = self.tracker.lock();
-        let finished: Vec<_> = tracker.committable().into_iter().filter(|(p, _)| revoked.contains(p)).collect();
-        if lost {
-            // Another member may own them already: committing could move its offsets.
-            warn!(partitions = %describe(&revoked), "partitions lost; not committing for them");
-        } else if !finished.is_empty() {
-            if let Err(error) = consumer.commit(&to_tpl(&finished), CommitMode::Sync) {
+        let commit = |finished: &[(PartitionId, i64)]| {
+            if let Err(error) = consumer.commit(&to_tpl(finished), CommitMode::Sync) {
                 warn!(%error, "commit on revoke failed; the next owner re-reads from the last commit (duplicates are absorbed)");
             }
-        }
-        for p in &revoked {
-            tracker.revoke(p);
-        }
-        info!(partitions = %describe(&revoked), still_running = running, "partitions revoked");
+        };
+        super::source::revoked(&self.tracker, &partitions(tpl), consumer.assignment_lost(), self.drain_timeout, commit);
     }
 }
 
@@ -203,21 +161,6 @@ fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
         let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
     }
     tpl
-}
-
-/// Why the consumer gave no message.
-#[derive(Debug, thiserror::Error)]
-pub enum RecvError {
-    /// librdkafka retries by itself; the poll loop polls again.
-    #[error("{0}")]
-    Transient(String),
-    /// The poll interval was exceeded: the group may have given our partitions away.
-    #[error("{0}")]
-    PollExceeded(String),
-    /// The consumer can do nothing more (a static member fenced by another with its
-    /// `group.instance.id`, an authentication failure): the service must stop.
-    #[error("{0}")]
-    Fatal(String),
 }
 
 /// The subscribed consumer. Offsets are stored by us only after an event is
@@ -248,19 +191,7 @@ impl Consumer {
         Ok(Consumer { inner, topics: subscriptions.to_vec() })
     }
 
-    /// The next message. Rebalance callbacks run inside this call. A connection error
-    /// is not returned: librdkafka retries by itself, and the brokers' [`BrokerHealth`]
-    /// has counted it and says what the log needs to say.
-    pub async fn recv(&self) -> Result<RawMessage, RecvError> {
-        loop {
-            match self.inner.recv().await {
-                Err(RdError::MessageConsumption(code)) if is_connection_error(code) => {}
-                received => return self.received(received),
-            }
-        }
-    }
-
-    /// What [`Consumer::recv`] returns for what librdkafka gave.
+    /// What [`Source::recv`] returns for what librdkafka gave.
     fn received(&self, received: Result<BorrowedMessage<'_>, RdError>) -> Result<RawMessage, RecvError> {
         match received {
             Ok(m) => Ok(to_raw(&m)),
@@ -280,11 +211,39 @@ impl Consumer {
             Err(e) => Err(RecvError::Transient(e.to_string())),
         }
     }
+}
 
-    /// Leaves the group and joins it again: after a fence (a gap in polling),
-    /// ownership of every partition is confirmed again by a fresh assignment (or
-    /// the partitions go to their new owner) rather than assumed.
-    pub fn rejoin(&self) {
+#[async_trait::async_trait]
+impl Source for Consumer {
+    /// The next message. Rebalance callbacks run inside this call. A connection error
+    /// is not returned: librdkafka retries by itself, and the brokers' [`BrokerHealth`]
+    /// has counted it and says what the log needs to say.
+    async fn recv(&self) -> Result<RawMessage, RecvError> {
+        loop {
+            match self.inner.recv().await {
+                Err(RdError::MessageConsumption(code)) if is_connection_error(code) => {}
+                received => return self.received(received),
+            }
+        }
+    }
+
+    /// What librdkafka fetched of them already is dropped and fetched again on resume.
+    fn pause(&self, partitions: &[PartitionId]) {
+        if let Err(error) = self.inner.pause(&to_list(partitions)) {
+            warn!(%error, partitions = %describe(partitions), "could not pause partitions; their messages wait in memory");
+        }
+    }
+
+    fn resume(&self, partitions: &[PartitionId]) {
+        if let Err(error) = self.inner.resume(&to_list(partitions)) {
+            warn!(%error, partitions = %describe(partitions), "could not resume partitions");
+        }
+    }
+
+    /// After a fence (a gap in polling), ownership of every partition is confirmed
+    /// again by a fresh assignment (or the partitions go to their new owner) rather
+    /// than assumed.
+    fn rejoin(&self) {
         warn!("leaving and rejoining the consumer group so that the fenced partitions are assigned afresh");
         self.inner.unsubscribe();
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
@@ -294,45 +253,26 @@ impl Consumer {
         }
     }
 
-    /// Stops fetching these partitions (read-ahead is full). What librdkafka
-    /// fetched of them already is dropped and fetched again on resume.
-    pub fn pause(&self, partitions: &[PartitionId]) {
-        if let Err(error) = self.inner.pause(&to_list(partitions)) {
-            warn!(%error, partitions = %describe(partitions), "could not pause partitions; their messages wait in memory");
-        }
-    }
-
-    /// Lets these partitions' messages come again (after their restore, or once
-    /// read-ahead has room).
-    pub fn resume(&self, partitions: &[PartitionId]) {
-        if let Err(error) = self.inner.resume(&to_list(partitions)) {
-            warn!(%error, partitions = %describe(partitions), "could not resume partitions");
-        }
-    }
-
-    /// Notified when partitions were assigned that must be restored first.
-    pub fn restore_wakeup(&self) -> Arc<tokio::sync::Notify> {
-        self.inner.context().restore_wakeup.clone()
-    }
-
-    /// Hands the next offset to commit to librdkafka (committed on its interval).
-    pub fn store_offset(&self, partition: &PartitionId, next: i64) {
+    /// librdkafka commits stored offsets every `kafka.commit_interval`.
+    fn store_offset(&self, partition: &PartitionId, next: i64) {
         if let Err(error) = self.inner.store_offsets(&to_tpl(&[(partition.clone(), next)])) {
             // Happens when the partition was revoked meanwhile; its next owner re-reads.
             warn!(%error, topic = %partition.topic, partition = partition.partition, next, "could not store offset");
         }
     }
 
-    /// Commits every finished offset now (shutdown).
-    pub fn commit_now(&self, tracker: &Tracker) {
-        let finished = tracker.lock().committable();
-        if finished.is_empty() {
+    fn commit_now(&self, offsets: &[(PartitionId, i64)]) {
+        if offsets.is_empty() {
             return;
         }
-        match self.inner.commit(&to_tpl(&finished), CommitMode::Sync) {
-            Ok(()) => info!(partitions = finished.len(), "final offsets committed"),
+        match self.inner.commit(&to_tpl(offsets), CommitMode::Sync) {
+            Ok(()) => info!(partitions = offsets.len(), "final offsets committed"),
             Err(error) => warn!(%error, "final commit failed; finished events will be redelivered and suppressed"),
         }
+    }
+
+    fn restore_wakeup(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.context().restore_wakeup.clone()
     }
 }
 

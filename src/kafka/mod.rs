@@ -3,7 +3,8 @@
 //! producer, the changelog topics, producer and restore reader, the client options,
 //! and the brokers' reachability that every client reports to (`health`: one warning
 //! when they are away, summaries, one line when they are back). The engine sees messages as
-//! [`RawMessage`](crate::event::RawMessage)s and uses the small types here.
+//! [`RawMessage`](crate::event::RawMessage)s through [`Source`] (rdkafka-free: the
+//! engine's tests implement it in memory) and uses the small types here.
 
 pub mod changelog;
 mod consumer;
@@ -13,11 +14,13 @@ mod group;
 mod health;
 mod options;
 mod restore;
+mod source;
 
-pub use consumer::{to_raw, Consumer, RecvError, Tracker};
+pub use consumer::{to_raw, Consumer, Tracker};
 pub use dead_letters::{DeadLetterInfo, DeadLetters, DlqError};
 pub use error::KafkaError;
 pub use group::{Group, GroupView, Member};
 pub use health::{BrokerHealth, BrokerStatus, Reachability};
 pub use options::validate_options;
 pub use restore::{Batch, Reading, Restorer};
+pub use source::{assigned, revoked, RecvError, Source};
