@@ -10,7 +10,7 @@ use crate::harness;
 use std::time::Duration;
 
 use harness::wait::keep_looking;
-use harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Behaviour, Outboxd, Scenario};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,14 +33,7 @@ fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_what_happened() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("admin-metrics"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = Scenario::start("admin-metrics", 2).await;
     let admin = od.admin_address();
 
     let (status, body) = http_get(&format!("http://{admin}/healthz")).await;
@@ -107,14 +100,8 @@ fn run(od: &Outboxd, args: &[&str]) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_commands_answer_the_same_through_the_running_service() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("admin-store"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { topic, receiver: _receiver, mut od, offsets, producer, .. } =
+        Scenario::start("admin-store", 1).await;
     let ids: Vec<String> = (0..5).map(|_| new_event_id()).collect();
     for id in &ids {
         producer.send_event(&topic, "order-1", id, Some("OrderCreated"), &json!({"id": id})).await;
@@ -161,15 +148,12 @@ async fn store_commands_answer_the_same_through_the_running_service() {
 /// the same fields, and the repairs answer what they did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_view_reads_back_through_the_admin_api_as_the_store_itself_says() {
-    use outboxd::admin::{AdminClient, AdminError};
     use outboxd::ops::{self, Actor, Needs, Opened, OpsError, Remote, StoreApi};
-    use outboxd::store::view::{GcView, StatsView};
+    use outboxd::ops::{AdminClient, AdminError};
+    use outboxd::wire::{GcView, StatsView};
 
-    let kafka = Kafka::connect();
-    let receiver = Receiver::start();
-    let (mut od, topic) = running(&kafka, &receiver, "admin-views", "").await;
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
+    let Scenario { topic, receiver: _receiver, mut od, offsets, producer, .. } =
+        Scenario::start("admin-views", 1).await;
     let mut ids: Vec<String> = (0..4).map(|_| new_event_id()).collect();
     for (i, id) in ids.iter().enumerate() {
         producer.send_event(&topic, &format!("order-{i}"), id, Some("OrderCreated"), &json!({"n": i})).await;
@@ -260,23 +244,20 @@ fn command_with_env(od: &Outboxd, args: &[&str], env: &[(&str, &str)]) -> std::p
         .expect("run outboxd")
 }
 
-/// A running outboxd on a fresh topic, its partitions assigned.
-async fn running(kafka: &Kafka, receiver: &Receiver, name: &str, admin_extra: &str) -> (Outboxd, String) {
-    let topic = kafka.create_topic(&unique_name(name), 1, &[]).await;
-    let mut od = Outboxd::new(kafka, &[&topic], receiver);
-    od.config.admin_extra = admin_extra.to_owned();
-    od.start();
-    od.wait_for_assignment().await;
-    (od, topic)
+/// A running outboxd on a fresh topic with `admin_extra` in its `[admin]`, its
+/// partitions assigned.
+async fn running(name: &str, admin_extra: &str) -> Scenario {
+    let mut s = Scenario::new(name, 1).await;
+    s.od.config.admin_extra = admin_extra.to_owned();
+    s.run().await;
+    s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_without_a_credential_are_refused_even_on_loopback() {
     use reqwest::Method;
     use std::os::unix::fs::PermissionsExt;
-    let kafka = Kafka::connect();
-    let receiver = Receiver::start();
-    let (mut od, topic) = running(&kafka, &receiver, "admin-auth", "").await;
+    let Scenario { kafka, topic, receiver, mut od, .. } = running("admin-auth", "").await;
     let id = new_event_id();
     kafka.producer().send_event(&topic, "order-1", &id, Some("OrderCreated"), &json!({"secret": "payload"})).await;
     od.wait_until("the event answered", HANDLED_TIMEOUT, || receiver.answered(&id)).await;
@@ -324,10 +305,9 @@ async fn reads_without_a_credential_are_refused_even_on_loopback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_token_keeps_working_and_an_explicit_env_token_wins() {
     use reqwest::Method;
-    let kafka = Kafka::connect();
-    let receiver = Receiver::start();
     let configured = "configured-admin-token-for-remote-callers";
-    let (mut od, _topic) = running(&kafka, &receiver, "admin-token", &format!("token = \"{configured}\"\n")).await;
+    let Scenario { receiver: _receiver, mut od, .. } =
+        running("admin-token", &format!("token = \"{configured}\"\n")).await;
     let admin = od.admin_address();
     let url = format!("http://{admin}/v1/stats");
     for token in [configured.to_owned(), od.admin_token()] {
@@ -348,9 +328,8 @@ async fn configured_token_keeps_working_and_an_explicit_env_token_wins() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn browser_requests_and_unexpected_hosts_are_refused() {
     use reqwest::Method;
-    let kafka = Kafka::connect();
-    let receiver = Receiver::start();
-    let (mut od, _topic) = running(&kafka, &receiver, "admin-origin", "allowed_hosts = [\"outboxd.test\"]\n").await;
+    let Scenario { receiver: _receiver, mut od, .. } =
+        running("admin-origin", "allowed_hosts = [\"outboxd.test\"]\n").await;
     let admin = od.admin_address();
     let port = admin.rsplit(':').next().unwrap().to_owned();
     let bearer = format!("Bearer {}", od.admin_token());
@@ -388,16 +367,11 @@ async fn browser_requests_and_unexpected_hosts_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dead_record_is_listed_and_retried_page_by_page() {
-    let kafka = Kafka::connect();
-    let receiver = Receiver::start();
+    let mut s = Scenario::new("admin-pages", 1).await;
     // 400 is permanent: each event is dead after its first call, and succeeds when retried.
-    receiver.set_default(Behaviour::fail_first(400, 1));
-    let topic = kafka.create_topic(&unique_name("admin-pages"), 1, &[]).await;
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    s.receiver.set_default(Behaviour::fail_first(400, 1));
+    s.run().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
     let mut ids: Vec<String> = (0..25).map(|_| new_event_id()).collect();
     for (i, id) in ids.iter().enumerate() {
         producer.send_event(&topic, &format!("order-{i}"), id, Some("OrderCreated"), &json!({"n": i})).await;
@@ -451,9 +425,7 @@ async fn every_dead_record_is_listed_and_retried_page_by_page() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_retry_finishes_after_its_client_goes_away() {
-    let kafka = Kafka::connect();
-    let receiver = Receiver::start();
-    let (mut od, topic) = running(&kafka, &receiver, "admin-retry-drop", "").await;
+    let Scenario { kafka, topic, receiver, mut od, .. } = running("admin-retry-drop", "").await;
     let id = new_event_id();
     receiver.set_behaviour(&id, Behaviour::fail_first(400, 1));
     kafka.producer().send_event(&topic, "order-1", &id, Some("OrderCreated"), &json!({"n": 1})).await;

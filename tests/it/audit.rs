@@ -9,7 +9,7 @@ use crate::harness;
 
 use std::time::Duration;
 
-use harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Behaviour, Outboxd, Scenario};
 use serde_json::{json, Value};
 
 use super::scale::{produce, two_instances};
@@ -67,21 +67,16 @@ fn row(who: &str, action: &str, id: &str, reason: &str, outcome: &str) -> (Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repairs_through_the_service_are_audited_under_the_token_name_and_a_read_token_changes_nothing() {
-    let kafka = Kafka::connect();
-    let receiver = Receiver::start();
-    let topic = kafka.create_topic(&unique_name("audit"), 1, &[]).await;
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    od.config.admin_extra = TOKENS.to_owned();
-    od.config.env.insert("ALICE_TOKEN".into(), ALICE.into());
-    od.config.env.insert("VIEWER_TOKEN".into(), VIEWER.into());
-    od.config.handler_extra.push_str("on_dead = \"continue\"\n");
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let mut s = Scenario::new("audit", 1).await;
+    s.od.config.admin_extra = TOKENS.to_owned();
+    s.od.config.env.insert("ALICE_TOKEN".into(), ALICE.into());
+    s.od.config.env.insert("VIEWER_TOKEN".into(), VIEWER.into());
+    s.od.config.handler_extra.push_str("on_dead = \"continue\"\n");
     let (done, resolved, retried, spared) = (new_event_id(), new_event_id(), new_event_id(), new_event_id());
-    receiver.set_behaviour(&resolved, Behaviour::fail_first(400, 1));
-    receiver.set_behaviour(&retried, Behaviour::fail_first(400, 1));
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    s.receiver.set_behaviour(&resolved, Behaviour::fail_first(400, 1));
+    s.receiver.set_behaviour(&retried, Behaviour::fail_first(400, 1));
+    s.run().await;
+    let Scenario { topic, mut od, offsets, producer, .. } = s;
     for (i, id) in [&done, &resolved, &retried, &spared].into_iter().enumerate() {
         producer.send_event(&topic, &format!("order-{i}"), id, Some("OrderCreated"), &json!({"n": i})).await;
     }
@@ -153,11 +148,7 @@ async fn repairs_through_the_service_are_audited_under_the_token_name_and_a_read
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_of_a_partition_follows_it_to_its_next_owner() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("audit-move"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    let (Scenario { kafka, topic, receiver, od: mut a, offsets, .. }, mut b) = two_instances("audit-move", 2).await;
     let events: Vec<(String, String)> = (0..8).map(|i| (format!("agg-{i}"), new_event_id())).collect();
     let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
     a.start();

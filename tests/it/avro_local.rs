@@ -9,7 +9,7 @@ use std::time::Duration;
 use apache_avro::types::Value as Avro;
 use apache_avro::Schema;
 use harness::avro::{frame_header, framed, PAYLOAD_SCHEMA};
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Outboxd, Scenario};
 use outboxd::avro::MAX_DEPTH;
 use serde_json::json;
 
@@ -29,15 +29,10 @@ fn local_schema(od: &mut Outboxd, format: &str, id: u32, schema: &str) -> tempfi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_values_from_local_schemas_reach_the_receiver_as_json() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("avro-local"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let _schemas = local_schema(&mut od, "auto", 42, PAYLOAD_SCHEMA);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
-    od.start();
-    od.wait_for_assignment().await;
+    let mut s = Scenario::new("avro-local", 1).await;
+    let _schemas = local_schema(&mut s.od, "auto", 42, PAYLOAD_SCHEMA);
+    s.run().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
 
     let schema = Schema::parse_str(PAYLOAD_SCHEMA).unwrap();
     let good = new_event_id();
@@ -90,17 +85,12 @@ fn linked_list(id: u32, n: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nesting_up_to_the_bound_is_handled_and_deeper_is_dead_lettered_without_a_crash() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("avro-deep"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let _schemas = local_schema(&mut od, "avro", 5, NODE);
+    let mut s = Scenario::new("avro-deep", 1).await;
+    let _schemas = local_schema(&mut s.od, "avro", 5, NODE);
     // Both deep messages share a key: each is dead-lettered on its own (`hold` would hold the second).
-    od.config.handler_extra = format!("on_dead = \"continue\"\n{}", od.config.handler_extra);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
-    od.start();
-    od.wait_for_assignment().await;
+    s.od.config.handler_extra = format!("on_dead = \"continue\"\n{}", s.od.config.handler_extra);
+    s.run().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
 
     let (at_bound, deeper, endless) = (new_event_id(), new_event_id(), new_event_id());
     for (id, nodes) in [(&at_bound, MAX_DEPTH), (&deeper, MAX_DEPTH + 1), (&endless, 200_000)] {

@@ -18,7 +18,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use harness::avro::{framed, schema_registry_toml, Registry, PAYLOAD_SCHEMA};
 use harness::receiver::Server;
-use harness::{new_event_id, turns, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, turns, unique_name, Kafka, Outboxd, Receiver, Scenario};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -80,15 +80,11 @@ async fn a_registry_refusing_our_credentials_stalls_the_partition_loudly_and_dea
             async { (StatusCode::UNAUTHORIZED, r#"{"error_code":40101,"message":"Unauthorized"}"#) }
         }),
     );
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("avro-registry-401"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    od.config.handler_extra = "format = \"avro\"\n".to_owned();
-    od.config.retry_extra = schema_registry_toml(&format!("http://reader:s3cret@{}", refusing.addr), "5s");
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let mut s = Scenario::new("avro-registry-401", 1).await;
+    s.od.config.handler_extra = "format = \"avro\"\n".to_owned();
+    s.od.config.retry_extra = schema_registry_toml(&format!("http://reader:s3cret@{}", refusing.addr), "5s");
+    s.run().await;
+    let Scenario { kafka, topic, receiver, mut od, offsets, .. } = s;
 
     let schema = Schema::parse_str(PAYLOAD_SCHEMA).unwrap();
     let event = new_event_id();

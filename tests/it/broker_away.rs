@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use harness::broker::PrivateBroker;
 use harness::logs::{log_lines, log_time, strip_ansi};
 use harness::metrics::{sample, try_scrape};
-use harness::{new_event_id, turns, unique_name, wait_for, wait_until, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, turns, unique_name, wait_for, wait_until, Kafka, Outboxd, Receiver, Scenario};
 use outboxd::metrics::names;
 use serde_json::{json, Value};
 
@@ -121,12 +121,10 @@ async fn brokers_that_go_away_and_come_back_are_one_warning_and_one_line_back() 
     let broker = PrivateBroker::start();
     let kafka = Kafka::connect_to(&broker.brokers());
     let topic = kafka.create_topic(&unique_name("broker-away"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    od.config.kafka_extra = "outage_summary_interval = \"3s\"\n".into();
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    let mut s = Scenario::on(kafka, topic);
+    s.od.config.kafka_extra = "outage_summary_interval = \"3s\"\n".into();
+    s.run().await;
+    let Scenario { topic, receiver, mut od, producer, .. } = s;
     let mut events = Vec::new();
     let send = |n: usize| {
         let ids: Vec<String> = (0..n).map(|_| new_event_id()).collect();

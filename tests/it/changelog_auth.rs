@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use harness::changelog::{topic_for, write_done, write_tombstones};
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Kafka, Outboxd, Receiver, Scenario};
 use outboxd::store::changelog::mac::Keys;
 
 use super::scale::{on, produce};
@@ -26,15 +26,11 @@ const FOLLOW_TIMEOUT: Duration = Duration::from_secs(30);
 const REJECTED: &str = "outboxd_changelog_records_rejected_total";
 const NOT_SIGNED_WARNING: &str = "store.changelog.key is not set";
 
-/// An instance of `group` (a new one when `None`) for `topic` with the changelog
-/// on and signed with [`KEY`], and an empty store.
-fn signed(kafka: &Kafka, topic: &str, receiver: &Receiver, group: Option<&str>) -> Outboxd {
-    let mut od = on(Outboxd::new(kafka, &[topic], receiver));
+/// `od` with the changelog on and signed with [`KEY`].
+fn signed(od: Outboxd) -> Outboxd {
+    let mut od = on(od);
     od.config.store_extra.push_str("key = \"${CHANGELOG_KEY}\"\n");
     od.config.env.insert("CHANGELOG_KEY".into(), KEY.into());
-    if let Some(group) = group {
-        od.config.group_id = group.to_owned();
-    }
     od
 }
 
@@ -106,14 +102,11 @@ fn assert_each_ran_once(receiver: &Receiver, ids: &[String], when: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_done_records_in_the_changelog_are_rejected_so_their_events_still_run_once() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("changelog-auth-done"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut a = signed(&kafka, &topic, &receiver, None);
+    let mut s = Scenario::new("changelog-auth-done", 1).await;
+    s.od = signed(s.od);
+    s.run().await;
+    let Scenario { kafka, topic, receiver, od: mut a, offsets, .. } = s;
     let changelog = topic_for(&a.config.group_id, &topic);
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
-    a.start();
-    a.wait_for_assignment().await;
 
     // The outsider says these events are done before they ever reach outboxd.
     let events: Vec<(String, String)> = (0..60).map(|i| (format!("agg-{}", i % 6), new_event_id())).collect();
@@ -156,7 +149,8 @@ async fn a_new_owner_rejects_the_forgeries_and_suppresses_replays(
 ) {
     let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
     let offsets = kafka.offsets(&a.config.group_id, topic);
-    let mut b = signed(kafka, topic, receiver, Some(&a.config.group_id.clone()));
+    let mut b = signed(Outboxd::new(kafka, &[topic], receiver));
+    b.config.group_id = a.config.group_id.clone();
     b.start();
     b.wait_for_assignment().await;
     assert!(rejected(&b).await.is_some_and(|r| r >= ids.len() as f64), "the restore rejected the forgeries");
@@ -168,14 +162,11 @@ async fn a_new_owner_rejects_the_forgeries_and_suppresses_replays(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_tombstones_in_the_changelog_are_rejected_so_done_events_do_not_run_again() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("changelog-auth-tombstones"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut a = signed(&kafka, &topic, &receiver, None);
+    let mut s = Scenario::new("changelog-auth-tombstones", 1).await;
+    s.od = signed(s.od);
+    s.run().await;
+    let Scenario { kafka, topic, receiver, od: mut a, offsets, .. } = s;
     let changelog = topic_for(&a.config.group_id, &topic);
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
-    a.start();
-    a.wait_for_assignment().await;
     let events: Vec<(String, String)> = (0..45).map(|i| (format!("agg-{}", i % 5), new_event_id())).collect();
     let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
     produce(&kafka, &topic, &events).await;
@@ -203,12 +194,10 @@ async fn forged_tombstones_in_the_changelog_are_rejected_so_done_events_do_not_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_key_start_up_warns_that_whoever_writes_the_changelog_steers_side_effects() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("changelog-auth-unsigned"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut a = on(Outboxd::new(&kafka, &[&topic], &receiver));
-    a.start();
-    a.wait_for_assignment().await;
+    let mut s = Scenario::new("changelog-auth-unsigned", 1).await;
+    s.od = on(s.od);
+    s.run().await;
+    let Scenario { od: mut a, .. } = s;
     let log = a.log();
     a.stop();
     let warning = log.lines().find(|l| l.contains(NOT_SIGNED_WARNING)).unwrap_or_else(|| panic!("no warning\n{log}"));
@@ -221,7 +210,7 @@ async fn without_a_key_start_up_warns_that_whoever_writes_the_changelog_steers_s
 fn check_config_refuses_a_short_changelog_key_and_names_the_one_that_signs() {
     let kafka = Kafka::connect();
     let receiver = Receiver::start();
-    let mut od = signed(&kafka, "outbox.event.check", &receiver, None);
+    let mut od = signed(Outboxd::new(&kafka, &["outbox.event.check"], &receiver));
     let check = |od: &Outboxd| {
         std::fs::write(od.config_path(), od.config.to_toml()).expect("write the config");
         let out = od.command(&["check-config"]);

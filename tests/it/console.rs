@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use harness::browser::Browser;
 use harness::receiver::Reply;
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Outboxd, Scenario};
 use serde_json::json;
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
@@ -45,25 +45,21 @@ async fn wait_counted(od: &mut Outboxd, topic: &str, metric: &str, n: usize) {
 /// receiver gets each once more), resolves the parked event and logs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_retries_a_dead_group_and_resolves_a_parked_event_in_the_browser() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("console"), 1, &[]).await;
-    let receiver = Receiver::start();
+    let mut s = Scenario::new("console", 1).await;
     let dead: Vec<(String, String)> = (0..DEAD).map(|i| (format!("order-{i}"), new_event_id())).collect();
     let parked = ("order-parked".to_owned(), new_event_id());
     let (refusing, holding) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicBool::new(true)));
     let dead_ids: HashSet<String> = dead.iter().map(|(_, id)| id.clone()).collect();
     let (refuse, hold, parked_id) = (refusing.clone(), holding.clone(), parked.1.clone());
-    receiver.set_script(move |r| match r.event_id.as_deref() {
+    s.receiver.set_script(move |r| match r.event_id.as_deref() {
         Some(id) if dead_ids.contains(id) && refuse.load(Ordering::SeqCst) => Reply::status(422),
         Some(id) if id == parked_id => Reply::ok().hold(&hold),
         _ => Reply::ok(),
     });
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    od.config.handler_extra = "on_uncertain = \"park\"\non_dead = \"continue\"\n".into();
-    od.config.handler_timeout = "120s".into();
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    s.od.config.handler_extra = "on_uncertain = \"park\"\non_dead = \"continue\"\n".into();
+    s.od.config.handler_timeout = "120s".into();
+    s.run().await;
+    let Scenario { topic, receiver, mut od, producer, .. } = s;
     for (key, id) in dead.iter().chain([&parked]) {
         producer.send_event(&topic, key, id, Some("OrderPlaced"), &json!({"order": key, "amount": 42})).await;
     }
@@ -179,16 +175,13 @@ async fn an_operator_retries_a_dead_group_and_resolves_a_parked_event_in_the_bro
 /// page without a session, and every answer carries the strict headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_refuses_other_origins_and_pages_without_a_session_and_sends_a_strict_csp() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("console-refusals"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let mut s = Scenario::new("console-refusals", 1).await;
     const VIEWER: &str = "a-read-only-token-for-the-viewer";
-    od.config.env.insert("VIEWER_TOKEN".into(), VIEWER.into());
-    od.config.admin_extra =
+    s.od.config.env.insert("VIEWER_TOKEN".into(), VIEWER.into());
+    s.od.config.admin_extra =
         "[[admin.tokens]]\nname = \"viewer\"\ntoken = \"${VIEWER_TOKEN}\"\naccess = \"read\"\n".into();
-    od.start();
-    od.wait_for_assignment().await;
+    s.run().await;
+    let Scenario { mut od, .. } = s;
     let base = format!("http://{}", od.admin_address());
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
 

@@ -6,7 +6,7 @@ use crate::harness;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
-use harness::{new_event_id, unique_name, Behaviour, Call, Kafka, Outboxd, Produced, Receiver};
+use harness::{new_event_id, Behaviour, Call, Produced, Scenario};
 use serde_json::json;
 
 /// Generous bound for "outboxd handles what it was given".
@@ -22,14 +22,7 @@ fn fmt_time(t: SystemTime) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redelivered_event_is_not_handled_twice() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("redeliver"), 3, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = Scenario::start("redeliver", 3).await;
 
     let key = "order-17";
     let id = new_event_id();
@@ -79,16 +72,11 @@ async fn redelivered_event_is_not_handled_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_side_effect_before_commit_does_not_repeat() {
     const EVENTS: usize = 30;
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("crash"), 3, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let mut s = Scenario::new("crash", 3).await;
     // Offsets are stored but, within this test, never committed.
-    od.config.kafka_commit_interval = "1h".into();
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
-    od.start();
-    od.wait_for_assignment().await;
+    s.od.config.kafka_commit_interval = "1h".into();
+    s.run().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
 
     let mut produced = Vec::new();
     for i in 0..EVENTS {
@@ -140,14 +128,9 @@ async fn crash_after_side_effect_before_commit_does_not_repeat() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offset_is_not_committed_before_completion() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("uncommitted"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = Scenario::new("uncommitted", 1).await;
     // The hang must stay a hang during the test, not a timeout and a retry.
     od.config.handler_timeout = "120s".into();
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
 
     let ids: Vec<String> = (0..6).map(|_| new_event_id()).collect();
     let stuck = ids[2].clone();
@@ -206,13 +189,8 @@ async fn offset_is_not_committed_before_completion() {
 async fn same_key_events_are_handled_in_order() {
     const KEYS: usize = 8;
     const PER_KEY: usize = 10;
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("order"), 1, &[]).await;
-    let receiver = Receiver::start();
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = Scenario::new("order", 1).await;
     receiver.set_default(Behaviour::delay(Duration::from_millis(50)));
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
 
     // Interleaved: k0 e0, k1 e0, ..., k7 e0, k0 e1, ...
     let mut by_key: BTreeMap<String, Vec<Produced>> = BTreeMap::new();
@@ -281,12 +259,7 @@ async fn same_key_events_are_handled_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_message_does_not_block_partition() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("undecodable"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    let producer = kafka.producer();
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = Scenario::new("undecodable", 1).await;
 
     // No `id` header: cannot be deduplicated, so it cannot be handled.
     let (partition, bad_offset) =

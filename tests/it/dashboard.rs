@@ -9,7 +9,7 @@ use std::time::Duration;
 use outboxd::metrics::names;
 use serde_json::json;
 
-use crate::harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Receiver};
+use crate::harness::{new_event_id, Behaviour, Scenario};
 
 /// Metrics by type, as outboxd records them (`metrics::counter!` and so on).
 const COUNTERS: &[&str] = &[
@@ -177,14 +177,9 @@ fn dashboard_queries_only_exported_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_outboxd_serves_every_metric_the_dashboard_queries() {
     let queried: BTreeSet<(&'static str, Kind)> = references().iter().filter_map(|r| r.metric).collect();
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("dashboard"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = Scenario::new("dashboard", 1).await;
     let (ok, retried) = (new_event_id(), new_event_id());
     receiver.set_behaviour(&retried, Behaviour::fail_first(503, 1));
-    let producer = kafka.producer();
     producer.send_event(&topic, "k-1", &ok, Some("Test"), &json!({"n": 1})).await;
     producer.send_event(&topic, "k-2", &retried, Some("Test"), &json!({"n": 2})).await;
     // The first event again at a new offset, and a message without an event id.

@@ -10,7 +10,7 @@ mod custom_handler;
 
 use std::time::Duration;
 
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver, Scenario};
 use outboxd::config::Config;
 use outboxd::handler::{from_fn, Outcome};
 use serde_json::json;
@@ -22,17 +22,14 @@ const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedded_handler_runs_once_per_event_id_beside_the_configured_ones() {
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-    let kafka = Kafka::connect();
-    let custom_topic = kafka.create_topic(&unique_name("embed-custom"), 3, &[]).await;
-    let http_topic = kafka.create_topic(&unique_name("embed-http"), 2, &[]).await;
-    let receiver = Receiver::start();
     // The harness's config, run in this process: its http handler for one topic, and an
     // entry for the other, whose kind the program's own handler replaces.
-    let od = Outboxd::new(&kafka, &[&http_topic], &receiver);
+    let Scenario { kafka, topic: http_topic, receiver, od, offsets: http_offsets, producer } =
+        Scenario::new("embed-http", 2).await;
+    let custom_topic = kafka.create_topic(&unique_name("embed-custom"), 3, &[]).await;
     let toml = format!("{}\n[[handlers]]\ntopics = [{custom_topic:?}]\nkind = \"log\"\n", od.config.to_toml());
     let config = Config::parse(&toml, &|_| None).expect("a valid config");
     let custom_offsets = kafka.offsets(&od.config.group_id, &custom_topic);
-    let http_offsets = kafka.offsets(&od.config.group_id, &http_topic);
 
     // The example program's own code: examples/custom_handler.rs.
     let seen = custom_handler::Seen::default();
@@ -44,7 +41,6 @@ async fn an_embedded_handler_runs_once_per_event_id_beside_the_configured_ones()
         shutdown.clone().cancelled_owned(),
     ));
 
-    let producer = kafka.producer();
     let n = 20;
     let ids: Vec<String> = (0..n).map(|_| new_event_id()).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -107,10 +103,7 @@ async fn a_handler_for_a_topic_without_a_config_entry_is_refused_at_start() {
 /// are handled, and the admin server leaves `/metrics` to the program (404).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedding_program_that_records_metrics_itself_runs_outboxd_without_its_recorder() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("embed-own-metrics"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let Scenario { kafka, topic, receiver, od, .. } = Scenario::new("embed-own-metrics", 1).await;
     let config = Config::parse(&od.config.to_toml(), &|_| None).expect("a valid config");
     let shutdown = CancellationToken::new();
     let app = tokio::spawn(outboxd::App::new(config).own_metrics().run(shutdown.clone().cancelled_owned()));

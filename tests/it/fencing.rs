@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use harness::receiver::{Call, Reply};
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver, Scenario};
 
 use crate::scale::{assert_no_event, produce, two_instances, Protocol};
 
@@ -84,13 +84,13 @@ fn assert_none_ran_after_done(receiver: &Receiver, instances: &[&Outboxd], event
 }
 
 /// Both instances with the test's group timing and a small read-ahead.
-fn pair(kafka: &Kafka, topic: &str, receiver: &Receiver, max_poll_ms: &str) -> (Outboxd, Outboxd) {
-    let (mut a, mut b) = two_instances(kafka, topic, receiver);
-    for od in [&mut a, &mut b] {
+async fn pair(name: &str, max_poll_ms: &str) -> (Scenario, Outboxd) {
+    let (mut s, mut b) = two_instances(name, PARTITIONS).await;
+    for od in [&mut s.od, &mut b] {
         od.config.kafka_options.insert("max.poll.interval.ms".into(), max_poll_ms.into());
         od.config.max_in_flight = 8;
     }
-    (a, b)
+    (s, b)
 }
 
 /// A's receiver holds every call, so all of A's permits stay taken for longer
@@ -99,16 +99,13 @@ fn pair(kafka: &Kafka, topic: &str, receiver: &Receiver, max_poll_ms: &str) -> (
 /// calls return, A handles the rest, each event once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_whose_calls_hold_every_permit_keeps_polling_and_nothing_runs_twice() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("starved"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
+    let (Scenario { kafka, topic, receiver, od: mut a, .. }, mut b) = pair("starved", "7000").await;
     let held = Arc::new(AtomicBool::new(true));
     let hold = held.clone();
     receiver.set_script(move |req| match req.instance.as_deref() {
         Some("a") => Reply::ok().hold(&hold),
         _ => Reply::ok(),
     });
-    let (mut a, mut b) = pair(&kafka, &topic, &receiver, "7000");
     for od in [&mut a, &mut b] {
         // What a catch-up pass would read of B's writes must not hide a lost
         // partition: the guarantee may not rest on it (it reads only older records).
@@ -143,9 +140,7 @@ async fn an_instance_whose_calls_hold_every_permit_keeps_polling_and_nothing_run
 /// fences every partition first, so neither a retry nor a queued event runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_instance_starts_none_of_its_queued_events_after_it_resumes() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("frozen"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
+    let (Scenario { kafka, topic, receiver, od: mut a, .. }, mut b) = pair("frozen", "300000").await;
     let holding = Arc::new(AtomicBool::new(false));
     let hold = holding.clone();
     receiver.set_script(move |req| {
@@ -155,7 +150,6 @@ async fn a_frozen_instance_starts_none_of_its_queued_events_after_it_resumes() {
             Reply::ok().delay(Duration::from_millis(300))
         }
     });
-    let (mut a, mut b) = pair(&kafka, &topic, &receiver, "300000");
     for od in [&mut a, &mut b] {
         od.config.max_in_flight = 64;
         od.config.handler_timeout = "3s".into();
@@ -196,10 +190,7 @@ async fn a_frozen_instance_starts_none_of_its_queued_events_after_it_resumes() {
 /// while `/healthz` says OK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_member_fenced_by_another_with_its_instance_id_exits_with_the_reason() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("static"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let (Scenario { kafka, topic, receiver, od: mut a, .. }, mut b) = two_instances("static", PARTITIONS).await;
     let instance_id = unique_name("member");
     for od in [&mut a, &mut b] {
         od.config.kafka_options.insert("group.instance.id".into(), instance_id.clone());
@@ -224,10 +215,8 @@ async fn a_static_member_fenced_by_another_with_its_instance_id_exits_with_the_r
 /// of every handled event at new offsets run nothing again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_the_consumer_protocol_partitions_move_and_replays_are_suppressed() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("kip848"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let (Scenario { kafka, topic, receiver, od: mut a, offsets, .. }, mut b) =
+        two_instances("kip848", PARTITIONS).await;
     Protocol::Consumer.apply(&mut a);
     Protocol::Consumer.apply(&mut b);
     a.write_config();
@@ -239,7 +228,6 @@ async fn under_the_consumer_protocol_partitions_move_and_replays_are_suppressed(
     produce(&kafka, &topic, &events).await;
     let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
     a.wait_until("A to handle every event", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len()).await;
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     a.wait_until("A's offsets to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     b.start();
     b.wait_for_assignment().await;
@@ -273,12 +261,10 @@ async fn check_config_refuses_options_the_consumer_refuses_with_what_outboxd_add
 /// alarm of the old session that fenced the new assignment left it stuck.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_instance_frozen_past_its_session_handles_events_again_after_it_resumes() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("frozen-alone"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
-    let mut a = crate::scale::on(Outboxd::new(&kafka, &[&topic], &receiver));
-    a.start();
-    a.wait_for_assignment().await;
+    let mut s = Scenario::new("frozen-alone", PARTITIONS).await;
+    s.od = crate::scale::on(s.od);
+    s.run().await;
+    let Scenario { kafka, topic, receiver, od: mut a, .. } = s;
     let before = events(20);
     produce(&kafka, &topic, &before).await;
     let ids: Vec<String> = before.iter().map(|(_, id)| id.clone()).collect();

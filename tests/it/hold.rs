@@ -10,7 +10,7 @@ use crate::harness;
 
 use std::time::Duration;
 
-use harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Behaviour, Kafka, Outboxd, Receiver, Scenario};
 use serde_json::{json, Value};
 
 use super::scale::two_instances;
@@ -70,13 +70,7 @@ async fn send(kafka: &Kafka, topic: &str, key: &str, ids: &[String]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_behind_a_dead_event_of_their_key_are_held_and_run_in_order_once_it_is_retried() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hold"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { kafka, topic, receiver, mut od, offsets, .. } = Scenario::start("hold", 1).await;
 
     // The first event of the key fails for good (400); the receiver takes it when retried.
     let dead = new_event_id();
@@ -129,13 +123,7 @@ async fn events_behind_a_dead_event_of_their_key_are_held_and_run_in_order_once_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_event_that_fails_when_its_chain_runs_it_holds_the_rest_which_survive_a_restart() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hold-head"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { kafka, topic, receiver, mut od, offsets, .. } = Scenario::start("hold-head", 1).await;
     let ids: Vec<String> = (0..4).map(|_| new_event_id()).collect();
     let (dead, h1, h2, h3) = (&ids[0], &ids[1], &ids[2], &ids[3]);
     receiver.set_behaviour(dead, Behaviour::fail_first(400, 1));
@@ -178,13 +166,10 @@ async fn a_held_event_that_fails_when_its_chain_runs_it_holds_the_rest_which_sur
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_on_dead_continue_the_later_events_of_a_dead_events_key_run_as_before() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hold-continue"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    od.config.handler_extra = "on_dead = \"continue\"\n".into();
-    od.start();
-    od.wait_for_assignment().await;
+    let mut s = Scenario::new("hold-continue", 1).await;
+    s.od.config.handler_extra = "on_dead = \"continue\"\n".into();
+    s.run().await;
+    let Scenario { kafka, topic, receiver, mut od, .. } = s;
     let ids: Vec<String> = (0..4).map(|_| new_event_id()).collect();
     receiver.set_behaviour(&ids[0], Behaviour::fail_first(400, 1));
     send(&kafka, &topic, KEY, &ids).await;
@@ -201,11 +186,7 @@ async fn with_on_dead_continue_the_later_events_of_a_dead_events_key_run_as_befo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_chain_follows_its_partition_to_another_instance_which_holds_new_events_and_runs_it_on_retry() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hold-move"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    let (Scenario { kafka, topic, receiver, od: mut a, offsets, .. }, mut b) = two_instances("hold-move", 1).await;
     a.start();
     a.wait_for_assignment().await;
     let dead = new_event_id();

@@ -13,7 +13,7 @@ use harness::daemon::{dead_letter_toml, instance_header_toml};
 use harness::logs::{self, all_logs, assert_no_panic};
 use harness::receiver::{Receiver, Reply};
 use harness::wait::keep_looking;
-use harness::{new_event_id, unique_name, Kafka, Outboxd};
+use harness::{new_event_id, unique_name, Kafka, Outboxd, Scenario};
 use serde_json::{json, Value};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
@@ -45,10 +45,7 @@ async fn readyz_until(admin: &str, what: &str, status: u16, holds: impl Fn(&Valu
 /// of the same key is called, and the partition commits to its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hostile-retry-after"), 1, &[]).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    let Scenario { topic, receiver: rx, mut od, offsets, producer, .. } = Scenario::new("hostile-retry-after", 1).await;
     // The key's next event must run after the dead one (`hold` would hold it).
     od.config.handler_extra = "on_dead = \"continue\"\n".into();
     od.config.max_attempts = 10;
@@ -62,14 +59,12 @@ async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
         (true, _) => Reply::status(503).retry_after("18446744073709551615"),
         (false, _) => Reply::ok(),
     });
-    let producer = kafka.producer();
     producer.send_event(&topic, "account-1", &first, Some("Test"), &json!({"n": 1})).await;
     producer.send_event(&topic, "account-1", &second, Some("Test"), &json!({"n": 2})).await;
 
     od.start();
     od.wait_for_assignment().await;
     od.wait_until("the next event of the same key to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&second)).await;
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.wait_until("the committed offset to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     od.assert_alive();
     assert_no_panic(&od);
@@ -89,30 +84,26 @@ async fn an_absurd_retry_after_ends_the_retries_and_the_key_goes_on() {
 /// naming the partition). Once the receiver answers, the partition is ready again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hostile-stall"), 1, &[]).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
-    od.config.handler_timeout = "120s".into();
-    od.config.kafka_extra = "stall_timeout = \"2s\"\n".into();
+    let mut s = Scenario::new("hostile-stall", 1).await;
+    s.od.config.handler_timeout = "120s".into();
+    s.od.config.kafka_extra = "stall_timeout = \"2s\"\n".into();
     let hold = Arc::new(AtomicBool::new(true));
     let head = new_event_id();
     let head_for_script = head.clone();
     let hold_for_script = hold.clone();
-    rx.set_script(move |r| {
+    s.receiver.set_script(move |r| {
         if r.event_id.as_deref() == Some(head_for_script.as_str()) {
             Reply::ok().hold(&hold_for_script)
         } else {
             Reply::ok()
         }
     });
-    od.start();
-    od.wait_for_assignment().await;
+    s.run().await;
+    let Scenario { topic, receiver: rx, mut od, producer, .. } = s;
     let admin = od.admin_address();
     let (status, body) = readyz(&admin).await;
     assert_eq!(status, 200, "ready before anything waits: {body}");
 
-    let producer = kafka.producer();
     producer.send_event(&topic, "k1", &head, Some("Test"), &json!({"n": 1})).await;
     let later = new_event_id();
     producer.send_event(&topic, "k2", &later, Some("Test"), &json!({"n": 2})).await;
@@ -139,11 +130,8 @@ async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
 /// reason, not `store export`, not the dead letter's headers, not `check-config`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hostile-secret"), 1, &[]).await;
+    let Scenario { kafka, topic, receiver: _rx, mut od, offsets, producer } = Scenario::new("hostile-secret", 1).await;
     let dlq = kafka.create_topic(&unique_name("hostile-secret-dlq"), 1, &[]).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
     // A port nothing listens on: bind one, note it, close it.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let suffix: u32 = rand::random();
@@ -159,11 +147,10 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
     // Dead within its own budget, so that the dead letter can be read.
     od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     let id = new_event_id();
-    kafka.producer().send_event(&topic, "k", &id, Some("Test"), &json!({"n": 1})).await;
+    producer.send_event(&topic, "k", &id, Some("Test"), &json!({"n": 1})).await;
 
     od.start();
     od.wait_for_assignment().await;
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.wait_until("the failed event to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     od.stop();
 
@@ -211,16 +198,12 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
 /// answers, all four are handled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_messages_are_bounded_by_bytes_as_well_as_by_count() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hostile-bytes"), 1, &[]).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    let Scenario { topic, receiver: rx, mut od, producer, .. } = Scenario::new("hostile-bytes", 1).await;
     od.config.store_extra = "max_in_flight_bytes = \"1MiB\"\n".into();
     od.config.handler_timeout = "120s".into();
     let hold = Arc::new(AtomicBool::new(true));
     let hold_for_script = hold.clone();
     rx.set_script(move |_| Reply::ok().hold(&hold_for_script));
-    let producer = kafka.producer();
     let filler = "x".repeat(600 * 1024);
     let mut ids = Vec::new();
     for i in 0..4 {
@@ -269,9 +252,7 @@ fn toggled_registry(serve: Arc<AtomicBool>) -> harness::receiver::Server {
 /// both have the schema: only B, the owner, may run the event; A leaves it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_owner() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hostile-moved"), 2, &[]).await;
-    let rx = Receiver::start();
+    let Scenario { kafka, topic, receiver: rx, od: mut a, producer, .. } = Scenario::new("hostile-moved", 2).await;
     let serve = Arc::new(AtomicBool::new(false));
     let registry = toggled_registry(serve.clone());
     let registry_toml = format!("\n[schema_registry]\nurl = \"http://{}\"\ntimeout = \"2s\"\n", registry.addr);
@@ -279,7 +260,6 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
         od.config.handler_extra = format!("format = \"avro\"\n{}", instance_header_toml(name));
         od.config.retry_extra = registry_toml.clone();
     };
-    let mut a = Outboxd::new(&kafka, &[&topic], &rx);
     instance(&mut a, "a");
     let mut b = Outboxd::new(&kafka, &[&topic], &rx);
     b.config.group_id = a.config.group_id.clone();
@@ -288,7 +268,6 @@ async fn an_event_that_waited_while_its_partition_moved_runs_only_on_the_new_own
     // One event in each partition: the sticky assignor moves one partition to B.
     let ids = [new_event_id(), new_event_id()];
     let value = framed(1, &apache_avro::Schema::String, apache_avro::types::Value::String("order 7 paid".into()));
-    let producer = kafka.producer();
     for (partition, id) in ids.iter().enumerate() {
         let headers = [("id", Some(id.as_bytes()))];
         producer.send_raw(&topic, Some(partition as i32), Some(b"order-7"), &headers, Some(&value)).await;
@@ -368,16 +347,12 @@ async fn equal_ids_from_two_tables_are_two_events_unless_the_scope_is_shared() {
 /// partition never committed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_while_handling_one_event_does_not_stall_its_key_or_partition() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("hostile-panic"), 1, &[]).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    let Scenario { topic, receiver: rx, mut od, offsets, producer, .. } = Scenario::new("hostile-panic", 1).await;
     // The key's next event must run, not wait behind the failed one (`hold` would hold it).
     od.config.handler_extra = "on_dead = \"continue\"\n".into();
     let (doomed, next) = (new_event_id(), new_event_id());
     // Only this outboxd gets it, and only for this id: other tests are unaffected.
     od.config.env.insert("OUTBOXD_DEBUG_PANIC_ON_EVENT".into(), doomed.clone());
-    let producer = kafka.producer();
     let doomed_at = producer.send_event(&topic, "account-9", &doomed, Some("Test"), &json!({"n": 1})).await;
     let (partition, offset) = (doomed_at.partition, doomed_at.offset);
     producer.send_event(&topic, "account-9", &next, Some("Test"), &json!({"n": 2})).await;
@@ -385,7 +360,6 @@ async fn a_panic_while_handling_one_event_does_not_stall_its_key_or_partition() 
     od.start();
     od.wait_for_assignment().await;
     od.wait_until("the next event of the same key to be answered", HANDLED_TIMEOUT, || rx.answered_ok(&next)).await;
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.wait_until("the committed offset to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     od.assert_alive();
     assert!(logs::logged(&od, "handling failed unexpectedly"), "the bug is in the log");

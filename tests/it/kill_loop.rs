@@ -11,9 +11,7 @@ use crate::harness;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use harness::{
-    env_usize, new_event_id, turns, unique_name, wait_at_most, Behaviour, Kafka, Outboxd, Produced, Receiver,
-};
+use harness::{env_usize, new_event_id, turns, wait_at_most, Behaviour, Produced, Scenario};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -35,24 +33,19 @@ async fn kill_nine_loop_loses_nothing_and_never_repeats_after_done() {
     let mut rng = StdRng::seed_from_u64(seed);
     let began = Instant::now();
 
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("killloop"), 3, &[]).await;
-    let receiver = Receiver::start();
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = Scenario::new("killloop", 3).await;
     receiver.set_default(Behaviour::random_delay(Duration::ZERO..=Duration::from_millis(20)));
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     // Static membership: a restarted process gets its partitions back at once instead of
     // after the dead one's session timeout.
     od.config.kafka_options.insert("group.instance.id".into(), "kill-loop".into());
     // An event may be in flight at several kills in a row; that must not exhaust it.
     od.config.max_attempts = 1000;
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
 
     // Produce over time, many keys, while the kills go on.
     let keys = (events / 10).max(1);
     // Spread the events over about as long as the kills take.
     let batch_pause = (KILL_EVERY_ABOUT * kills as u32 / BATCHES as u32).max(MIN_BATCH_PAUSE);
     let producing = {
-        let producer = kafka.producer();
         let topic = topic.clone();
         tokio::spawn(async move {
             let mut produced: Vec<Produced> = Vec::with_capacity(events);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use harness::logs::logged;
 use harness::metrics::{sample, try_scrape};
-use harness::{new_event_id, unique_name, wait_until, Behaviour, Kafka, Outboxd, Producer, Receiver};
+use harness::{new_event_id, unique_name, wait_until, Behaviour, Outboxd, Producer, Scenario};
 use outboxd::metrics::names;
 use serde_json::{json, Value};
 
@@ -34,16 +34,12 @@ async fn readyz(od: &Outboxd) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_log_pipe_drops_lines_and_loses_no_event() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("log-pipe"), 2, &[]).await;
+    let Scenario { kafka, topic, receiver, mut od, producer, .. } = Scenario::new("log-pipe", 2).await;
     let printed = kafka.create_topic(&unique_name("log-pipe-printed"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
     // A second handler, after the first one's last table: one JSON line per event on stdout.
     od.config.retry_extra = format!("\n[[handlers]]\nname = \"printer\"\ntopics = [\"{printed}\"]\nkind = \"log\"\n");
     let pipes = od.start_piped();
     od.wait_for_assignment().await;
-    let producer = kafka.producer();
     let mut events = send(&producer, &topic, 20).await;
     let lines_before = send(&producer, &printed, 2).await;
     // The printer's lines come through the stdout pipe into the run's log.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use harness::metrics::{sample, try_scrape};
 use harness::receiver::{Call, Receiver, Reply};
 use harness::wait::keep_looking;
-use harness::{env_usize, new_event_id, unique_name, wait_until, Kafka, Outboxd, Producer};
+use harness::{env_usize, new_event_id, unique_name, wait_until, Outboxd, Producer, Scenario};
 use serde_json::{json, Value};
 
 /// Each outage lasts this long (`OUTBOXD_OUTAGE_SECS`).
@@ -130,34 +130,18 @@ fn probe_bound(t: Duration) -> usize {
     n + 1
 }
 
-/// A topic, a receiver and an instance with the product's retry defaults (and
-/// `configure`'s changes), started and assigned.
-struct Rig {
-    kafka: Kafka,
-    topic: String,
-    rx: Receiver,
-    od: Outboxd,
-    producer: Producer,
+/// A scenario whose instance has the product's retry defaults (and `configure`'s
+/// changes), started and assigned.
+async fn rig(prefix: &str, partitions: i32, configure: impl FnOnce(&mut Outboxd, &mut Receiver)) -> Scenario {
+    let mut s = Scenario::new(prefix, partitions).await;
+    product_defaults(&mut s.od);
+    configure(&mut s.od, &mut s.receiver);
+    s.run().await;
+    s
 }
 
-async fn rig(prefix: &str, partitions: i32, configure: impl FnOnce(&mut Outboxd, &mut Receiver)) -> Rig {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name(prefix), partitions, &[]).await;
-    let mut rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
-    product_defaults(&mut od);
-    configure(&mut od, &mut rx);
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
-    Rig { kafka, topic, rx, od, producer }
-}
-
-impl Rig {
-    async fn wait_committed(&mut self) {
-        let offsets = self.kafka.offsets(&self.od.config.group_id, &self.topic);
-        self.od.wait_until("the committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
-    }
+async fn wait_committed(s: &mut Scenario) {
+    s.od.wait_until("the committed offsets to reach the end", HANDLED_TIMEOUT, || s.offsets.reached_end()).await;
 }
 
 /// What an outage must not cost: a dead letter, a lost or repeated event, or a call out of its key's order.
@@ -177,7 +161,8 @@ enum Outage {
 
 /// Load before, during and after an outage, with the defaults.
 async fn ride_out(kind: Outage) {
-    let Rig { kafka, topic, mut rx, mut od, producer } = rig("outage", 2, |od, _| od.config.max_in_flight = 64).await;
+    let Scenario { kafka, topic, receiver: mut rx, mut od, offsets, producer } =
+        rig("outage", 2, |od, _| od.config.max_in_flight = 64).await;
     let mut produced = Produced::default();
     produced.send(&producer, &topic, 200).await;
     wait_all_ok(&mut od, &rx, &produced.ids(), HANDLED_TIMEOUT).await;
@@ -221,8 +206,8 @@ async fn ride_out(kind: Outage) {
     produced.send(&producer, &topic, 50).await;
     wait_all_ok(&mut od, &rx, &produced.ids(), AFTER_RETURN).await;
     let caught_up = back.elapsed();
-    let mut r = Rig { kafka, topic, rx, od, producer };
-    r.wait_committed().await;
+    let mut r = Scenario { kafka, topic, receiver: rx, od, offsets, producer };
+    wait_committed(&mut r).await;
     r.od.assert_alive();
     let m = try_scrape(&r.od).await.expect("metrics");
     let transitions = sample(&m, "outboxd_handler_circuit_transitions_total", &[("handler", &r.topic)]);
@@ -234,7 +219,7 @@ async fn ride_out(kind: Outage) {
         outage(),
         produced.0.len()
     );
-    assert_outage_cost_nothing(&[&r.od], &r.rx, &produced);
+    assert_outage_cost_nothing(&[&r.od], &r.receiver, &produced);
     assert!(transitions >= 2.0, "the circuit opened and closed: {transitions} transitions");
     if let Outage::Unavailable = kind {
         // Once open: calls already on their way when it opened (at most max_in_flight), then one
@@ -266,7 +251,7 @@ async fn a_receiver_answering_503_sees_only_the_probe_schedule_and_nothing_goes_
 async fn poison_events_amid_healthy_traffic_go_dead_within_their_budget_and_the_circuit_stays_closed() {
     let (rejected, failing) = (new_event_id(), new_event_id());
     let (r, f) = (rejected.clone(), failing.clone());
-    let Rig { kafka, topic, rx, mut od, producer } = rig("poison", 2, |_, rx| {
+    let Scenario { topic, receiver: rx, mut od, offsets, producer, .. } = rig("poison", 2, |_, rx| {
         rx.set_script(move |req| match req.event_id.as_deref() {
             Some(id) if id == r => Reply::status(400),
             Some(id) if id == f => Reply::status(500),
@@ -285,7 +270,6 @@ async fn poison_events_amid_healthy_traffic_go_dead_within_their_budget_and_the_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     wait_all_ok(&mut od, &rx, &produced.ids(), HANDLED_TIMEOUT).await;
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.wait_until("the committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     let m = try_scrape(&od).await.expect("metrics");
     let transitions = sample(&m, "outboxd_handler_circuit_transitions_total", &[("handler", &topic)]);
@@ -307,7 +291,7 @@ async fn poison_events_amid_healthy_traffic_go_dead_within_their_budget_and_the_
 async fn a_retry_after_pauses_the_whole_handler_then_it_resumes() {
     let limited = new_event_id();
     let l = limited.clone();
-    let Rig { topic, rx, mut od, producer, .. } = rig("retry-after-429", 2, |_, rx| {
+    let Scenario { topic, receiver: rx, mut od, producer, .. } = rig("retry-after-429", 2, |_, rx| {
         rx.set_script(move |req| match (req.event_id.as_deref(), req.nth) {
             (Some(id), 1) if id == l => Reply::status(429).retry_after("5"),
             _ => Reply::ok().delay(Duration::from_millis(20)),
@@ -353,22 +337,18 @@ async fn a_retry_after_pauses_the_whole_handler_then_it_resumes() {
 /// while the first's backlog (more than read-ahead holds) waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_receiver_away_does_not_hold_up_another_handlers_topics() {
-    let kafka = Kafka::connect();
-    let down_topic = kafka.create_topic(&unique_name("down"), 2, &[]).await;
-    let up_topic = kafka.create_topic(&unique_name("up"), 2, &[]).await;
-    let mut down = Receiver::start();
+    let mut s = Scenario::new("down", 2).await;
+    let up_topic = s.kafka.create_topic(&unique_name("up"), 2, &[]).await;
     let up = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&down_topic], &down);
-    product_defaults(&mut od);
-    od.config.max_in_flight = 32;
-    od.config.extra_toml = format!(
+    product_defaults(&mut s.od);
+    s.od.config.max_in_flight = 32;
+    s.od.config.extra_toml = format!(
         "\n[[handlers]]\ntopics = [{:?}]\nkind = \"http\"\nurl = {:?}\nidempotency_header = \"Idempotency-Key\"\n",
         up_topic,
         up.events_url()
     );
-    od.start();
-    od.wait_for_assignment().await;
-    let producer = kafka.producer();
+    s.run().await;
+    let Scenario { topic: down_topic, receiver: mut down, mut od, producer, .. } = s;
     down.go_away();
     let mut backlog = Produced::default();
     backlog.send(&producer, &down_topic, 300).await;
@@ -396,8 +376,8 @@ async fn a_sigkill_while_the_circuit_is_open_loses_nothing_and_it_opens_again() 
     let mut r = rig("outage-kill", 2, |_, _| {}).await;
     let mut produced = Produced::default();
     produced.send(&r.producer, &r.topic, 50).await;
-    wait_all_ok(&mut r.od, &r.rx, &produced.ids(), HANDLED_TIMEOUT).await;
-    r.rx.go_away();
+    wait_all_ok(&mut r.od, &r.receiver, &produced.ids(), HANDLED_TIMEOUT).await;
+    r.receiver.go_away();
     produced.send(&r.producer, &r.topic, 100).await;
     wait_degraded(&r.od, &r.topic).await;
     r.od.kill();
@@ -405,28 +385,25 @@ async fn a_sigkill_while_the_circuit_is_open_loses_nothing_and_it_opens_again() 
     r.od.wait_for_assignment().await;
     let after = wait_degraded(&r.od, &r.topic).await;
     eprintln!("[resilience] after the restart: {}", after["handlers"]);
-    r.rx.come_back();
-    wait_all_ok(&mut r.od, &r.rx, &produced.ids(), AFTER_RETURN + Duration::from_secs(30)).await;
-    r.wait_committed().await;
+    r.receiver.come_back();
+    wait_all_ok(&mut r.od, &r.receiver, &produced.ids(), AFTER_RETURN + Duration::from_secs(30)).await;
+    wait_committed(&mut r).await;
     r.od.stop();
-    assert_outage_cost_nothing(&[&r.od], &r.rx, &produced);
+    assert_outage_cost_nothing(&[&r.od], &r.receiver, &produced);
 }
 
 /// Two instances (changelog on) ride out one receiver outage: no dead letter, no
 /// repeat, per-key order, and both circuits close again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_instances_ride_out_one_receiver_outage() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("outage-scale"), 4, &[]).await;
-    let mut rx = Receiver::start();
-    let (mut a, mut b) = crate::scale::two_instances(&kafka, &topic, &rx);
+    let (Scenario { topic, receiver: mut rx, od: mut a, offsets, producer, .. }, mut b) =
+        crate::scale::two_instances("outage-scale", 4).await;
     product_defaults(&mut a);
     product_defaults(&mut b);
     a.start();
     b.start();
     a.wait_for_assignment().await;
     b.wait_for_assignment().await;
-    let producer = kafka.producer();
     let mut produced = Produced::default();
     produced.send(&producer, &topic, 200).await;
     wait_all_ok(&mut a, &rx, &produced.ids(), HANDLED_TIMEOUT).await;
@@ -439,7 +416,6 @@ async fn several_instances_ride_out_one_receiver_outage() {
     rx.come_back();
     produced.send(&producer, &topic, 50).await;
     wait_all_ok(&mut a, &rx, &produced.ids(), AFTER_RETURN).await;
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     wait_until("the committed offsets to reach the end", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     for od in [&a, &b] {
         let r = readyz(od).await.expect("readyz");
@@ -460,7 +436,7 @@ async fn a_circuit_open_longer_than_give_up_after_dead_letters_the_waiting_event
     })
     .await;
     let ids: Vec<String> = (0..5).map(|_| new_event_id()).collect();
-    async fn send(r: &Rig, i: usize, id: &str) {
+    async fn send(r: &Scenario, i: usize, id: &str) {
         // A key each: nothing is held behind another event of its key.
         r.producer.send_event(&r.topic, &format!("k{i}"), id, Some("Test"), &json!({"i": i})).await;
     }
@@ -476,7 +452,7 @@ async fn a_circuit_open_longer_than_give_up_after_dead_letters_the_waiting_event
     for (i, id) in ids.iter().enumerate().skip(2) {
         send(&r, i, id).await;
     }
-    r.wait_committed().await;
+    wait_committed(&mut r).await;
     r.od.stop();
     for id in &ids {
         let r = r.od.store_get(id);

@@ -8,16 +8,14 @@ use crate::scale::on;
 
 use harness::changelog::{self, log_number};
 use harness::logs::{log_lines, strip_ansi};
-use harness::{unique_name, Kafka, Outboxd, Receiver};
+use harness::Scenario;
 
 const RECORDS: usize = 2_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_batch_ends_at_its_byte_bound_before_its_record_count() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("restore-bytes"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let Scenario { kafka, topic, receiver: _receiver, od, .. } = Scenario::new("restore-bytes", 1).await;
+    let mut od = on(od);
     od.config.store_extra.push_str("restore_batch = 10000\nrestore_batch_bytes = \"4KiB\"\n");
     let changelog_topic = changelog::topic_for(&od.config.group_id, &topic);
     kafka.create_topic(&changelog_topic, 1, &[("cleanup.policy", "compact,delete")]).await;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use harness::daemon::instance_header_toml;
-use harness::{new_event_id, unique_name, Kafka, OffsetReader, Outboxd, Produced, Receiver};
+use harness::{new_event_id, Kafka, OffsetReader, Outboxd, Produced, Receiver, Scenario};
 use serde_json::json;
 
 /// Partitions of the source topic: enough for both instances to own some.
@@ -27,14 +27,16 @@ pub(crate) fn on(mut od: Outboxd) -> Outboxd {
     od
 }
 
-/// Instances A and B in one group, each with its own store, naming itself in every call.
-pub(crate) fn two_instances(kafka: &Kafka, topic: &str, receiver: &Receiver) -> (Outboxd, Outboxd) {
-    let mut a = on(Outboxd::new(kafka, &[topic], receiver));
-    let mut b = on(Outboxd::new(kafka, &[topic], receiver));
+/// Instances A (the scenario's outboxd) and B in one group on a fresh topic, each with
+/// its own store, naming itself in every call.
+pub(crate) async fn two_instances(name: &str, partitions: i32) -> (Scenario, Outboxd) {
+    let Scenario { kafka, topic, receiver, od, offsets, producer } = Scenario::new(name, partitions).await;
+    let mut a = on(od);
+    let mut b = on(Outboxd::new(&kafka, &[&topic], &receiver));
     b.config.group_id = a.config.group_id.clone();
     a.config.handler_extra = instance_header_toml("a");
     b.config.handler_extra = instance_header_toml("b");
-    (a, b)
+    (Scenario { kafka, topic, receiver, od: a, offsets, producer }, b)
 }
 
 pub(crate) async fn produce(kafka: &Kafka, topic: &str, events: &[(String, String)]) -> Vec<Produced> {
@@ -138,13 +140,9 @@ async fn replays_after_the_owner_leaves_are_suppressed(leave: Leave) {
 }
 
 async fn replays_after_the_owner_leaves_are_suppressed_under(leave: Leave, protocol: Protocol) {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let (Scenario { kafka, topic, receiver, od: mut a, offsets, .. }, mut b) = two_instances("scale", PARTITIONS).await;
     protocol.apply(&mut a);
     protocol.apply(&mut b);
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     a.start();
     a.wait_for_assignment().await;
     let events = events();
@@ -211,10 +209,8 @@ async fn under_the_consumer_protocol_replays_after_sigkill_of_the_owner_are_supp
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changelog_topic_with_another_partition_count_stops_the_start_and_nothing_is_handled() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-mismatch"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let Scenario { kafka, topic, receiver, od, .. } = Scenario::new("scale-mismatch", 2).await;
+    let mut od = on(od);
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
     kafka.create_topic(&changelog, 3, &[]).await;
     let id = new_event_id();
@@ -232,13 +228,10 @@ async fn a_changelog_topic_with_another_partition_count_stops_the_start_and_noth
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_rebuild_brings_back_every_record_of_a_deleted_store() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-rebuild"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let mut s = Scenario::new("scale-rebuild", PARTITIONS).await;
+    s.od = on(s.od);
+    s.run().await;
+    let Scenario { kafka, topic, mut od, offsets, .. } = s;
     let events = events();
     produce(&kafka, &topic, &events).await;
     od.wait_until(format!("committed offsets to reach the end ({})", offsets.describe()), HANDLED_TIMEOUT, || {
@@ -271,15 +264,12 @@ async fn store_rebuild_brings_back_every_record_of_a_deleted_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changelog_topic_deleted_while_running_stops_the_service_naming_it() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-deleted"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
-    od.config.store_extra = "[store.changelog]\ndelivery_timeout = \"5s\"\n".into();
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
+    let mut s = Scenario::new("scale-deleted", 1).await;
+    s.od = on(s.od);
+    s.od.config.store_extra = "[store.changelog]\ndelivery_timeout = \"5s\"\n".into();
+    s.run().await;
+    let Scenario { kafka, topic, mut od, offsets, .. } = s;
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
-    od.start();
-    od.wait_for_assignment().await;
     let first = vec![("k".to_owned(), new_event_id())];
     produce(&kafka, &topic, &first).await;
     od.wait_until("the first event to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
@@ -295,14 +285,10 @@ async fn a_changelog_topic_deleted_while_running_stops_the_service_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_on_uncertain_park_a_claim_cut_by_sigkill_is_parked_by_the_new_owner() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-park"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let (Scenario { kafka, topic, receiver, od: mut a, offsets, .. }, mut b) = two_instances("scale-park", 1).await;
     for od in [&mut a, &mut b] {
         od.config.handler_extra.push_str("on_uncertain = \"park\"\n");
     }
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     let id = new_event_id();
     receiver.set_behaviour(&id, harness::Behaviour::hang());
     a.start();
@@ -326,15 +312,13 @@ async fn with_on_uncertain_park_a_claim_cut_by_sigkill_is_parked_by_the_new_owne
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_topic_that_gains_partitions_stops_the_service_naming_both_counts() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-grown"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let mut s = Scenario::new("scale-grown", 2).await;
+    s.od = on(s.od);
     // Notice the new partition within a second, not librdkafka's 5 minutes.
-    od.config.kafka_options.insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
+    s.od.config.kafka_options.insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
+    s.run().await;
+    let Scenario { kafka, topic, receiver, mut od, .. } = s;
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
-    od.start();
-    od.wait_for_assignment().await;
     kafka.add_partitions(&topic, 3).await;
     let id = new_event_id();
     kafka.producer().send_raw(&topic, Some(2), Some(b"k"), &[("id", Some(id.as_bytes()))], Some(b"{}")).await;

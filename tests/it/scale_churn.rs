@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use harness::changelog;
 use harness::daemon::instance_header_toml;
 use harness::receiver::Call;
-use harness::{env_usize, new_event_id, turns, unique_name, Behaviour, Kafka, Outboxd, Produced, Receiver};
+use harness::{env_usize, new_event_id, turns, Behaviour, Kafka, Outboxd, Produced, Receiver, Scenario};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -178,18 +178,17 @@ async fn three_instances_joining_leaving_and_killed_at_random_lose_nothing_and_r
     let pauses: Vec<Duration> = plan.iter().map(|_| Duration::from_millis(rng.random_range(STEP_PAUSE_MS))).collect();
     let began = Instant::now();
 
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("churn"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
+    let Scenario { kafka, topic, receiver, od, offsets, .. } = Scenario::new("churn", PARTITIONS).await;
     receiver.set_default(Behaviour::random_delay(Duration::ZERO..=Duration::from_millis(20)));
-    let mut ods: Vec<Outboxd> = NAMES.iter().map(|_| on(Outboxd::new(&kafka, &[&topic], &receiver))).collect();
+    // The scenario's outboxd is the first; the others join its group.
+    let others = NAMES[1..].iter().map(|_| Outboxd::new(&kafka, &[&topic], &receiver));
+    let mut ods: Vec<Outboxd> = std::iter::once(od).chain(others).map(on).collect();
     let group = ods[0].config.group_id.clone();
     for od in &mut ods {
         od.config.group_id = group.clone();
         // An event may be in flight at several kills in a row; that must not exhaust it.
         od.config.max_attempts = 1000;
     }
-    let offsets = kafka.offsets(&group, &topic);
     let mut runs = Runs::default();
     runs.start(&mut ods[0], 0);
     ods[0].wait_for_assignment().await;

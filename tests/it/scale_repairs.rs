@@ -9,7 +9,7 @@ use crate::harness;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use harness::{new_event_id, unique_name, Behaviour, Kafka, Outboxd, Produced, Receiver};
+use harness::{new_event_id, Behaviour, Outboxd, Produced, Receiver, Scenario};
 use serde_json::Value;
 
 use super::scale::{produce, two_instances};
@@ -45,11 +45,8 @@ fn repair(od: &Outboxd, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forget_made_through_another_instance_lets_the_owner_run_the_event_once_more() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-repairs"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
+    let (Scenario { kafka, topic, receiver, od: mut a, offsets, .. }, mut b) =
+        two_instances("scale-repairs", PARTITIONS).await;
     // A handles everything alone: its store keeps the records of every partition.
     a.start();
     a.wait_for_assignment().await;
@@ -105,15 +102,12 @@ async fn a_forget_made_through_another_instance_lets_the_owner_run_the_event_onc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_partition_move_forgotten_stays_forgotten_and_resolved_or_retried_stays_done() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-repairs-move"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let (Scenario { kafka, topic, receiver, od: mut a, offsets, .. }, mut b) =
+        two_instances("scale-repairs-move", 2).await;
     // About repairs of single records: the keys of the dead ones go on (`hold` would hold them).
     for od in [&mut a, &mut b] {
         od.config.handler_extra.push_str("on_dead = \"continue\"\n");
     }
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     let events: Vec<(String, String)> = (0..10).map(|i| (format!("agg-{}", i % 4), new_event_id())).collect();
     let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
     let (forgotten, resolved, kept, retried) = (&ids[0], &ids[1], &ids[2], &ids[3]);

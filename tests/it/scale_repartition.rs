@@ -10,23 +10,20 @@ use std::time::Duration;
 
 use harness::changelog;
 use harness::logs::strip_ansi;
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Scenario};
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_source_gains_partitions_the_way_the_refusal_gives_keeps_replays_suppressed() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("repartition"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let mut s = Scenario::new("repartition", 2).await;
+    s.od = on(s.od);
     let events: Vec<(String, String)> = (0..120).map(|i| (format!("agg-{}", i % 40), new_event_id())).collect();
-    od.start();
-    od.wait_for_assignment().await;
+    s.run().await;
+    let Scenario { kafka, topic, receiver, mut od, offsets, .. } = s;
     produce(&kafka, &topic, &events).await;
     let ids: Vec<String> = events.iter().map(|(_, id)| id.clone()).collect();
     od.wait_until("every event", HANDLED_TIMEOUT, || receiver.count_answered_ok(&ids) == ids.len()).await;
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     od.wait_until("the offsets to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
     od.stop();
 

@@ -11,7 +11,7 @@ use crate::harness;
 use crate::scale::{assert_each_executed_once, produce, replay_then_one_more, two_instances};
 use harness::changelog::{log_number, topic_for};
 use harness::logs::log_lines;
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Outboxd, Scenario};
 
 /// Partitions of the source topic: enough for both instances to own some.
 const PARTITIONS: i32 = 4;
@@ -66,14 +66,11 @@ async fn wait_for_standby_to_reach(od: &mut Outboxd, topic: &str, ends: &BTreeMa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigkill_a_standby_takes_over_reading_almost_nothing_and_suppresses_replays() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-standby"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
-    let (mut a, mut b) = two_instances(&kafka, &topic, &receiver);
+    let (Scenario { kafka, topic, receiver, od: mut a, offsets, .. }, mut b) =
+        two_instances("scale-standby", PARTITIONS).await;
     for od in [&mut a, &mut b] {
         od.config.store_extra.push_str("standby = true\n");
     }
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     a.start();
     a.wait_for_assignment().await;
     // A created the changelog topic at its start.

@@ -9,21 +9,18 @@ use crate::harness;
 
 use std::time::Duration;
 
-use harness::{new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{new_event_id, Scenario};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changelog_topic_that_deletes_records_before_the_store_retention_is_refused_by_name() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-retention"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let Scenario { kafka, topic, receiver, mut od, producer, .. } = Scenario::new("scale-retention", 2).await;
     od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
     od.config.retention = "7d".into();
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
     // One day: records would leave Kafka six days before the store forgets them.
     kafka.create_topic(&changelog, 2, &[("cleanup.policy", "compact,delete"), ("retention.ms", "86400000")]).await;
-    kafka.producer().send_event(&topic, "k", &new_event_id(), Some("Tick"), &json!({"n": 1})).await;
+    producer.send_event(&topic, "k", &new_event_id(), Some("Tick"), &json!({"n": 1})).await;
 
     od.start();
     let status = od.wait_exit(Duration::from_secs(60));
@@ -47,15 +44,12 @@ async fn a_changelog_topic_that_deletes_records_before_the_store_retention_is_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changelog_topics_are_created_keeping_tombstones_as_long_as_the_store_retention() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-tombstones"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
-    od.config.retention = "3d".into();
+    let mut s = Scenario::new("scale-tombstones", 2).await;
+    s.od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
+    s.od.config.retention = "3d".into();
+    s.run().await;
+    let Scenario { kafka, topic, mut od, .. } = s;
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
-    od.start();
-    od.wait_for_assignment().await;
     od.stop();
     let three_days = (3 * 24 * 3600 * 1000).to_string();
     assert_eq!(kafka.topic_config(&changelog, "delete.retention.ms").await.as_deref(), Some(three_days.as_str()));
@@ -65,10 +59,7 @@ async fn changelog_topics_are_created_keeping_tombstones_as_long_as_the_store_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_existing_changelog_topic_that_drops_tombstones_early_is_named_with_the_fix() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("scale-tombstones-old"), 2, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
+    let Scenario { kafka, topic, receiver, mut od, producer, .. } = Scenario::new("scale-tombstones-old", 2).await;
     od.config.store_extra = "[store.changelog]\nenabled = true\n".into();
     od.config.retention = "7d".into();
     let changelog = format!("{}.{topic}.outboxd-dedup", od.config.group_id);
@@ -79,7 +70,7 @@ async fn an_existing_changelog_topic_that_drops_tombstones_early_is_named_with_t
     od.start();
     od.wait_for_assignment().await;
     let id = new_event_id();
-    kafka.producer().send_event(&topic, "k", &id, Some("Tick"), &json!({"n": 1})).await;
+    producer.send_event(&topic, "k", &id, Some("Tick"), &json!({"n": 1})).await;
     od.wait_until("the event", Duration::from_secs(60), || receiver.answered_ok(&id)).await;
     od.stop();
     let log = od.log();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use harness::changelog;
 use harness::logs::{log_lines, strip_ansi};
 use harness::tmpfs::Tmpfs;
-use harness::{unique_name, Kafka, Outboxd, Receiver};
+use harness::Scenario;
 
 /// Changelog records to restore: several times what the store's filesystem holds.
 const RECORDS: usize = 60_000;
@@ -29,10 +29,8 @@ const STOP_BOUND: Duration = Duration::from_secs(90);
 async fn a_store_failure_during_a_restore_stops_the_service_with_the_error() {
     let _load = harness::turns::LOAD.lock().await;
     let tmpfs = Tmpfs::mount(TMPFS_SIZE);
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("store-fails-in-restore"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let Scenario { kafka, topic, receiver, od, .. } = Scenario::new("store-fails-in-restore", 1).await;
+    let mut od = on(od);
     od.config.store_path = tmpfs.path().join("store");
     let changelog_topic = changelog::topic_for(&od.config.group_id, &topic);
     kafka.create_topic(&changelog_topic, 1, &[("cleanup.policy", "compact,delete")]).await;

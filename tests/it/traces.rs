@@ -11,7 +11,7 @@ use crate::harness::daemon::changelog_off;
 use crate::harness::logs::log_lines;
 use crate::harness::metrics::{sample, try_scrape};
 use crate::harness::otlp::{OtlpReceiver, Span};
-use crate::harness::{new_event_id, unique_name, wait_until, wait_until_async, Behaviour, Kafka, Outboxd, Receiver};
+use crate::harness::{new_event_id, wait_until, wait_until_async, Behaviour, Scenario};
 
 /// Generous bound for "outboxd handled it and exported its spans" (batches go out every second).
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -31,17 +31,14 @@ fn event_span<'a>(spans: &'a [Span], event_id: &str) -> Option<&'a Span> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_events_spans_continue_the_producers_trace_to_the_receiver() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("traces"), 1, &[]).await;
-    let receiver = Receiver::start();
+    let mut s = Scenario::new("traces", 1).await;
     let collector = OtlpReceiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    od.config.extra_toml =
+    s.od.config.extra_toml =
         format!("\n[tracing.otlp]\nendpoint = \"{}\"\nservice_name = \"outboxd-it\"\n", collector.endpoint());
     // A durable claim, so that the claim's changelog record shows (with the changelog on).
-    od.config.handler_extra = "on_uncertain = \"park\"\n".into();
-    od.start();
-    od.wait_for_assignment().await;
+    s.od.config.handler_extra = "on_uncertain = \"park\"\n".into();
+    s.run().await;
+    let Scenario { topic, receiver, mut od, producer, .. } = s;
 
     // The first call fails: the trace shows both attempts.
     let traced = new_event_id();
@@ -54,7 +51,6 @@ async fn an_events_spans_continue_the_producers_trace_to_the_receiver() {
         ("traceparent", Some(traceparent.as_bytes())),
         ("tracestate", Some(&b"congo=t61rcWkgMzE"[..])),
     ];
-    let producer = kafka.producer();
     let (partition, offset) = producer.send_raw(&topic, None, Some(b"order-1"), &headers, Some(&payload)).await;
     // And one without a context: it starts a trace of its own.
     let untraced = new_event_id();
@@ -117,17 +113,13 @@ async fn an_events_spans_continue_the_producers_trace_to_the_receiver() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_is_away_costs_spans_not_events() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("traces-away"), 1, &[]).await;
-    let receiver = Receiver::start();
+    let mut s = Scenario::new("traces-away", 1).await;
     // A loopback port nothing listens on.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let mut od = Outboxd::new(&kafka, &[&topic], &receiver);
-    od.config.extra_toml = format!("\n[tracing.otlp]\nendpoint = \"http://{closed}\"\ntimeout = \"1s\"\n");
-    od.start();
-    od.wait_for_assignment().await;
+    s.od.config.extra_toml = format!("\n[tracing.otlp]\nendpoint = \"http://{closed}\"\ntimeout = \"1s\"\n");
+    s.run().await;
+    let Scenario { topic, receiver, mut od, producer, .. } = s;
 
-    let producer = kafka.producer();
     let ids: Vec<String> = (0..20).map(|_| new_event_id()).collect();
     for (i, id) in ids.iter().enumerate() {
         let traceparent = format!("00-{TRACE_ID}-{PRODUCER_SPAN}-01");

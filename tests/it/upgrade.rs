@@ -11,7 +11,7 @@ use crate::harness;
 use std::time::Duration;
 
 use harness::changelog::{entries_by_id, log_field, log_number, topic_for};
-use harness::{env_usize, new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{env_usize, new_event_id, Kafka, Outboxd, Scenario};
 
 use crate::scale::{assert_each_executed_once, produce, replay_then_one_more};
 
@@ -43,10 +43,7 @@ async fn handled_with_the_changelog_off(kafka: &Kafka, a: &mut Outboxd, topic: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_handled_with_the_changelog_off_are_not_run_again_after_a_second_instance_joins() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("upgrade"), PARTITIONS, &[]).await;
-    let receiver = Receiver::start();
-    let mut a = Outboxd::new(&kafka, &[&topic], &receiver);
+    let Scenario { kafka, topic, receiver, od: mut a, offsets, .. } = Scenario::new("upgrade", PARTITIONS).await;
     let mut b = Outboxd::new(&kafka, &[&topic], &receiver);
     b.config.group_id = a.config.group_id.clone();
     b.config.store_extra = ON.into();
@@ -72,7 +69,6 @@ async fn events_handled_with_the_changelog_off_are_not_run_again_after_a_second_
     // Partitions move to B, which restores them from the changelog.
     b.start();
     b.wait_for_assignment().await;
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     let all = replay_then_one_more(&kafka, &topic, &mut b, &receiver, &offsets, &events, HANDLED_TIMEOUT).await;
     b.stop();
     a.stop();
@@ -87,21 +83,16 @@ async fn events_handled_with_the_changelog_off_are_not_run_again_after_a_second_
 /// start after that copies nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_cut_part_way_goes_on_from_its_last_acknowledged_batch() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("upgrade-resume"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut a = Outboxd::new(&kafka, &[&topic], &receiver);
+    let Scenario { kafka, topic, receiver, od: mut a, offsets, producer } = Scenario::new("upgrade-resume", 1).await;
     let n = 200;
     let mut ids: Vec<String> = (0..n).map(|_| new_event_id()).collect();
     ids.sort();
     // The record in the middle of the copy's key order gets an event type too large for the topic below.
     let big = ids[n / 2].clone();
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     a.config.store_extra = OFF.into();
     a.start();
     a.wait_for_assignment().await;
     let large_type: String = (0..200).map(|_| format!("{:032x}", rand::random::<u128>())).collect();
-    let producer = kafka.producer();
     for id in &ids {
         let event_type = if *id == big { large_type.as_str() } else { "Tick" };
         producer.send_event(&topic, "k", id, Some(event_type), &serde_json::json!({"id": id})).await;

@@ -39,7 +39,7 @@ use harness::debezium::{
     sweep_leftovers, wait_all_answered, wait_committed_to_end, Connect, OutboxRow, Pg, Scratch, StackTurn,
     MAIN_CONNECTOR,
 };
-use harness::{turns, unique_name, wait_for, Kafka, Message, Outboxd, Receiver};
+use harness::{turns, unique_name, wait_for, Kafka, Message, Outboxd, Receiver, Scenario};
 use serde_json::{json, Value};
 
 mod registry_outage;
@@ -95,15 +95,17 @@ impl Stack {
         assert!(slots.trim().is_empty(), "replication slots left behind: {}", slots.trim());
     }
 
-    /// An outboxd for `topic` that knows the registry; `handler_extra` goes into its
+    /// A scenario on `topic` (which the test created, named as Debezium routes) whose
+    /// outboxd knows the registry, started and assigned; `handler_extra` goes into its
     /// handler (e.g. `format = "avro"`).
-    fn outboxd(&self, topic: &str, receiver: &Receiver, handler_extra: &str) -> Outboxd {
-        let mut od = Outboxd::new(&self.kafka, &[topic], receiver);
-        od.config.handler_extra = handler_extra.to_string();
+    async fn running_outboxd(&self, topic: &str, handler_extra: &str) -> Scenario {
+        let mut s = Scenario::on(self.kafka.clone(), topic.to_owned());
+        s.od.config.handler_extra = handler_extra.to_string();
         // `[schema_registry]` is a top-level table: it may follow `[handlers.retry]`,
         // which the harness writes last.
-        od.config.retry_extra = schema_registry_toml(self.registry.url(), REGISTRY_TIMEOUT);
-        od
+        s.od.config.retry_extra = schema_registry_toml(self.registry.url(), REGISTRY_TIMEOUT);
+        s.run().await;
+        s
     }
 
     /// `debezium/connector.json` capturing `table` through `publication` and `slot`,
@@ -280,11 +282,7 @@ async fn avro_pipeline_rows_become_side_effects() {
     let aggregatetype = unique_name("avro-rows");
     let topic = outbox_topic(&aggregatetype);
     st.kafka.create_topic(&topic, 3, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = st.outboxd(&topic, &receiver, "");
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } = st.running_outboxd(&topic, "").await;
 
     let name = scratch.connector_name("avro");
     let config = st.avro_connector(&name, (&table, &publication), &scratch.sql_name("slot"), &topic, false, &[]);
@@ -341,11 +339,8 @@ async fn avro_keys_are_decoded_too() {
     let aggregatetype = unique_name("avro-keys");
     let topic = outbox_topic(&aggregatetype);
     st.kafka.create_topic(&topic, 3, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = st.outboxd(&topic, &receiver, "format = \"auto\"\nbody = \"json\"\n");
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } =
+        st.running_outboxd(&topic, "format = \"auto\"\nbody = \"json\"\n").await;
 
     let name = scratch.connector_name("avrokeys");
     let config = st.avro_connector(&name, (&table, &publication), &scratch.sql_name("slot"), &topic, true, &[]);
@@ -410,11 +405,7 @@ async fn avro_duplicates_are_suppressed() {
         .collect();
     st.pg.query(&insert_sql(&format!("public.{table}"), &rows));
 
-    let receiver = Receiver::start();
-    let mut od = st.outboxd(&topic, &receiver, "format = \"avro\"\n");
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } = st.running_outboxd(&topic, "format = \"avro\"\n").await;
 
     let config = |name: &str, slot: &str| {
         st.avro_connector(name, (&table, &publication), slot, &topic, false, &[("snapshot.mode", "initial")])

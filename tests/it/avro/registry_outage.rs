@@ -27,11 +27,8 @@ async fn registry_outage_makes_events_wait_then_flow() {
     scratch.start_connector(&name, &config, CONNECTOR_TIMEOUT).await;
 
     // A warm outboxd fetches the schema while the registry is up.
-    let warm_receiver = Receiver::start();
-    let mut warm = st.outboxd(&topic, &warm_receiver, "");
-    let warm_offsets = st.kafka.offsets(&warm.config.group_id, &topic);
-    warm.start();
-    warm.wait_for_assignment().await;
+    let Scenario { receiver: warm_receiver, od: mut warm, offsets: warm_offsets, .. } =
+        st.running_outboxd(&topic, "").await;
     let mut rows = shape_rows(&aggregatetype, "BeforeOutage");
     write_rows(&st.pg, &table, &rows).await;
     wait_all_answered(&mut warm, &warm_receiver, &rows, HANDLED_TIMEOUT, &st.connect, &name).await;
@@ -65,11 +62,7 @@ async fn registry_outage_makes_events_wait_then_flow() {
     assert_each_called_once(&warm_receiver, &rows);
 
     // A fresh outboxd: nothing cached, so nothing can be decoded until the registry is back.
-    let receiver = Receiver::start();
-    let mut od = st.outboxd(&topic, &receiver, "");
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } = st.running_outboxd(&topic, "").await;
     // A line about the registry that says it is waiting (not, say, the URL at start-up).
     let log_lines = |od: &Outboxd| -> Vec<String> {
         od.log()

@@ -23,11 +23,7 @@ async fn converter_variant(
     let aggregatetype = unique_name(&format!("conv-{what}"));
     let topic = outbox_topic(&aggregatetype);
     st.kafka.create_topic(&topic, 3, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } = st.running_outboxd(&topic).await;
 
     let name = scratch.connector_name(what);
     let mut all: Vec<(&str, &str)> =

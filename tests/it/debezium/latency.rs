@@ -19,11 +19,7 @@ async fn debezium_latency_is_reported() {
     let topic = outbox_topic(&aggregatetype);
     // The record timestamp is then the moment the broker appended the message.
     st.kafka.create_topic(&topic, 3, &[("message.timestamp.type", "LogAppendTime")]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } = st.running_outboxd(&topic).await;
 
     let mut db = st.pg.session();
     // Warm-up: the first event of a topic pays for metadata look-ups and connections.

@@ -30,7 +30,7 @@ use harness::debezium::{
     wait_all_answered, wait_committed_to_end, Connect, ConnectCrash, OutboxRow, Pg, Scratch, StackTurn, MAIN_CONNECTOR,
     MAIN_TABLE,
 };
-use harness::{turns, unique_name, wait_until, Kafka, Message, Outboxd, Receiver};
+use harness::{turns, unique_name, wait_until, Kafka, Message, Receiver, Scenario};
 use serde_json::{json, Value};
 
 mod converters;
@@ -79,6 +79,14 @@ impl Stack {
             std::process::id()
         ));
         assert!(slots.trim().is_empty(), "replication slots left behind: {}", slots.trim());
+    }
+
+    /// A scenario on `topic` (which the test created, named as Debezium routes), its
+    /// outboxd started and assigned.
+    async fn running_outboxd(&self, topic: &str) -> Scenario {
+        let mut s = Scenario::on(self.kafka.clone(), topic.to_owned());
+        s.run().await;
+        s
     }
 
     /// Sum of the end offsets of `topic` (all our topics start empty).

@@ -13,11 +13,7 @@ async fn debezium_outbox_rows_become_side_effects() {
     let aggregatetype = unique_name("rows");
     let topic = outbox_topic(&aggregatetype);
     st.kafka.create_topic(&topic, 3, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } = st.running_outboxd(&topic).await;
 
     let mut db = st.pg.session();
     let mut rows = Vec::new();
@@ -134,11 +130,7 @@ async fn debezium_crash_replays_are_suppressed() {
     let aggregatetype = unique_name("crash");
     let topic = outbox_topic(&aggregatetype);
     st.kafka.create_topic(&topic, 3, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } = st.running_outboxd(&topic).await;
 
     let mut crash = ConnectCrash::default();
     let mut all_rows: Vec<OutboxRow> = Vec::new();
@@ -257,11 +249,7 @@ async fn snapshot_reemission_is_suppressed() {
         .collect();
     st.pg.query(&insert_sql(&qualified, &rows));
 
-    let receiver = Receiver::start();
-    let mut od = Outboxd::new(&st.kafka, &[&topic], &receiver);
-    let offsets = st.kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
+    let Scenario { receiver, mut od, offsets, .. } = st.running_outboxd(&topic).await;
 
     let config = |name: &str, slot: &str| {
         connector_config(&st.pg, name, &table, &publication, slot, &[("snapshot.mode", "initial")])

@@ -160,14 +160,12 @@ async fn bad_input_never_stops_the_service() {
     // The broker's default limit is ~1 MB per message; this topic takes the 10 MB one.
     let topic = kafka.create_topic(&unique_name("bad-input"), 1, &[("max.message.bytes", "12000000")]).await;
     let dlq = kafka.create_topic(&unique_name("bad-input-dlq"), 1, &[]).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    let mut s = Scenario::on(kafka, topic);
     // Every case shares one key: each must be judged on its own, not held behind the first dead one.
-    od.config.handler_extra = format!("on_dead = \"continue\"\n{}", dead_letter_toml(&dlq));
+    s.od.config.handler_extra = format!("on_dead = \"continue\"\n{}", dead_letter_toml(&dlq));
+    s.run().await;
+    let Scenario { kafka, topic, receiver: rx, mut od, offsets, .. } = s;
     let producer = Producer::new(kafka.brokers(), &[("message.max.bytes", "12000000")]);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
-    od.start();
-    od.wait_for_assignment().await;
 
     let cases = bad_inputs();
     let mut at: Vec<i64> = Vec::new();
@@ -276,11 +274,9 @@ async fn oversized_undecodable_message_is_dead_lettered() {
     let big_topic = [("max.message.bytes", "12000000")];
     let topic = kafka.create_topic(&unique_name("big-src"), 1, &big_topic).await;
     let dlq = kafka.create_topic(&unique_name("big-dlq"), 1, &big_topic).await;
-    let rx = Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&topic], &rx);
+    let Scenario { kafka, topic, receiver: rx, mut od, offsets, .. } = Scenario::on(kafka, topic);
     od.config.handler_extra = dead_letter_toml(&dlq);
     let producer = Producer::new(kafka.brokers(), &[("message.max.bytes", "12000000")]);
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     let value = vec![b'z'; BIG];
     let (_, off) = producer.send_raw(&topic, Some(0), Some(b"k"), &[("id", Some(b""))], Some(&value)).await;
     let after = new_event_id();

@@ -15,7 +15,7 @@ use harness::daemon::dead_letter_toml;
 use harness::logs::{self, log_lines, logged};
 use harness::receiver::{Receiver, Reply};
 use harness::store::{self as cli, describe};
-use harness::{new_event_id, unique_name, Kafka, Message, Outboxd, Producer};
+use harness::{new_event_id, unique_name, Kafka, Message, Producer, Scenario};
 use serde_json::{json, Value};
 
 mod bad_input;
@@ -26,40 +26,20 @@ mod uncertain;
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
 const DLQ_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A topic, its outboxd, a scripted receiver and a producer.
-struct Setup {
-    kafka: Kafka,
-    rx: Receiver,
-    od: Outboxd,
-    topic: String,
-    producer: Producer,
+/// Sends an event of type `Test` to the scenario's topic; where it landed.
+async fn send(s: &Scenario, key: &str, id: &str, payload: &Value) -> (i32, i64) {
+    let produced = s.producer.send_event(&s.topic, key, id, Some("Test"), payload).await;
+    (produced.partition, produced.offset)
 }
 
-async fn setup(prefix: &str, partitions: i32) -> Setup {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name(prefix), partitions, &[]).await;
-    let rx = Receiver::start();
-    let od = Outboxd::new(&kafka, &[&topic], &rx);
-    let producer = kafka.producer();
-    Setup { kafka, rx, od, topic, producer }
+async fn wait_committed_end(s: &mut Scenario) {
+    let what = format!("committed offsets of {} to reach the end", s.topic);
+    s.od.wait_until(what, HANDLED_TIMEOUT, || s.offsets.reached_end()).await;
 }
 
-impl Setup {
-    async fn send(&self, key: &str, id: &str, payload: &Value) -> (i32, i64) {
-        let produced = self.producer.send_event(&self.topic, key, id, Some("Test"), payload).await;
-        (produced.partition, produced.offset)
-    }
-
-    async fn wait_committed_end(&mut self) {
-        let offsets = self.kafka.offsets(&self.od.config.group_id, &self.topic);
-        let what = format!("committed offsets of {} to reach the end", self.topic);
-        self.od.wait_until(what, HANDLED_TIMEOUT, || offsets.reached_end()).await;
-    }
-
-    fn committed(&self, partition: i32) -> Option<i64> {
-        let offsets = self.kafka.offsets(&self.od.config.group_id, &self.topic);
-        offsets.try_committed().ok().and_then(|c| c.get(&partition).copied().flatten())
-    }
+/// The committed offset of `partition`, when it can be read.
+fn committed(s: &Scenario, partition: i32) -> Option<i64> {
+    s.offsets.try_committed().ok().and_then(|c| c.get(&partition).copied().flatten())
 }
 
 fn header<'a>(m: &'a Message, name: &str) -> Option<&'a [u8]> {

@@ -11,19 +11,23 @@ use super::*;
 /// stays at the failed event although a later event of another key is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
-    let mut s = setup("dlq-src", 1).await;
+    let mut s = Scenario::new("dlq-src", 1).await;
     let refuse = [("message.timestamp.before.max.ms", "0")];
     let dlq = s.kafka.create_topic(&unique_name("dlq"), 1, &refuse).await;
     s.od.config.handler_extra = dead_letter_toml(&dlq);
     let bad = new_event_id();
     let after = new_event_id();
     let bad_for_script = bad.clone();
-    s.rx.set_script(
-        move |r| if r.event_id.as_deref() == Some(&bad_for_script) { Reply::status(422) } else { Reply::ok() },
-    );
+    s.receiver.set_script(move |r| {
+        if r.event_id.as_deref() == Some(&bad_for_script) {
+            Reply::status(422)
+        } else {
+            Reply::ok()
+        }
+    });
 
     let first = new_event_id();
-    s.send("acct-0", &first, &json!({"n": 0})).await;
+    send(&s, "acct-0", &first, &json!({"n": 0})).await;
     let payload = br#"{"orderId":7,"total":"9.99"}"#;
     let (partition, bad_offset) = s
         .producer
@@ -35,12 +39,13 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
             Some(payload),
         )
         .await;
-    s.send("acct-2", &after, &json!({"n": 2})).await;
+    send(&s, "acct-2", &after, &json!({"n": 2})).await;
 
-    s.od.start();
-    s.od.wait_for_assignment().await;
-    s.od.wait_until("the later event of another key to be answered", HANDLED_TIMEOUT, || s.rx.answered_ok(&after))
-        .await;
+    s.run().await;
+    s.od.wait_until("the later event of another key to be answered", HANDLED_TIMEOUT, || {
+        s.receiver.answered_ok(&after)
+    })
+    .await;
     s.od.wait_for("outboxd to report the refused dead letter", HANDLED_TIMEOUT, async |od| {
         if logged(od, "dead-letter produce failed") {
             Ok(())
@@ -54,7 +59,7 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
     let mut samples = Vec::new();
     for _ in 0..25 {
         s.od.assert_alive();
-        if let Some(c) = s.committed(partition) {
+        if let Some(c) = committed(&s, partition) {
             assert!(
                 c <= bad_offset,
                 "committed offset {c} passed the event at {bad_offset} before its dead letter was acknowledged"
@@ -68,12 +73,12 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
         Some(bad_offset),
         "the offset before the failed event should be committed meanwhile"
     );
-    assert_eq!(s.rx.handler_call_count(&bad), 1, "a permanent failure (422) must not be retried");
+    assert_eq!(s.receiver.handler_call_count(&bad), 1, "a permanent failure (422) must not be retried");
     assert!(s.kafka.read_topic(&dlq, DLQ_READ_TIMEOUT).is_empty(), "the premise: no dead letter got through yet");
 
     // Let the dead-letter topic take it: the dead letter is produced, then the offset moves.
     s.kafka.alter_topic_config(&dlq, &[("message.timestamp.before.max.ms", "9223372036854775807")]).await;
-    s.wait_committed_end().await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
 
     let letters = s.kafka.read_topic(&dlq, DLQ_READ_TIMEOUT);
@@ -107,7 +112,7 @@ async fn permanent_failure_goes_to_dead_letter_topic_before_offset_moves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retryable_failures_are_retried_then_succeed() {
     const FAILURES: u32 = 3;
-    let mut s = setup("retry-ok", 1).await;
+    let mut s = Scenario::new("retry-ok", 1).await;
     // The event's own budget, without the circuit.
     s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     s.od.config.max_attempts = 5;
@@ -115,21 +120,20 @@ async fn retryable_failures_are_retried_then_succeed() {
     s.od.config.max_backoff = "200ms".into();
     let id = new_event_id();
     let sid = id.clone();
-    s.rx.set_script(move |r| {
+    s.receiver.set_script(move |r| {
         if r.event_id.as_deref() == Some(&sid) && r.nth <= FAILURES {
             Reply::status(503)
         } else {
             Reply::ok()
         }
     });
-    s.send("user-1", &id, &json!({"mail": "welcome"})).await;
-    s.od.start();
-    s.od.wait_for_assignment().await;
-    s.od.wait_until("the event to succeed", HANDLED_TIMEOUT, || s.rx.answered_ok(&id)).await;
-    s.wait_committed_end().await;
+    send(&s, "user-1", &id, &json!({"mail": "welcome"})).await;
+    s.run().await;
+    s.od.wait_until("the event to succeed", HANDLED_TIMEOUT, || s.receiver.answered_ok(&id)).await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
 
-    let calls = s.rx.handler_calls(&id);
+    let calls = s.receiver.handler_calls(&id);
     assert_eq!(calls.len(), FAILURES as usize + 1, "{calls:#?}");
     for c in &calls {
         assert_eq!(c.header("Idempotency-Key"), Some(id.as_str()), "every attempt carries the same key");
@@ -148,7 +152,7 @@ async fn retryable_failures_are_retried_then_succeed() {
 /// reason, and (without a dead-letter topic) the store keeps the full message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exhausted_retries_end_dead_with_reason() {
-    let mut s = setup("retry-dead", 1).await;
+    let mut s = Scenario::new("retry-dead", 1).await;
     // The event's own budget, without the circuit.
     s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     // About the dead record; the key's next event runs (the `hold` default would hold it).
@@ -159,16 +163,15 @@ async fn exhausted_retries_end_dead_with_reason() {
     let id = new_event_id();
     let ok = new_event_id();
     let sid = id.clone();
-    s.rx.set_script(move |r| if r.event_id.as_deref() == Some(&sid) { Reply::status(503) } else { Reply::ok() });
-    let (_, offset) = s.send("k-1", &id, &json!({"v": 1})).await;
-    s.send("k-1", &ok, &json!({"v": 2})).await;
-    s.od.start();
-    s.od.wait_for_assignment().await;
-    s.od.wait_until("the next event of the key", HANDLED_TIMEOUT, || s.rx.answered_ok(&ok)).await;
-    s.wait_committed_end().await;
+    s.receiver.set_script(move |r| if r.event_id.as_deref() == Some(&sid) { Reply::status(503) } else { Reply::ok() });
+    let (_, offset) = send(&s, "k-1", &id, &json!({"v": 1})).await;
+    send(&s, "k-1", &ok, &json!({"v": 2})).await;
+    s.run().await;
+    s.od.wait_until("the next event of the key", HANDLED_TIMEOUT, || s.receiver.answered_ok(&ok)).await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
 
-    assert_eq!(s.rx.handler_call_count(&id), 3, "exactly max_attempts calls");
+    assert_eq!(s.receiver.handler_call_count(&id), 3, "exactly max_attempts calls");
     let r = cli::get(&s.od, &id);
     assert_eq!(text(&r, "state"), "dead", "{r}");
     assert_eq!(r["attempts"], 3, "{r}");
@@ -189,7 +192,7 @@ async fn exhausted_retries_end_dead_with_reason() {
 /// `retry.max_elapsed` ends retrying even when attempts are left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retrying_gives_up_after_max_elapsed() {
-    let mut s = setup("retry-elapsed", 1).await;
+    let mut s = Scenario::new("retry-elapsed", 1).await;
     // The event's own budget, without the circuit.
     s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     s.od.config.max_attempts = 1000;
@@ -197,13 +200,12 @@ async fn retrying_gives_up_after_max_elapsed() {
     s.od.config.max_backoff = "300ms".into();
     s.od.config.retry_extra = "max_elapsed = \"2s\"\n".into();
     let id = new_event_id();
-    s.rx.set_script(|_| Reply::status(500));
-    s.send("k", &id, &json!({})).await;
-    s.od.start();
-    s.od.wait_for_assignment().await;
-    s.wait_committed_end().await;
+    s.receiver.set_script(|_| Reply::status(500));
+    send(&s, "k", &id, &json!({})).await;
+    s.run().await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
-    let calls = s.rx.handler_calls(&id);
+    let calls = s.receiver.handler_calls(&id);
     assert!(calls.len() >= 2 && calls.len() < 1000, "retried, but stopped by max_elapsed: {} calls", calls.len());
     let span = calls.last().unwrap().started_at - calls[0].started_at;
     assert!(span <= Duration::from_millis(2500), "calls went on for {span:?}, max_elapsed is 2s");
@@ -216,7 +218,7 @@ async fn retrying_gives_up_after_max_elapsed() {
 /// HTTP-date forms), while without it the backoff would be far shorter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_honoured() {
-    let mut s = setup("retry-after", 2).await;
+    let mut s = Scenario::new("retry-after", 2).await;
     // The event's own budget, without the circuit.
     s.od.config.circuit_extra = harness::daemon::NO_CIRCUIT.into();
     s.od.config.max_attempts = 3;
@@ -226,7 +228,7 @@ async fn retry_after_is_honoured() {
     let date = new_event_id();
     let plain = new_event_id();
     let (a, b, c) = (secs.clone(), date.clone(), plain.clone());
-    s.rx.set_script(move |r| {
+    s.receiver.set_script(move |r| {
         let id = r.event_id.as_deref().unwrap_or("");
         if r.nth > 1 {
             Reply::ok()
@@ -241,20 +243,19 @@ async fn retry_after_is_honoured() {
             Reply::ok()
         }
     });
-    s.send("a", &secs, &json!({})).await;
-    s.send("b", &date, &json!({})).await;
-    s.send("c", &plain, &json!({})).await;
-    s.od.start();
-    s.od.wait_for_assignment().await;
+    send(&s, "a", &secs, &json!({})).await;
+    send(&s, "b", &date, &json!({})).await;
+    send(&s, "c", &plain, &json!({})).await;
+    s.run().await;
     s.od.wait_until("all three to succeed", HANDLED_TIMEOUT, || {
-        [&secs, &date, &plain].iter().all(|id| s.rx.answered_ok(id))
+        [&secs, &date, &plain].iter().all(|id| s.receiver.answered_ok(id))
     })
     .await;
-    s.wait_committed_end().await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
 
     let gap = |id: &str| {
-        let calls = s.rx.handler_calls(id);
+        let calls = s.receiver.handler_calls(id);
         assert_eq!(calls.len(), 2, "{calls:#?}");
         calls[1].started.duration_since(calls[0].answered.expect("answered")).unwrap_or_default()
     };
@@ -271,7 +272,7 @@ async fn retry_after_is_honoured() {
 /// `success_on`, `fail_on` and `retry_on` override the default classification.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_rules_override_defaults() {
-    let mut s = setup("status-rules", 1).await;
+    let mut s = Scenario::new("status-rules", 1).await;
     s.od.config.handler_extra = "success_on = [409]\nfail_on = [503]\nretry_on = [\"4xx\"]\n".into();
     s.od.config.max_attempts = 5;
     s.od.config.initial_backoff = "20ms".into();
@@ -280,7 +281,7 @@ async fn status_rules_override_defaults() {
     let unavailable = new_event_id(); // 503: default retry → permanent
     let not_found = new_event_id(); // 404 twice: default permanent → retry
     let (a, b, c) = (conflict.clone(), unavailable.clone(), not_found.clone());
-    s.rx.set_script(move |r| {
+    s.receiver.set_script(move |r| {
         let id = r.event_id.as_deref().unwrap_or("");
         if id == a {
             Reply::status(409)
@@ -293,21 +294,20 @@ async fn status_rules_override_defaults() {
         }
     });
     for (k, id) in [("a", &conflict), ("b", &unavailable), ("c", &not_found)] {
-        s.send(k, id, &json!({"k": k})).await;
+        send(&s, k, id, &json!({"k": k})).await;
     }
-    s.od.start();
-    s.od.wait_for_assignment().await;
-    s.wait_committed_end().await;
+    s.run().await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
 
-    assert_eq!(s.rx.handler_call_count(&conflict), 1);
+    assert_eq!(s.receiver.handler_call_count(&conflict), 1);
     let r = s.od.store_get(&conflict);
     assert_eq!((r.state.as_str(), r.outcome.as_deref()), ("done", Some("http 409")), "{r:?}");
-    assert_eq!(s.rx.handler_call_count(&unavailable), 1, "503 is in fail_on: no retry");
+    assert_eq!(s.receiver.handler_call_count(&unavailable), 1, "503 is in fail_on: no retry");
     let r = s.od.store_get(&unavailable);
     assert_eq!(r.state, "dead", "{r:?}");
     assert!(r.reason.as_deref().is_some_and(|t| t.contains("http 503")), "{r:?}");
-    assert_eq!(s.rx.handler_call_count(&not_found), 3, "404 is retried under retry_on = [\"4xx\"]");
+    assert_eq!(s.receiver.handler_call_count(&not_found), 3, "404 is retried under retry_on = [\"4xx\"]");
     let r = s.od.store_get(&not_found);
     assert_eq!((r.state.as_str(), r.outcome.as_deref(), r.attempts), ("done", Some("http 200"), 3), "{r:?}");
 }
@@ -318,7 +318,7 @@ async fn status_rules_override_defaults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retrying_event_does_not_stall_other_keys() {
     const OTHERS: usize = 30;
-    let mut s = setup("no-stall", 1).await;
+    let mut s = Scenario::new("no-stall", 1).await;
     s.od.config.max_attempts = 200;
     s.od.config.initial_backoff = "100ms".into();
     s.od.config.max_backoff = "300ms".into();
@@ -326,7 +326,7 @@ async fn retrying_event_does_not_stall_other_keys() {
     let slow = new_event_id();
     let slow_next = new_event_id();
     let (sid, flag) = (slow.clone(), failing.clone());
-    s.rx.set_script(move |r| {
+    s.receiver.set_script(move |r| {
         if r.event_id.as_deref() == Some(&sid) && flag.load(Ordering::SeqCst) {
             Reply::status(503)
         } else {
@@ -334,52 +334,55 @@ async fn retrying_event_does_not_stall_other_keys() {
         }
     });
     // One event before it, so that the committed offset can reach the slow one.
-    s.send("first", &new_event_id(), &json!({"i": "first"})).await;
-    let (_, slow_offset) = s.send("slow-key", &slow, &json!({"i": "slow"})).await;
+    send(&s, "first", &new_event_id(), &json!({"i": "first"})).await;
+    let (_, slow_offset) = send(&s, "slow-key", &slow, &json!({"i": "slow"})).await;
     let mut others = Vec::new();
     for i in 0..OTHERS {
         let id = new_event_id();
-        s.send(&format!("key-{i}"), &id, &json!({"i": i})).await;
+        send(&s, &format!("key-{i}"), &id, &json!({"i": i})).await;
         others.push(id);
         if i == OTHERS / 2 {
-            s.send("slow-key", &slow_next, &json!({"i": "slow-next"})).await;
+            send(&s, "slow-key", &slow_next, &json!({"i": "slow-next"})).await;
         }
     }
-    s.od.start();
-    s.od.wait_for_assignment().await;
+    s.run().await;
     s.od.wait_until(
         "every other key's event to be answered, and the failing one retried twice",
         HANDLED_TIMEOUT,
-        || others.iter().all(|id| s.rx.answered_ok(id)) && s.rx.handler_call_count(&slow) >= 3,
+        || others.iter().all(|id| s.receiver.answered_ok(id)) && s.receiver.handler_call_count(&slow) >= 3,
     )
     .await;
-    assert!(!s.rx.answered_ok(&slow));
+    assert!(!s.receiver.answered_ok(&slow));
     // Committed offsets while it keeps failing.
     let mut samples = Vec::new();
     for _ in 0..20 {
-        if let Some(c) = s.committed(0) {
+        if let Some(c) = committed(&s, 0) {
             assert!(c <= slow_offset, "committed offset {c} passed the retrying event at {slow_offset}");
             samples.push(c);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(samples.last().copied(), Some(slow_offset), "the offsets before the retrying event should be committed");
-    assert_eq!(s.rx.handler_call_count(&slow_next), 0, "the same key's next event must wait for the retrying one");
-    let failures = s.rx.handler_call_count(&slow);
+    assert_eq!(
+        s.receiver.handler_call_count(&slow_next),
+        0,
+        "the same key's next event must wait for the retrying one"
+    );
+    let failures = s.receiver.handler_call_count(&slow);
     failing.store(false, Ordering::SeqCst);
     s.od.wait_until("the slow key's events to succeed", HANDLED_TIMEOUT, || {
-        s.rx.answered_ok(&slow) && s.rx.answered_ok(&slow_next)
+        s.receiver.answered_ok(&slow) && s.receiver.answered_ok(&slow_next)
     })
     .await;
-    s.wait_committed_end().await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
     eprintln!("slow event failed {failures} times; committed offsets meanwhile: {samples:?}");
 
-    let slow_ok = s.rx.handler_calls(&slow).into_iter().find(|c| c.effective()).expect("slow succeeded");
-    let next_call = &s.rx.handler_calls(&slow_next)[0];
+    let slow_ok = s.receiver.handler_calls(&slow).into_iter().find(|c| c.effective()).expect("slow succeeded");
+    let next_call = &s.receiver.handler_calls(&slow_next)[0];
     assert!(next_call.started >= slow_ok.answered.unwrap(), "same-key order broken");
     for id in &others {
-        assert_eq!(s.rx.handler_call_count(id), 1);
+        assert_eq!(s.receiver.handler_call_count(id), 1);
     }
     assert_eq!(s.od.store_get(&slow).state, "done");
 }

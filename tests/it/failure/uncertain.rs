@@ -5,7 +5,7 @@ use super::*;
 
 /// Result of [`kill_during_call`].
 struct Uncertain {
-    s: Setup,
+    s: Scenario,
     event: String,
     event_offset: i64,
     before: String,
@@ -22,8 +22,8 @@ async fn kill_during_call(
     handler_extra: impl FnOnce(&Receiver) -> String,
     lookup_status: u16,
 ) -> Uncertain {
-    let mut s = setup(prefix, 1).await;
-    s.od.config.handler_extra = handler_extra(&s.rx);
+    let mut s = Scenario::new(prefix, 1).await;
+    s.od.config.handler_extra = handler_extra(&s.receiver);
     s.od.config.handler_timeout = "120s".into();
     // Static membership: the restarted process gets the partition back at once.
     s.od.config.kafka_options.insert("group.instance.id".into(), format!("{prefix}-static"));
@@ -32,39 +32,37 @@ async fn kill_during_call(
     let before = new_event_id();
     let after = new_event_id();
     let (eid, h) = (event.clone(), hold.clone());
-    s.rx.set_script(move |r| match (r.kind.as_str(), r.event_id.as_deref() == Some(&eid)) {
+    s.receiver.set_script(move |r| match (r.kind.as_str(), r.event_id.as_deref() == Some(&eid)) {
         ("events", true) => Reply::ok().hold(&h),
         ("lookup", _) => Reply::status(lookup_status),
         _ => Reply::ok(),
     });
-    s.send("a-0", &before, &json!({"n": 0})).await;
-    let (_, event_offset) = s.send("a-1", &event, &json!({"n": 1, "charge": "10.00"})).await;
-    s.send("a-2", &after, &json!({"n": 2})).await;
-    s.od.start();
-    s.od.wait_for_assignment().await;
+    send(&s, "a-0", &before, &json!({"n": 0})).await;
+    let (_, event_offset) = send(&s, "a-1", &event, &json!({"n": 1, "charge": "10.00"})).await;
+    send(&s, "a-2", &after, &json!({"n": 2})).await;
+    s.run().await;
     s.od.wait_until("the held call to be in flight and the others answered", HANDLED_TIMEOUT, || {
-        s.rx.handler_calls(&event).iter().any(|c| c.in_flight())
-            && s.rx.answered_ok(&before)
-            && s.rx.answered_ok(&after)
+        s.receiver.handler_calls(&event).iter().any(|c| c.in_flight())
+            && s.receiver.answered_ok(&before)
+            && s.receiver.answered_ok(&after)
     })
     .await;
     // Let the others' completions become durable; the held call stays in flight.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        s.rx.handler_calls(&event).iter().any(|c| c.in_flight()),
+        s.receiver.handler_calls(&event).iter().any(|c| c.in_flight()),
         "the held call must still be in flight at the kill"
     );
     s.od.kill();
     harness::wait_until("the receiver to see the held call's connection dropped", Duration::from_secs(10), || {
-        s.rx.handler_calls(&event).iter().all(|c| !c.in_flight())
+        s.receiver.handler_calls(&event).iter().all(|c| !c.in_flight())
     })
     .await;
     let r = s.od.store_get(&event);
     assert_eq!((r.state.as_str(), r.attempts), ("claimed", 1), "the killed event's outcome is unknown: {r:?}");
     hold.store(false, Ordering::SeqCst);
-    s.od.start();
-    s.od.wait_for_assignment().await;
-    s.wait_committed_end().await;
+    s.run().await;
+    wait_committed_end(&mut s).await;
     Uncertain { s, event, event_offset, before, after }
 }
 
@@ -78,9 +76,9 @@ fn verify_toml(rx: &Receiver) -> String {
 async fn uncertain_event_is_verified_not_reexecuted() {
     let mut u = kill_during_call("verify-200", verify_toml, 200).await;
     u.s.od.stop();
-    let calls = u.s.rx.handler_calls(&u.event);
+    let calls = u.s.receiver.handler_calls(&u.event);
     assert_eq!(calls.len(), 1, "a verified event must not be executed again: {calls:#?}");
-    let lookups = u.s.rx.lookups(&u.event);
+    let lookups = u.s.receiver.lookups(&u.event);
     assert!(!lookups.is_empty(), "the lookup was never asked");
     assert_eq!(lookups[0].method, "GET");
     assert_eq!(lookups[0].path, format!("/lookup/{}", u.event));
@@ -90,8 +88,8 @@ async fn uncertain_event_is_verified_not_reexecuted() {
     assert!(r.outcome.as_deref().is_some_and(|o| o.starts_with("verified")), "{r:?}");
     assert!(logged(&u.s.od, "uncertain event verified as done"));
     for id in [&u.before, &u.after] {
-        assert_eq!(u.s.rx.handler_call_count(id), 1, "done before the kill: not again");
-        assert!(u.s.rx.lookups(id).is_empty(), "only uncertain events are looked up");
+        assert_eq!(u.s.receiver.handler_call_count(id), 1, "done before the kill: not again");
+        assert!(u.s.receiver.lookups(id).is_empty(), "only uncertain events are looked up");
     }
 }
 
@@ -101,11 +99,11 @@ async fn uncertain_event_is_verified_not_reexecuted() {
 async fn uncertain_event_with_lookup_404_runs_again() {
     let mut u = kill_during_call("verify-404", verify_toml, 404).await;
     u.s.od.stop();
-    let calls = u.s.rx.handler_calls(&u.event);
+    let calls = u.s.receiver.handler_calls(&u.event);
     assert_eq!(calls.len(), 2, "{calls:#?}");
     assert_eq!(calls[1].header("Idempotency-Key"), Some(u.event.as_str()));
     assert_eq!(calls[1].body_hash, calls[0].body_hash, "same body");
-    let lookups = u.s.rx.lookups(&u.event);
+    let lookups = u.s.receiver.lookups(&u.event);
     assert_eq!(lookups.len(), 1, "{lookups:#?}");
     assert!(lookups[0].started <= calls[1].started, "looked up before running again");
     let r = u.s.od.store_get(&u.event);
@@ -123,8 +121,8 @@ async fn uncertain_event_is_parked_for_a_person() {
     let mut u =
         kill_during_call("park", move |_| format!("on_uncertain = \"park\"\n{}", dead_letter_toml(&dlq2)), 500).await;
     u.s.od.stop();
-    assert_eq!(u.s.rx.handler_calls(&u.event).len(), 1, "a parked event must not be executed again");
-    assert!(u.s.rx.lookups(&u.event).is_empty());
+    assert_eq!(u.s.receiver.handler_calls(&u.event).len(), 1, "a parked event must not be executed again");
+    assert!(u.s.receiver.lookups(&u.event).is_empty());
     let parked = u.s.od.store_list(Some("parked"), 100);
     assert_eq!(parked.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>(), vec![u.event.as_str()], "{parked:#?}");
     assert!(parked[0].reason.as_deref().is_some_and(|t| t.contains("parked")), "{parked:#?}");
@@ -157,14 +155,14 @@ async fn uncertain_event_is_parked_for_a_person() {
 /// reported and the command exits non-zero; a redelivery afterwards is suppressed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_retry_reruns_dead_events_from_the_stored_copy() {
-    let mut s = setup("store-retry", 2).await;
+    let mut s = Scenario::new("store-retry", 2).await;
     let broken = Arc::new(AtomicBool::new(true));
     let d1 = new_event_id();
     let d2 = new_event_id();
     let d3 = new_event_id();
     let good = new_event_id();
     let (a, b, c, flag) = (d1.clone(), d2.clone(), d3.clone(), broken.clone());
-    s.rx.set_script(move |r| {
+    s.receiver.set_script(move |r| {
         let id = r.event_id.as_deref().unwrap_or("");
         if id == c || ((id == a || id == b) && flag.load(Ordering::SeqCst)) {
             Reply::status(400)
@@ -172,13 +170,12 @@ async fn store_retry_reruns_dead_events_from_the_stored_copy() {
             Reply::ok()
         }
     });
-    s.send("k-1", &d1, &json!({"mail": 1})).await;
-    s.send("k-2", &d2, &json!({"mail": 2})).await;
-    s.send("k-3", &d3, &json!({"mail": 3})).await;
-    s.send("k-4", &good, &json!({"mail": 4})).await;
-    s.od.start();
-    s.od.wait_for_assignment().await;
-    s.wait_committed_end().await;
+    send(&s, "k-1", &d1, &json!({"mail": 1})).await;
+    send(&s, "k-2", &d2, &json!({"mail": 2})).await;
+    send(&s, "k-3", &d3, &json!({"mail": 3})).await;
+    send(&s, "k-4", &good, &json!({"mail": 4})).await;
+    s.run().await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
     for id in [&d1, &d2, &d3] {
         assert_eq!(s.od.store_get(id).state, "dead");
@@ -189,7 +186,7 @@ async fn store_retry_reruns_dead_events_from_the_stored_copy() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{}", describe(&out));
     assert!(stdout.contains(&format!("{d1}: done")), "{stdout}");
-    let calls = s.rx.handler_calls(&d1);
+    let calls = s.receiver.handler_calls(&d1);
     assert_eq!(calls.len(), 2, "{calls:#?}");
     assert_eq!(calls[1].path, calls[0].path);
     assert_eq!(calls[1].body_hash, calls[0].body_hash);
@@ -222,14 +219,13 @@ async fn store_retry_reruns_dead_events_from_the_stored_copy() {
     assert!(!out.status.success(), "{}", describe(&out));
 
     // d1 delivered again (Debezium replay): done by `store retry`, so suppressed.
-    s.send("k-1", &d1, &json!({"mail": 1})).await;
-    s.od.start();
-    s.od.wait_for_assignment().await;
-    s.wait_committed_end().await;
+    send(&s, "k-1", &d1, &json!({"mail": 1})).await;
+    s.run().await;
+    wait_committed_end(&mut s).await;
     s.od.stop();
-    assert_eq!(s.rx.handler_call_count(&d1), 2, "done by `store retry`: the redelivery must not run it");
+    assert_eq!(s.receiver.handler_call_count(&d1), 2, "done by `store retry`: the redelivery must not run it");
     assert_eq!(s.od.store_get(&d1).state, "done");
     let stats = s.od.store_stats();
     assert!(stats["duplicates_suppressed"].as_u64().is_some_and(|n| n >= 1), "the redelivery is counted: {stats}");
-    assert_eq!(s.rx.handler_call_count(&good), 1);
+    assert_eq!(s.receiver.handler_call_count(&good), 1);
 }

@@ -14,9 +14,7 @@ async fn flaky_receiver_503s_and_timeouts_lose_nothing() {
     let began = Instant::now();
     let n = event_count();
     let mut rng = StdRng::seed_from_u64(seed(name));
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("fault-flaky"), PARTITIONS, &[]).await;
-    let rx = Receiver::start();
+    let Scenario { kafka, topic, receiver: rx, od, offsets, .. } = Scenario::new("fault-flaky", PARTITIONS).await;
     let served_503 = Arc::new(AtomicUsize::new(0));
     let held = Arc::new(AtomicUsize::new(0));
     let (n503, nheld) = (served_503.clone(), held.clone());
@@ -34,9 +32,8 @@ async fn flaky_receiver_503s_and_timeouts_lose_nothing() {
             Reply::ok()
         }
     });
-    let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
+    let mut od = fault_outboxd(od, "a");
     od.config.handler_timeout = "1s".into();
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     let planned = plan(n, 0, &mut rng);
     let good = good_count(&planned);
     let production =
@@ -87,10 +84,8 @@ async fn poison_messages_go_to_the_dead_letter_topic() {
     let began = Instant::now();
     let n = event_count();
     let mut rng = StdRng::seed_from_u64(seed(name));
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("fault-poison"), PARTITIONS, &[]).await;
+    let Scenario { kafka, topic, receiver: rx, od, offsets, .. } = Scenario::new("fault-poison", PARTITIONS).await;
     let dlq = kafka.create_topic(&unique_name("fault-poison-dlq"), 1, &[]).await;
-    let rx = Receiver::start();
     let planned = plan(n, 10, &mut rng);
     let rejected: Arc<HashSet<String>> =
         Arc::new(planned.iter().filter(|p| p.kind == Kind::Rejected).map(|p| p.id.clone()).collect());
@@ -102,11 +97,10 @@ async fn poison_messages_go_to_the_dead_letter_topic() {
             Reply::ok()
         }
     });
-    let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
+    let mut od = fault_outboxd(od, "a");
     // Poison shares keys with good events, which this test expects to run (`hold` would hold them).
     od.config.handler_extra.push_str("on_dead = \"continue\"\n");
     od.config.handler_extra.push_str(&dead_letter_toml(&dlq));
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     let good = good_count(&planned);
     let production =
         spawn_production(kafka.brokers().to_string(), topic.clone(), planned, 20, Duration::from_millis(100));

@@ -15,14 +15,11 @@ async fn sigkill_at_random_moments_loses_nothing_and_never_repeats_after_done() 
     let n = event_count();
     let kills = env_usize("OUTBOXD_FAULT_KILLS", DEFAULT_KILLS);
     let mut rng = StdRng::seed_from_u64(seed(name));
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("fault-kill"), PARTITIONS, &[]).await;
-    let rx = Receiver::start();
+    let Scenario { kafka, topic, receiver: rx, od, offsets, .. } = Scenario::new("fault-kill", PARTITIONS).await;
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=20))));
-    let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
+    let mut od = fault_outboxd(od, "a");
     // Static membership: a restarted process gets its partitions back at once.
     od.config.kafka_options.insert("group.instance.id".into(), "fault-kill".into());
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     let planned = plan(n, 0, &mut rng);
     let good = good_count(&planned);
     // Spread production over about as long as the kills take.
@@ -97,9 +94,9 @@ async fn broker_killed_for_ten_seconds_mid_stream_loses_nothing() {
     let broker = PrivateBroker::start();
     let kafka = Kafka::connect_to(&broker.brokers());
     let topic = kafka.create_topic(&unique_name("fault-broker"), PARTITIONS, &[]).await;
-    let rx = Receiver::start();
+    let Scenario { kafka, topic, receiver: rx, od, .. } = Scenario::on(kafka, topic);
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=5))));
-    let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
+    let mut od = fault_outboxd(od, "a");
     let planned = plan(n, 0, &mut rng);
     let good = good_count(&planned);
     let production =
@@ -169,14 +166,11 @@ async fn instance_joining_and_leaving_mid_stream_loses_nothing() {
     let began = Instant::now();
     let n = event_count();
     let mut rng = StdRng::seed_from_u64(seed(name));
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("fault-rebalance"), PARTITIONS, &[]).await;
-    let rx = Receiver::start();
+    let Scenario { kafka, topic, receiver: rx, od, offsets, .. } = Scenario::new("fault-rebalance", PARTITIONS).await;
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=10))));
-    let mut a = fault_outboxd(&kafka, &topic, &rx, "a");
-    let mut b = fault_outboxd(&kafka, &topic, &rx, "b");
+    let mut a = fault_outboxd(od, "a");
+    let mut b = fault_outboxd(Outboxd::new(&kafka, &[&topic], &rx), "b");
     b.config.group_id = a.config.group_id.clone();
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     let planned = plan(n, 0, &mut rng);
     let good = good_count(&planned);
     // Produced quickly: a works through a backlog, so the join and the leave happen

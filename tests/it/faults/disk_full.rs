@@ -20,13 +20,10 @@ async fn store_filesystem_full_stops_cleanly_and_resumes_after_restart() {
     // once the filler is gone (8 MiB up to ~2000 events, more for larger runs).
     let size = std::env::var("OUTBOXD_FAULT_TMPFS_SIZE").unwrap_or_else(|_| format!("{}k", (n * 4).max(8 * 1024)));
     let tmpfs = Tmpfs::mount(&size);
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("fault-diskfull"), PARTITIONS, &[]).await;
-    let rx = Receiver::start();
+    let Scenario { kafka, topic, receiver: rx, od, offsets, .. } = Scenario::new("fault-diskfull", PARTITIONS).await;
     rx.set_script(|_| Reply::ok().delay(Duration::from_millis(rand::random_range(0..=5))));
-    let mut od = fault_outboxd(&kafka, &topic, &rx, "a");
+    let mut od = fault_outboxd(od, "a");
     od.config.store_path = tmpfs.path().join("store");
-    let offsets = kafka.offsets(&od.config.group_id, &topic);
     let planned = plan(n, 0, &mut rng);
     let good = good_count(&planned);
     let events = spawn_production(kafka.brokers().to_string(), topic.clone(), planned, 10, Duration::ZERO)

@@ -38,9 +38,9 @@ use std::time::{Duration, Instant, SystemTime};
 use harness::broker::PrivateBroker;
 use harness::daemon::{dead_letter_toml, instance_header_toml};
 use harness::logs::{self, event_ids_logged, log_lines, log_time, strip_ansi};
-use harness::receiver::{Call, Receiver, Reply};
+use harness::receiver::{Call, Reply};
 use harness::store as cli;
-use harness::{env_usize, new_event_id, turns, unique_name, Kafka, Message, Outboxd, Producer};
+use harness::{env_usize, new_event_id, turns, unique_name, Kafka, Message, Outboxd, Producer, Scenario};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -163,9 +163,8 @@ fn spawn_production(
     })
 }
 
-/// outboxd with the settings every scenario uses.
-fn fault_outboxd(kafka: &Kafka, topic: &str, rx: &Receiver, instance: &str) -> Outboxd {
-    let mut od = Outboxd::new(kafka, &[topic], rx);
+/// `od` with the settings every scenario uses, naming `instance` in every call.
+fn fault_outboxd(mut od: Outboxd, instance: &str) -> Outboxd {
     od.config.handler_extra = instance_header_toml(instance);
     // Kills and 503s must not exhaust an event's attempts.
     od.config.max_attempts = 1000;

@@ -5,6 +5,8 @@
 //! see: the receiver's calls, the group's committed offsets, the logs and the
 //! `outboxd store … --json` CLI.
 //!
+//! - [`scenario`]: one test's world in one line: a fresh topic, a receiver, outboxd
+//!   configured for them, the group's committed offsets and a producer.
 //! - [`wait`]: waiting for what a test expects, through the one deadline loop.
 //! - [`kafka`]: broker address, topics and their configs, a producer of outbox-shaped
 //!   and arbitrary messages, reading a topic, committed offsets and end offsets.
@@ -42,6 +44,7 @@ pub mod logs;
 pub mod metrics;
 pub mod otlp;
 pub mod receiver;
+pub mod scenario;
 pub mod store;
 pub mod tmpfs;
 pub mod turns;
@@ -50,6 +53,7 @@ pub mod wait;
 pub use daemon::{Outboxd, Record};
 pub use kafka::{Kafka, Message, OffsetReader, Produced, Producer};
 pub use receiver::{Behaviour, Call, Receiver};
+pub use scenario::Scenario;
 pub use wait::{wait_at_most, wait_for, wait_until, wait_until_async, POLL_EVERY};
 
 /// A fresh event id in the shape Debezium's outbox uses (a random UUID v4, as text).

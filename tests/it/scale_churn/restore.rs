@@ -14,7 +14,7 @@ use harness::daemon::instance_header_toml;
 use harness::logs::{log_lines, logged};
 use harness::receiver::Reply;
 use harness::wait::keep_looking;
-use harness::{env_usize, new_event_id, unique_name, Kafka, Outboxd, Receiver};
+use harness::{env_usize, new_event_id, unique_name, Outboxd, Scenario};
 
 /// A restore cut by SIGKILL after some batches starts again from the checkpoint of
 /// the last durable batch, not from the beginning, and ends with every record.
@@ -23,10 +23,8 @@ async fn a_restore_cut_by_sigkill_resumes_from_its_checkpoint() {
     let records = env_usize("OUTBOXD_SCALE_RESTORE_RECORDS", 100_000).max(100);
     // About twenty durable batches: the kill lands between two of them.
     let batch = records / 20;
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("churn-restore"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut od = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let Scenario { kafka, topic, receiver: _receiver, od, .. } = Scenario::new("churn-restore", 1).await;
+    let mut od = on(od);
     od.config.store_extra.push_str(&format!("restore_batch = {batch}\n"));
     // Static membership: the restarted process gets the partition back at once.
     od.config.kafka_options.insert("group.instance.id".into(), unique_name("restore-static"));
@@ -86,9 +84,7 @@ async fn a_restore_cut_by_sigkill_resumes_from_its_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_store_restored_from_the_changelog_holds_what_the_old_store_held() {
     const EVENTS: usize = 60;
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("churn-copy"), 3, &[]).await;
-    let receiver = Receiver::start();
+    let Scenario { kafka, topic, receiver, od: a, offsets, .. } = Scenario::new("churn-copy", 3).await;
     let mut events: Vec<(String, String)> = (0..EVENTS).map(|i| (format!("agg-{}", i % 12), new_event_id())).collect();
     // Every tenth event fails for good (dead); the call of `held` (on a key of its own,
     // so that no other event waits for it) hangs until A is killed.
@@ -102,7 +98,7 @@ async fn an_empty_store_restored_from_the_changelog_holds_what_the_old_store_hel
         Some(id) if id == held_id => Reply::ok().hold(&flag),
         _ => Reply::ok(),
     });
-    let mut a = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let mut a = on(a);
     let mut b = on(Outboxd::new(&kafka, &[&topic], &receiver));
     b.config.group_id = a.config.group_id.clone();
     for (od, name) in [(&mut a, "a"), (&mut b, "b")] {
@@ -113,7 +109,6 @@ async fn an_empty_store_restored_from_the_changelog_holds_what_the_old_store_hel
     a.config.kafka_options.insert("group.instance.id".into(), unique_name("copy-static"));
     // The held call lasts until the kill.
     a.config.handler_timeout = "120s".into();
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
 
     a.start();
     a.wait_for_assignment().await;
@@ -177,14 +172,11 @@ async fn an_empty_store_restored_from_the_changelog_holds_what_the_old_store_hel
 /// owner, restoring from the changelog, then suppresses a replay of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_record_the_changelog_never_got_is_written_there_before_a_duplicate_moves_the_offset() {
-    let kafka = Kafka::connect();
-    let topic = kafka.create_topic(&unique_name("churn-unacked"), 1, &[]).await;
-    let receiver = Receiver::start();
-    let mut a = on(Outboxd::new(&kafka, &[&topic], &receiver));
+    let Scenario { kafka, topic, receiver, od: a, offsets, .. } = Scenario::new("churn-unacked", 1).await;
+    let mut a = on(a);
     a.config.store_extra.push_str("delivery_timeout = \"5s\"\n");
     let mut b = on(Outboxd::new(&kafka, &[&topic], &receiver));
     b.config.group_id = a.config.group_id.clone();
-    let offsets = kafka.offsets(&a.config.group_id, &topic);
     let changelog_topic = changelog::topic_for(&a.config.group_id, &topic);
     a.start();
     a.wait_for_assignment().await;
