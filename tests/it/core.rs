@@ -148,22 +148,33 @@ async fn offset_is_not_committed_before_completion() {
     })
     .await;
 
-    // While the event at `stuck_offset` is unfinished, the committed offset (the next
-    // offset to read) may reach it but never pass it.
-    let mut seen = Vec::new();
+    // The events before the stuck one are done, so the committed offset (the next
+    // offset to read) reaches the stuck event, never passing it meanwhile...
+    let reached = format!("the committed offset to reach the unfinished event at offset {stuck_offset}");
+    od.wait_for(reached, HANDLED_TIMEOUT, async |_| {
+        let committed = offsets.try_committed().map_err(|e| e.to_string())?.get(&0).copied().flatten();
+        if let Some(c) = committed {
+            assert!(c <= stuck_offset, "committed offset {c} passes the unfinished event at offset {stuck_offset}");
+        }
+        if committed == Some(stuck_offset) {
+            Ok(())
+        } else {
+            Err(format!("committed {committed:?}"))
+        }
+    })
+    .await;
+    // ... and stays there while that event is unfinished.
+    let mut sampled = 0;
     for _ in 0..30 {
         od.assert_alive();
         if let Ok(committed) = offsets.try_committed() {
             let c = committed.get(&0).copied().flatten();
-            if let Some(c) = c {
-                assert!(c <= stuck_offset, "committed offset {c} passes the unfinished event at offset {stuck_offset}");
-            }
-            seen.push(c);
+            assert_eq!(c, Some(stuck_offset), "the committed offset moved while offset {stuck_offset} was unfinished");
+            sampled += 1;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(!seen.is_empty(), "could not read committed offsets");
-    eprintln!("committed offsets while offset {stuck_offset} was unfinished: {:?}", seen.last());
+    assert!(sampled > 0, "could not read committed offsets");
 
     od.kill();
     receiver.clear_behaviour(&stuck);
@@ -253,7 +264,6 @@ async fn same_key_events_are_handled_in_order() {
         now += d;
         max = max.max(now);
     }
-    eprintln!("max concurrent calls: {max}");
     assert!(max >= 2, "events of different keys should be handled concurrently; max concurrent calls = {max}");
 }
 
