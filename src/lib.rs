@@ -55,7 +55,7 @@
 //! to build on, and change without notice.
 //!
 //! ## Where things live
-//! Imports flow one way, from `cli` and `app` down to the leaves (`event`, `template`,
+//! Imports flow one way, from `cli` and `app` down to the leaves (`event`, `template`, `wire`,
 //! `metrics`, `offsets`; `config` uses only `template`); `scripts/module-dag` fails CI on a
 //! loop. `docs/architecture.md` §5 says what each module owns, §6 lists the imports.
 //! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
@@ -67,8 +67,8 @@
 //!   of its keys, so a new id reads no sled page), message copies within a quota. Only place that uses sled.
 //!   `store::chains`: the events held behind a dead one of their Kafka key and
 //!   the index of those chains (rebuilt from the records, so it follows the changelog); `store::held`: recording
-//!   them held, and the steps of running them. `store::view`: records, stats, pages and repair answers as typed views
-//!   (the admin API's JSON, `store … --json`) and the tables `store …` prints.
+//!   them held, and the steps of running them. `store::view`: records, stats, the audit and message copies as the
+//!   wire views.
 //!   `store::changelog`: with `[store.changelog]` the store is a cache of changelog partitions: final
 //!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far;
 //!   with `key`, each carries a MAC (`store::changelog::mac`) and reads apply only records that check.
@@ -96,13 +96,16 @@
 //! - `app`: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
 //! - `ops`: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export, audit),
-//!   written once against `ops::StoreApi`: on the store itself, or through a running service; every
-//!   repair is audited under its `ops::Actor`.
-//! - `admin`: `admin::server`: health, readiness, Prometheus metrics (open), the store API behind a bearer
-//!   token, named and with its access (`[[admin.tokens]]`) (axum), answered by `ops`; `admin::server::ui`:
+//!   written once against `ops::StoreApi`: on the store itself, or through a running service (`ops::client`, the
+//!   admin API's client); every repair is audited under its `ops::Actor`.
+//! - `wire`: the admin API's wire format (a leaf): the typed views of records, stats, pages, the audit and repair
+//!   answers, whose JSON `/v1`, `store … --json` and `store export` carry; the server, the client, the CLI and
+//!   the console all use these types.
+//! - `admin`: the admin server: health, readiness, Prometheus metrics (open), the store API behind a bearer
+//!   token, named and with its access (`[[admin.tokens]]`) (axum), answered by `ops`; `admin::ui`:
 //!   the operators' console at `/ui` (askama templates, htmx, assets in the binary; its own login, sessions
-//!   and origin checks); `admin::client`: that API's client, which `store …` uses.
-//! - `cli`: `run`, `check-config`, `store …`: parses arguments, calls `ops`, prints.
+//!   and origin checks; a file per page).
+//! - `cli`: `run`, `check-config`, `store …`: parses arguments, calls `ops`, prints (`cli::tables`).
 
 #![warn(missing_docs)]
 
@@ -137,5 +140,7 @@ pub mod store;
 pub mod telemetry;
 #[doc(hidden)]
 pub mod template;
+#[doc(hidden)]
+pub mod wire;
 
 pub use app::App;

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use crate::admin::client::AdminError;
+use super::client::AdminError;
 use crate::store::StoreError;
 
 /// An error of a step callers do not branch on (reading the config, building

@@ -10,8 +10,9 @@ use super::changelog::explain;
 use super::{OpsError, Rerun, StoreApi};
 use crate::config::{Config, RawConfig};
 use crate::engine::Executor;
-use crate::store::view::{self, AuditPage, AuditView, ExportLine, GcView, PageView, RecordView, StatsView};
+use crate::store::view;
 use crate::store::{now_us, AuditAction, Role, State, Store, StoreError, StoreOptions};
+use crate::wire::{AuditPage, AuditView, ExportLine, GcView, PageView, RecordView, StatsView};
 
 /// The note a record resolved by hand keeps as its outcome.
 const RESOLVED_DONE: &str = "resolved by hand: done";

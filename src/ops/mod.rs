@@ -4,7 +4,7 @@
 //! [`Executor`](crate::engine::Executor); [`Remote`] asks a running service
 //! through its admin API. `outboxd store …` gets one from [`open`]; the admin
 //! server answers `/v1` with [`Local`]. Answers are the typed views of
-//! [`crate::store::view`] (the admin API's wire format), so both sides print
+//! [`crate::wire`] (the admin API's wire format), so both sides print
 //! alike; failures are an [`OpsError`].
 //!
 //! Every repair (forget, resolve, re-run, gc) names its [`Actor`] (who, and why) and
@@ -18,18 +18,19 @@
 
 mod audit;
 mod changelog;
+mod client;
 mod error;
 mod local;
 mod remote;
 
 use std::path::Path;
 
-use crate::admin::client::AdminClient;
-use crate::store::view::{AuditPage, AuditView, GcView, RecordView, RedecodedView, RetryView, StatsView};
 use crate::store::{Owner, State, StoreError};
+use crate::wire::{AuditPage, AuditView, GcView, RecordView, RedecodedView, RetryView, StatsView};
 
 pub use audit::{Actor, MAX_REASON_CHARS};
 pub use changelog::attach as attach_changelog;
+pub use client::{AdminClient, AdminError};
 pub use error::{BoxError, OpsError};
 pub use local::{rerun_by, Local};
 pub use remote::Remote;
@@ -65,7 +66,7 @@ impl From<RetryView> for Rerun {
 }
 
 /// The store operations, on the store itself ([`Local`]) or through a running
-/// service ([`Remote`]). Answers are the views of [`crate::store::view`].
+/// service ([`Remote`]). Answers are the views of [`crate::wire`].
 // Callers are generic over the implementation and await on their own task;
 // no caller needs the futures to be `Send`, so the `async fn`s need no bound.
 #[allow(async_fn_in_trait)]

@@ -1,10 +1,10 @@
 //! The operations through a running service's admin API (`/v1`), for
 //! `outboxd store …` while that service holds the store.
 
+use super::client::AdminClient;
 use super::{Actor, OpsError, Rerun, StoreApi};
-use crate::admin::client::AdminClient;
-use crate::store::view::{AuditPage, AuditView, GcView, RecordView, StatsView};
 use crate::store::State;
+use crate::wire::{AuditPage, AuditView, GcView, RecordView, StatsView};
 
 /// The store of a running service, through its admin API.
 pub struct Remote {

@@ -59,7 +59,7 @@ async fn a_page_names_the_next_cursor_only_when_more_records_follow() {
     let dir = tempfile::tempdir().unwrap();
     let local = Local::new(store_with_done(dir.path(), &["a", "b", "c"]).await);
     let first = local.page(None, None, None, 2).unwrap();
-    let ids = |p: &crate::store::view::PageView| p.records.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>();
+    let ids = |p: &crate::wire::PageView| p.records.iter().map(|r| r.event_id.clone()).collect::<Vec<_>>();
     assert_eq!(ids(&first), ["a", "b"]);
     let next = first.next.expect("a cursor: c follows");
     let second = local.page(None, None, Some(&next), 2).unwrap();

@@ -36,37 +36,7 @@ const VALUE_VERSION: u8 = 1;
 /// Bytes of an entry's key in the tree (time, then random bytes).
 const KEY_BYTES: usize = 16;
 
-/// What a person did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AuditAction {
-    /// Removed a record (`store forget`).
-    Forget,
-    /// Recorded a dead or parked event done by hand (`store resolve --done`).
-    Resolve,
-    /// Ran a dead or parked event again (`store retry`, `store resolve --retry`).
-    Retry,
-    /// Removed expired records now (`store gc`).
-    Gc,
-}
-
-impl AuditAction {
-    /// As the audit shows it: `forget`, `resolve`, `retry`, `gc`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditAction::Forget => "forget",
-            AuditAction::Resolve => "resolve",
-            AuditAction::Retry => "retry",
-            AuditAction::Gc => "gc",
-        }
-    }
-}
-
-impl std::fmt::Display for AuditAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::wire::AuditAction;
 
 /// An event an entry names, and where its record is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

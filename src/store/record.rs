@@ -2,75 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// `absent → claimed → done | dead | parked | held`. A `claimed` record found later means an
-/// earlier attempt's outcome is unknown (only durable claims are stored: see `Store::claim`).
-/// `held` waits behind an earlier dead or parked event of its Kafka key (`on_dead = "hold"`):
-/// final for its offset, run once that event is done, resolved or forgotten (`store::chains`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum State {
-    /// Claimed for execution and not final: its handler runs now, or an earlier
-    /// attempt's outcome is unknown (or a re-run was taken back and not run yet).
-    Claimed,
-    /// Handled: the handler's outcome is in [`Record::outcome`].
-    Done,
-    /// Given up (or never decodable): [`Record::reason`] says why.
-    Dead,
-    /// An uncertain event under `on_uncertain = "park"`: a person decides.
-    Parked,
-    /// Not run yet: an earlier event of its Kafka key is dead or parked
-    /// (`on_dead = "hold"`). Its offset may move; it runs once that event is done,
-    /// resolved or forgotten.
-    Held,
-}
-
-impl State {
-    /// The state as text (`claimed`, `done`, `dead`, `parked`, `held`), as in JSON and `--state`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Claimed => "claimed",
-            State::Done => "done",
-            State::Dead => "dead",
-            State::Parked => "parked",
-            State::Held => "held",
-        }
-    }
-
-    /// Finished states let the offset move on and are never executed again automatically
-    /// (a held event runs only when its key's chain is released: `store::chains`).
-    pub fn is_final(self) -> bool {
-        matches!(self, State::Done | State::Dead | State::Parked | State::Held)
-    }
-
-    /// Every state, in the order counts are kept and shown.
-    pub const ALL: [State; 5] = [State::Claimed, State::Done, State::Dead, State::Parked, State::Held];
-}
-
-/// A state's name that is none of [`State`]'s.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown state {0:?}; one of: claimed, done, dead, parked, held")]
-pub struct UnknownState(pub String);
-
-impl std::str::FromStr for State {
-    type Err = UnknownState;
-
-    fn from_str(s: &str) -> Result<State, UnknownState> {
-        match s {
-            "claimed" => Ok(State::Claimed),
-            "done" => Ok(State::Done),
-            "dead" => Ok(State::Dead),
-            "parked" => Ok(State::Parked),
-            "held" => Ok(State::Held),
-            other => Err(UnknownState(other.to_owned())),
-        }
-    }
-}
-
-impl std::fmt::Display for State {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::wire::State;
 
 /// One event's record. Times are microseconds since the Unix epoch.
 ///

@@ -507,7 +507,7 @@ async fn each_scope_of_an_id_keeps_its_own_message_copy() {
             Ok(())
         })
         .unwrap();
-    let text = |s: &str| Some(super::view::BytesView::Text(s.to_owned()));
+    let text = |s: &str| Some(crate::wire::BytesView::Text(s.to_owned()));
     assert_eq!(values, [text("xxx"), text("xxxxx")]);
 }
 

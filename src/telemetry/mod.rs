@@ -1,6 +1,6 @@
 //! The one door to OpenTelemetry. With `[tracing.otlp]`, the `outboxd` binary adds
 //! [`layer`] to its subscriber: the spans outboxd's own code creates (one `event`
-//! span per message and its children, `engine/spans.rs`) become OpenTelemetry spans,
+//! span per message and its children, `engine/spans/`) become OpenTelemetry spans,
 //! batched on the runtime and sent to the collector over OTLP/HTTP (protobuf) by a
 //! bounded queue (`batch`), with the reqwest client the service already links
 //! (`client`). A collector that is away costs dropped spans, counted, never a

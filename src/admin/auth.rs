@@ -14,7 +14,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
-use super::ApiError;
+use super::error::ApiError;
 pub use crate::config::Access;
 
 /// Who a request comes from: the name of the credential its bearer token is

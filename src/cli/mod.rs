@@ -9,8 +9,10 @@ use serde_json::Value;
 
 use crate::config::{Config, EventIdSource, HandlerSpec};
 use crate::ops::{self, Actor, Needs, Opened, Rerun, StoreApi};
-use crate::store::view::{self, table};
-use crate::store::State;
+use crate::wire::{AuditView, State};
+use tables::table;
+
+mod tables;
 
 /// The `outboxd` command line.
 #[derive(Debug, Parser)]
@@ -279,9 +281,9 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
                 }
                 println!("{json}");
             } else {
-                println!("{}\n{}", api.source(), view::stats_table(&stats));
+                println!("{}\n{}", api.source(), tables::stats_table(&stats));
                 if let Some(handlers) = handlers {
-                    let mut t = view::table(&crate::engine::CircuitView::HEADER);
+                    let mut t = table(&crate::engine::CircuitView::HEADER);
                     for h in &handlers {
                         t.add_row(h.row());
                     }
@@ -296,7 +298,7 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             if args.json {
                 println!("{}", serde_json::to_string(&record)?);
             } else {
-                println!("{}", view::record_table(&record));
+                println!("{}", tables::record_table(&record));
             }
         }
         StoreCommand::List { state, limit, args } => {
@@ -304,7 +306,7 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             if args.json {
                 println!("{}", serde_json::to_string(&records)?);
             } else {
-                println!("{}\n{} record(s)", view::records_table(&records), records.len());
+                println!("{}\n{} record(s)", tables::records_table(&records), records.len());
             }
         }
         StoreCommand::Forget { event_id, reason, .. } => {
@@ -323,7 +325,7 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             if args.json {
                 println!("{}", serde_json::to_string(&entries)?);
             } else {
-                println!("{}\n{} entr{}", view::audit_table(&entries), entries.len(), plural_y(entries.len()));
+                println!("{}\n{} entr{}", tables::audit_table(&entries), entries.len(), plural_y(entries.len()));
             }
         }
         // Handled before a store is opened (they need the brokers, not the store API).
@@ -441,7 +443,7 @@ async fn publish(args: &StoreArgs, force: bool) -> anyhow::Result<()> {
 }
 
 /// Up to `limit` audit entries, newest first, page after page.
-async fn audit_entries(api: &impl StoreApi, limit: usize) -> anyhow::Result<Vec<view::AuditView>> {
+async fn audit_entries(api: &impl StoreApi, limit: usize) -> anyhow::Result<Vec<AuditView>> {
     let (mut entries, mut before) = (Vec::new(), None::<String>);
     while entries.len() < limit {
         let page = api.audit(before.as_deref(), limit - entries.len()).await?;

@@ -8,6 +8,54 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+/// What an operator can do to a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Run a dead or parked event again from its stored copy.
+    Retry,
+    /// Record it done by hand: it will not run.
+    Resolve,
+    /// Remove its record: a redelivery of its id runs again.
+    Forget,
+}
+
+impl Action {
+    pub(super) fn parse(s: &str) -> Option<Action> {
+        match s {
+            "retry" => Some(Action::Retry),
+            "resolve" => Some(Action::Resolve),
+            "forget" => Some(Action::Forget),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Retry => "retry",
+            Action::Resolve => "resolve",
+            Action::Forget => "forget",
+        }
+    }
+
+    /// What it will do to `n` events, said before it runs.
+    pub(super) fn impact(self, n: usize) -> String {
+        let events = if n == 1 { "1 event".to_owned() } else { format!("{n} events") };
+        match self {
+            Action::Retry => format!(
+                "This will call the receiver again for {events}, from the stored copies, with the same idempotency key as before. \
+                 Each ends done, or dead (or parked) again."
+            ),
+            Action::Resolve => format!(
+                "This will record {events} done by hand. Nothing runs; a redelivery is suppressed like any done event's."
+            ),
+            Action::Forget => format!(
+                "This will remove the record of {events}. A redelivery of {} id would run again.",
+                if n == 1 { "this" } else { "each" }
+            ),
+        }
+    }
+}
+
 /// Jobs running at once; a further one waits for a turn (shown as "waiting").
 /// Each re-run may hold a handler call for its whole retry schedule, as the
 /// admin API's retries do.
@@ -20,7 +68,7 @@ const FAILURES_LISTED: usize = 20;
 /// One bulk (or single) action and how far it is.
 pub struct Job {
     pub id: u64,
-    pub action: super::actions::Action,
+    pub action: Action,
     pub who: String,
     pub total: usize,
     pub started: SystemTime,
@@ -70,7 +118,7 @@ impl Default for Jobs {
 
 impl Jobs {
     /// Registers a job over `total` events.
-    pub fn add(&self, action: super::actions::Action, who: &str, total: usize) -> Arc<Job> {
+    pub fn add(&self, action: Action, who: &str, total: usize) -> Arc<Job> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) as u64;
         let job = Arc::new(Job {
             id,

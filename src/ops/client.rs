@@ -1,12 +1,12 @@
 //! `outboxd store …` talking to a running service through its admin API
 //! (found in the store's owner file), so answers match a direct read. Answers
-//! are read into the views of [`crate::store::view`], the types the server
+//! are read into the views of [`crate::wire`], the types the server
 //! writes them from: a field missing from an answer is an error naming it.
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::store::view::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
+use crate::wire::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
 
 /// Records asked for per request when a list is paged through.
 const DEFAULT_PAGE: usize = 1_000;

@@ -15,10 +15,10 @@ use serde::Deserialize;
 use tokio::sync::Semaphore;
 
 use super::auth::Credential;
-use super::ApiError;
+use super::error::ApiError;
 use crate::engine::Executor;
 use crate::ops::{self, Actor, Local, OpsError};
-use crate::store::view::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
+use crate::wire::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
 use crate::store::{State as RecordState, StoreError};
 
 /// Records in one page of `/v1/events` when the request names no `limit`.

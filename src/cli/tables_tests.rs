@@ -5,6 +5,9 @@
 use serde_json::{json, Value};
 
 use super::*;
+use crate::event::RawMessage;
+use crate::store::{Record, State, Stats};
+use crate::wire::{AuditPage, ExportLine, GcView, PageView, RedecodedView, RetryView};
 
 fn record() -> Record {
     Record {
@@ -216,8 +219,8 @@ fn the_tables_print_as_today() {
     assert_eq!(stats_table(&StatsView::from(&stats())).to_string(), STATS_TABLE);
     // `store get` and `store stats` print a row per JSON field, in the JSON's order.
     let rows = |r: Vec<(&'static str, String)>| r.into_iter().map(|(k, _)| k.to_owned()).collect::<Vec<_>>();
-    assert_eq!(rows(view.rows()), keys(RECORD));
-    assert_eq!(rows(StatsView::from(&stats()).rows()), keys(STATS));
+    assert_eq!(rows(record_rows(&view)), keys(RECORD));
+    assert_eq!(rows(stats_rows(&StatsView::from(&stats()))), keys(STATS));
 }
 
 #[test]
@@ -232,7 +235,7 @@ fn a_record_in_a_held_chain_shows_what_it_waits_for_and_the_head_what_it_holds()
     let json = serde_json::to_string(&head).unwrap();
     assert!(json.contains(r#""chain":{"head":"e1","held":["e2","e3"],"held_total":3,"key":"order-1"}"#), "{json}");
     assert_eq!(serde_json::from_str::<RecordView>(&json).unwrap(), head);
-    let row = head.rows().into_iter().find(|(k, _)| *k == "chain").unwrap().1;
+    let row = record_rows(&head).into_iter().find(|(k, _)| *k == "chain").unwrap().1;
     assert_eq!(row, "key \"order-1\"; waits for e1; 3 held: e2, e3, 1 more");
     let mut held = RecordView { state: State::Held, ..head.clone() };
     let list = records_table(&[head, held.clone()]).to_string();

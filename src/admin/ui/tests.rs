@@ -1,7 +1,8 @@
 use axum::http::{HeaderMap, HeaderValue, Method};
 
 use super::super::auth::{Access, Credential, Guard};
-use super::{refusal, session_cookie};
+use super::console::session_cookie;
+use super::refusal;
 
 fn guard() -> Guard {
     let admin = ("t0ken-t0ken-t0ken".to_owned(), Credential::new("admin", Access::Operate));

@@ -9,9 +9,9 @@ use axum::response::{IntoResponse, Response};
 
 /// Name, content type, content.
 const ASSETS: [(&str, &str, &[u8]); 3] = [
-    ("htmx.min.js", "text/javascript; charset=utf-8", include_bytes!("../../../../assets/ui/htmx.min.js")),
-    ("console.css", "text/css; charset=utf-8", include_bytes!("../../../../assets/ui/console.css")),
-    ("favicon.svg", "image/svg+xml", include_bytes!("../../../../assets/ui/favicon.svg")),
+    ("htmx.min.js", "text/javascript; charset=utf-8", include_bytes!("../../../assets/ui/htmx.min.js")),
+    ("console.css", "text/css; charset=utf-8", include_bytes!("../../../assets/ui/console.css")),
+    ("favicon.svg", "image/svg+xml", include_bytes!("../../../assets/ui/favicon.svg")),
 ];
 
 /// Assets change only with the binary: browsers may keep them an hour.

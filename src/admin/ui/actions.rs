@@ -15,62 +15,14 @@ use axum::Form;
 use serde::Deserialize;
 
 use super::format::{self, When};
-use super::jobs::Job;
+use super::jobs::{Action, Job};
 use super::pages::{group_ids, group_query, link, Chrome};
-use super::{Shared, Viewer};
+use super::console::{Shared, Viewer};
 use crate::ops;
 use crate::store::State as RecordState;
 
 /// Ids listed on a confirmation page (the count covers all).
 const IDS_LISTED: usize = 20;
-
-/// What an operator can do to a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Run a dead or parked event again from its stored copy.
-    Retry,
-    /// Record it done by hand: it will not run.
-    Resolve,
-    /// Remove its record: a redelivery of its id runs again.
-    Forget,
-}
-
-impl Action {
-    fn parse(s: &str) -> Option<Action> {
-        match s {
-            "retry" => Some(Action::Retry),
-            "resolve" => Some(Action::Resolve),
-            "forget" => Some(Action::Forget),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Retry => "retry",
-            Action::Resolve => "resolve",
-            Action::Forget => "forget",
-        }
-    }
-
-    /// What it will do to `n` events, said before it runs.
-    fn impact(self, n: usize) -> String {
-        let events = if n == 1 { "1 event".to_owned() } else { format!("{n} events") };
-        match self {
-            Action::Retry => format!(
-                "This will call the receiver again for {events}, from the stored copies, with the same idempotency key as before. \
-                 Each ends done, or dead (or parked) again."
-            ),
-            Action::Resolve => format!(
-                "This will record {events} done by hand. Nothing runs; a redelivery is suppressed like any done event's."
-            ),
-            Action::Forget => format!(
-                "This will remove the record of {events}. A redelivery of {} id would run again.",
-                if n == 1 { "this" } else { "each" }
-            ),
-        }
-    }
-}
 
 /// Which events an action is for: one id, or the group of a state, topic and reason.
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -1,0 +1,127 @@
+//! One event's page: its record, its times, its stored message, its chain and its audit.
+
+use std::time::SystemTime;
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::super::format::{self, When};
+use super::super::console::{Shared, Viewer};
+use super::audit::AuditRow;
+use super::chrome::*;
+use crate::event::Payload;
+use crate::store::view::{record_view, CHAIN_SHOWN};
+use crate::store::State as RecordState;
+use crate::wire::RecordView;
+
+/// The stored copy of a dead or parked event's message, as a person reads it.
+pub struct MessageCopy {
+    pub position: String,
+    pub timestamp: Option<When>,
+    pub key: String,
+    pub headers: Vec<(String, String)>,
+    pub payload: String,
+    pub payload_kind: &'static str,
+    pub decode_error: Option<String>,
+    /// The idempotency header the receiver was sent with the event, and its value.
+    pub idempotency: Option<(String, String)>,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "ui/event.html")]
+pub struct EventPage {
+    pub chrome: Chrome,
+    pub id: String,
+    pub r: RecordView,
+    pub times: Vec<(&'static str, When)>,
+    pub message: Option<MessageCopy>,
+    /// Its key's held chain, said in a line.
+    pub chain: Option<String>,
+    /// What people did to it, newest first.
+    pub audit: Vec<AuditRow>,
+    pub can_rerun: bool,
+    pub query: String,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "ui/missing.html")]
+pub struct MissingPage {
+    pub chrome: Chrome,
+    pub id: String,
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn message_copy(c: &Shared, id: &str) -> Option<MessageCopy> {
+    let msg = c.exec.store.reads().message(id).ok().flatten()?;
+    let now = SystemTime::now();
+    let decoded = c.exec.decode_copy(&msg).await;
+    let (payload, payload_kind, decode_error, event_id) = match decoded {
+        Some(Ok(event)) => {
+            let (text, kind) = match &event.payload {
+                Payload::Json(v) => (serde_json::to_string_pretty(v).unwrap_or_default(), "JSON"),
+                Payload::Text(t) => (t.clone(), "text"),
+                Payload::Bytes(b) => (format!("{} bytes that are not UTF-8", b.len()), "bytes"),
+                Payload::Null => (String::new(), "null"),
+            };
+            (text, kind, None, Some(event.id))
+        }
+        Some(Err(e)) => (msg.value.as_deref().map(text).unwrap_or_default(), "as stored", Some(e.to_string()), None),
+        None => (
+            msg.value.as_deref().map(text).unwrap_or_default(),
+            "as stored",
+            Some(format!("no handler covers topic {} any more", msg.topic)),
+            None,
+        ),
+    };
+    let idempotency = c.exec.config.handler_for(&msg.topic).and_then(|hc| match &hc.spec {
+        crate::config::HandlerSpec::Http(http) => {
+            Some((http.idempotency_header.clone()?, event_id.clone().unwrap_or_else(|| id.to_owned())))
+        }
+        crate::config::HandlerSpec::Log => None,
+    });
+    Some(MessageCopy {
+        position: format!("{}/{}@{}", msg.topic, msg.partition, msg.offset),
+        timestamp: msg.timestamp_ms.map(|ms| format::at_us(ms.saturating_mul(1000), now)),
+        key: msg.key.as_deref().map(text).unwrap_or_else(|| "(none)".into()),
+        headers: msg.headers.iter().map(|(k, v)| (k.clone(), v.as_deref().map(text).unwrap_or_default())).collect(),
+        payload,
+        payload_kind,
+        decode_error,
+        idempotency,
+    })
+}
+
+pub async fn event(State(c): State<Shared>, viewer: Viewer, Path(id): Path<String>) -> Response {
+    let chrome = Chrome::new(&viewer, "events");
+    let record = c.exec.store.reads().get(&id);
+    let r = match record {
+        Ok(Some(r)) => record_view(&c.exec.store, &r, CHAIN_SHOWN),
+        Ok(None) => return (StatusCode::NOT_FOUND, MissingPage { chrome, id }).into_response(),
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let now = SystemTime::now();
+    let mut times = vec![("first seen", format::when(&r.first_seen, now))];
+    for (label, t) in [("claimed", &r.claimed_at), ("final", &r.done_at), ("expires", &r.expires_at)] {
+        if let Some(t) = t {
+            times.push((label, format::when(t, now)));
+        }
+    }
+    times.push(("last written", format::when(&r.updated_at, now)));
+    let message = message_copy(&c, &id).await;
+    let can_rerun = matches!(r.state, RecordState::Dead | RecordState::Parked);
+    let query = url::form_urlencoded::Serializer::new(String::new()).append_pair("id", &id).finish();
+    let chain = r.chain.as_ref().filter(|ch| ch.held_total > 0).map(|ch| match &ch.head {
+        Some(head) if *head == id => format!("{} later events of its key are held behind it", ch.held_total),
+        Some(head) => format!("held behind {head}, with {} events of its key", ch.held_total),
+        None => format!("released: its {} held events run in order", ch.held_total),
+    });
+    let audit = c.local.audit_of(&id).map(|entries| entries.iter().map(|v| AuditRow::of(v, now)).collect());
+    let audit = audit.unwrap_or_default();
+    EventPage { chrome, id, r, times, message, chain, audit, can_rerun, query }.into_response()
+}
