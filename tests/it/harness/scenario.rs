@@ -8,6 +8,10 @@
 //! s.od.config.handler_timeout = "120s".into();
 //! s.run().await;
 //! ```
+//!
+//! Destructuring a `Scenario` the call just returned drops the fields the pattern
+//! leaves out: bind `receiver` (as `_receiver` when the test does not look at it) for
+//! as long as outboxd runs, or its calls find no server.
 
 use super::{unique_name, Kafka, OffsetReader, Outboxd, Producer, Receiver};
 
@@ -19,8 +23,9 @@ pub struct Scenario {
     pub topic: String,
     pub receiver: Receiver,
     pub od: Outboxd,
-    /// What `od`'s group has committed for `topic`: read it after changing
-    /// `od.config.group_id` or the topic's partitions from a reader of its own.
+    /// What `od`'s group, as the scenario made it, has committed for `topic`'s
+    /// partitions as they were then: a test that changes `od.config.group_id` or adds
+    /// partitions makes a reader of its own ([`Kafka::offsets`]).
     pub offsets: OffsetReader,
     pub producer: Producer,
 }

@@ -1,5 +1,5 @@
-//! Waiting for what a test expects. [`keep_looking`] is the harness's one deadline
-//! loop; every wait is built on it:
+//! Waiting for what a test expects, through the harness's one deadline loop (behind
+//! [`keep_looking`] and [`keep_looking_blocking`]); every wait is built on it:
 //!
 //! - [`wait_until`], [`wait_until_async`]: a condition (plain or async); the test fails
 //!   after the timeout, naming what it waited for.
@@ -13,6 +13,9 @@
 //! [`Outboxd::wait_until`](super::Outboxd::wait_until) and
 //! [`Outboxd::wait_for`](super::Outboxd::wait_for) add a look at whether outboxd still
 //! runs, so that a test whose outboxd died fails at once instead of at the timeout.
+//!
+//! The looks are async closures, whose futures the compiler cannot yet prove `Send`:
+//! the waits run on a test's own task, not in a spawned task or a server's handler.
 
 use std::fmt::Display;
 use std::time::{Duration, Instant};
