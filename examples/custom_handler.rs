@@ -72,8 +72,8 @@ pub async fn run(
             // Your side effect here. An Err(HandlerError::Retryable{..}) is retried with
             // backoff, an Err(HandlerError::Permanent(..)) is dead at once.
             println!("{n} {} {} {}", event.id, event.position, event.event_type.as_deref().unwrap_or("-"));
-            Ok(Outcome(format!("custom handler: event {n}")))
+            Ok(Outcome::new(format!("custom handler: event {n}")))
         }
     });
-    outboxd::App::new(config).handler(topic, handler).run(shutdown).await
+    Ok(outboxd::App::new(config).handler(topic, handler).run(shutdown).await?)
 }

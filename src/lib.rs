@@ -1,6 +1,7 @@
 //! # outboxd
 //!
-//! Runs the side effects of transactional-outbox events exactly once.
+//! Runs the side effect of each transactional-outbox event once per event id (a call
+//! cut short by a crash is repeated, with the same idempotency key).
 //! Services write an event row into an `outbox` table in the same transaction
 //! as their state change; Debezium (EventRouter) streams the rows into Kafka;
 //! outboxd consumes them and, per event:
@@ -30,7 +31,8 @@
 //! with handlers of your own for some topics, and [`App::own_metrics`] when the
 //! program records metrics itself), [`config`] (the TOML file, parsed and validated),
 //! [`handler`] (the [`handler::Handler`] trait, [`handler::from_fn`] for a closure) and
-//! [`event`] (what a handler is given). The guarantee above holds for your handlers
+//! [`event`] (what a handler is given), [`Error`] (why [`App::run`] failed, by
+//! [`ErrorKind`]) and [`main`] (the `outboxd` command line). The guarantee above holds for your handlers
 //! too: one runs for an event only after its id is claimed, and an event it already
 //! finished is never given to it again; a re-execution after a crash gets the same
 //! event, so use its id as the receiver's idempotency key.
@@ -43,16 +45,17 @@
 //! outboxd::App::new(config)
 //!     .handler("outbox.event.payment", from_fn(|event| async move {
 //!         println!("payment event {} at {}", event.id, event.position);
-//!         Ok(Outcome("printed".to_owned()))
+//!         Ok(Outcome::new("printed"))
 //!     }))
 //!     .run(async { tokio::signal::ctrl_c().await.unwrap() })
-//!     .await
+//!     .await?;
+//! # Ok(())
 //! # }
 //! ```
 //!
-//! The other modules are public only for the `outboxd` binary, the benchmark, the
-//! fuzz targets and the tests (hidden from this documentation): they are not an API
-//! to build on, and change without notice.
+//! The other modules are private to the crate. The `internals` feature makes them
+//! public (hidden from this documentation) for the benchmark, the fuzz targets and
+//! the integration tests: they are not an API to build on, and change without notice.
 //!
 //! ## Where things live
 //! Imports flow one way, from `cli` and `app` down to the leaves (`event`, `template`, `wire`,
@@ -109,38 +112,47 @@
 
 #![warn(missing_docs)]
 
-#[doc(hidden)]
-pub mod admin;
-#[doc(hidden)]
-pub mod app;
-#[doc(hidden)]
-pub mod avro;
-#[doc(hidden)]
-pub mod cli;
-#[doc(hidden)]
-pub mod codec;
+/// A `use` that is public with the `internals` feature, for items of the public modules
+/// that only the crate (and the benchmark, fuzz targets and tests) work with.
+macro_rules! internal_use {
+    ($($path:tt)*) => {
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub use $($path)*;
+        #[cfg(not(feature = "internals"))]
+        pub(crate) use $($path)*;
+    };
+}
+
+/// Modules that are public only with the `internals` feature (the benchmark, the fuzz
+/// targets and the integration tests use them), and private to the crate otherwise.
+macro_rules! internal_modules {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    )*};
+}
+
+internal_modules!(
+    admin, app, avro, cli, codec, engine, kafka, log_writer, metrics, offsets, ops, store, telemetry, template, wire,
+);
+
 pub mod config;
-#[doc(hidden)]
-pub mod engine;
+mod error;
 pub mod event;
 pub mod handler;
-#[doc(hidden)]
-pub mod kafka;
-#[doc(hidden)]
-pub mod log_writer;
-#[doc(hidden)]
-pub mod metrics;
-#[doc(hidden)]
-pub mod offsets;
-#[doc(hidden)]
-pub mod ops;
-#[doc(hidden)]
-pub mod store;
-#[doc(hidden)]
-pub mod telemetry;
-#[doc(hidden)]
-pub mod template;
-#[doc(hidden)]
-pub mod wire;
+
+pub use error::{Error, ErrorKind};
 
 pub use app::App;
+
+/// The `outboxd` command line (`run`, `check-config`, `store …`), as the `outboxd`
+/// binary runs it: parses the process's arguments, runs the command on a runtime of
+/// its own with logging on stderr, and returns the exit code (an error is printed
+/// with its causes). A program may call it to be the `outboxd` command itself.
+pub fn main() -> std::process::ExitCode {
+    cli::main()
+}

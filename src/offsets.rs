@@ -237,6 +237,7 @@ impl OffsetTracker {
     }
 
     /// Partitions fenced since the tracker was made.
+    #[cfg(test)]
     pub fn fenced(&self) -> u64 {
         self.fenced
     }

@@ -46,7 +46,7 @@ pub(crate) async fn create_changelog(b: &Bench, name: &str) -> anyhow::Result<()
 
 /// A done record of event `i` of `source` (partition 0), as outboxd keeps it.
 fn record(source: &str, salt: u64, i: u64, state: State, now: i64) -> Record {
-    let position = Position { topic: source.to_owned(), partition: 0, offset: i as i64 };
+    let position = Position::new(source, 0, i as i64);
     let mut r = Record::first_seen(&event_id(salt, i), state, 1, &position, now);
     r.scope = Some(source.to_owned());
     r.key = Some(format!("agg-{}", i % 1000));

@@ -14,14 +14,13 @@ mod rebuild;
 mod tasks;
 
 pub use publish::{publish, rate as publish_rate};
-pub use rebuild::{rebuild, Rebuilt};
+pub use rebuild::rebuild;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use anyhow::Context;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -29,6 +28,7 @@ use tracing::{info, warn};
 use crate::admin;
 use crate::config::{ChangelogConfig, Config};
 use crate::engine::{Counters, Engine, Executor, Fatal, RestoreSetup};
+use crate::error::{Error, ErrorKind};
 use crate::handler::Handler;
 use crate::kafka::changelog::Plan;
 use crate::kafka::{self, Consumer, Tracker};
@@ -41,7 +41,7 @@ const CHANGELOG_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// Runs outboxd with the handlers of `config` until `shutdown` resolves (or the
 /// store fails), then drains. What `outboxd run` does; [`App`] is the same with
 /// handlers of your own.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     App::new(config).run(shutdown).await
 }
 
@@ -56,10 +56,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 /// outboxd::App::new(config)
 ///     .handler("outbox.event.payment", from_fn(|event| async move {
 ///         println!("payment event {}", event.id);
-///         Ok(Outcome("printed".to_owned()))
+///         Ok(Outcome::new("printed"))
 ///     }))
 ///     .run(async { tokio::signal::ctrl_c().await.unwrap() })
-///     .await
+///     .await?;
+/// # Ok(())
 /// # }
 /// ```
 pub struct App {
@@ -100,15 +101,20 @@ impl App {
     /// Runs until `shutdown` resolves (or the store fails), then drains: waits
     /// for events in flight up to `kafka.drain_timeout`, commits finished
     /// offsets, stops the admin server and background tasks, closes the store.
-    /// Fails at start-up for a topic given to [`App::handler`] that no
-    /// `[[handlers]]` entry covers, and at the end when the store failed.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    /// Fails at start-up (a topic given to [`App::handler`] that no `[[handlers]]`
+    /// entry covers, a store that cannot be opened, ...) and when it stopped on its
+    /// own (the store failed, the consumer failed for good); [`Error::kind`] says which.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
         let App { config, custom, install_metrics } = self;
-        crate::engine::check_custom_topics(&config, &custom)?;
+        crate::engine::check_custom_topics(&config, &custom)
+            .map_err(|e| Error::new(ErrorKind::Config, "checking the handlers given to App::handler", e))?;
         let store = open_store(&config)?;
         // Before the first client: what they count while start-up waits for the brokers is kept.
-        let prometheus =
-            if install_metrics { Some(crate::metrics::install().context("setting up metrics")?) } else { None };
+        let prometheus = if install_metrics {
+            Some(crate::metrics::install().map_err(|e| Error::new(ErrorKind::Metrics, "setting up metrics", e))?)
+        } else {
+            None
+        };
         let broker = kafka::BrokerHealth::of(&config.kafka);
         // Said before anything waits for them; whether they answer, `kafka::BrokerHealth` says.
         let waiting_for = match &config.store.changelog {
@@ -130,15 +136,16 @@ impl App {
             // Before the consumer joins the group: nothing is handled until the changelog has every record.
             let copy = publish::before_joining(&config, &setup.changelog, &store, plan.as_ref());
             tokio::select! {
-                copied = copy => copied?,
+                copied = copy => copied.map_err(copy_failed)?,
                 () = &mut shutdown => {
                     info!("stopped during the copy into the changelog; the next start goes on from where it was");
-                    return store.close().await.context("flushing the store");
+                    return store.close().await.map_err(|e| Error::new(ErrorKind::Store, "flushing the store", e));
                 }
             }
         }
         let consumer = Arc::new(
-            Consumer::build(&config.kafka, &subscriptions, tracker.clone()).context("creating the Kafka consumer")?,
+            Consumer::build(&config.kafka, &subscriptions, tracker.clone())
+                .map_err(|e| Error::new(ErrorKind::Kafka, "creating the Kafka consumer", e))?,
         );
         let max_in_flight = config.store.max_in_flight;
         let gc_interval = config.store.gc_interval;
@@ -146,7 +153,7 @@ impl App {
         let admin_config = config.admin.clone();
         let exec = Arc::new(
             Executor::with_handlers(config, store.clone(), custom)
-                .context("setting up handlers")?
+                .map_err(|e| Error::new(ErrorKind::Config, "setting up handlers", e))?
                 .cancels(token.clone()),
         );
         let engine = Engine::new(exec.clone(), consumer, tracker.clone());
@@ -155,9 +162,15 @@ impl App {
         let background = CancellationToken::new();
         let mut tasks = JoinSet::new();
         if let Some(addr) = admin_config.listen {
-            let listener = admin::bind(addr).await?;
-            let local = listener.local_addr()?;
-            store.advertise_admin(&local.to_string()).context("recording the admin address next to the store")?;
+            let admin_failed = |context: &str| {
+                let context = context.to_owned();
+                move |e| Error::new(ErrorKind::Admin, context, e)
+            };
+            let listener = admin::bind(addr).await.map_err(|e| Error::plain(ErrorKind::Admin, e.to_string()))?;
+            let local = listener.local_addr().map_err(admin_failed("reading the admin server's address"))?;
+            store
+                .advertise_admin(&local.to_string())
+                .map_err(admin_failed("recording the admin address next to the store"))?;
             let state = admin::AdminState {
                 exec: exec.clone(),
                 tracker: tracker.clone(),
@@ -203,9 +216,10 @@ impl App {
 }
 
 /// The store, opened for the service.
-fn open_store(config: &Config) -> anyhow::Result<Arc<Store>> {
-    let store = Store::open(&config.store.path, &StoreOptions::from(&config.store))
-        .with_context(|| format!("opening the store at {}", config.store.path.display()))?;
+fn open_store(config: &Config) -> Result<Arc<Store>, Error> {
+    let store = Store::open(&config.store.path, &StoreOptions::from(&config.store)).map_err(|e| {
+        Error::new(ErrorKind::Store, format!("opening the store at {}", config.store.path.display()), e)
+    })?;
     store.set_message_quota(config.store.max_message_copy_bytes);
     Ok(Arc::new(store))
 }
@@ -215,16 +229,17 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<Store>> {
 /// brokers that cannot be reached now are asked again on assignment), and final
 /// records go to them from now on. Returns what the restore task needs, and what
 /// the brokers said (`None`: they could not be asked, or the topics not created).
-async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<(Option<RestoreSetup>, Option<Plan>)> {
+async fn changelog(config: &Config, store: &Arc<Store>) -> Result<(Option<RestoreSetup>, Option<Plan>), Error> {
     let Some(changelog) = config.store.changelog.clone() else { return Ok((None, None)) };
     let (c, cl) = (config.clone(), changelog.clone());
     let plan = match tokio::task::spawn_blocking(move || kafka::changelog::plan(&c, &cl, CHANGELOG_LOOKUP_TIMEOUT))
-        .await?
+        .await
+        .map_err(|e| Error::new(ErrorKind::Internal, "asking the brokers for the changelog topics", e))?
     {
         Ok(plan) => match kafka::changelog::ensure(&config.kafka, &changelog, config.store.retention, &plan).await {
             Ok(()) => Some(plan),
             Err(kafka::changelog::TopicError::Mismatch(reason)) => {
-                anyhow::bail!("{reason}\n(nothing was handled)")
+                return Err(Error::plain(ErrorKind::Config, format!("{reason}\n(nothing was handled)")));
             }
             Err(error) => {
                 warn!(%error, "changelog topics not checked at start-up; they are checked on assignment");
@@ -237,7 +252,7 @@ async fn changelog(config: &Config, store: &Arc<Store>) -> anyhow::Result<(Optio
         }
     };
     let producer = kafka::changelog::ChangelogProducer::build(&config.kafka, &changelog)
-        .context("creating the changelog producer")?;
+        .map_err(|e| Error::new(ErrorKind::Kafka, "creating the changelog producer", e))?;
     store.attach_changelog(Arc::new(producer));
     warn_unsigned(&changelog);
     info!(changelog_topics = %changelog.topic_template, "final records go to changelog topics; assigned partitions are restored first");
@@ -264,9 +279,15 @@ fn warn_unsigned(changelog: &ChangelogConfig) {
     }
 }
 
+/// The copy into the changelog before joining failed: the store's fault, or the brokers'.
+fn copy_failed(e: anyhow::Error) -> Error {
+    let kind = if e.chain().any(|c| c.is::<crate::store::StoreError>()) { ErrorKind::Store } else { ErrorKind::Kafka };
+    Error::new(kind, "copying the store's records into the changelog before joining the group", e)
+}
+
 /// After the drain: awaits the background tasks (told to stop), closes the
 /// store, logs the summary, and says how the run ended.
-async fn stopped(failure: Option<Fatal>, mut tasks: JoinSet<()>, store: &Store, c: &Counters) -> anyhow::Result<()> {
+async fn stopped(failure: Option<Fatal>, mut tasks: JoinSet<()>, store: &Store, c: &Counters) -> Result<(), Error> {
     while let Some(ended) = tasks.join_next().await {
         if let Err(error) = ended {
             warn!(%error, "a background task failed");
@@ -283,9 +304,19 @@ async fn stopped(failure: Option<Fatal>, mut tasks: JoinSet<()>, store: &Store, 
     let path = store.path().display();
     match (failure, closed) {
         // The first failure says why; the failed final flush would only repeat it.
-        (Some(Fatal::Store(error)), _) => anyhow::bail!("stopped because the store at {path} failed: {error}"),
-        (Some(reason), _) => anyhow::bail!("stopped: {reason}"),
-        (None, Err(e)) => Err(e).with_context(|| format!("flushing the store at {path}")),
+        (Some(Fatal::Store(error)), _) => {
+            Err(Error::new(ErrorKind::Store, format!("stopped because the store at {path} failed"), error))
+        }
+        (Some(reason), _) => {
+            let kind = match reason {
+                Fatal::Changelog(_) => ErrorKind::Config,
+                Fatal::Restorer(_) | Fatal::Consumer(_) => ErrorKind::Kafka,
+                Fatal::Panicked { .. } => ErrorKind::Internal,
+                Fatal::Store(_) => ErrorKind::Store,
+            };
+            Err(Error::new(kind, "stopped", reason))
+        }
+        (None, Err(e)) => Err(Error::new(ErrorKind::Store, format!("flushing the store at {path}"), e)),
         (None, Ok(())) => Ok(()),
     }
 }

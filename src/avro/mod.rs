@@ -26,7 +26,7 @@ use apache_avro::schema::{Name, Schema};
 use serde_json::Value;
 
 use json::{to_json, Ctx};
-pub use registry::{Registry, RegistryOptions, RegistrySetupError};
+pub use registry::{Registry, RegistrySetupError};
 
 /// Debezium's semantic type for json/jsonb columns.
 const DEBEZIUM_JSON: &str = "io.debezium.data.Json";

@@ -12,11 +12,18 @@ use crate::ops::{self, Actor, Needs, Opened, Rerun, StoreApi};
 use crate::wire::{AuditView, State};
 use tables::table;
 
+mod entry;
 mod tables;
+
+pub use entry::main;
 
 /// The `outboxd` command line.
 #[derive(Debug, Parser)]
-#[command(name = "outboxd", version, about = "Runs the side effects of transactional-outbox events exactly once.")]
+#[command(
+    name = "outboxd",
+    version,
+    about = "Runs the side effect of each transactional-outbox event once per event id."
+)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]

@@ -94,6 +94,7 @@ fn key_prefix(part: Part) -> &'static str {
 
 impl DecodeError {
     /// Waiting can help (the registry cannot answer now): the event and its offset wait.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_transient(&self) -> bool {
         matches!(self, DecodeError::Registry { .. })
     }

@@ -54,6 +54,7 @@ pub struct RawToken {
 /// What a credential may do with the store API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Access {
     /// Read records, stats, the audit; no repair.
     Read,
@@ -73,6 +74,7 @@ impl Access {
 
 /// A named credential of the store API.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct NamedToken {
     /// Its name, as the audit shows it.
     pub name: String,
@@ -90,6 +92,7 @@ impl std::fmt::Debug for NamedToken {
 
 /// `[admin]` validated; every default when the section is absent.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AdminConfig {
     /// Where the admin server listens (default `127.0.0.1:9464`); `None` when turned off.
     pub listen: Option<std::net::SocketAddr>,

@@ -124,6 +124,7 @@ impl std::fmt::Debug for Secret {
 /// how changelog records are signed and which ones are applied (docs/security.md,
 /// "The changelog topics").
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ChangelogKeys {
     /// `key`: signs every record this instance writes; verifies too.
     pub signing: Secret,
@@ -135,6 +136,7 @@ pub struct ChangelogKeys {
 
 /// The validated `[store.changelog]`; present only when enabled.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ChangelogConfig {
     /// The topic template with `{group_id}` already replaced; `{topic}` remains.
     pub topic_template: String,

@@ -41,6 +41,7 @@ pub struct RawCircuit {
 
 /// A handler's circuit breaker, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CircuitConfig {
     /// Off: every failure is the event's, as without a circuit.
     pub enabled: bool,
@@ -142,6 +143,7 @@ pub struct RawConcurrency {
 
 /// How many calls of a handler may be in flight, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConcurrencyConfig {
     /// The limit moves between 1 and `max` by the receiver's latency and errors
     /// (AIMD); off, it is `max` (after a circuit closes it still ramps up from 1).

@@ -8,6 +8,7 @@ use crate::template::TemplateError;
 
 /// A config file that cannot be read, parsed or validated.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("reading config file {}", path.display())]
@@ -95,6 +96,7 @@ impl ConfigError {
 
 /// Why a `${VAR}` reference could not be expanded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum EnvError {
     /// `${` without its `}`.
     #[error("unterminated \"${{\"")]

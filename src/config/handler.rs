@@ -20,6 +20,7 @@ const DEFAULT_EVENT_TYPE_HEADER: &str = "eventType";
 /// `handlers[].kind`: what runs for each event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum HandlerKind {
     /// Calls an HTTP receiver per event (`url`, `method`, `headers`, ...).
     Http,
@@ -101,6 +102,7 @@ pub struct RawDeadLetter {
 /// How a handler reads message values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Format {
     /// Avro when the value has the Confluent framing, else JSON or text.
     #[default]
@@ -116,6 +118,7 @@ pub enum Format {
 /// What the handler sends.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Body {
     /// The decoded value as JSON (JSON when it is JSON).
     #[default]
@@ -127,6 +130,7 @@ pub enum Body {
 /// The policy for an event whose earlier attempt may or may not have happened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum OnUncertain {
     /// Run again with the same idempotency key.
     #[default]
@@ -143,6 +147,7 @@ pub enum OnUncertain {
 /// held (there is no order of a key to keep).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum OnDead {
     /// They are recorded `held` behind it (with their message copies; their offsets
     /// move) and run in order, once each, after it is retried to done, resolved or
@@ -164,6 +169,7 @@ impl OnDead {
 /// Where an event id is unique, so where its record is looked up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum DedupScope {
     /// Per topic: equal ids of different topics (rows of different tables read with
     /// `event_id = { field = "after.id" }`) are different events. Debezium re-emits
@@ -188,6 +194,7 @@ impl DedupScope {
 /// Where the event id (the dedup key) is found.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum EventIdSource {
     /// A Kafka header (Debezium's EventRouter puts the outbox `id` column in header `id`).
     Header(String),
@@ -203,6 +210,7 @@ impl Default for EventIdSource {
 
 /// What runs for each event, with its settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum HandlerSpec {
     /// `kind = "http"`: calls the receiver configured here.
     Http(Box<HttpConfig>),
@@ -213,6 +221,7 @@ pub enum HandlerSpec {
 /// One `[[handlers]]` entry validated: which topics, what runs, where the event id
 /// is and what happens on failure.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct HandlerConfig {
     /// Position in the file, for messages (`handlers[2]`).
     pub index: usize,

@@ -30,6 +30,7 @@ pub struct RawVerify {
 /// An HTTP status (`409`) or a class (`"5xx"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "toml::Value")]
+#[non_exhaustive]
 pub enum StatusMatch {
     /// One status, 100 to 599.
     Code(u16),
@@ -73,6 +74,7 @@ impl TryFrom<toml::Value> for StatusMatch {
 
 /// The `kind = "http"` part of a handler, validated.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct HttpConfig {
     /// Where each event goes; event data only in the path and query.
     pub url: UrlTemplate,
@@ -92,6 +94,7 @@ pub struct HttpConfig {
 
 /// Overrides of the default status classification, checked in this order.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct StatusRules {
     /// Statuses that count as success.
     pub success_on: Vec<StatusMatch>,
@@ -103,6 +106,7 @@ pub struct StatusRules {
 
 /// The lookup that decides an uncertain outcome (`on_uncertain = "verify"`).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct VerifyConfig {
     /// The lookup's URL: 2xx = it happened, 404 = it did not, anything else = ask again.
     pub url: UrlTemplate,

@@ -54,6 +54,7 @@ pub struct RawKafka {
 
 /// `[kafka]` validated: durations parsed, `${VAR}` in the options resolved.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct KafkaConfig {
     /// Bootstrap servers (`host:port,host:port`), librdkafka's `bootstrap.servers`.
     pub brokers: String,

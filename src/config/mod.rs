@@ -15,13 +15,12 @@
 //! - `values`: durations, sizes and `${VAR}`, shared by all of them;
 //! - `error`: [`ConfigError`], what is wrong and in which field; `{:#}` prints it as the CLI shows it.
 //!
-//! Everything other modules use is re-exported here (`crate::config::HandlerConfig`).
+//! Everything other modules use is re-exported here (`crate::config::HandlerConfig`): the
+//! resolved forms for everyone, the `Raw*` forms for the crate only.
 //! The reference for users is `docs/configuration.md`; a test keeps it complete.
 
 use std::path::Path;
 use std::time::Duration;
-
-use serde::Deserialize;
 
 mod admin;
 mod changelog;
@@ -30,6 +29,7 @@ mod error;
 mod handler;
 mod http;
 mod kafka;
+mod raw;
 mod retry;
 mod schema_registry;
 mod store;
@@ -41,51 +41,42 @@ mod values;
 #[cfg(test)]
 mod doc_keys;
 
-pub use admin::{Access, AdminConfig, NamedToken, RawAdmin, RawToken, ADMIN_TOKEN_NAME, RUN_TOKEN_NAME};
-pub(crate) use changelog::DEFAULT_MAX_CLOCK_SKEW;
-pub use changelog::{ChangelogConfig, ChangelogKeys, RawChangelog, Secret};
-pub use circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
+// What an embedding program reads: the validated configuration, its sections and
+// their values, and what is wrong with a file.
+pub use admin::{Access, AdminConfig, NamedToken};
+pub use changelog::{ChangelogConfig, ChangelogKeys, Secret};
+pub use circuit::{CircuitConfig, ConcurrencyConfig};
 pub use error::{ConfigError, EnvError};
 pub use handler::{
     Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnDead, OnUncertain,
-    RawDeadLetter, RawHandler,
 };
-pub use http::{HttpConfig, RawVerify, StatusMatch, StatusRules, VerifyConfig};
-pub use kafka::{KafkaConfig, RawKafka};
-pub use retry::{RawRetry, RetryConfig};
-pub use schema_registry::{RawSchemaRegistry, RegistryOptions};
-pub(crate) use store::DEFAULT_RETENTION;
-pub use store::{RawStore, StoreConfig};
+pub use http::{HttpConfig, StatusMatch, StatusRules, VerifyConfig};
+pub use kafka::KafkaConfig;
+pub use retry::RetryConfig;
+pub use schema_registry::RegistryOptions;
+pub use store::StoreConfig;
 pub use topics::TopicMatch;
-pub use traces::{OtlpConfig, RawOtlp, RawTracing};
-pub use ui::{RawUi, UiConfig};
-pub use values::expand_env;
+pub use traces::OtlpConfig;
+pub use ui::UiConfig;
+
+// The file as written, and the crate's own constants.
+internal_use!(admin::{RawAdmin, ADMIN_TOKEN_NAME, RUN_TOKEN_NAME});
+internal_use!(handler::RawHandler);
+internal_use!(kafka::RawKafka);
+internal_use!(raw::RawConfig);
+internal_use!(schema_registry::RawSchemaRegistry);
+internal_use!(store::RawStore);
+internal_use!(traces::RawTracing);
+pub(crate) use changelog::DEFAULT_MAX_CLOCK_SKEW;
+pub(crate) use store::DEFAULT_RETENTION;
 
 /// Added to the longest legitimate wait of a partition's head event (see
 /// [`Config::stall_timeout`]): time for the dead letter and the record.
 const STALL_MARGIN: Duration = Duration::from_secs(60);
 
-/// The file as written by the user.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawConfig {
-    /// `[kafka]` (required): brokers, consumer group, commit and drain timing, librdkafka options.
-    pub kafka: RawKafka,
-    /// `[store]` (required): the dedup store's directory, retention, group commit, in-flight bounds.
-    pub store: RawStore,
-    /// `[admin]`: the admin server; absent means every default.
-    pub admin: Option<RawAdmin>,
-    /// `[schema_registry]`: where Avro schemas come from; needed by `format = "avro"`.
-    pub schema_registry: Option<RawSchemaRegistry>,
-    /// `[tracing]`: span export (`[tracing.otlp]`); absent means none.
-    pub tracing: Option<RawTracing>,
-    /// `[[handlers]]`: one entry per set of topics; at least one is required.
-    #[serde(default)]
-    pub handlers: Vec<RawHandler>,
-}
-
 /// The validated configuration.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// The consumer: brokers, group, commit and drain timing, librdkafka options.
     pub kafka: KafkaConfig,
@@ -150,40 +141,6 @@ impl Config {
         subs.sort();
         subs.dedup();
         subs
-    }
-}
-
-impl RawConfig {
-    /// Each section in file order, then the checks across sections.
-    pub fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let kafka = self.kafka.validate(env)?;
-        let store = self.store.validate(&kafka.group_id, env)?;
-        let admin = admin::validate(self.admin, env)?;
-        let schema_registry = self.schema_registry.map(|r| r.validate(&store.path, env)).transpose()?;
-        let otlp = self.tracing.map(|t| t.validate(env)).transpose()?.flatten();
-
-        if self.handlers.is_empty() {
-            return Err(ConfigError::NoHandlers);
-        }
-        let mut handlers = Vec::with_capacity(self.handlers.len());
-        for (index, h) in self.handlers.into_iter().enumerate() {
-            handlers.push(h.validate(index, env)?);
-        }
-        topics::check_overlaps(&handlers)?;
-        for (i, h) in handlers.iter().enumerate() {
-            if let Some(other) = handlers[..i].iter().find(|o| o.name == h.name) {
-                return Err(ConfigError::field(
-                    format!("handlers[{i}].name"),
-                    format!("{:?} is handlers[{}]'s name too (set a distinct `name`)", h.name, other.index),
-                ));
-            }
-        }
-        if let Some(h) = handlers.iter().find(|h| h.format == Format::Avro) {
-            if schema_registry.is_none() {
-                return Err(ConfigError::AvroWithoutRegistry { index: h.index });
-            }
-        }
-        Ok(Config { kafka, store, admin, schema_registry, handlers, otlp })
     }
 }
 

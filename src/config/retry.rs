@@ -39,6 +39,7 @@ pub struct RawRetry {
 /// The retry schedule of a handler, validated. Each delay is drawn uniformly from
 /// 0 to the schedule's value (full jitter); a receiver's `Retry-After` is a floor.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RetryConfig {
     /// Executions per delivery before the event is dead; at least 1 (default 5).
     pub max_attempts: u32,

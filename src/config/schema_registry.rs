@@ -11,6 +11,7 @@ use super::ConfigError;
 
 /// `[schema_registry]` as the Avro decoder uses it: validated, durations and sizes parsed.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RegistryOptions {
     /// The registry's base URL, `http` or `https`, `${VAR}` resolved, no trailing `/`.
     pub url: Option<String>,

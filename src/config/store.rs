@@ -65,6 +65,7 @@ pub struct RawStore {
 
 /// `[store]` validated: durations and sizes parsed, defaults filled in.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StoreConfig {
     /// The store's directory; one process at a time.
     pub path: PathBuf,

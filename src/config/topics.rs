@@ -7,6 +7,7 @@ use super::{ConfigError, HandlerConfig};
 
 /// The topics a handler takes.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum TopicMatch {
     /// `topics`: these names exactly.
     Exact(Vec<String>),

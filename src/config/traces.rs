@@ -57,6 +57,7 @@ pub struct RawOtlp {
 
 /// `[tracing.otlp]` validated.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct OtlpConfig {
     /// Where export requests go: the full traces URL (`…/v1/traces`).
     pub endpoint: String,

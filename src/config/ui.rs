@@ -44,6 +44,7 @@ pub struct RawUi {
 
 /// `[admin.ui]` validated.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct UiConfig {
     /// Whether `/ui` is served.
     pub enabled: bool,

@@ -304,6 +304,7 @@ impl Circuit {
         self.lock().closes
     }
 
+    #[cfg(test)]
     pub fn state(&self) -> State {
         self.lock().phase.state()
     }

@@ -22,10 +22,9 @@ pub mod spans;
 mod standby;
 mod worker;
 
-pub use circuit::{CircuitView, Circuits};
-pub use executor::{check_custom_topics, Counters, Executor, SetupError};
+pub use circuit::CircuitView;
+pub use executor::{check_custom_topics, Counters, Executor};
 pub use fatal::Fatal;
-pub use reader::RestoreError;
 pub use restore::{restore_partition, RestoreSetup, Restored};
 
 use std::collections::{HashMap, VecDeque};

@@ -52,7 +52,8 @@ pub struct Restored {
     pub applied: u64,
     /// The checkpoint now (the changelog's end when the restore began).
     pub checkpoint: i64,
-    /// How long the restore took.
+    /// How long the restore took (the benchmark reads it).
+    #[cfg_attr(not(feature = "internals"), expect(dead_code, reason = "only the benchmark reads it"))]
     pub seconds: f64,
 }
 

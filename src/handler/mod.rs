@@ -4,6 +4,7 @@
 //! [`Handler`]). The engine decides retry, dead-letter or done from the result
 //! and runs the retry, verify and park policies around it.
 
+mod configured;
 mod http;
 mod log;
 
@@ -11,23 +12,31 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{HandlerConfig, HandlerSpec};
 use crate::event::OutboxEvent;
 
 /// Implementing [`Handler`] outside this crate: `#[outboxd::handler::async_trait]`
 /// on the impl, without a dependency of your own.
 pub use async_trait::async_trait;
-pub use http::{BuildError, HttpHandler};
-pub use log::LogHandler;
+internal_use!(configured::build);
+internal_use!(http::BuildError);
 
 /// What the handler reports on success, kept in the store as the record's
 /// outcome (e.g. `http 201`) and shown by `outboxd store get`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Outcome(pub String);
+
+impl Outcome {
+    /// The outcome `text` (e.g. `http 201`, `printed`).
+    pub fn new(text: impl Into<String>) -> Outcome {
+        Outcome(text.into())
+    }
+}
 
 /// Why an attempt failed, whose failure it is (this event's, or the receiver's
 /// for every event), and whether trying again can help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandlerError {
     /// The receiver fails for everyone: it cannot be reached (connect refused or
     /// reset, DNS, TLS), times out, or answers 408, 425, 429 or 5xx. It counts
@@ -80,6 +89,7 @@ impl HandlerError {
 
 /// What a `verify` lookup says about an event whose earlier attempt's outcome is unknown.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verified {
     /// The receiver has it (2xx): record done without running again.
     Happened(String),
@@ -106,14 +116,6 @@ pub trait Handler: Send + Sync {
     }
 }
 
-/// The handler a `[[handlers]]` entry configures.
-pub fn build(config: &HandlerConfig) -> Result<Arc<dyn Handler>, BuildError> {
-    Ok(match &config.spec {
-        HandlerSpec::Http(http) => Arc::new(HttpHandler::new((**http).clone())?),
-        HandlerSpec::Log => Arc::new(LogHandler),
-    })
-}
-
 /// A handler from an async closure that takes the event (a copy) and returns
 /// the attempt's result.
 ///
@@ -121,7 +123,7 @@ pub fn build(config: &HandlerConfig) -> Result<Arc<dyn Handler>, BuildError> {
 /// use outboxd::handler::{from_fn, Outcome};
 /// let handler = from_fn(|event| async move {
 ///     println!("{}", event.id);
-///     Ok(Outcome("printed".to_owned()))
+///     Ok(Outcome::new("printed"))
 /// });
 /// ```
 pub fn from_fn<F, Fut>(f: F) -> FnHandler<F>

@@ -16,11 +16,15 @@ mod options;
 mod restore;
 mod source;
 
-pub use consumer::{to_raw, Consumer, Tracker};
+#[cfg(feature = "internals")]
+pub use consumer::to_raw;
+pub use consumer::{Consumer, Tracker};
 pub use dead_letters::{DeadLetterInfo, DeadLetters, DlqError};
 pub use error::KafkaError;
-pub use group::{Group, GroupView, Member};
-pub use health::{BrokerHealth, BrokerStatus, Reachability};
+pub use group::{Group, GroupView};
+pub use health::{BrokerHealth, Reachability};
 pub use options::validate_options;
-pub use restore::{Batch, Reading, Restorer};
-pub use source::{assigned, revoked, RecvError, Source};
+pub use restore::Restorer;
+#[cfg(any(test, feature = "internals"))]
+pub use source::{assigned, revoked};
+pub use source::{RecvError, Source};

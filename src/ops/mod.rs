@@ -28,10 +28,12 @@ use std::path::Path;
 use crate::store::{Owner, State, StoreError};
 use crate::wire::{AuditPage, AuditView, GcView, RecordView, RedecodedView, RetryView, StatsView};
 
-pub use audit::{Actor, MAX_REASON_CHARS};
+pub use audit::Actor;
 pub use changelog::attach as attach_changelog;
-pub use client::{AdminClient, AdminError};
-pub use error::{BoxError, OpsError};
+pub use client::AdminClient;
+#[cfg(feature = "internals")]
+pub use client::AdminError;
+pub use error::OpsError;
 pub use local::{rerun_by, Local};
 pub use remote::Remote;
 

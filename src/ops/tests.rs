@@ -1,6 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::audit::MAX_REASON_CHARS;
 use super::*;
 use crate::event::{OutboxEvent, Payload, Position};
 use crate::store::{Claim, Role, Store, StoreOptions};

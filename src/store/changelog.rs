@@ -373,6 +373,7 @@ fn split_key(key: &[u8]) -> Option<(&[u8], String, Option<String>)> {
 }
 
 /// A changelog value read back for an event of `source_topic`.
+#[cfg(any(test, feature = "internals"))]
 pub fn decode_entry(source_topic: &str, key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
     decode_entry_with_copy(source_topic, key, value).map(|(r, _)| r)
 }

@@ -45,6 +45,7 @@ impl Restoring {
     }
 
     /// Whether the fast path of a new scope is (still) on.
+    #[cfg(test)]
     pub fn is_fresh(&self) -> bool {
         self.fresh.is_some()
     }

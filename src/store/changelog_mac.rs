@@ -139,18 +139,6 @@ pub struct Rejection {
 #[derive(Clone, Copy)]
 pub struct Authentic<'a>(pub(in crate::store) &'a [ChangelogRecord]);
 
-impl Authentic<'_> {
-    /// How many.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// None passed.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
 /// How changelog records are signed, and which ones are applied: from
 /// `[store.changelog]` `key`, `previous_keys` and `accept_unsigned`.
 pub struct Keys {
@@ -177,6 +165,7 @@ impl Keys {
     }
 
     /// Whether records are signed (and so checked).
+    #[cfg(test)]
     pub fn signs(&self) -> bool {
         self.signing.is_some()
     }

@@ -51,10 +51,12 @@ use std::time::Duration;
 pub use audit::{AuditAction, AuditEntry, AuditEvent};
 pub use chains::{ChainId, ChainInfo};
 pub use keys::UNDECODABLE_SCOPE;
-pub use options::{Role, StoreOptions, SMALL_CACHE_BYTES};
+#[cfg(test)]
+pub use options::SMALL_CACHE_BYTES;
+pub use options::{Role, StoreOptions};
 pub(crate) use owner::Owner;
 pub use record::{now_us, Record, State};
-pub use roles::{Audit, Handling, Holds, Reads, Repairs, Restore};
+#[cfg(test)]
 pub use sync::SyncStats;
 
 use crate::event::{OutboxEvent, RawMessage};
@@ -65,6 +67,7 @@ pub fn page_cursor(r: &Record) -> String {
     keys::cursor(&r.event_id, r.scope.as_deref())
 }
 
+#[cfg(any(test, feature = "internals"))]
 /// The key of an event's record outside this store (a changelog topic): 17
 /// bytes for a UUID id (see `keys`).
 pub fn event_key(id: &str) -> Vec<u8> {
@@ -351,6 +354,7 @@ impl Store {
     }
 
     /// The group commit's batches so far.
+    #[cfg(test)]
     fn sync_stats(&self) -> SyncStats {
         self.sync.stats()
     }

@@ -20,6 +20,7 @@ pub enum Role {
     /// `outboxd store retry` / `resolve --retry`: stored copies run through the handlers.
     StoreRetry,
     /// A test opening the store itself.
+    #[cfg(test)]
     Test,
 }
 
@@ -30,6 +31,7 @@ impl Role {
             Role::Run => "run",
             Role::Store => "store",
             Role::StoreRetry => "store retry",
+            #[cfg(test)]
             Role::Test => "test",
         }
     }
@@ -39,7 +41,12 @@ impl Role {
     /// event looks an id up; a command that opens the store for a moment would only pay
     /// for reading every key, and looks ids up in the trees instead.
     pub fn builds_lookup_filters(self) -> bool {
-        matches!(self, Role::Run | Role::Test)
+        match self {
+            Role::Run => true,
+            #[cfg(test)]
+            Role::Test => true,
+            Role::Store | Role::StoreRetry => false,
+        }
     }
 
     /// The long-running service (not a command that opens the store for a moment).

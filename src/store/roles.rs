@@ -18,6 +18,7 @@ use super::audit::AuditEntry;
 use super::chains::{ChainId, ChainInfo, Running};
 use super::changelog::mac::Authentic;
 use super::changelog::Restoring;
+#[cfg(test)]
 use super::sync::SyncStats;
 use super::{Claim, Claimed, Record, State, Stats, Store, StoreError};
 use crate::event::{OutboxEvent, RawMessage};
@@ -327,11 +328,6 @@ impl Reads<'_> {
         self.0.len()
     }
 
-    /// No record at all.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Records per state without scanning; `claimed` includes in-memory claims.
     pub fn counts(&self) -> [(State, u64); State::ALL.len()] {
         self.0.counts()
@@ -352,11 +348,6 @@ impl Reads<'_> {
         self.0.message(event_id)
     }
 
-    /// The stored copy of this record's message.
-    pub fn message_of(&self, r: &Record) -> Result<Option<RawMessage>, StoreError> {
-        self.0.message_of(r)
-    }
-
     /// The held chain `r` is in (with at most `shown` ids of its held events), if any.
     pub fn chain(&self, r: &Record, shown: usize) -> Option<ChainInfo> {
         self.0.chain_view(r, shown)
@@ -373,6 +364,7 @@ impl Reads<'_> {
     }
 
     /// The group commit's batches so far.
+    #[cfg(test)]
     pub fn sync_stats(&self) -> SyncStats {
         self.0.sync_stats()
     }

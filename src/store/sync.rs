@@ -105,6 +105,8 @@ impl BlobFiles {
 pub struct Syncer {
     tx: Option<SyncSender<oneshot::Sender<SyncResult>>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// What the sync thread counts of its batches (the tests read it).
+    #[cfg_attr(not(test), expect(dead_code, reason = "only the tests read the batch counts"))]
     stats: Arc<Mutex<SyncStats>>,
 }
 
@@ -147,6 +149,7 @@ impl Syncer {
         done_rx.await.unwrap_or_else(|_| Err(Arc::new(std::io::Error::other("store sync thread stopped"))))
     }
 
+    #[cfg(test)]
     pub fn stats(&self) -> SyncStats {
         *self.stats.lock().expect("sync stats lock")
     }

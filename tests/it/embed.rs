@@ -92,7 +92,7 @@ async fn a_handler_for_a_topic_without_a_config_entry_is_refused_at_start() {
     let receiver = Receiver::start();
     let od = Outboxd::new(&kafka, &["embed-known"], &receiver);
     let config = Config::parse(&od.config.to_toml(), &|_| None).expect("a valid config");
-    let handler = from_fn(|_| async { Ok(Outcome("never".to_owned())) });
+    let handler = from_fn(|_| async { Ok(Outcome::new("never")) });
     let e = outboxd::App::new(config).handler("embed-unknown", handler).run(std::future::pending()).await.unwrap_err();
     let e = format!("{e:#}");
     assert!(e.contains("\"embed-unknown\"") && e.contains("no [[handlers]] entry covers it"), "{e}");

@@ -143,4 +143,5 @@ pub(super) fn answered(span: &Span, outcome: &str) {
     span.record("outboxd.outcome", outcome);
 }
 
+#[cfg(feature = "internals")]
 pub mod cost;

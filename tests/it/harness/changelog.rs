@@ -65,7 +65,7 @@ pub async fn write_done(kafka: &Kafka, changelog: &str, topic: &str, partition: 
     let now = now_us();
     let records = ids.iter().enumerate().map(|(i, id)| {
         let offset = i as i64;
-        let position = outboxd::event::Position { topic: topic.to_owned(), partition, offset };
+        let position = outboxd::event::Position::new(topic, partition, offset);
         let mut r = Record::first_seen(id, State::Done, 1, &position, now);
         r.scope = Some(topic.to_owned());
         r.key = Some(format!("agg-{}", offset % 1000));
@@ -90,7 +90,7 @@ pub async fn write_tombstones(
     mac: &MacOf<'_>,
 ) {
     let records = ids.iter().map(|id| {
-        let position = outboxd::event::Position { topic: topic.to_owned(), partition, offset: 0 };
+        let position = outboxd::event::Position::new(topic, partition, 0);
         let mut r = Record::first_seen(id, State::Done, 1, &position, now_us());
         r.scope = Some(topic.to_owned());
         (entry_key(&r), None)

@@ -1,9 +1,15 @@
-//! The decoded outbox event and where it came from.
+//! The decoded outbox event and where it came from: what a handler is given.
+//! (The message it was decoded from, `RawMessage`, is the crate's own.)
+
+mod message;
 
 use serde_json::Value;
 
+internal_use!(message::{RawMessage, TraceContext});
+
 /// Where a message sits in Kafka.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Position {
     /// The topic the message was consumed from.
     pub topic: String,
@@ -13,56 +19,22 @@ pub struct Position {
     pub offset: i64,
 }
 
+impl Position {
+    /// The message at `offset` of `partition` of `topic`.
+    pub fn new(topic: impl Into<String>, partition: i32, offset: i64) -> Position {
+        Position { topic: topic.into(), partition, offset }
+    }
+}
+
 impl std::fmt::Display for Position {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}@{}", self.topic, self.partition, self.offset)
     }
 }
 
-/// A Kafka message as it arrived, free of any client library's types.
-#[derive(Debug, Clone, Default)]
-pub struct RawMessage {
-    /// The topic it was consumed from.
-    pub topic: String,
-    /// The partition within that topic.
-    pub partition: i32,
-    /// Its offset within that partition.
-    pub offset: i64,
-    /// The message key (Debezium: the aggregate id); `None` when the message has none.
-    pub key: Option<Vec<u8>>,
-    /// The message value; `None` for a tombstone.
-    pub value: Option<Vec<u8>>,
-    /// Headers in the order they came, a name may repeat; `None` is a header without a value.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-    /// Kafka timestamp (ms since the epoch), when the broker gave one.
-    pub timestamp_ms: Option<i64>,
-}
-
-impl RawMessage {
-    /// Bytes the message holds in memory (key, value, headers), for the in-flight bound.
-    pub fn size(&self) -> usize {
-        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum();
-        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len) + headers
-    }
-
-    pub(crate) fn position(&self) -> Position {
-        Position { topic: self.topic.clone(), partition: self.partition, offset: self.offset }
-    }
-}
-
-/// The W3C trace context a message carries: where the trace of the transaction that
-/// wrote the event goes on. Both values are checked to be header-safe and of the W3C
-/// shape (`traceparent` as `00-<32 hex>-<16 hex>-<2 hex>`, lower case).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TraceContext {
-    /// `version-traceid-parentid-flags`.
-    pub traceparent: String,
-    /// Vendor entries that travel with it, when there are any.
-    pub tracestate: Option<String>,
-}
-
 /// The outbox `payload` column, in whichever form the converters left it.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Payload {
     /// JSON (objects, arrays, scalars), after unwrapping converter envelopes.
     Json(Value),
@@ -101,6 +73,7 @@ impl serde::Serialize for Payload {
 
 /// One outbox event, ready for a handler.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct OutboxEvent {
     /// The dedup key (outbox `id`).
     pub id: String,
@@ -116,4 +89,20 @@ pub struct OutboxEvent {
     pub timestamp_ms: Option<i64>,
     /// W3C trace context of the transaction that wrote the event, when the pipeline carries it.
     pub traceparent: Option<String>,
+}
+
+impl OutboxEvent {
+    /// An event with id `id` at `position`: no aggregate id, type, timestamp or trace
+    /// context (set the fields), e.g. to test a handler of your own.
+    pub fn new(id: impl Into<String>, payload: Payload, position: Position) -> OutboxEvent {
+        OutboxEvent {
+            id: id.into(),
+            aggregate_id: None,
+            event_type: None,
+            payload,
+            position,
+            timestamp_ms: None,
+            traceparent: None,
+        }
+    }
 }
