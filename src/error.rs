@@ -57,9 +57,19 @@ impl Error {
     }
 }
 
+/// The message says what outboxd was doing; `{:#}` adds every cause after it, each
+/// after `: ` (as `anyhow` prints a chain).
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.context)
+        f.write_str(&self.context)?;
+        if f.alternate() {
+            let mut cause = std::error::Error::source(self);
+            while let Some(c) = cause {
+                write!(f, ": {c}")?;
+                cause = c.source();
+            }
+        }
+        Ok(())
     }
 }
 
@@ -78,6 +88,7 @@ mod tests {
         let e = Error::new(ErrorKind::Store, "opening the store at /x", std::io::Error::other("disk full"));
         assert_eq!(e.kind(), ErrorKind::Store);
         assert_eq!(e.to_string(), "opening the store at /x");
+        assert_eq!(format!("{e:#}"), "opening the store at /x: disk full");
         assert_eq!(format!("{:#}", anyhow::Error::from(e)), "opening the store at /x: disk full");
     }
 }
