@@ -208,7 +208,9 @@ async fn retrying_gives_up_after_max_elapsed() {
     let calls = s.receiver.handler_calls(&id);
     assert!(calls.len() >= 2 && calls.len() < 1000, "retried, but stopped by max_elapsed: {} calls", calls.len());
     let span = calls.last().unwrap().started_at - calls[0].started_at;
-    assert!(span <= Duration::from_millis(2500), "calls went on for {span:?}, max_elapsed is 2s");
+    // Stopped by max_elapsed (2 s, plus one backoff and however late the machine ran the
+    // last attempt), not by max_attempts: 1000 attempts up to 300 ms apart take minutes.
+    assert!(span < Duration::from_secs(10), "calls went on for {span:?}, max_elapsed is 2s");
     let r = s.od.store_get(&id);
     assert_eq!(r.state, "dead", "{r:?}");
     assert!(r.reason.as_deref().is_some_and(|t| t.contains("gave up") && t.contains("http 500")), "{r:?}");
