@@ -174,14 +174,24 @@ async fn instance_joining_and_leaving_mid_stream_loses_nothing() {
     let planned = plan(n, 0, &mut rng);
     let good = good_count(&planned);
     // Produced quickly: a works through a backlog, so the join and the leave happen
-    // with events queued and in flight.
-    let production =
-        spawn_production(kafka.brokers().to_string(), topic.clone(), planned, 10, Duration::from_millis(100));
+    // with events queued and in flight. The last three fifths wait until b is assigned:
+    // on a fast machine a could otherwise have handled everything before b joined.
+    let (go_on, open) = tokio::sync::oneshot::channel();
+    let gate = Gate { after: 4, open };
+    let production = spawn_gated_production(
+        kafka.brokers().to_string(),
+        topic.clone(),
+        planned,
+        10,
+        Duration::from_millis(100),
+        Some(gate),
+    );
     a.start();
     a.wait_for_assignment().await;
     wait_alive(&mut [&mut a], "a fifth of the events answered", DRAIN_TIMEOUT, || rx.ok_count() >= good / 5).await;
     b.start();
     b.wait_for_assignment().await;
+    let _ = go_on.send(());
     wait_alive(
         &mut [&mut a, &mut b],
         "three fifths answered, and b handling events, with two instances",

@@ -119,11 +119,36 @@ fn spawn_production(
     batches: usize,
     pause: Duration,
 ) -> tokio::task::JoinHandle<Vec<Ev>> {
+    spawn_gated_production(brokers, topic, planned, batches, pause, None)
+}
+
+/// Holds the rest of a production back after a number of batches, until told to go on.
+struct Gate {
+    /// Batches produced before the gate.
+    after: usize,
+    /// Opened (sent to, or dropped) when the test is ready for the rest.
+    open: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// Like [`spawn_production`], waiting at `gate` (if any): what a test must see happen
+/// while events flow (an instance joining) then has events to happen with, however fast
+/// the earlier ones were handled.
+fn spawn_gated_production(
+    brokers: String,
+    topic: String,
+    planned: Vec<Planned>,
+    batches: usize,
+    pause: Duration,
+    mut gate: Option<Gate>,
+) -> tokio::task::JoinHandle<Vec<Ev>> {
     tokio::spawn(async move {
         let producer = Producer::new(&brokers, &[]);
         let per_batch = planned.len().div_ceil(batches.max(1));
         let mut out = Vec::with_capacity(planned.len());
-        for chunk in planned.chunks(per_batch) {
+        for (i, chunk) in planned.chunks(per_batch).enumerate() {
+            if let Some(g) = gate.take_if(|g| g.after == i) {
+                let _ = g.open.await;
+            }
             let sends = chunk.iter().map(|p| {
                 let producer = &producer;
                 let topic = &topic;
