@@ -17,7 +17,7 @@ pub struct Actor {
     /// The credential's name (`admin`, `local`, an `[[admin.tokens]]` name), or
     /// `cli:<user>` for `outboxd store` on the store itself.
     pub name: String,
-    /// Why, as the person said; at most [`MAX_REASON_CHARS`].
+    /// Why, as the person said; at most `MAX_REASON_CHARS`.
     pub reason: Option<String>,
 }
 

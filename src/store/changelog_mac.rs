@@ -135,7 +135,7 @@ pub struct Rejection {
 }
 
 /// Changelog records that passed [`Keys::authentic`]: the only records the
-/// store's apply path takes ([`crate::store::Restore::apply`]).
+/// store's apply path takes (`store.restore().apply`).
 #[derive(Clone, Copy)]
 pub struct Authentic<'a>(pub(in crate::store) &'a [ChangelogRecord]);
 

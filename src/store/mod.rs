@@ -167,7 +167,7 @@ pub struct Stats {
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
-    /// Claimed now (durably, or in memory: see [`Handling::claim_in_memory`](crate::store::Handling::claim_in_memory)).
+    /// Claimed now (durably, or in memory: see `store.handling().claim_in_memory`).
     Claimed(Claimed),
     /// Already final: do not run; the duplicate was counted.
     Finished {
@@ -179,7 +179,7 @@ pub enum Claim {
 }
 
 /// A claimed event: the record as claimed and the slice it is stored in,
-/// handed back to [`Handling::finish`](crate::store::Handling::finish) so the final write reads nothing again.
+/// handed back to `store.handling().finish` so the final write reads nothing again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {
     record: Box<Record>,
