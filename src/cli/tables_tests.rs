@@ -30,6 +30,7 @@ fn record() -> Record {
         duplicates: 1,
         expires_at_us: Some(1_700_086_400_000_000),
         chain: None,
+        version: 0,
     }
 }
 

@@ -12,6 +12,13 @@
 //! reads a held event as dead (final, never run by itself, `store retry` can run it).
 //! A chain's Kafka key ([`CHAIN`]) comes last, after everything earlier releases
 //! read, which they leave alone.
+//!
+//! The record's version ([`Record::version`]) is kept in the high bits of the flags
+//! ([`VERSION_SHIFT`]), not as a field of its own: earlier releases test each flag
+//! they know by its bit and ignore the others, so they read a versioned record as
+//! before. A field after the chain key would not do: in a changelog value, what
+//! follows the record is read as its message copy. A record without those bits
+//! (every record earlier releases wrote) is version 0.
 
 use super::keys;
 use super::names::Names;
@@ -54,6 +61,11 @@ const LOGGED: &str = "logged";
 const HELD: u64 = 1 << 11;
 /// The Kafka key of the record's chain follows, last (`Record::chain`).
 const CHAIN: u64 = 1 << 12;
+/// Bits 16 and up of the flags: the record's version (bits 13 to 15 stay free for
+/// flags). A version up to 31 keeps the flags in 3 bytes, one more than without.
+const VERSION_SHIFT: u32 = 16;
+/// The highest version the flags can carry; a record written more often stays there.
+pub(super) const MAX_VERSION: u64 = u64::MAX >> VERSION_SHIFT;
 
 fn state_bits(s: State) -> u64 {
     match s {
@@ -98,6 +110,7 @@ pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<V
         },
     };
     flags |= outcome.0 << OUTCOME_SHIFT;
+    flags |= r.version.min(MAX_VERSION) << VERSION_SHIFT;
     for (present, bit) in [
         (r.claimed_at_us.is_some(), CLAIMED_AT),
         (r.done_at_us.is_some(), DONE_AT),
@@ -222,6 +235,7 @@ pub fn decode_with_rest<'v>(
             duplicates,
             expires_at_us,
             chain,
+            version: flags >> VERSION_SHIFT,
         })
     };
     let record = parse().ok_or_else(|| corrupt("malformed record"))?;
@@ -276,11 +290,51 @@ mod tests {
         let bytes = encode(&dead, &names, start).unwrap();
         assert_eq!(decode(&key, &bytes, &names, start, Some(start + 99)).unwrap(), dead);
 
+        let mut written_again = done.clone();
+        written_again.version = 3;
+        let bytes = encode(&written_again, &names, start).unwrap();
+        assert!(bytes.len() <= 41, "{} bytes: the version takes one more", bytes.len());
+        assert_eq!(decode(&key, &bytes, &names, start, Some(start + 99)).unwrap(), written_again);
+
         let mut bare = Record::first_seen("x\0y", State::Claimed, 0, &position, start - 10);
         bare.outcome = Some("logged".into());
         let key = keys::record_key(&keys::event_key("x\0y"), keys::LEGACY_SCOPE);
         let bytes = encode(&bare, &names, start).unwrap();
         assert_eq!(decode(&key, &bytes, &names, start, None).unwrap(), bare);
         assert!(decode(&key, &bytes[..bytes.len() - 1], &names, start, None).is_err());
+    }
+
+    /// Earlier releases read the flags by their bits and ignore the rest: a
+    /// versioned record is, to them, the record they would have written, byte for
+    /// byte. What they write reads as version 0.
+    #[test]
+    fn a_versioned_record_is_an_unversioned_one_with_high_flag_bits_that_earlier_releases_ignore() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+        let position = Position { topic: "orders".into(), partition: 1, offset: 7 };
+        let key = keys::record_key(&keys::event_key("e7"), names.id("orders").unwrap());
+        let mut held = Record::first_seen("e7", State::Held, 0, &position, 1_700_000_000_000_000);
+        held.scope = Some("orders".into());
+        held.reason = Some("held".into());
+        held.chain = Some(b"order-7".to_vec());
+        let unversioned = encode(&held, &names, 0).unwrap();
+        assert_eq!(decode(&key, &unversioned, &names, 0, None).unwrap().version, 0, "as earlier releases wrote it");
+        for version in [1, 31, 32, 4_096, MAX_VERSION] {
+            held.version = version;
+            let bytes = encode(&held, &names, 0).unwrap();
+            assert_eq!(decode(&key, &bytes, &names, 0, None).unwrap(), held);
+            // What an earlier release reads: the flags it knows (all below VERSION_SHIFT), then the same fields.
+            let mut r = Reader(&bytes);
+            let flags = r.u64().unwrap();
+            assert_eq!(flags >> VERSION_SHIFT, version);
+            let mut seen = Vec::new();
+            varint::put_u64(&mut seen, flags & ((1 << VERSION_SHIFT) - 1));
+            seen.extend_from_slice(r.0);
+            assert_eq!(seen, unversioned, "version {version}: the rest is what an earlier release wrote");
+        }
+        held.version = MAX_VERSION;
+        held.next_version();
+        assert_eq!(held.version, MAX_VERSION, "a record written more often stays at the highest version");
     }
 }

@@ -68,7 +68,7 @@ impl Store {
 
     pub(super) async fn claim_as(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Claim, StoreError> {
         let now = now_us();
-        let (record, from) = match self.find_in(scope, &event.id)? {
+        let (mut record, from) = match self.find_in(scope, &event.id)? {
             // A held event is final, except to the releaser of its chain (`chains`), which runs it now.
             Some(f)
                 if f.record.state.is_final() && !(f.record.state == State::Held && self.chains.is_running(&f.key)) =>
@@ -122,6 +122,7 @@ impl Store {
         if !self.has_changelog() {
             self.written_without_changelog()?;
         }
+        record.next_version();
         let slice = self.write(&record, from.as_ref().map(|(s, was)| (s, *was)), None)?;
         self.durable().await?;
         let stored = record.state;
@@ -139,6 +140,7 @@ impl Store {
             return Ok(r.attempts);
         }
         let from = claimed.slice.and_then(|s| self.slices.get(s));
+        r.next_version();
         claimed.slice = Some(self.write(r, from.as_ref().map(|s| (s, claimed.stored)), None)?.start);
         claimed.stored = r.state;
         self.durable().await?;
@@ -180,7 +182,8 @@ impl Store {
         self.settle(&r).await
     }
 
-    /// `r`, as stored in `from` (`None`: it is new), becomes final in `to` (default: the current slice).
+    /// `r`, as stored in `from` (`None`: it is new), becomes final in `to` (default:
+    /// the current slice), with the next version.
     pub(super) fn finish_record(
         &self,
         r: &mut Record,
@@ -193,6 +196,7 @@ impl Store {
         r.state = state;
         r.done_at_us = Some(now);
         r.updated_at_us = now;
+        r.next_version();
         match state {
             State::Done => r.outcome = Some(text),
             _ => r.reason = Some(text),

@@ -140,6 +140,8 @@ impl Store {
         tracing::error!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
             "a released held event has no message copy: recorded dead, the rest of its chain waits behind it");
         metrics::counter!(names::DEAD, "topic" => r.topic.clone()).increment(1);
+        // One more than the record stored now, which may have been written since `r` was read.
+        r.version = r.version.max(f.record.version);
         self.finish_record(&mut r, Some((&f.slice, f.record.state)), None, State::Dead, reason)?;
         self.settle(&r).await
     }
@@ -218,7 +220,8 @@ impl Store {
         if f.record.state != r.state || f.record.updated_at_us != r.updated_at_us || !f.record.in_chain() {
             return Ok(false);
         }
-        let kept = Record { updated_at_us: now_us(), ..f.record };
+        let mut kept = Record { updated_at_us: now_us(), ..f.record };
+        kept.next_version();
         self.write(&kept, Some((&f.slice, kept.state)), None)?;
         self.settle(&kept).await?;
         Ok(true)

@@ -56,6 +56,14 @@ pub struct Record {
     /// chain (`store::chains`); `None` for every other record.
     #[serde(skip)]
     pub chain: Option<Vec<u8>>,
+    /// How far the record has come: one more than the record it replaced at every
+    /// write this store makes of it (a claim or attempt written, a final record, a
+    /// hold, a repair, a chain member written again: `Record::next_version`); a
+    /// record applied from the changelog keeps the version it carries, and one that
+    /// carries a lower version than the record held for its key is refused
+    /// (`changelog_apply`). 0: written by a release without versions, or never written.
+    #[serde(skip)]
+    pub version: u64,
 }
 
 impl Record {
@@ -81,7 +89,15 @@ impl Record {
             duplicates: 0,
             expires_at_us: None,
             chain: None,
+            version: 0,
         }
+    }
+
+    /// This store writes the record again (it is not applied from the changelog):
+    /// its version is one more than that of the record it replaces, which it was
+    /// built from. Call it once per write, just before the value is made.
+    pub(in crate::store) fn next_version(&mut self) {
+        self.version = self.version.saturating_add(1).min(super::format::MAX_VERSION);
     }
 
     /// The record is in its key's chain: it holds the key's later events (dead or

@@ -67,6 +67,7 @@ impl Store {
         r.attempts = 0;
         r.claimed_at_us = Some(now);
         r.updated_at_us = now;
+        r.next_version();
         self.settle_entry(Change::Now(&r), || self.write(&r, Some((&f.slice, was)), None)).await?;
         Ok(message)
     }
@@ -100,6 +101,7 @@ impl Store {
         r.done_at_us = Some(now);
         r.updated_at_us = now;
         r.outcome = Some(note);
+        r.next_version();
         self.settle_entry(Change::Now(&r), || {
             self.messages.remove(&copy_key(f.slice.start, &f.key))?;
             self.write(&r, Some((&f.slice, was)), None)
