@@ -126,7 +126,8 @@ async fn readyz(State(s): State<Shared>) -> Response {
     let ready = store_ok && broker && member && !draining && stalled.is_empty() && restoring.is_empty();
     let stalled: Vec<String> = stalled.iter().map(ToString::to_string).collect();
     let circuits = s.exec.circuits();
-    let handlers: Vec<_> = circuits.all().iter().map(|c| c.view()).collect();
+    // States and counts only: why a receiver failed is for credentials (`/v1/handlers`).
+    let handlers: Vec<_> = circuits.all().iter().map(|c| c.summary()).collect();
     let broker_state = json!({"reachable": broker, "state": brokers.state.as_str(),
         "since": humantime::format_rfc3339_millis(brokers.since).to_string(), "errors": brokers.errors});
     let body = json!({"ready": ready, "store": store_ok, "broker": broker, "broker_state": broker_state,

@@ -192,6 +192,45 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
     );
 }
 
+/// A receiver that cannot be reached opens its handler's circuit. `/readyz`, which
+/// anyone who reaches the port may read, names the handler under `degraded` and shows
+/// its circuit's state, but not why it failed (a failure's text can name hosts and
+/// addresses); `/v1/handlers`, behind a credential, says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_degraded_handler_but_not_why_it_failed() {
+    let Scenario { topic, receiver: _rx, mut od, producer, .. } = Scenario::new("hostile-readyz-reason", 1).await;
+    // A port nothing listens on: bind one, note it, close it.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    od.config.url = format!("http://127.0.0.1:{closed}/events/{{event_id}}");
+    producer.send_event(&topic, "k", &new_event_id(), Some("Test"), &json!({"n": 1})).await;
+    od.start();
+    od.wait_for_assignment().await;
+    let admin = od.admin_address();
+    let handler = json!(topic);
+    let body = readyz_until(&admin, "readyz never named the handler degraded", 200, |body| {
+        body["degraded"].as_array().is_some_and(|d| d.contains(&handler))
+    })
+    .await;
+    let circuit = body["handlers"].as_array().and_then(|h| h.iter().find(|c| c["handler"] == handler));
+    let circuit = circuit.unwrap_or_else(|| panic!("the handler's circuit in {body}"));
+    assert_ne!(circuit["state"], "closed", "{body}");
+    assert!(circuit.get("last_failure").is_none(), "no failure text on the open endpoint: {body}");
+    assert!(!body.to_string().contains("could not connect"), "{body}");
+
+    let url = format!("http://{admin}/v1/handlers");
+    let resp = reqwest::Client::new().get(&url).bearer_auth(od.admin_token()).send().await.expect("GET /v1/handlers");
+    assert_eq!(resp.status().as_u16(), 200);
+    let handlers: Value = resp.json().await.expect("handlers JSON");
+    let reason =
+        handlers.as_array().and_then(|h| h.iter().find(|c| c["handler"] == handler)).map(|c| &c["last_failure"]);
+    assert!(
+        reason.and_then(Value::as_str).is_some_and(|r| r.contains("could not connect")),
+        "behind the credential, why: {handlers}"
+    );
+    assert_no_panic(&od);
+    od.stop();
+}
+
 /// Four 600 KB messages of different keys while the receiver holds every call: with
 /// `max_in_flight_bytes = "1MiB"` only one of them is in memory and at the receiver at
 /// a time (however many events `max_in_flight` would allow). When the receiver
