@@ -58,6 +58,7 @@ pub use store::StoreConfig;
 pub use topics::TopicMatch;
 pub use traces::OtlpConfig;
 pub use ui::UiConfig;
+pub use values::ExpandedUrl;
 
 // The file as written, and the crate's own constants.
 internal_use!(admin::{RawAdmin, ADMIN_TOKEN_NAME, RUN_TOKEN_NAME});

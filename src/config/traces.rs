@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::{duration, expand_env};
+use super::values::{duration, expand_env, without_userinfo, ExpandedUrl};
 use super::ConfigError;
 
 /// `service.name` of the exported spans: what a trace view groups them under.
@@ -59,8 +59,9 @@ pub struct RawOtlp {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct OtlpConfig {
-    /// Where export requests go: the full traces URL (`…/v1/traces`).
-    pub endpoint: String,
+    /// Where export requests go: the full traces URL (`…/v1/traces`). Shown (logs,
+    /// `Debug`) as written, `${VAR}` unexpanded and user info replaced.
+    pub endpoint: ExpandedUrl,
     /// `service.name` of the exported spans.
     pub service_name: String,
     /// Share of root traces sampled; a remote parent's decision is followed.
@@ -88,7 +89,7 @@ impl RawOtlp {
                 "required in [tracing.otlp] (the collector's OTLP/HTTP URL, e.g. \"http://127.0.0.1:4318\")",
             ));
         };
-        let endpoint = traces_url(&expand_env("tracing.otlp.endpoint", &endpoint, env)?)
+        let endpoint = traces_url(&expand_env("tracing.otlp.endpoint", &endpoint, env)?, &endpoint)
             .map_err(|e| ConfigError::field("tracing.otlp.endpoint", e))?;
         let service_name = self.service_name.unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_owned());
         if service_name.trim().is_empty() {
@@ -114,26 +115,31 @@ impl RawOtlp {
     }
 }
 
-/// The traces URL for a collector's base URL: `http(s)://host:port[/prefix]` gets
+/// The traces URL for a collector's base URL `text` (`written` before `${VAR}`
+/// expansion, the only form messages show): `http(s)://host:port[/prefix]` gets
 /// `/v1/traces` appended (the OTLP/HTTP convention for a base endpoint), a URL that
 /// already ends with it is taken as it is.
-fn traces_url(text: &str) -> Result<String, String> {
-    let url = url::Url::parse(text.trim()).map_err(|e| format!("{text:?} is not a URL ({e})"))?;
+fn traces_url(text: &str, written: &str) -> Result<ExpandedUrl, String> {
+    let shown = without_userinfo(written.trim());
+    let url = url::Url::parse(text.trim()).map_err(|e| format!("{shown:?} is not a URL ({e})"))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!("{text:?}: the scheme must be http or https (OTLP over HTTP)"));
+        return Err(format!("{shown:?}: the scheme must be http or https (OTLP over HTTP)"));
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{text:?} has no host"));
+        return Err(format!("{shown:?} has no host"));
     }
     if url.query().is_some() || url.fragment().is_some() {
-        return Err(format!("{text:?}: no query or fragment (write the collector's base URL)"));
+        return Err(format!("{shown:?}: no query or fragment (write the collector's base URL)"));
     }
-    let base = url.as_str().trim_end_matches('/');
-    if base.ends_with(TRACES_PATH) {
-        Ok(base.to_owned())
-    } else {
-        Ok(format!("{base}{TRACES_PATH}"))
-    }
+    let with_path = |base: &str| {
+        let base = base.trim().trim_end_matches('/');
+        if base.ends_with(TRACES_PATH) {
+            base.to_owned()
+        } else {
+            format!("{base}{TRACES_PATH}")
+        }
+    };
+    Ok(ExpandedUrl::new(with_path(url.as_str()), &with_path(written)))
 }
 
 #[cfg(test)]
@@ -161,7 +167,7 @@ mod tests {
     #[test]
     fn an_endpoint_alone_takes_every_default() {
         let c = parse("[tracing.otlp]\nendpoint = \"http://127.0.0.1:4318\"").unwrap().otlp.unwrap();
-        assert_eq!(c.endpoint, "http://127.0.0.1:4318/v1/traces");
+        assert_eq!(c.endpoint.expose(), "http://127.0.0.1:4318/v1/traces");
         assert_eq!(c.service_name, "outboxd");
         assert_eq!(c.sample_ratio, 1.0);
         assert!(c.headers.is_empty());
@@ -176,8 +182,32 @@ mod tests {
             ("https://otlp.example/otlp", "https://otlp.example/otlp/v1/traces"),
             ("http://c:4318/v1/traces", "http://c:4318/v1/traces"),
         ] {
-            assert_eq!(traces_url(given).unwrap(), url, "{given}");
+            assert_eq!(traces_url(given, given).unwrap().expose(), url, "{given}");
         }
+    }
+
+    #[test]
+    fn the_endpoint_is_shown_as_written_and_its_secrets_only_sent() {
+        let env = |name: &str| match name {
+            "OTLP_PASSWORD" => Some("pa55w0rd-from-env".to_owned()),
+            "OTLP_TENANT" => Some("tenant-t0ken-from-env".to_owned()),
+            _ => None,
+        };
+        let text = format!(
+            "{BASE}[tracing.otlp]\nendpoint = \"https://ingest:${{OTLP_PASSWORD}}@otlp.example/${{OTLP_TENANT}}\"\n{LOG}"
+        );
+        let c = Config::parse(&text, &env).unwrap().otlp.unwrap();
+        assert_eq!(
+            c.endpoint.expose(),
+            "https://ingest:pa55w0rd-from-env@otlp.example/tenant-t0ken-from-env/v1/traces"
+        );
+        assert_eq!(c.endpoint.to_string(), "https://<redacted>@otlp.example/${OTLP_TENANT}/v1/traces");
+        // A refused endpoint is named as written too.
+        let text =
+            format!("{BASE}[tracing.otlp]\nendpoint = \"ftp://ingest:s3cret@otlp.example/${{OTLP_TENANT}}\"\n{LOG}");
+        let e = format!("{:#}", Config::parse(&text, &env).unwrap_err());
+        assert!(e.contains("ftp://<redacted>@otlp.example/${OTLP_TENANT}"), "{e}");
+        assert!(!e.contains("s3cret") && !e.contains("tenant-t0ken"), "{e}");
     }
 
     #[test]

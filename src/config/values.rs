@@ -38,6 +38,65 @@ pub fn expand_env(field: &str, value: &str, env: &dyn Fn(&str) -> Option<String>
     Ok(out)
 }
 
+/// What stands for a secret wherever the config is shown (`Debug`, messages).
+pub(super) const REDACTED: &str = "<redacted>";
+
+/// A URL from the config, with `${VAR}` resolved for the requests and kept as written for
+/// everything else: [`Display`](std::fmt::Display) and `Debug` show it as written, its user
+/// info (`user:password@`) replaced by `<redacted>@`, so a secret from the environment (a
+/// password, a token in the path) or written into the user info reaches the request only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExpandedUrl {
+    /// `${VAR}` resolved: what requests go to, never shown.
+    url: String,
+    /// As written, user info replaced: safe to show.
+    shown: String,
+}
+
+impl ExpandedUrl {
+    /// `url` (resolved) and `written`, the same before `${VAR}` expansion.
+    pub(super) fn new(url: String, written: &str) -> ExpandedUrl {
+        ExpandedUrl { url, shown: without_userinfo(written) }
+    }
+
+    /// The URL requests go to. A secret: never log it, describe failures without it.
+    pub fn expose(&self) -> &str {
+        &self.url
+    }
+}
+
+/// A URL without `${VAR}`: shown as it is, user info replaced.
+impl From<&str> for ExpandedUrl {
+    fn from(url: &str) -> ExpandedUrl {
+        ExpandedUrl::new(url.to_owned(), url)
+    }
+}
+
+impl std::fmt::Display for ExpandedUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl std::fmt::Debug for ExpandedUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ExpandedUrl").field(&self.shown).finish()
+    }
+}
+
+/// `text` with the user info of its authority (`user:password@`) replaced by
+/// `<redacted>@`. Read off the text, not parsed: in a URL as written `${VAR}` may stand
+/// anywhere, and a URL that does not parse still must not show its password.
+pub(super) fn without_userinfo(text: &str) -> String {
+    let Some(scheme) = text.find("://") else { return text.to_owned() };
+    let start = scheme + 3;
+    let end = text[start..].find(['/', '?', '#']).map_or(text.len(), |i| start + i);
+    match text[start..end].rfind('@') {
+        Some(at) => format!("{}{REDACTED}{}", &text[..start], &text[start + at..]),
+        None => text.to_owned(),
+    }
+}
+
 /// `"64MiB"`, `"1GiB"`, `"512KiB"`, `"100MB"`, or plain bytes.
 pub(super) fn parse_size(text: &str) -> Option<u64> {
     let t = text.trim();
@@ -66,6 +125,24 @@ mod tests {
         for (text, d) in [("5ms", 5u64), ("2s", 2000), ("3m", 180_000), ("1h", 3_600_000), ("1d", 86_400_000)] {
             assert_eq!(duration("x", Some(text), Duration::ZERO).unwrap(), Duration::from_millis(d));
         }
+    }
+
+    #[test]
+    fn user_info_is_replaced_wherever_it_is_written() {
+        for (written, shown) in [
+            ("https://u:p@collector:4318/x", "https://<redacted>@collector:4318/x"),
+            ("https://${USER}:${PASS}@c/x@y", "https://<redacted>@c/x@y"),
+            ("http://a@b@c?q=1", "http://<redacted>@c?q=1"),
+            ("https://${HOST}/${TOKEN}", "https://${HOST}/${TOKEN}"),
+            ("https://c:4318", "https://c:4318"),
+            ("c:4318", "c:4318"),
+        ] {
+            assert_eq!(without_userinfo(written), shown, "{written}");
+        }
+        let url = ExpandedUrl::new("https://u:s3cret@c/t0ken".into(), "https://u:${PASS}@c/${TOKEN}");
+        assert_eq!(url.expose(), "https://u:s3cret@c/t0ken");
+        assert_eq!(url.to_string(), "https://<redacted>@c/${TOKEN}");
+        assert_eq!(format!("{url:?}"), "ExpandedUrl(\"https://<redacted>@c/${TOKEN}\")");
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub(super) fn start<E: SpanExporter + 'static>(
     exporter.set_resource(resource);
     let (queue, spans) = mpsc::channel(config.max_queue);
     let stop = CancellationToken::new();
-    let task = tokio::spawn(run(exporter, spans, stop.clone(), config.timeout, config.endpoint.clone()));
+    // The endpoint as written (`${VAR}` unexpanded, user info replaced): it is logged.
+    let task = tokio::spawn(run(exporter, spans, stop.clone(), config.timeout, config.endpoint.to_string()));
     (Processor { queue, stop: stop.clone() }, Handle { stop, task })
 }
 
@@ -134,6 +135,7 @@ async fn run<E: SpanExporter>(
 
 /// What the log has said about failing exports.
 struct Outcomes {
+    /// As written in the config: never what `${VAR}` resolved to.
     endpoint: String,
     /// While exports fail: when the log last said so, and the spans dropped since.
     failing: Option<(Instant, u64)>,
@@ -175,5 +177,80 @@ impl Outcomes {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
+    use opentelemetry_sdk::error::OTelSdkError;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    use super::*;
+
+    /// A collector that refuses every export.
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl SpanExporter for Refusing {
+        async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+            Err(OTelSdkError::InternalFailure("refused".into()))
+        }
+    }
+
+    /// The log lines written while it is the default subscriber's writer.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_export_logs_the_endpoint_as_written_never_its_secrets() {
+        let env = |name: &str| match name {
+            "OTLP_PASSWORD" => Some("pa55w0rd-from-env".to_owned()),
+            "OTLP_TENANT" => Some("tenant-t0ken-from-env".to_owned()),
+            _ => None,
+        };
+        let text = r#"
+            [kafka]
+            brokers = "127.0.0.1:9"
+            group_id = "g"
+            [store]
+            path = "/nonexistent"
+            [tracing.otlp]
+            endpoint = "https://ingest:${OTLP_PASSWORD}@otlp.example/${OTLP_TENANT}"
+            [[handlers]]
+            topics = ["t"]
+            kind = "log"
+        "#;
+        let config = crate::config::Config::parse(text, &env).unwrap().otlp.unwrap();
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+        let _logging = tracing::subscriber::set_default(subscriber);
+
+        let (processor, handle) = start(Refusing, &Resource::builder_empty().build(), &config);
+        let provider = SdkTracerProvider::builder().with_span_processor(processor).build();
+        provider.tracer("test").start("event").end();
+        // Stopping sends what is queued: the refused export is logged.
+        handle.stop(Duration::from_secs(5)).await;
+
+        let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        assert!(logged.contains("trace export failed"), "{logged}");
+        for secret in ["pa55w0rd-from-env", "tenant-t0ken-from-env", "ingest:"] {
+            assert!(!logged.contains(secret), "{secret} in the log: {logged}");
+        }
+        assert!(logged.contains("https://<redacted>@otlp.example/${OTLP_TENANT}/v1/traces"), "as written: {logged}");
     }
 }

@@ -21,11 +21,12 @@ impl Client {
 impl HttpClient for Client {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let request = reqwest::Request::try_from(request)?;
-        let response = self.0.execute(request).await?;
+        // reqwest's errors name the URL, which may carry a secret from `${VAR}`.
+        let response = self.0.execute(request).await.map_err(reqwest::Error::without_url)?;
         let mut answer = Response::builder().status(response.status().as_u16());
         for (name, value) in response.headers() {
             answer = answer.header(name.as_str(), value.as_bytes());
         }
-        Ok(answer.body(response.bytes().await?)?)
+        Ok(answer.body(response.bytes().await.map_err(reqwest::Error::without_url)?)?)
     }
 }

@@ -75,11 +75,14 @@ where
         .with_http()
         .with_http_client(client)
         .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(config.endpoint.clone())
+        .with_endpoint(config.endpoint.expose())
         .with_timeout(config.timeout)
         .with_headers(config.headers.iter().cloned().collect())
         .build()
-        .map_err(|e| SetupError::Exporter(e.to_string()))?;
+        // Its messages quote the endpoint: as written, never with what `${VAR}` resolved to.
+        .map_err(|e| {
+            SetupError::Exporter(e.to_string().replace(config.endpoint.expose(), &config.endpoint.to_string()))
+        })?;
     let resource = Resource::builder()
         .with_service_name(config.service_name.clone())
         .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
