@@ -290,11 +290,7 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             } else {
                 println!("{}\n{}", api.source(), tables::stats_table(&stats));
                 if let Some(handlers) = handlers {
-                    let mut t = table(&crate::engine::CircuitView::HEADER);
-                    for h in &handlers {
-                        t.add_row(h.row());
-                    }
-                    println!("{t}");
+                    println!("{}", tables::handlers_table(&handlers));
                 }
             }
         }
@@ -475,11 +471,13 @@ fn plural_y(n: usize) -> &'static str {
 /// Runs stored copies again (the handler, retries, dead letters), one line per event.
 async fn rerun(api: &impl StoreApi, ids: &[String], actor: &Actor) -> anyhow::Result<()> {
     let (mut done, mut failed) = (0, 0);
-    for id in ids {
-        match api.rerun(id, actor).await? {
+    for raw in ids {
+        // The ids and reasons came with events: escaped on the terminal, as in the tables.
+        let id = tables::shown(raw);
+        match api.rerun(raw, actor).await? {
             Rerun::Finished(r) if r.state == State::Done => {
                 done += 1;
-                println!("{id}: done ({})", r.outcome.unwrap_or_default());
+                println!("{id}: done ({})", tables::shown(&r.outcome.unwrap_or_default()));
             }
             // Its key waits behind an earlier dead event (`on_dead = "hold"`): it runs after that one.
             Rerun::Finished(r) if r.state == State::Held => {
@@ -489,7 +487,7 @@ async fn rerun(api: &impl StoreApi, ids: &[String], actor: &Actor) -> anyhow::Re
             }
             Rerun::Finished(r) => {
                 failed += 1;
-                println!("{id}: {} again ({})", r.state, r.reason.unwrap_or_default());
+                println!("{id}: {} again ({})", r.state, tables::shown(&r.reason.unwrap_or_default()));
             }
             Rerun::Redecoded => {
                 // An undecodable message that now decodes is recorded under its real event id.

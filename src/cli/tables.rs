@@ -1,8 +1,18 @@
 //! The tables `outboxd store …` prints, from the wire views the store or the
 //! running service answered with. The only user of comfy-table.
+//!
+//! Every text that came with an event or was written about one (ids, keys, types,
+//! topics, outcomes, reasons, audit entries, a circuit's last failure) goes through
+//! [`shown`] on its way into a cell: whoever produces to a topic must not be able to
+//! drive the terminal of the person reading the store. `--json` prints the same text
+//! exactly.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
+use crate::engine::CircuitView;
 use crate::wire::{AuditView, BytesView, ChainView, RecordView, State, StatsView};
 
 /// An empty table in the style of every `outboxd` table; no header row when
@@ -16,9 +26,54 @@ pub fn table(header: &[&str]) -> Table {
     t
 }
 
-/// An optional text as a table cell: `-` when there is none.
+/// `text` as a terminal may show it: control characters (ESC and the rest of C0, DEL,
+/// the C1 set with its one-byte CSI), line and paragraph separators, and the invisible
+/// characters that reorder or hide text (bidi overrides and isolates, zero-width and tag
+/// characters) are written as Rust escapes: `\u{1b}`, `\r`, `\u{202e}`. Everything else,
+/// a backslash included, is left as it is, so that an ordinary id can be copied from the
+/// table into the next command.
+pub fn shown(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(hidden) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\t' | '\r' | '\n' | '\0' => out.extend(c.escape_debug()),
+            c if hidden(c) => {
+                let _ = write!(out, "{}", c.escape_unicode());
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A character [`shown`] escapes: one that moves the cursor, talks to the terminal, or
+/// changes how the text around it reads without being seen itself.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{00ad}'                       // soft hyphen
+            | '\u{061c}'                     // Arabic letter mark
+            | '\u{180e}'                     // Mongolian vowel separator
+            | '\u{200b}'..='\u{200f}'        // zero-width space, joiners, LRM, RLM
+            | '\u{2028}'..='\u{202e}'        // line and paragraph separators, bidi embeddings and overrides
+            | '\u{2060}'..='\u{206f}'        // word joiner, invisible operators, bidi isolates
+            | '\u{feff}'                     // zero-width no-break space
+            | '\u{fff9}'..='\u{fffb}'        // interlinear annotations
+            | '\u{e0000}'..='\u{e007f}'      // tag characters
+        )
+}
+
+/// A text from an event as a table cell ([`shown`]).
+fn text(v: &str) -> String {
+    shown(v).into_owned()
+}
+
+/// An optional text as a table cell ([`shown`]): `-` when there is none.
 fn cell(v: &Option<String>) -> String {
-    v.clone().unwrap_or_else(|| "-".to_owned())
+    v.as_deref().map_or_else(|| "-".to_owned(), text)
 }
 
 /// `store stats`: one row per count, no header.
@@ -44,7 +99,7 @@ pub fn records_table(records: &[RecordView]) -> Table {
     for r in records {
         let outcome = match (&r.chain, r.state) {
             (Some(c), State::Held) => match &c.head {
-                Some(head) => format!("held behind {head}"),
+                Some(head) => format!("held behind {}", shown(head)),
                 None => "held; its chain is released, it runs now".to_owned(),
             },
             (Some(c), _) if c.held_total > 0 => format!("{} [holds {} event(s)]", cell(&r.reason), c.held_total),
@@ -52,11 +107,11 @@ pub fn records_table(records: &[RecordView]) -> Table {
             _ => cell(&r.outcome),
         };
         t.add_row(vec![
-            r.event_id.clone(),
+            text(&r.event_id),
             r.state.to_string(),
             r.attempts.to_string(),
-            format!("{}/{}@{}", r.topic, r.partition, r.offset),
-            r.updated_at.clone(),
+            format!("{}/{}@{}", shown(&r.topic), r.partition, r.offset),
+            text(&r.updated_at),
             outcome,
         ]);
     }
@@ -71,12 +126,13 @@ pub fn audit_table(entries: &[AuditView]) -> Table {
             .events
             .iter()
             .map(|ev| match (&ev.topic, ev.partition) {
-                (Some(topic), Some(p)) => format!("{} ({topic}/{p})", ev.id),
-                _ => ev.id.clone(),
+                (Some(topic), Some(p)) => format!("{} ({}/{p})", shown(&ev.id), shown(topic)),
+                _ => text(&ev.id),
             })
             .collect();
+        // One event a line: the line breaks are the table's, those of an id are escaped.
         let events = if events.is_empty() { "-".to_owned() } else { events.join("\n") };
-        t.add_row(vec![e.at.clone(), e.who.clone(), e.action.to_string(), events, e.outcome.clone(), cell(&e.reason)]);
+        t.add_row(vec![text(&e.at), text(&e.who), e.action.to_string(), events, text(&e.outcome), cell(&e.reason)]);
     }
     t
 }
@@ -84,15 +140,15 @@ pub fn audit_table(entries: &[AuditView]) -> Table {
 /// A held chain as one table cell: the key, what it waits for, and the held events.
 fn chain_cell(chain: &ChainView) -> String {
     let key = match &chain.key {
-        BytesView::Text(t) => format!("{t:?}"),
+        BytesView::Text(t) => text(&format!("{t:?}")),
         BytesView::Bytes { bytes } => format!("{bytes:02x?}"),
     };
     let waits = match &chain.head {
-        Some(head) => format!("waits for {head}"),
+        Some(head) => format!("waits for {}", shown(head)),
         None => "released: its held events run now".to_owned(),
     };
     let more = chain.held_total.saturating_sub(chain.held.len() as u64);
-    let mut held = chain.held.join(", ");
+    let mut held = chain.held.iter().map(|id| shown(id)).collect::<Vec<_>>().join(", ");
     if more > 0 {
         held.push_str(&format!("{}{more} more", if held.is_empty() { "" } else { ", " }));
     }
@@ -108,19 +164,38 @@ pub fn record_rows(r: &RecordView) -> Vec<(&'static str, String)> {
         ("dead_letter", cell(&r.dead_letter)),
         ("done_at", cell(&r.done_at)),
         ("duplicates", r.duplicates.to_string()),
-        ("event_id", r.event_id.clone()),
+        ("event_id", text(&r.event_id)),
         ("event_type", cell(&r.event_type)),
         ("expires_at", cell(&r.expires_at)),
-        ("first_seen", r.first_seen.clone()),
+        ("first_seen", text(&r.first_seen)),
         ("key", cell(&r.key)),
         ("offset", r.offset.to_string()),
         ("outcome", cell(&r.outcome)),
         ("partition", r.partition.to_string()),
         ("reason", cell(&r.reason)),
         ("state", r.state.to_string()),
-        ("topic", r.topic.clone()),
-        ("updated_at", r.updated_at.clone()),
+        ("topic", text(&r.topic)),
+        ("updated_at", text(&r.updated_at)),
     ]
+}
+
+/// `store stats` of a running service: one row per handler's circuit, with the
+/// receiver's last failure.
+pub fn handlers_table(handlers: &[CircuitView]) -> Table {
+    let mut t =
+        table(&["handler", "circuit", "open for", "next probe in", "failures in a row", "last receiver failure"]);
+    let secs = |s: Option<f64>| s.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}s"));
+    for h in handlers {
+        t.add_row(vec![
+            text(&h.handler),
+            text(&h.state),
+            secs(h.open_for_seconds),
+            secs(h.next_probe_in_seconds),
+            h.failures.to_string(),
+            cell(&h.last_failure),
+        ]);
+    }
+    t
 }
 
 /// Each count's name and table cell, in the order of the stats' JSON (`store stats`).

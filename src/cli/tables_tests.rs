@@ -271,3 +271,92 @@ fn an_audit_entry_reads_back_from_its_json_and_a_missing_field_is_named() {
     let table = audit_table(&page.entries).to_string();
     assert!(table.contains("e1 (orders/2)") && table.contains("dead again") && table.contains("INC-1"), "{table}");
 }
+
+/// What an event can bring that would drive a terminal: a screen clear and a window
+/// title (ESC sequences), a carriage return, the one-byte C1 CSI, a bidi override that
+/// shows `exe.jpg` as `gpj.exe`... and a line separator.
+const HOSTILE: &str = "e\u{1b}[2J\u{1b}]0;owned\u{7}\r\u{9b}31m\u{202e}exe.jpg\u{2028}x";
+/// [`HOSTILE`] as the tables show it.
+const ESCAPED: &str = r"e\u{1b}[2J\u{1b}]0;owned\u{7}\r\u{9b}31m\u{202e}exe.jpg\u{2028}x";
+
+/// Fails when `table` holds a character that is not plain text for a terminal (its own
+/// line breaks aside).
+fn assert_plain(what: &str, table: &str) {
+    for line in table.lines() {
+        let bad: Vec<char> = line.chars().filter(|c| c.is_control() || ('\u{2028}'..='\u{202e}').contains(c)).collect();
+        assert!(bad.is_empty(), "{what}: {bad:?} reach the terminal in {line:?}");
+    }
+}
+
+#[test]
+fn text_from_events_is_escaped_in_every_table_and_exact_in_json() {
+    let hostile = Some(HOSTILE.to_owned());
+    let chain = ChainView {
+        head: hostile.clone(),
+        held: vec![HOSTILE.to_owned()],
+        held_total: 1,
+        key: BytesView::Text(HOSTILE.to_owned()),
+    };
+    let record = RecordView {
+        event_id: HOSTILE.into(),
+        topic: HOSTILE.into(),
+        key: hostile.clone(),
+        event_type: hostile.clone(),
+        reason: hostile.clone(),
+        outcome: hostile.clone(),
+        dead_letter: hostile.clone(),
+        chain: Some(chain),
+        ..RecordView::from(&record())
+    };
+    let held = RecordView { state: State::Held, ..record.clone() };
+    let done = RecordView { chain: None, ..record.clone() };
+    let audit = AuditView {
+        who: HOSTILE.into(),
+        events: vec![crate::wire::AuditEventView { id: HOSTILE.into(), topic: hostile.clone(), partition: Some(0) }],
+        outcome: HOSTILE.into(),
+        reason: hostile.clone(),
+        ..AuditView::from(&crate::store::AuditEntry {
+            at_us: 1,
+            who: "alice".into(),
+            action: crate::store::AuditAction::Forget,
+            events: vec![],
+            reason: None,
+            outcome: "done".into(),
+        })
+    };
+    let circuit = CircuitView {
+        handler: HOSTILE.into(),
+        state: "open".into(),
+        failures: 3,
+        open_for_seconds: Some(1.0),
+        next_probe_in_seconds: Some(0.5),
+        last_failure: hostile.clone(),
+        open_seconds_total: 1.0,
+        transitions: 1,
+    };
+    for (what, table) in [
+        ("store get", record_table(&record).to_string()),
+        ("store list", records_table(&[record.clone(), held, done]).to_string()),
+        ("store audit", audit_table(std::slice::from_ref(&audit)).to_string()),
+        ("store stats", handlers_table(std::slice::from_ref(&circuit)).to_string()),
+    ] {
+        assert_plain(what, &table);
+        assert!(table.contains(ESCAPED), "{what} shows the text, escaped:\n{table}");
+    }
+    // `--json` carries the text exactly as it came.
+    let json = serde_json::to_string(&record).unwrap();
+    assert_eq!(serde_json::from_str::<RecordView>(&json).unwrap(), record);
+    assert_eq!(serde_json::from_str::<Value>(&json).unwrap()["event_id"], HOSTILE);
+    let json = serde_json::to_string(&audit).unwrap();
+    assert_eq!(serde_json::from_str::<AuditView>(&json).unwrap(), audit);
+}
+
+#[test]
+fn ordinary_text_is_shown_as_it_is() {
+    for plain in ["order-1/événement", r"C:\orders\7", "注文-7", "naïve café 🍰"] {
+        assert_eq!(shown(plain), plain);
+        assert!(matches!(shown(plain), std::borrow::Cow::Borrowed(_)), "no copy for plain text");
+    }
+    assert_eq!(shown("a\tb\nc\0"), r"a\tb\nc\0");
+    assert_eq!(shown("zero\u{200b}width\u{feff}"), r"zero\u{200b}width\u{feff}");
+}

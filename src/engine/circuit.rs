@@ -116,25 +116,6 @@ pub struct CircuitView {
     pub transitions: u64,
 }
 
-impl CircuitView {
-    /// One row of the handlers table `store stats` prints.
-    pub fn row(&self) -> Vec<String> {
-        let secs = |s: Option<f64>| s.map_or_else(|| "-".to_owned(), |s| format!("{s:.1}s"));
-        vec![
-            self.handler.clone(),
-            self.state.clone(),
-            secs(self.open_for_seconds),
-            secs(self.next_probe_in_seconds),
-            self.failures.to_string(),
-            self.last_failure.clone().unwrap_or_else(|| "-".to_owned()),
-        ]
-    }
-
-    /// The header of [`CircuitView::row`].
-    pub const HEADER: [&'static str; 6] =
-        ["handler", "circuit", "open for", "next probe in", "failures in a row", "last receiver failure"];
-}
-
 /// What `/readyz`, open to whoever reaches the port, shows of a circuit: its state and
 /// counts, never why the receiver failed. A failure's text can name hosts, addresses
 /// and what the receiver answered; it stays behind a credential
