@@ -96,9 +96,14 @@ impl AdminClient {
     /// service), else `run_token`, the one the service wrote next to its
     /// address in the store's owner file. `OUTBOXD_ADMIN_PAGE_SIZE` sets how
     /// many records one list request asks for.
+    ///
+    /// No proxy is used, whatever `HTTP_PROXY`, `ALL_PROXY` or the system say: `addr`
+    /// is the service's own listen address, and a proxy on the way would be given the
+    /// bearer token.
     pub fn new(addr: &str, run_token: Option<String>) -> Result<AdminClient, AdminError> {
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(60))
+            .no_proxy()
             .build()
             .map_err(AdminError::Client)?;
         let token = std::env::var("OUTBOXD_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or(run_token);
@@ -305,4 +310,71 @@ fn failure(status: u16, message: &str) -> String {
     // `401 Unauthorized`: the number with its reason, as the status was answered.
     let status = reqwest::StatusCode::from_u16(status).map_or_else(|_| status.to_string(), |s| s.to_string());
     format!("{status}: {message}{hint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// The child process's admin address (see the test below).
+    const CHILD_ADMIN: &str = "OUTBOXD_TEST_ADMIN_BEHIND_A_PROXY";
+    const TOKEN: &str = "run-token-of-this-test";
+
+    /// Proxy variables are read when a client is built, and a process's environment is
+    /// shared by every test running in it: the client is built in a child process (this
+    /// test binary, running only [`as_the_child_asks_the_admin_address`]), with every
+    /// proxy variable pointing at a listener that counts the connections it gets.
+    #[tokio::test]
+    async fn a_proxy_in_the_environment_never_sees_the_admin_request_or_its_token() {
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+        let proxied = Arc::new(Mutex::new(0usize));
+        let count = proxied.clone();
+        tokio::spawn(async move {
+            while let Ok((connection, _)) = proxy.accept().await {
+                *count.lock().unwrap() += 1;
+                drop(connection);
+            }
+        });
+        let tokens = Arc::new(Mutex::new(Vec::new()));
+        let seen = tokens.clone();
+        let admin = axum::Router::new().route(
+            "/v1/handlers",
+            axum::routing::get(move |headers: axum::http::HeaderMap| async move {
+                let auth = headers.get("authorization").map(|v| v.to_str().unwrap_or_default().to_owned());
+                seen.lock().unwrap().push(auth);
+                axum::Json(serde_json::json!([]))
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, admin).await });
+
+        let mut child = tokio::process::Command::new(std::env::current_exe().unwrap());
+        child.args(["--exact", "ops::client::tests::as_the_child_asks_the_admin_address", "--nocapture"]);
+        child.env(CHILD_ADMIN, addr.to_string());
+        for var in ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"] {
+            child.env(var, &proxy_url);
+        }
+        for var in ["NO_PROXY", "no_proxy", "OUTBOXD_ADMIN_TOKEN", "OUTBOXD_ADMIN_PAGE_SIZE"] {
+            child.env_remove(var);
+        }
+        let out = child.output().await.unwrap();
+        let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(*proxied.lock().unwrap(), 0, "the proxy was asked:\n{output}");
+        assert!(output.contains("1 passed"), "the child ran its test:\n{output}");
+        assert!(out.status.success(), "the admin server did not answer:\n{output}");
+        assert_eq!(*tokens.lock().unwrap(), [Some(format!("Bearer {TOKEN}"))], "one request, with the token");
+    }
+
+    /// The child's part of the test above; without its variable, nothing to do.
+    #[tokio::test]
+    async fn as_the_child_asks_the_admin_address() {
+        let Ok(addr) = std::env::var(CHILD_ADMIN) else { return };
+        let client = AdminClient::new(&addr, Some(TOKEN.to_owned())).unwrap();
+        let handlers = client.handlers().await.unwrap_or_else(|e| panic!("{:#}", anyhow::Error::from(e)));
+        assert!(handlers.is_empty());
+    }
 }
