@@ -10,8 +10,9 @@
 //!   period (`probe_after`, doubled per failed probe up to `probe_max`, with
 //!   jitter; or the `Retry-After`, at most `probe_max`) it is half-open.
 //! - **Half-open**: one probe: the next waiting event's real call, or a `GET` of
-//!   `health_url`. A receiver that answers closes it (and the handler's
-//!   concurrency ramps up from 1); a receiver failure opens it again.
+//!   `health_url` (healthy: a 2xx; a redirect is not followed). A receiver that
+//!   answers closes it (and the handler's concurrency ramps up from 1); a receiver
+//!   failure opens it again.
 //!
 //! An attempt that fails for the receiver while the circuit is open, or that opens
 //! it, is the outage's and not the event's: the executor does not charge it to the
@@ -26,7 +27,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::config::{CircuitConfig, HandlerConfig};
-use crate::handler::HandlerError;
+use crate::handler::{HandlerError, HealthProbe};
 use crate::metrics::names;
 
 /// How often a waiting event looks again whether its partition is still owned.
@@ -230,8 +231,8 @@ pub struct Circuit {
     /// Wakes the events that wait, on every state change.
     wake: Notify,
     changed: Arc<watch::Sender<u64>>,
-    /// For `health_url` probes.
-    health: Option<(reqwest::Client, String)>,
+    /// The `GET` of `health_url`, when configured: probes instead of an event's call.
+    health: Option<HealthProbe>,
 }
 
 #[derive(Debug)]
@@ -284,9 +285,12 @@ impl Circuit {
             crate::config::HandlerSpec::Http(http) => http.timeout,
             crate::config::HandlerSpec::Log => Duration::from_secs(10),
         };
-        let health = h.circuit.health_url.as_ref().and_then(|url| {
-            let client = reqwest::Client::builder().timeout(timeout).build().ok()?;
-            Some((client, url.clone()))
+        let health = h.circuit.health_url.as_ref().and_then(|url| match HealthProbe::new(url, timeout) {
+            Ok(probe) => Some(probe),
+            Err(error) => {
+                warn!(handler = %h.name, %error, "circuit.health_url: no client for the probe; the next waiting event's call probes instead");
+                None
+            }
         });
         let c = Circuit {
             name: h.name.clone(),
@@ -441,11 +445,10 @@ impl Circuit {
     }
 
     async fn probe_health(&self) {
-        let Some((client, url)) = &self.health else { return };
-        let health = match client.get(url).send().await {
-            Ok(r) if r.status().is_success() => Health::Answered,
-            Ok(r) => Health::Down { reason: format!("health_url: http {}", r.status().as_u16()), retry_after: None },
-            Err(e) => Health::Down { reason: format!("health_url: {}", e.without_url()), retry_after: None },
+        let Some(probe) = &self.health else { return };
+        let health = match probe.check().await {
+            Ok(()) => Health::Answered,
+            Err(why) => Health::Down { reason: format!("health_url: {why}"), retry_after: None },
         };
         self.settle(true, &health, false);
     }
@@ -584,6 +587,11 @@ mod tests {
     use super::*;
 
     fn circuit(failures: u32) -> Circuit {
+        with_keys(&format!("failures = {failures}"))
+    }
+
+    /// A circuit of a log handler, `[handlers.circuit]` with `keys` and short open periods.
+    fn with_keys(keys: &str) -> Circuit {
         let config = crate::config::Config::parse(
             &format!(
                 r#"
@@ -596,7 +604,7 @@ mod tests {
                 topics = ["t"]
                 kind = "log"
                 [handlers.circuit]
-                failures = {failures}
+                {keys}
                 probe_after = "50ms"
                 probe_max = "200ms"
                 "#
@@ -694,6 +702,39 @@ mod tests {
         let text = summary.to_string();
         assert!(!text.contains("10.1.2.3") && !text.contains("last_failure"), "{text}");
         assert!(c.view().last_failure.is_some_and(|f| f.contains("10.1.2.3")), "behind a credential, it is there");
+    }
+
+    /// A receiver whose `/health` redirects to `/ok`, which answers 200; its address.
+    async fn redirecting_receiver() -> std::net::SocketAddr {
+        use axum::response::Redirect;
+        use axum::routing::get;
+        let app = axum::Router::new()
+            .route("/health", get(|| async { Redirect::temporary("/ok") }))
+            .route("/ok", get(|| async { "ok" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_health_url_that_redirects_is_not_healthy_and_is_not_followed() {
+        let addr = redirecting_receiver().await;
+        let c = with_keys(&format!("failures = 1\nhealth_url = \"http://{addr}/health\""));
+        assert!(c.record(go(&c).await, &down(), false));
+        // The probe's answer is a 307: the circuit stays open, and the waiter with it.
+        let waited = tokio::time::timeout(Duration::from_millis(500), c.admit(&|| true)).await;
+        assert!(waited.is_err(), "a redirect closed the circuit: it was followed to /ok");
+        assert_eq!(c.state(), State::Open);
+        let why = c.view().last_failure.unwrap_or_default();
+        assert_eq!(why, "health_url: http 307");
+
+        // The same receiver's 200, probed directly, closes it.
+        let c = with_keys(&format!("failures = 1\nhealth_url = \"http://{addr}/ok\""));
+        assert!(c.record(go(&c).await, &down(), false));
+        let pass = tokio::time::timeout(Duration::from_secs(5), go(&c)).await.expect("a 200 closes it");
+        assert!(!pass.probe);
+        assert_eq!(c.state(), State::Closed);
     }
 
     #[tokio::test]

@@ -35,12 +35,18 @@ pub struct HttpHandler {
     headers: HeaderMap,
 }
 
+/// The client of every call to a receiver, the handler's and its `health_url` probe's:
+/// each call bounded by `timeout`, and redirects not followed. A redirect could lead to
+/// another host, with the handler's headers; a receiver's 3xx is its answer (a
+/// permanent failure of the event, an unhealthy probe).
+fn client(timeout: std::time::Duration) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none()).build()
+}
+
 impl HttpHandler {
     /// A handler for `config`; redirects are not followed (a permanent failure instead).
     pub fn new(config: HttpConfig) -> Result<HttpHandler, BuildError> {
-        // A redirect could lead to another host; it is reported as a permanent failure instead.
-        let client =
-            reqwest::Client::builder().timeout(config.timeout).redirect(reqwest::redirect::Policy::none()).build()?;
+        let client = client(config.timeout)?;
         let mut headers = HeaderMap::new();
         for (name, value) in &config.headers {
             let mut v = HeaderValue::from_str(value)?;
@@ -136,6 +142,31 @@ impl HttpHandler {
             .map_err(|e| HandlerError::Permanent(format!("idempotency header name {name:?}: {e}")))?;
         headers.insert(name, value);
         Ok(())
+    }
+}
+
+/// The `GET` of a handler's `circuit.health_url`, which decides whether its open
+/// circuit closes: with the handler's client rules, so a redirect is an answer, not
+/// healthy, and is not followed (the handler's own calls would not follow it either).
+pub struct HealthProbe {
+    client: reqwest::Client,
+    /// `${VAR}` resolved: never shown (failures are described without it).
+    url: String,
+}
+
+impl HealthProbe {
+    /// A probe of `url`, each `GET` bounded by `timeout` (the handler's).
+    pub fn new(url: &str, timeout: std::time::Duration) -> Result<HealthProbe, BuildError> {
+        Ok(HealthProbe { client: client(timeout)?, url: url.to_owned() })
+    }
+
+    /// `Ok` for a 2xx; else why not (`http 302`, `could not connect: …`), without the URL.
+    pub async fn check(&self) -> Result<(), String> {
+        match self.client.get(&self.url).send().await {
+            Ok(r) if r.status().is_success() => Ok(()),
+            Ok(r) => Err(format!("http {}", r.status().as_u16())),
+            Err(e) => Err(describe(e)),
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use crate::event::OutboxEvent;
 pub use async_trait::async_trait;
 internal_use!(configured::build);
 internal_use!(http::BuildError);
+pub(crate) use http::HealthProbe;
 
 /// What the handler reports on success, kept in the store as the record's
 /// outcome (e.g. `http 201`) and shown by `outboxd store get`.
