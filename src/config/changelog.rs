@@ -68,7 +68,7 @@ const MIN_KEY_BYTES: usize = 32;
 const MAX_PREVIOUS_KEYS: usize = 4;
 
 /// `[store.changelog]` as written.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawChangelog {
     /// `true` (default): final records go to Kafka and are restored on assignment.

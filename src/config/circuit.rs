@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::duration;
+use super::values::{duration, ExpandedUrl};
 use super::ConfigError;
 
 /// Consecutive receiver failures that open the circuit. Three in a row are rare
@@ -21,7 +21,7 @@ const DEFAULT_PROBE_AFTER: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_MAX: Duration = Duration::from_secs(5);
 
 /// `[handlers.circuit]` as written.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCircuit {
     /// `handlers[].circuit.enabled`: default true.
@@ -52,8 +52,9 @@ pub struct CircuitConfig {
     /// The longest open period; not less than `probe_after`. Also the longest a
     /// `Retry-After` pauses the handler.
     pub probe_max: Duration,
-    /// Probed with `GET` (2xx = healthy) instead of the next waiting event's real call.
-    pub health_url: Option<String>,
+    /// Probed with `GET` (2xx = healthy) instead of the next waiting event's real call;
+    /// shown as written, like the handler's URL (`${VAR}` may hold its secrets too).
+    pub health_url: Option<ExpandedUrl>,
     /// Once open this long, waiting events are recorded dead instead of waiting on.
     pub give_up_after: Option<Duration>,
 }
@@ -82,15 +83,16 @@ impl RawCircuit {
         let d = CircuitConfig::default();
         // Unset, it follows a smaller retry budget down (`max_attempts = 1` opens it on the first failure).
         let failures = self.failures.unwrap_or(d.failures.min(max_attempts));
+        let field = format!("{at}.circuit.health_url");
         let c = CircuitConfig {
             enabled: self.enabled.unwrap_or(d.enabled),
             failures,
             probe_after: duration(&format!("{at}.circuit.probe_after"), self.probe_after.as_deref(), d.probe_after)?,
             probe_max: duration(&format!("{at}.circuit.probe_max"), self.probe_max.as_deref(), d.probe_max)?,
-            health_url: self
-                .health_url
-                .map(|u| super::values::expand_env(&format!("{at}.circuit.health_url"), &u, env))
-                .transpose()?,
+            health_url: match &self.health_url {
+                Some(u) => Some(ExpandedUrl::new(super::values::expand_env(&field, u, env)?, u)),
+                None => None,
+            },
             give_up_after: self
                 .give_up_after
                 .map(|v| duration(&format!("{at}.circuit.give_up_after"), Some(&v), Duration::ZERO))
@@ -115,10 +117,10 @@ impl RawCircuit {
             return Err(ConfigError::field(format!("{at}.circuit.probe_max"), "must not be less than probe_after"));
         }
         if let Some(url) = &c.health_url {
-            match reqwest::Url::parse(url) {
+            match reqwest::Url::parse(url.expose()) {
                 Ok(u) if matches!(u.scheme(), "http" | "https") => {}
-                Ok(_) => return Err(ConfigError::field(format!("{at}.circuit.health_url"), "must be http or https")),
-                Err(e) => return Err(ConfigError::field(format!("{at}.circuit.health_url"), e.to_string())),
+                Ok(_) => return Err(ConfigError::field(field, "must be http or https")),
+                Err(e) => return Err(ConfigError::field(field, format!("{url}: {e}"))),
             }
         }
         if c.give_up_after.is_some_and(|g| g.is_zero()) {

@@ -29,7 +29,7 @@ pub enum HandlerKind {
 }
 
 /// One `[[handlers]]` entry as written.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHandler {
     /// `handlers[].name`: names the handler in metrics, logs and `/readyz`

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::{duration, expand_env};
+use super::values::{duration, expand_env, without_userinfo, HeaderNames};
 use super::{ConfigError, RawHandler};
 use crate::template::UrlTemplate;
 
@@ -18,7 +18,7 @@ const DEFAULT_METHOD: &str = "POST";
 const DEFAULT_VERIFY_METHOD: &str = "GET";
 
 /// `[handlers.verify]` as written.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawVerify {
     /// `handlers[].verify.url`: a URL template like `url`; 2xx = it happened, 404 = it did not.
@@ -72,8 +72,9 @@ impl TryFrom<toml::Value> for StatusMatch {
     }
 }
 
-/// The `kind = "http"` part of a handler, validated.
-#[derive(Debug, Clone)]
+/// The `kind = "http"` part of a handler, validated. `Debug` shows the header names,
+/// not their values.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct HttpConfig {
     /// Where each event goes; event data only in the path and query.
@@ -90,6 +91,22 @@ pub struct HttpConfig {
     pub classify: StatusRules,
     /// The lookup for `on_uncertain = "verify"`.
     pub verify: Option<VerifyConfig>,
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field named: one added later is shown or hidden on purpose, not by default.
+        let HttpConfig { url, method, headers, idempotency_header, timeout, classify, verify } = self;
+        f.debug_struct("HttpConfig")
+            .field("url", url)
+            .field("method", method)
+            .field("headers", &HeaderNames(headers))
+            .field("idempotency_header", idempotency_header)
+            .field("timeout", timeout)
+            .field("classify", classify)
+            .field("verify", verify)
+            .finish()
+    }
 }
 
 /// Overrides of the default status classification, checked in this order.
@@ -147,10 +164,10 @@ impl VerifyConfig {
     }
 }
 
-/// `${VAR}` expanded for the requests; shown everywhere as written.
+/// `${VAR}` expanded for the requests; shown everywhere as written, user info replaced.
 fn url_template(field: &str, written: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<UrlTemplate, ConfigError> {
     let expanded = expand_env(field, written, env)?;
-    UrlTemplate::parse_shown(&expanded, written)
+    UrlTemplate::parse_shown(&expanded, &without_userinfo(written))
         .map_err(|error| ConfigError::Template { field: field.to_owned(), error })
 }
 

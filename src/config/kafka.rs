@@ -1,11 +1,11 @@
 //! `[kafka]`: brokers, group, commit and drain timing, librdkafka pass-through.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::{duration, expand_env};
+use super::values::{duration, expand_env, Redacted};
 use super::ConfigError;
 
 /// Offsets are committed this often; a crash re-delivers at most this much,
@@ -24,11 +24,18 @@ const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
 /// errors it brought, and a day-long outage writes 2,880 lines, not millions. librdkafka
 /// backs off its reconnects to 10 s, so each summary covers a few attempts per broker.
 const DEFAULT_OUTAGE_SUMMARY_INTERVAL: Duration = Duration::from_secs(30);
+/// Words in the name of a librdkafka option whose value is a credential
+/// (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`, `ssl.key.pem`,
+/// `sasl.jaas.config`, `sasl.oauthbearer.client.secret`, `sasl.oauthbearer.config`,
+/// a private key's `passphrase`): `Debug` shows `<redacted>` for them, as for every
+/// value that came from `${VAR}`.
+const SECRET_OPTION_WORDS: [&str; 8] =
+    ["password", "secret", "passphrase", "pem", "jaas", "oauthbearer.config", "token", "credential"];
 /// Set by outboxd itself: offsets are stored only after events are durably finished.
 const RESERVED_OPTIONS: [&str; 3] = ["enable.auto.offset.store", "group.id", "bootstrap.servers"];
 
 /// `[kafka]` as written.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKafka {
     /// `[kafka] brokers`: bootstrap servers, `host:port,host:port`; must not be empty.
@@ -52,8 +59,9 @@ pub struct RawKafka {
     pub options: BTreeMap<String, String>,
 }
 
-/// `[kafka]` validated: durations parsed, `${VAR}` in the options resolved.
-#[derive(Debug, Clone)]
+/// `[kafka]` validated: durations parsed, `${VAR}` in the options resolved. `Debug`
+/// shows every option's name, and the value of those that are not secret.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct KafkaConfig {
     /// Bootstrap servers (`host:port,host:port`), librdkafka's `bootstrap.servers`.
@@ -77,6 +85,43 @@ pub struct KafkaConfig {
     /// librdkafka properties passed as-is, `${VAR}` resolved; never one of the
     /// reserved `enable.auto.offset.store`, `group.id` and `bootstrap.servers`.
     pub options: BTreeMap<String, String>,
+    /// The options whose value came from `${VAR}`: secrets, by the rule of the file.
+    from_env: BTreeSet<String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field named: one added later is shown or hidden on purpose, not by default.
+        let KafkaConfig {
+            brokers,
+            group_id,
+            commit_interval,
+            drain_timeout,
+            stall_timeout,
+            fence_after,
+            outage_summary_interval,
+            options,
+            from_env,
+        } = self;
+        let secret = |name: &String| {
+            let lower = name.to_ascii_lowercase();
+            from_env.contains(name) || SECRET_OPTION_WORDS.iter().any(|w| lower.contains(w))
+        };
+        let shown: BTreeMap<&String, &dyn std::fmt::Debug> = options
+            .iter()
+            .map(|(name, value)| (name, if secret(name) { &Redacted as &dyn std::fmt::Debug } else { value }))
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", brokers)
+            .field("group_id", group_id)
+            .field("commit_interval", commit_interval)
+            .field("drain_timeout", drain_timeout)
+            .field("stall_timeout", stall_timeout)
+            .field("fence_after", fence_after)
+            .field("outage_summary_interval", outage_summary_interval)
+            .field("options", &shown)
+            .finish()
+    }
 }
 
 impl RawKafka {
@@ -96,8 +141,12 @@ impl RawKafka {
             }
         }
         let mut options = BTreeMap::new();
+        let mut from_env = BTreeSet::new();
         for (key, v) in self.options {
             let field = format!("kafka.options.\"{key}\"");
+            if v.contains("${") {
+                from_env.insert(key.clone());
+            }
             options.insert(key, expand_env(&field, &v, env)?);
         }
         let mut kafka = KafkaConfig {
@@ -121,6 +170,7 @@ impl RawKafka {
                 DEFAULT_OUTAGE_SUMMARY_INTERVAL,
             )?,
             options,
+            from_env,
         };
         if kafka.outage_summary_interval < Duration::from_secs(1) {
             return Err(ConfigError::field(

@@ -207,6 +207,115 @@ kind = "log"
         assert!(c.handler_for("other").is_none());
     }
 
+    /// Every secret a config can hold, each written in the file or coming from `${VAR}`:
+    /// `Debug` of the whole config shows none of them (and still what they belong to).
+    #[test]
+    fn debug_of_the_config_shows_no_secret() {
+        let env = |name: &str| {
+            let value = match name {
+                "KAFKA_OAUTH" => "fake-kafka-oauth-secret-from-env",
+                "KAFKA_CLIENT" => "fake-kafka-client-id-from-env",
+                "CHANGELOG_KEY" => "fake-changelog-key-from-env-0123456789abcdef",
+                "SR_PASSWORD" => "fake-registry-password-from-env",
+                "HOOK_PATH" => "fake-hook-path-from-env",
+                "HOOK_CODE" => "fake-hook-code-from-env",
+                "HOOK_TOKEN" => "fake-hook-bearer-from-env",
+                "HEALTH_CODE" => "fake-health-code-from-env",
+                "OTLP_PASS" => "fake-otlp-password-from-env",
+                "OTLP_TENANT" => "fake-otlp-tenant-from-env",
+                "OTLP_TOKEN" => "fake-otlp-bearer-from-env",
+                "ADMIN_TOKEN" => "fake-admin-token-from-env",
+                "ALICE_TOKEN" => "fake-alice-token-from-env",
+                _ => return None,
+            };
+            Some(value.to_owned())
+        };
+        let text = r#"
+[kafka]
+brokers = "127.0.0.1:9092"
+group_id = "outboxd"
+[kafka.options]
+"security.protocol" = "SASL_SSL"
+"sasl.password" = "fake-kafka-sasl-password-literal"
+"ssl.key.password" = "fake-kafka-ssl-key-password-literal"
+"sasl.oauthbearer.client.secret" = "${KAFKA_OAUTH}"
+"client.id" = "${KAFKA_CLIENT}"
+
+[store]
+path = "./data"
+[store.changelog]
+key = "${CHANGELOG_KEY}"
+previous_keys = ["fake-changelog-previous-key-literal-0123456789"]
+
+[admin]
+token = "${ADMIN_TOKEN}"
+[[admin.tokens]]
+name = "alice"
+token = "${ALICE_TOKEN}"
+
+[schema_registry]
+url = "https://fake-registry-user-in-url:fake-registry-password-in-url@registry.example/?key=fake-registry-query-key"
+username = "fake-registry-username-literal"
+password = "${SR_PASSWORD}"
+
+[tracing.otlp]
+endpoint = "https://ingest:${OTLP_PASS}@otlp.example/${OTLP_TENANT}"
+headers = { Authorization = "Bearer ${OTLP_TOKEN}", X-Literal = "fake-otlp-header-literal" }
+
+[[handlers]]
+topics = ["outbox.event.order"]
+kind = "http"
+url = "https://fake-hook-user:fake-hook-password-literal@hooks.example/${HOOK_PATH}/{event_id}?code=${HOOK_CODE}"
+headers = { Authorization = "Bearer ${HOOK_TOKEN}", X-Api-Key = "fake-hook-api-key-literal" }
+on_uncertain = "verify"
+[handlers.verify]
+url = "https://fake-verify-user:fake-verify-password-literal@hooks.example/lookup/{event_id}?code=${HOOK_CODE}"
+[handlers.circuit]
+health_url = "https://fake-health-user:fake-health-password-literal@hooks.example/health?code=${HEALTH_CODE}"
+"#;
+        let config = Config::parse(text, &env).unwrap();
+        let secrets = [
+            "fake-kafka-sasl-password-literal",
+            "fake-kafka-ssl-key-password-literal",
+            "fake-kafka-oauth-secret-from-env",
+            "fake-kafka-client-id-from-env",
+            "fake-changelog-key-from-env",
+            "fake-changelog-previous-key-literal",
+            "fake-registry-user-in-url",
+            "fake-registry-password-in-url",
+            "fake-registry-query-key",
+            "fake-registry-username-literal",
+            "fake-registry-password-from-env",
+            "fake-otlp-password-from-env",
+            "fake-otlp-tenant-from-env",
+            "fake-otlp-bearer-from-env",
+            "fake-otlp-header-literal",
+            "fake-hook-user",
+            "fake-hook-password-literal",
+            "fake-hook-path-from-env",
+            "fake-hook-code-from-env",
+            "fake-hook-bearer-from-env",
+            "fake-hook-api-key-literal",
+            "fake-verify-user",
+            "fake-verify-password-literal",
+            "fake-health-user",
+            "fake-health-password-literal",
+            "fake-health-code-from-env",
+        ];
+        // `[admin] token` and `[[admin.tokens]]` are redacted in src/config/admin.rs, not yet:
+        // TO ENABLE once `AdminConfig`'s `Debug` hides them, swap these two lines.
+        let admin_secrets: &[&str] = &[];
+        // let admin_secrets: &[&str] = &["fake-admin-token-from-env", "fake-alice-token-from-env"];
+        for shown in [format!("{config:?}"), format!("{config:#?}")] {
+            for secret in secrets.iter().chain(admin_secrets) {
+                assert!(!shown.contains(secret), "{secret} in Debug of the config:\n{shown}");
+            }
+            for kept in ["sasl.password", "SASL_SSL", "registry.example", "${HOOK_PATH}", "X-Api-Key", "otlp.example"] {
+                assert!(shown.contains(kept), "{kept} is not a secret and is shown:\n{shown}");
+            }
+        }
+    }
+
     #[test]
     fn unknown_key_is_rejected() {
         let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\nurll=\"x\"\n");

@@ -4,8 +4,10 @@ use serde::Deserialize;
 
 use super::*;
 
-/// The file as written by the user.
-#[derive(Debug, Clone, Deserialize)]
+/// The file as written by the user. No `Debug`, nor for the sections that hold secrets:
+/// as written they are in clear (a password in `kafka.options`, a header value, a key);
+/// the validated [`Config`] shows them redacted.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// `[kafka]` (required): brokers, consumer group, commit and drain timing, librdkafka options.

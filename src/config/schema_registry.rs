@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::{duration, expand_env, parse_size};
+use super::values::{duration, expand_env, parse_size, without_userinfo, Redacted, REDACTED};
 use super::ConfigError;
 
 /// `[schema_registry]` as the Avro decoder uses it: validated, durations and sizes parsed.
-#[derive(Debug, Clone)]
+/// `Debug` shows neither the credentials nor the URL's user info and query.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RegistryOptions {
     /// The registry's base URL, `http` or `https`, `${VAR}` resolved, no trailing `/`.
@@ -34,6 +35,44 @@ pub struct RegistryOptions {
     pub check_subjects: bool,
 }
 
+impl std::fmt::Debug for RegistryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field named: one added later is shown or hidden on purpose, not by default.
+        let RegistryOptions {
+            url,
+            username,
+            password,
+            ca_file,
+            timeout,
+            cache_dir,
+            schemas_dir,
+            max_allocation_bytes,
+            check_subjects,
+        } = self;
+        f.debug_struct("RegistryOptions")
+            .field("url", &url.as_deref().map(shown_url))
+            .field("username", &username.as_ref().map(|_| Redacted))
+            .field("password", &password.as_ref().map(|_| Redacted))
+            .field("ca_file", ca_file)
+            .field("timeout", timeout)
+            .field("cache_dir", cache_dir)
+            .field("schemas_dir", schemas_dir)
+            .field("max_allocation_bytes", max_allocation_bytes)
+            .field("check_subjects", check_subjects)
+            .finish()
+    }
+}
+
+/// The registry's URL (`${VAR}` resolved) without what may be a credential: its user
+/// info and its query.
+fn shown_url(url: &str) -> String {
+    let url = without_userinfo(url);
+    match url.split_once('?') {
+        Some((base, _)) => format!("{base}?{REDACTED}"),
+        None => url,
+    }
+}
+
 /// Default time a registry request may take before it counts as unavailable.
 const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest allocation apache-avro may make for one string, bytes value or
@@ -45,7 +84,7 @@ const DEFAULT_MAX_ALLOCATION_BYTES: u64 = 16 << 20;
 const DEFAULT_CACHE_SUBDIR: &str = "schemas";
 
 /// `[schema_registry]` as written: `url`, `schemas_dir`, or both.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSchemaRegistry {
     /// A Confluent-compatible registry (`GET /schemas/ids/{id}`).

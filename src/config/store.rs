@@ -34,7 +34,7 @@ const DEFAULT_MAX_MESSAGE_COPY_BYTES: u64 = 1024 * 1024 * 1024;
 const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
 
 /// `[store]` as written.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
     /// `[store] path`: the store's directory; must not be empty.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::{duration, expand_env, without_userinfo, ExpandedUrl};
+use super::values::{duration, expand_env, without_userinfo, ExpandedUrl, HeaderNames};
 use super::ConfigError;
 
 /// `service.name` of the exported spans: what a trace view groups them under.
@@ -29,7 +29,7 @@ const MAX_MAX_QUEUE: usize = 1 << 20;
 const TRACES_PATH: &str = "/v1/traces";
 
 /// `[tracing]` as written: one sub-table per exporter (only `otlp` so far).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTracing {
     /// `[tracing.otlp]`: export spans to an OpenTelemetry collector.
@@ -37,7 +37,7 @@ pub struct RawTracing {
 }
 
 /// `[tracing.otlp]` as written.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawOtlp {
     /// The collector's OTLP/HTTP base URL, e.g. `http://127.0.0.1:4318` (`/v1/traces` is appended).
@@ -55,8 +55,9 @@ pub struct RawOtlp {
     pub max_queue: Option<usize>,
 }
 
-/// `[tracing.otlp]` validated.
-#[derive(Debug, Clone, PartialEq)]
+/// `[tracing.otlp]` validated. `Debug` shows the endpoint as written and the header
+/// names, not their values.
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct OtlpConfig {
     /// Where export requests go: the full traces URL (`…/v1/traces`). Shown (logs,
@@ -72,6 +73,21 @@ pub struct OtlpConfig {
     pub timeout: Duration,
     /// Spans held for export at most.
     pub max_queue: usize,
+}
+
+impl std::fmt::Debug for OtlpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field named: one added later is shown or hidden on purpose, not by default.
+        let OtlpConfig { endpoint, service_name, sample_ratio, headers, timeout, max_queue } = self;
+        f.debug_struct("OtlpConfig")
+            .field("endpoint", endpoint)
+            .field("service_name", service_name)
+            .field("sample_ratio", sample_ratio)
+            .field("headers", &HeaderNames(headers))
+            .field("timeout", timeout)
+            .field("max_queue", max_queue)
+            .finish()
+    }
 }
 
 impl RawTracing {

@@ -41,6 +41,25 @@ pub fn expand_env(field: &str, value: &str, env: &dyn Fn(&str) -> Option<String>
 /// What stands for a secret wherever the config is shown (`Debug`, messages).
 pub(super) const REDACTED: &str = "<redacted>";
 
+/// Stands for a secret in `Debug` output.
+pub(super) struct Redacted;
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+/// Headers for `Debug`: their names, each value redacted (`${VAR}` resolved, a
+/// collector's or receiver's credential as often as not).
+pub(super) struct HeaderNames<'a>(pub &'a [(String, String)]);
+
+impl std::fmt::Debug for HeaderNames<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.0.iter().map(|(name, _)| (name, Redacted))).finish()
+    }
+}
+
 /// A URL from the config, with `${VAR}` resolved for the requests and kept as written for
 /// everything else: [`Display`](std::fmt::Display) and `Debug` show it as written, its user
 /// info (`user:password@`) replaced by `<redacted>@`, so a secret from the environment (a

@@ -285,7 +285,7 @@ impl Circuit {
             crate::config::HandlerSpec::Http(http) => http.timeout,
             crate::config::HandlerSpec::Log => Duration::from_secs(10),
         };
-        let health = h.circuit.health_url.as_ref().and_then(|url| match HealthProbe::new(url, timeout) {
+        let health = h.circuit.health_url.as_ref().and_then(|url| match HealthProbe::new(url.expose(), timeout) {
             Ok(probe) => Some(probe),
             Err(error) => {
                 warn!(handler = %h.name, %error, "circuit.health_url: no client for the probe; the next waiting event's call probes instead");
