@@ -86,8 +86,9 @@ pub mod names {
     /// Partitions fenced because the group may have given them to another member
     /// (label `cause`: `client`, `gap`, `lost`).
     pub const FENCED: &str = "outboxd_partitions_fenced_total";
-    /// Changelog records not applied because their MAC did not check (labels `topic`, `partition`, `reason`:
-    /// `unsigned`, `malformed`, `unknown_key`, `forged`).
+    /// Changelog records not applied because their MAC did not check, or because they are older than the
+    /// record held for their key (labels `topic`, `partition`, `reason`: `unsigned`, `malformed`,
+    /// `unknown_key`, `forged`; `stale`).
     pub const CHANGELOG_REJECTED: &str = "outboxd_changelog_records_rejected_total";
     /// 1 for a handler's circuit state, 0 for the others (labels `handler`, `state`:
     /// `closed`, `open`, `half_open`).
@@ -220,7 +221,8 @@ fn describe() {
     );
     describe_counter!(
         names::CHANGELOG_REJECTED,
-        "Changelog records not applied because their MAC did not check (store.changelog.key), per reason."
+        "Changelog records not applied because their MAC did not check (store.changelog.key), or because they \
+         are older than the record held for their key (stale), per reason."
     );
     describe_gauge!(
         names::RESTORING,

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::event::{OutboxEvent, Payload, Position, RawMessage};
-use crate::store::changelog::tests::Recorded;
+use crate::store::changelog::tests::{rejected_as_stale, Recorded};
+use crate::store::changelog::ChangelogRecord;
 use crate::store::{now_us, Claim, Claimed, StoreOptions};
 
 const TOPIC: &str = "outbox.event.order";
@@ -368,4 +369,100 @@ async fn a_head_that_fails_again_when_retried_keeps_holding() {
     let chain = chain_of(&store, "e11");
     assert_eq!((chain.head.as_deref(), chain.held.clone()), (Some("e10"), ids(&[11])));
     assert!(arrives(&store, &message(12, Some("order-7"))).await, "and holds new events");
+}
+
+/// The last record `sink` received for `id`, as a restore would read it, but at
+/// `offset`: the same bytes, written to the topic again.
+fn written_again(sink: &Recorded, id: &str, state: State, offset: i64) -> ChangelogRecord {
+    let records = sink.records(TOPIC, 2);
+    let rec = records
+        .iter()
+        .rev()
+        .find(|r| {
+            r.value.as_ref().is_some_and(|v| {
+                let r = crate::store::changelog::decode_entry(TOPIC, &r.key, v).unwrap();
+                r.event_id == id && r.state == state
+            })
+        })
+        .unwrap_or_else(|| panic!("no {state} record of {id}"))
+        .clone();
+    ChangelogRecord { offset, ..rec }
+}
+
+/// Nothing of a chain is left: no member in the index (memory and tree), no key held.
+fn no_chain(store: &Store) {
+    assert!(store.chains.member_keys().is_empty(), "the index holds no member");
+    assert!(store.chains.tree.is_empty(), "nor does its tree");
+    assert_eq!(store.held_keys(), 0);
+    assert!(store.released_chains().is_empty(), "nothing for the releaser to run");
+}
+
+/// A's `held` record of e11 (with its copy) is written to the changelog again after
+/// e11 ran to done: the owner following its partition and a new owner restoring it
+/// both refuse it, so the releaser never runs e11 a second time.
+#[tokio::test]
+async fn a_held_record_written_again_over_its_done_record_is_refused_with_its_copy() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = open(a_dir.path());
+    let sink = Arc::new(Recorded::default());
+    a.attach_changelog(sink.clone());
+    dies(&a, &message(10, Some("order-7"))).await;
+    assert!(arrives(&a, &message(11, Some("order-7"))).await);
+    let held = written_again(&sink, "e11", State::Held, 0);
+    let (_, copy) =
+        crate::store::changelog::decode_entry_with_copy(TOPIC, &held.key, held.value.as_ref().unwrap()).unwrap();
+    assert!(copy.is_some(), "the held record carries its message copy");
+    a.resolve_done("e10", "resolved by hand: done".into()).await.unwrap();
+    assert_eq!(run_next(&a, &order_key(), State::Done).await, "e11");
+    let b = open(b_dir.path());
+    b.apply_changelog(TOPIC, &sink.records(TOPIC, 2)).unwrap();
+
+    let replay = ChangelogRecord { offset: sink.records(TOPIC, 2).len() as i64, ..held };
+    for (who, store) in [("the owner", &a), ("a new owner", &b)] {
+        let (applied, stale) =
+            rejected_as_stale(|| store.apply_changelog(TOPIC, std::slice::from_ref(&replay)).unwrap());
+        let e11 = store.get("e11").unwrap().unwrap();
+        assert_eq!((e11.state, e11.version), (State::Done, 2), "{who}: it stays done");
+        assert!(store.message_of(&e11).unwrap().is_none(), "{who}: the copy is not restored");
+        no_chain(store);
+        assert_eq!((applied, stale), (0, 1), "{who}: refused, and counted");
+        assert!(
+            matches!(claim(store, &message(11, Some("order-7"))).await, Claim::Finished { state: State::Done, .. }),
+            "{who}: a redelivery of e11 is a duplicate"
+        );
+    }
+}
+
+/// The dead head e10 is written to the changelog again after it was retried to done
+/// and its chain ran: the key's new events are not held behind it again.
+#[tokio::test]
+async fn a_dead_record_written_again_after_it_was_retried_to_done_does_not_hold_its_key_again() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = open(a_dir.path());
+    let sink = Arc::new(Recorded::default());
+    a.attach_changelog(sink.clone());
+    dies(&a, &message(10, Some("order-7"))).await;
+    assert!(arrives(&a, &message(11, Some("order-7"))).await);
+    let dead = written_again(&sink, "e10", State::Dead, 0);
+    let m = a.reopen("e10").await.unwrap();
+    let c = claimed(a.hold_behind(claim(&a, &m).await, true, &m).await.unwrap().expect("the head runs"));
+    a.finish(c, State::Done, "http 200".into()).await.unwrap();
+    assert_eq!(run_next(&a, &order_key(), State::Done).await, "e11");
+    let b = open(b_dir.path());
+    b.apply_changelog(TOPIC, &sink.records(TOPIC, 2)).unwrap();
+
+    let replay = ChangelogRecord { offset: sink.records(TOPIC, 2).len() as i64, ..dead };
+    for (who, store) in [("the owner", &a), ("a new owner", &b)] {
+        let (_, stale) = rejected_as_stale(|| store.apply_changelog(TOPIC, std::slice::from_ref(&replay)).unwrap());
+        assert_eq!(state(store, "e10"), State::Done, "{who}: it stays done");
+        no_chain(store);
+        assert!(!arrives(store, &message(20, Some("order-7"))).await, "{who}: the key's next event runs");
+        assert_eq!(stale, 1, "{who}: counted");
+    }
+    // Nor over a record that is held again: e12 held behind a new dead head, e10's record replayed.
+    dies(&a, &message(30, Some("order-7"))).await;
+    assert!(arrives(&a, &message(31, Some("order-7"))).await);
+    let (_, stale) = rejected_as_stale(|| a.apply_changelog(TOPIC, std::slice::from_ref(&replay)).unwrap());
+    assert_eq!((stale, state(&a, "e10")), (1, State::Done));
+    assert_eq!(chain_of(&a, "e31").head.as_deref(), Some("e30"), "the chain is the one that is");
 }

@@ -273,17 +273,23 @@ pub struct Changelog {
     /// (the retention plus the clock skew allowed between instances: the age is
     /// the restorer's clock minus the writer's).
     pub(super) retention_us: i64,
+    /// µs: how far instances' clocks may differ (`store.changelog.max_clock_skew`):
+    /// a record without a version is stale only when it was written more than this
+    /// before the record held for its key (`changelog_apply`, `Written`).
+    pub(super) skew_us: i64,
     /// The changelog has every record of this store (`publish`): cleared at the
     /// first write made without a sink.
     pub(super) complete: AtomicBool,
 }
 
 impl Changelog {
-    pub(crate) fn open(meta: &sled::Tree, retention: Duration) -> Result<Changelog, StoreError> {
+    pub(crate) fn open(meta: &sled::Tree, retention: Duration, skew: Duration) -> Result<Changelog, StoreError> {
+        let us = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         Ok(Changelog {
             sink: RwLock::new(None),
             checkpoints: Arc::new(Checkpoints::open(meta)?),
-            retention_us: i64::try_from(retention.as_micros()).unwrap_or(i64::MAX),
+            retention_us: us(retention).saturating_add(us(skew)),
+            skew_us: us(skew),
             complete: AtomicBool::new(super::publish::complete_at_open(meta)?),
         })
     }
@@ -502,8 +508,9 @@ impl Store {
     /// Applies records read from a changelog partition of `source_topic` to the
     /// local store (not yet durable: see [`Store::restored_to`]). A record replaces
     /// the local one, except that a final local record is never turned back into a
-    /// claim; expired ones are not written. Returns how many were applied. (The
-    /// store's tests; a read applies batches with `apply_restoring`, the same path.)
+    /// claim and a record older than the local one (`apply::Written`) is refused;
+    /// expired ones are not written. Returns how many were applied. (The store's
+    /// tests; a read applies batches with `apply_restoring`, the same path.)
     #[cfg(test)]
     pub(in crate::store) fn apply_changelog(
         &self,
@@ -515,7 +522,12 @@ impl Store {
 
     /// [`Store::apply_changelog`] record by record, each looked up on its own: for
     /// stores that may still hold records under keys without a scope.
-    fn apply_one_by_one(&self, source_topic: &str, records: &[ChangelogRecord]) -> Result<u64, StoreError> {
+    fn apply_one_by_one(
+        &self,
+        source_topic: &str,
+        records: &[ChangelogRecord],
+        restoring: &mut Restoring,
+    ) -> Result<u64, StoreError> {
         let now = now_us();
         let mut applied = 0;
         for rec in records {
@@ -534,7 +546,18 @@ impl Store {
             let Some((mut r, copy)) = self.live_entry(source_topic, rec, value, now) else { continue };
             let scope = r.scope.clone().unwrap_or_default();
             let found = self.find_in(&scope, &r.event_id)?;
+            let key = self.key_of(&r)?;
             if let Some(f) = &found {
+                let (written, held) = (apply::Written::of(&r), apply::Written::of(&f.record));
+                if written.is_older(held, self.changelog.skew_us) {
+                    let replay = restoring.wrote_every_record_of(r.scope.as_deref());
+                    restoring.refused.push(
+                        &key,
+                        apply::Refused::new(source_topic, rec.offset, &r, written, held),
+                        replay,
+                    );
+                    continue;
+                }
                 if f.record.state.is_final() && r.state == State::Claimed {
                     continue;
                 }
@@ -543,10 +566,12 @@ impl Store {
             let to = self.slices.slice_for(r.updated_at_us)?;
             let to = self.write(&r, found.as_ref().map(|f| (&f.slice, f.record.state)), Some(to))?;
             if let Some(copy) = copy {
-                self.keep_copy(&super::messages::copy_key(to.start, &self.key_of(&r)?), &copy, &r)?;
+                self.keep_copy(&super::messages::copy_key(to.start, &key), &copy, &r)?;
             }
+            restoring.refused.applied(&key, r.version, rec.offset);
             applied += 1;
         }
+        restoring.refused.report_batch();
         Ok(applied)
     }
 

@@ -1,23 +1,42 @@
 //! Applying a batch of changelog records to the local store, for a restore:
 //! decoded, collapsed per record key (within a batch, the last word on a record
-//! wins, except that a final record is never turned back into a claim), looked
-//! up in the local store once each (or not at all, see [`Restoring`]), and
-//! written.
+//! wins, except that a final record is never turned back into a claim and an older
+//! record never replaces a newer one), looked up in the local store once each (or
+//! not at all, see [`Restoring`]), and written.
+//!
+//! Older: a record carries its version ([`Record::version`]), which every write of
+//! it by a store moves on by one. The MAC says who wrote a record and where, not
+//! when, so a record outboxd signed can be written to the topic again later (a
+//! replay); a record older than the one held for its key ([`Written::is_older`]) is
+//! refused: nothing of it is written (record, message copy, chain index). A read
+//! from a checkpoint also meets a record's earlier writes before the write the store
+//! holds (this instance's own, when its checkpoint lagged them at a crash): those
+//! are refused too, but only replays are reported ([`Refusals`]).
 
 use std::collections::btree_map::{BTreeMap, Entry as Slot};
 use std::collections::hash_map::RandomState;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
+use super::mac::Rejected;
 use super::{split_key, ChangelogRecord};
+use crate::metrics::names;
 use crate::store::format;
 use crate::store::keys;
 use crate::store::messages::copy_key;
 use crate::store::slices::Slice;
 use crate::store::{now_us, Record, State, Store, StoreError};
 
-/// The state of one partition's restore across its batches.
+/// Refusals reported one by one; the rest of them in one line (records written
+/// again in a flood must not flood the log), as the reader logs records whose MAC
+/// does not check.
+const REFUSALS_LOGGED: usize = 10;
+/// Refusals a read keeps until its end (about 100 bytes each); past this, each is
+/// reported with its batch, history or not.
+const MAX_WAITING_REFUSALS: usize = 10_000;
+
+/// The state of one partition's restore (or any read) across its batches.
 ///
 /// A restore into a scope the store held no record of when it began (a new or
 /// rebuilt store) need not look each record up: the only records of that scope
@@ -26,8 +45,15 @@ use crate::store::{now_us, Record, State, Store, StoreError};
 /// a lookup). The fast path ends for good as soon as the store's record count
 /// moves by anything but this restore's own writes (the service handled
 /// something meanwhile, a retention pass ran).
+///
+/// Records refused as older wait here until the read is over (`Refusals`): when
+/// it is dropped, those that were not history are counted and logged.
 pub struct Restoring {
     fresh: Option<Fresh>,
+    /// The scope the store held no record of when the read began (as for `fresh`, but
+    /// for the whole read): every record of it that the store holds, this read wrote.
+    new_scope: Option<String>,
+    pub(super) refused: Refusals,
 }
 
 struct Fresh {
@@ -41,7 +67,7 @@ struct Fresh {
 impl Restoring {
     /// Looks every record up (the general case).
     pub fn looking_up() -> Restoring {
-        Restoring { fresh: None }
+        Restoring { fresh: None, new_scope: None, refused: Refusals::default() }
     }
 
     /// Whether the fast path of a new scope is (still) on.
@@ -49,16 +75,196 @@ impl Restoring {
     pub fn is_fresh(&self) -> bool {
         self.fresh.is_some()
     }
+
+    /// Whether the store's record of `scope` was written by this read, if it has one.
+    pub(super) fn wrote_every_record_of(&self, scope: Option<&str>) -> bool {
+        self.new_scope.is_some() && self.new_scope.as_deref() == scope
+    }
 }
 
-/// One record key's record after the batch, and the states the batch gave it in order.
+impl Drop for Restoring {
+    /// The read is over (at its end, cut short, or failed): what is still refused
+    /// was not met again by the write it was refused for.
+    fn drop(&mut self) {
+        self.refused.report_all();
+    }
+}
+
+/// Where a write of a record stands among the writes of that record.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Written {
+    version: u64,
+    /// When it was written (µs, the writer's clock).
+    at_us: i64,
+}
+
+impl Written {
+    pub(super) fn of(r: &Record) -> Written {
+        Written { version: r.version, at_us: r.updated_at_us }
+    }
+
+    /// Whether this write, read from the changelog, is older than `held`, the one
+    /// the store holds for the record's key (docs/architecture.md §4, "Versions"):
+    /// - both carry a version: when its version is lower (an equal one is the same
+    ///   write seen again, and applies as before);
+    /// - only `held` does: when it was written more than `skew_us` (the clock skew
+    ///   allowed between instances) before `held`. A release without versions writes
+    ///   none; during a rolling upgrade it writes over records this release wrote,
+    ///   always after them, and those writes must apply;
+    /// - `held` carries none: never (without versions the last word wins).
+    pub(super) fn is_older(self, held: Written, skew_us: i64) -> bool {
+        match (self.version, held.version) {
+            (_, 0) => false,
+            (0, _) => self.at_us.saturating_add(skew_us) < held.at_us,
+            (version, held) => version < held,
+        }
+    }
+}
+
+/// A changelog record refused because it is older than the record held for its key.
+pub(super) struct Refused {
+    /// The source topic.
+    topic: String,
+    /// Its partition (the record's own: outboxd writes a record to the changelog
+    /// partition of its source partition, and the MAC binds it there).
+    partition: i32,
+    /// Its offset in the changelog partition.
+    offset: i64,
+    event_id: String,
+    /// Its version.
+    version: u64,
+    /// The version of the record held for its key when it was refused.
+    held: u64,
+}
+
+impl Refused {
+    /// `r` of `topic`, read at `offset` as `written`, refused for `held`.
+    pub(super) fn new(topic: &str, offset: i64, r: &Record, written: Written, held: Written) -> Refused {
+        Refused {
+            topic: topic.to_owned(),
+            partition: r.partition,
+            offset,
+            event_id: r.event_id.clone(),
+            version: written.version,
+            held: held.version,
+        }
+    }
+
+    fn reason(&self) -> Rejected {
+        Rejected::Stale { version: self.version, held: self.held }
+    }
+}
+
+/// Records of one read refused as older than the record held for their key, to be
+/// reported (counted in `outboxd_changelog_records_rejected_total`, reason `stale`,
+/// and logged) unless they were history.
+///
+/// The writes of a record reach its changelog partition in order, so a record older
+/// than one this read applied before it was written to the topic again later (a
+/// replay): reported with its batch. A record older than what the store held before
+/// the read may be either: reading from a checkpoint meets earlier writes of a record
+/// before the write the store holds (its own, when a crash lost the checkpoint's last
+/// moves), which comes later in the same read; such a refusal is history, forgotten
+/// once that write is applied again. The others are reported when the read ends.
+/// Bounded: past [`MAX_WAITING_REFUSALS`], a refusal is reported with its batch.
+#[derive(Default)]
+pub(super) struct Refusals {
+    /// By record key.
+    waiting: HashMap<Vec<u8>, Vec<Refused>>,
+    /// How many wait, in all.
+    count: usize,
+    /// Replays, and refusals past the bound: reported at the end of the batch.
+    now: Vec<Refused>,
+}
+
+impl Refusals {
+    /// A refusal; `replay`: the record is older than one this read applied before it.
+    pub(super) fn push(&mut self, key: &[u8], refused: Refused, replay: bool) {
+        if replay || self.count >= MAX_WAITING_REFUSALS {
+            self.now.push(refused);
+            return;
+        }
+        self.count += 1;
+        self.waiting.entry(key.to_vec()).or_default().push(refused);
+    }
+
+    /// The record under `key` was applied at `version`, read at `offset`: writes of
+    /// it before that offset, refused while the store held that version, were history.
+    pub(super) fn applied(&mut self, key: &[u8], version: u64, offset: i64) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        if let Some(list) = self.waiting.get_mut(key) {
+            let before = list.len();
+            list.retain(|r| r.held != version || r.offset > offset);
+            self.count -= before - list.len();
+            if list.is_empty() {
+                self.waiting.remove(key);
+            }
+        }
+    }
+
+    /// Reports the replays and the refusals past the bound (at the end of each batch).
+    pub(super) fn report_batch(&mut self) {
+        report(&std::mem::take(&mut self.now));
+    }
+
+    /// Reports every refusal left (the read is over).
+    fn report_all(&mut self) {
+        let mut all = std::mem::take(&mut self.now);
+        all.extend(self.waiting.drain().flat_map(|(_, list)| list));
+        self.count = 0;
+        all.sort_by_key(|r| r.offset);
+        report(&all);
+    }
+}
+
+/// Counts `refused` in `outboxd_changelog_records_rejected_total` and logs them
+/// with their offsets (the first [`REFUSALS_LOGGED`] one by one, the rest in one line).
+fn report(refused: &[Refused]) {
+    for r in refused {
+        let labels = [
+            ("topic", r.topic.clone()),
+            ("partition", r.partition.to_string()),
+            ("reason", r.reason().label().to_owned()),
+        ];
+        metrics::counter!(names::CHANGELOG_REJECTED, &labels).increment(1);
+    }
+    for r in refused.iter().take(REFUSALS_LOGGED) {
+        tracing::warn!(topic = %r.topic, partition = r.partition, offset = r.offset, event_id = %r.event_id,
+            reason = %r.reason(), "changelog record rejected, not applied: it is older than the record held for its \
+            key (docs/security.md)");
+    }
+    if let (Some(first), Some(last)) = (refused.get(REFUSALS_LOGGED), refused.last()) {
+        tracing::warn!(topic = %first.topic, more = refused.len() - REFUSALS_LOGGED, from = first.offset,
+            to = last.offset, "more changelog records rejected as older, not applied");
+    }
+}
+
+/// One write of a record in a batch: enough to replay the batch's writes of a key in order.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    state: State,
+    written: Written,
+    offset: i64,
+}
+
+/// One record key's record after the batch, and the writes the batch gave it in order.
 struct Pending {
     record: Record,
     /// The message copy the record carried (a held chain's record).
     copy: Option<Vec<u8>>,
     scope_id: u32,
-    /// Earlier records of the same key in this batch (their states, oldest first).
-    earlier: Vec<State>,
+    /// Where `record` was read.
+    offset: i64,
+    /// Earlier records of the same key in this batch, oldest first.
+    earlier: Vec<Step>,
+}
+
+impl Pending {
+    fn step(&self) -> Step {
+        Step { state: self.record.state, written: Written::of(&self.record), offset: self.offset }
+    }
 }
 
 fn total(store: &Store) -> i64 {
@@ -74,7 +280,8 @@ impl Store {
             hasher: RandomState::new(),
             expected: total(self),
         });
-        Restoring { fresh }
+        let new_scope = fresh.as_ref().map(|f| f.scope.clone());
+        Restoring { fresh, new_scope, refused: Refusals::default() }
     }
 
     /// [`Store::apply_changelog`] within a restore: the same outcome, in one pass
@@ -89,7 +296,7 @@ impl Store {
         if now < self.legacy_until {
             // Records may be kept under keys without a scope: the record-by-record path knows them.
             restoring.fresh = None;
-            return self.apply_one_by_one(source_topic, records);
+            return self.apply_one_by_one(source_topic, records, restoring);
         }
         if restoring.fresh.as_ref().is_some_and(|f| f.expected != total(self)) {
             restoring.fresh = None;
@@ -108,7 +315,7 @@ impl Store {
                 continue;
             }
             let Some(value) = &rec.value else {
-                applied += self.write_pending(std::mem::take(&mut pending), restoring)?;
+                applied += self.write_pending(source_topic, std::mem::take(&mut pending), restoring)?;
                 if self.apply_tombstone(source_topic, &rec.key)? {
                     applied += 1;
                     // The count moved by a removal: simply look records up from now on.
@@ -129,20 +336,29 @@ impl Store {
             let Some((event_key, ..)) = split_key(&rec.key) else { continue };
             match pending.entry(keys::record_key(event_key, scope_id)) {
                 Slot::Occupied(mut slot) => {
+                    let before = Written::of(&slot.get().record);
+                    if Written::of(&r).is_older(before, self.changelog.skew_us) {
+                        let refused = Refused::new(source_topic, rec.offset, &r, Written::of(&r), before);
+                        restoring.refused.push(slot.key(), refused, true);
+                        continue;
+                    }
                     let p = slot.get_mut();
                     if p.record.state.is_final() && r.state == State::Claimed {
                         continue;
                     }
-                    p.earlier.push(p.record.state);
+                    let step = p.step();
+                    p.earlier.push(step);
                     p.record = r;
                     p.copy = copy;
+                    p.offset = rec.offset;
                 }
                 Slot::Vacant(slot) => {
-                    slot.insert(Pending { record: r, copy, scope_id, earlier: Vec::new() });
+                    slot.insert(Pending { record: r, copy, scope_id, offset: rec.offset, earlier: Vec::new() });
                 }
             }
         }
-        applied += self.write_pending(pending, restoring)?;
+        applied += self.write_pending(source_topic, pending, restoring)?;
+        restoring.refused.report_batch();
         Ok(applied)
     }
 
@@ -150,33 +366,53 @@ impl Store {
     /// counts. (Not a `sled::Batch` per tree: sled 0.34 applies one under a single
     /// epoch guard, which keeps every node version the batch replaced in memory until
     /// its end: gigabytes for a restore.) Returns how many records were applied.
-    fn write_pending(&self, pending: BTreeMap<Vec<u8>, Pending>, restoring: &mut Restoring) -> Result<u64, StoreError> {
+    fn write_pending(
+        &self,
+        source_topic: &str,
+        pending: BTreeMap<Vec<u8>, Pending>,
+        restoring: &mut Restoring,
+    ) -> Result<u64, StoreError> {
         if pending.is_empty() {
             return Ok(0);
         }
         let live = self.slices.live(now_us());
         let fresh_id = restoring.fresh.as_ref().and_then(|f| self.names.find(&f.scope));
+        let new_scope_id = restoring.new_scope.as_deref().and_then(|s| self.names.find(s));
         let mut moves: Vec<(Arc<Slice>, Option<State>, Option<State>)> = Vec::with_capacity(pending.len());
         let (mut applied, mut added) = (0u64, 0i64);
         let mut to: Option<Arc<Slice>> = None;
         for (key, p) in pending {
-            let Pending { mut record, copy, scope_id, earlier } = p;
+            let last = p.step();
+            let Pending { mut record, copy, scope_id, offset: _, earlier } = p;
             let hash = restoring.fresh.as_ref().map(|f| f.hasher.hash_one(&key));
             let known = match (&restoring.fresh, hash) {
                 (Some(f), Some(h)) if Some(scope_id) == fresh_id => f.written.contains(&h),
                 _ => true,
             };
             let found = if known { self.lookup(&live, &key)? } else { None };
-            let local = found.as_ref().map(|(_, r)| r.state);
-            // The batch's records in order, after the local one.
-            let mut now = local;
-            for s in earlier.into_iter().chain([record.state]) {
-                if !(now.is_some_and(State::is_final) && s == State::Claimed) {
-                    applied += 1;
-                    now = Some(s);
-                }
+            // The batch's records in order, after the local one: the last is written
+            // only if it takes the place of what came before it.
+            let mut now = found.as_ref().map(|(_, r)| (r.state, Written::of(r)));
+            let mut read_here = new_scope_id == Some(scope_id);
+            let mut taken = false;
+            for s in earlier.into_iter().chain([last]) {
+                taken = match now {
+                    Some((_, held)) if s.written.is_older(held, self.changelog.skew_us) => {
+                        let refused = Refused::new(source_topic, s.offset, &record, s.written, held);
+                        restoring.refused.push(&key, refused, read_here);
+                        false
+                    }
+                    Some((state, _)) if state.is_final() && s.state == State::Claimed => false,
+                    _ => {
+                        applied += 1;
+                        now = Some((s.state, s.written));
+                        read_here = true;
+                        restoring.refused.applied(&key, s.written.version, s.offset);
+                        true
+                    }
+                };
             }
-            if local.is_some_and(State::is_final) && record.state == State::Claimed {
+            if !taken {
                 continue;
             }
             if let Some((_, l)) = &found {

@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::event::{OutboxEvent, Payload, Position};
+use crate::event::{OutboxEvent, Payload, Position, RawMessage};
+use crate::store::changelog::tests::{rejected_as_stale, Recorded};
 use crate::store::tests::event;
 use crate::store::{Claim, StoreOptions};
 
@@ -11,6 +12,11 @@ fn opts() -> StoreOptions {
 
 /// A changelog record of event `id` of topic `t`, last written `ago_s` seconds ago.
 fn rec(offset: i64, id: &str, state: State, ago_s: i64, scope: Option<&str>) -> ChangelogRecord {
+    versioned(offset, id, state, ago_s, scope, 0)
+}
+
+/// [`rec`], with a version (0: as releases without versions wrote it).
+fn versioned(offset: i64, id: &str, state: State, ago_s: i64, scope: Option<&str>, version: u64) -> ChangelogRecord {
     let at = now_us() - ago_s * 1_000_000;
     let position = Position { topic: "t".into(), partition: 0, offset };
     let mut r = Record::first_seen(id, state, 1, &position, at);
@@ -21,6 +27,7 @@ fn rec(offset: i64, id: &str, state: State, ago_s: i64, scope: Option<&str>) -> 
         r.done_at_us = Some(at);
         r.outcome = Some(format!("http 200 at {offset}"));
     }
+    r.version = version;
     ChangelogRecord { offset, key: entry_key(&r), value: Some(entry_value(&r).unwrap()), mac: None }
 }
 
@@ -70,7 +77,7 @@ fn a_restore_into_a_new_store_gives_what_applying_record_by_record_gives() {
         applied += a.apply_restoring("t", batch, &mut restoring).unwrap();
     }
     assert!(restoring.is_fresh(), "nobody else wrote: the fast path held to the end");
-    assert_eq!(applied, b.apply_one_by_one("t", &records).unwrap());
+    assert_eq!(applied, b.apply_one_by_one("t", &records, &mut Restoring::looking_up()).unwrap());
     assert_eq!(contents(&a), contents(&b));
     let (list, counts) = contents(&a);
     assert_eq!(list.len(), 50, "every event once, without the expired ones");
@@ -94,15 +101,15 @@ fn a_restore_into_a_store_with_records_of_the_topic_looks_each_one_up() {
             ChangelogRecord { offset: 0, key: r.key.clone(), value: Some(entry_value(&d).unwrap()), mac: None }
         })
         .collect();
-    a.apply_one_by_one("t", &local).unwrap();
-    b.apply_one_by_one("t", &local).unwrap();
+    a.apply_one_by_one("t", &local, &mut Restoring::looking_up()).unwrap();
+    b.apply_one_by_one("t", &local, &mut Restoring::looking_up()).unwrap();
     let mut restoring = a.start_restore("t");
     assert!(!restoring.is_fresh());
     let mut applied = 0;
     for batch in records.chunks(5) {
         applied += a.apply_restoring("t", batch, &mut restoring).unwrap();
     }
-    assert_eq!(applied, b.apply_one_by_one("t", &records).unwrap());
+    assert_eq!(applied, b.apply_one_by_one("t", &records, &mut Restoring::looking_up()).unwrap());
     assert_eq!(contents(&a), contents(&b));
 }
 
@@ -208,5 +215,184 @@ async fn all_final(store: &Store, ids: &[String]) {
         if let Claim::Claimed(_) = store.handling().claim(&event(id, 10_000 + i as i64), "t").await.unwrap() {
             panic!("{id} was written, and a claim did not find it");
         }
+    }
+}
+
+const X: &str = "0190a3c4-5e6f-7a8b-9c0d-0000000000aa";
+
+/// The writes of one event, in offset order: claimed and an attempt (durable
+/// claims), dead, taken back for a re-run, done; then two of them written to the
+/// topic again (the MAC does not say when a record was written).
+fn writes_then_replays() -> Vec<ChangelogRecord> {
+    vec![
+        versioned(0, X, State::Claimed, 50, None, 1),
+        versioned(1, X, State::Claimed, 49, None, 2),
+        versioned(2, X, State::Dead, 48, None, 3),
+        versioned(3, X, State::Claimed, 40, None, 4),
+        versioned(4, X, State::Done, 39, None, 5),
+        versioned(5, X, State::Dead, 48, None, 3),
+        versioned(6, X, State::Claimed, 50, None, 1),
+    ]
+}
+
+#[test]
+fn a_restore_in_offset_order_ends_with_the_newest_write_and_refuses_older_ones_written_again_after_it() {
+    let records = writes_then_replays();
+    let whole = |s: &Store| s.apply_restoring("t", &records, &mut s.start_restore("t")).unwrap();
+    let one_by_one = |s: &Store| {
+        let mut restoring = s.start_restore("t");
+        records.chunks(1).map(|batch| s.apply_restoring("t", batch, &mut restoring).unwrap()).sum::<u64>()
+    };
+    let legacy = |s: &Store| s.apply_one_by_one("t", &records, &mut Restoring::looking_up()).unwrap();
+    for (how, apply) in
+        [("one batch", &whole as &dyn Fn(&Store) -> u64), ("a record a batch", &one_by_one), ("legacy", &legacy)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &opts()).unwrap();
+        let (applied, stale) = rejected_as_stale(|| apply(&store));
+        let r = store.get(X).unwrap().unwrap();
+        assert_eq!((r.state, r.version, r.outcome.as_deref()), (State::Done, 5, Some("http 200 at 4")), "{how}");
+        assert_eq!(applied, 4, "{how}: every write but the re-run's claim over the dead record, and the replays");
+        assert_eq!(stale, 2, "{how}: the two written again are counted");
+    }
+}
+
+fn message(offset: i64) -> RawMessage {
+    RawMessage {
+        topic: "t".into(),
+        partition: 0,
+        offset,
+        key: Some(b"order-1".to_vec()),
+        value: Some(b"{}".to_vec()),
+        headers: vec![],
+        timestamp_ms: None,
+    }
+}
+
+/// Everything store A sent to the changelog while an event was claimed durably,
+/// retried and finished, and a dead event held its key's next event until it was
+/// resolved and the held one ran.
+async fn history() -> (Vec<ChangelogRecord>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Store::open(dir.path(), &opts()).unwrap();
+    let sink = Arc::new(Recorded::default());
+    a.attach_changelog(sink.clone());
+    let Claim::Claimed(mut c) = a.claim(&event("durable", 1), "t").await.unwrap() else { panic!() };
+    a.log_claim(&c).await.unwrap();
+    a.record_attempt(&mut c).await.unwrap();
+    a.finish(c, State::Done, "http 200".into()).await.unwrap();
+    let Claim::Claimed(c) = a.claim_in_memory(&event("head", 2), "t").await.unwrap() else { panic!() };
+    a.finish_failed(c.holding(true, &message(2)), State::Dead, "http 400".into(), &message(2), None).await.unwrap();
+    let claim = a.claim_in_memory(&event("held", 3), "t").await.unwrap();
+    assert!(a.hold_behind(claim, true, &message(3)).await.unwrap().is_none(), "held");
+    a.resolve_done("head", "by hand".into()).await.unwrap();
+    let (r, m, running) = a.next_held(&a.released_chains()[0]).await.unwrap().expect("released");
+    let Claim::Claimed(c) = a.claim_in_memory(&event("held", m.offset), "t").await.unwrap() else { panic!() };
+    a.finish(c, State::Done, "http 200".into()).await.unwrap();
+    drop(running);
+    a.after_held_run(&r).await.unwrap();
+    (sink.records("t", 0), dir)
+}
+
+/// A read from a checkpoint meets the writes of a record again, from its first: as
+/// after a crash that lost the checkpoint's last moves. None of them moves the record
+/// back, not even between batches, and none is reported: the write the store holds
+/// comes later in the same read.
+#[tokio::test]
+async fn records_read_again_from_an_earlier_offset_change_nothing_and_are_not_reported() {
+    let (records, _a) = history().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = Store::open(dir.path(), &opts()).unwrap();
+    b.apply_changelog("t", &records).unwrap();
+    let before = contents(&b);
+    let held = b.get("held").unwrap().unwrap();
+    assert_eq!((held.state, held.version), (State::Done, 2));
+    assert!(b.message_of(&held).unwrap().is_none() && b.held_keys() == 0 && b.released_chains().is_empty());
+
+    // The same record twice: applied again, as the same write.
+    let last = records.last().unwrap().clone();
+    let (applied, stale) = rejected_as_stale(|| b.apply_changelog("t", &[last.clone(), last]).unwrap());
+    assert_eq!((applied, stale, contents(&b)), (2, 0, before.clone()));
+
+    // Everything again, a record a batch.
+    let (_, stale) = rejected_as_stale(|| {
+        let mut restoring = Restoring::looking_up();
+        for (i, batch) in records.chunks(1).enumerate() {
+            b.apply_restoring("t", batch, &mut restoring).unwrap();
+            let held = b.get("held").unwrap().unwrap();
+            assert_eq!(held.state, State::Done, "after record {i}: never held again");
+            assert!(b.message_of(&held).unwrap().is_none(), "after record {i}: no copy");
+            assert_eq!((b.held_keys(), b.chains.member_keys().len()), (0, 0), "after record {i}: no chain");
+            assert_eq!(b.get("durable").unwrap().unwrap().state, State::Done, "after record {i}");
+        }
+    });
+    assert_eq!(stale, 0, "history, not records written again");
+    assert_eq!(contents(&b), before);
+}
+
+/// Releases without versions write none: their values apply as before (the last
+/// word wins) over no record and over one of theirs.
+#[test]
+fn values_without_a_version_apply_over_no_record_and_over_one_without_a_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    let (applied, stale) = rejected_as_stale(|| {
+        let mut n = store.apply_changelog("t", &[rec(0, X, State::Dead, 20, None)]).unwrap();
+        assert_eq!(store.get(X).unwrap().unwrap().state, State::Dead);
+        // Written earlier by its writer's clock, and later in the topic: the topic's order decides.
+        n += store.apply_changelog("t", &[rec(1, X, State::Done, 30, None)]).unwrap();
+        n
+    });
+    let r = store.get(X).unwrap().unwrap();
+    assert_eq!((r.state, r.version, applied, stale), (State::Done, 0, 2, 0));
+}
+
+/// A release without versions, in the same group during a rolling upgrade, writes
+/// over records this release wrote, always after them: its value applies. One it
+/// wrote before, written to the topic again, is older than the held record by more
+/// than the clock skew allowed: refused.
+#[test]
+fn a_value_without_a_version_over_a_versioned_record_applies_only_if_written_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let skew = StoreOptions { clock_skew: Duration::from_secs(300), ..opts() };
+    let store = Store::open(dir.path(), &skew).unwrap();
+    store.apply_changelog("t", &[versioned(0, X, State::Dead, 1_000, None, 2)]).unwrap();
+    let (_, stale) = rejected_as_stale(|| {
+        store.apply_changelog("t", &[rec(1, X, State::Held, 1_400, None)]).unwrap();
+        assert_eq!(store.get(X).unwrap().unwrap().state, State::Dead, "written 400 s before: refused");
+        store.apply_changelog("t", &[rec(2, X, State::Done, 1_200, None)]).unwrap();
+        assert_eq!(store.get(X).unwrap().unwrap().state, State::Done, "within the 300 s skew: applied");
+    });
+    assert_eq!(stale, 1);
+    let mut r = store.get(X).unwrap().unwrap();
+    assert_eq!(r.version, 0, "it keeps what it carries");
+    r.next_version();
+    assert_eq!(r.version, 1, "and the next write here starts again from it");
+}
+
+/// A new owner restores a partition where a dead record was written again after the
+/// event was retried to done, and the done record was then sent again (a duplicate
+/// sends the final record it finds): the replay is counted all the same, since a new
+/// store's records all come from the read itself.
+#[test]
+fn a_record_written_again_is_counted_by_a_new_owner_even_when_the_newer_one_is_sent_again_after_it() {
+    let records = [
+        versioned(0, X, State::Dead, 50, None, 1),
+        versioned(1, X, State::Claimed, 40, None, 2),
+        versioned(2, X, State::Done, 39, None, 3),
+        versioned(3, X, State::Dead, 50, None, 1),
+        versioned(4, X, State::Done, 39, None, 3),
+    ];
+    for size in [records.len(), 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &opts()).unwrap();
+        let (_, stale) = rejected_as_stale(|| {
+            let mut restoring = store.start_restore("t");
+            for batch in records.chunks(size) {
+                store.apply_restoring("t", batch, &mut restoring).unwrap();
+            }
+        });
+        let r = store.get(X).unwrap().unwrap();
+        assert_eq!((r.state, r.version, stale), (State::Done, 3, 1), "batches of {size}");
     }
 }

@@ -98,6 +98,15 @@ pub enum Rejected {
     UnknownKey(u16),
     /// Its MAC does not check: the record was changed, moved, or forged.
     Forged,
+    /// It checks, but it is older than the record the store holds for its key (a
+    /// record outboxd wrote, written again later): refused by the store's apply path
+    /// (`changelog_apply`), never by [`Keys::check`].
+    Stale {
+        /// The version it carries (0: written by a release without versions).
+        version: u64,
+        /// The version of the record held for its key.
+        held: u64,
+    },
 }
 
 impl Rejected {
@@ -108,6 +117,7 @@ impl Rejected {
             Rejected::Malformed => "malformed",
             Rejected::UnknownKey(_) => "unknown_key",
             Rejected::Forged => "forged",
+            Rejected::Stale { .. } => "stale",
         }
     }
 }
@@ -121,6 +131,15 @@ impl std::fmt::Display for Rejected {
                 write!(f, "signed with key id {id:04x}, neither store.changelog.key nor one of previous_keys")
             }
             Rejected::Forged => f.write_str("its MAC does not match: the record was changed, moved or forged"),
+            Rejected::Stale { version: 0, held } => write!(
+                f,
+                "written by a release without versions before the version {held} held for its key: an older record \
+                 written again"
+            ),
+            Rejected::Stale { version, held } => write!(
+                f,
+                "version {version}, lower than the version {held} held for its key: an older record written again"
+            ),
         }
     }
 }

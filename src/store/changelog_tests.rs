@@ -72,6 +72,22 @@ impl Recorded {
     }
 }
 
+/// Runs `f` with a metrics recorder of its own (on this thread): what it returned, and
+/// how many changelog records it counted as rejected for being older than the store's
+/// (`outboxd_changelog_records_rejected_total{reason="stale"}`, every partition).
+pub(in crate::store) fn rejected_as_stale<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let out = metrics::with_local_recorder(&recorder, f);
+    let stale = handle
+        .render()
+        .lines()
+        .filter(|l| l.starts_with(crate::metrics::names::CHANGELOG_REJECTED) && l.contains("reason=\"stale\""))
+        .map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()).expect("a count"))
+        .sum();
+    (out, stale)
+}
+
 async fn handle(store: &Store, id: &str, topic: &str, partition: i32, offset: i64, scope: &str) {
     match store.claim(&event(id, topic, partition, offset), scope).await.unwrap() {
         Claim::Claimed(c) => store.finish(c, State::Done, "http 200".into()).await.unwrap(),
@@ -337,4 +353,65 @@ async fn a_final_record_found_again_goes_to_the_changelog_before_its_duplicate_c
     assert_eq!(records.len(), 1, "the record went to the changelog");
     let r = decode_entry("t", &records[0].key, records[0].value.as_deref().unwrap()).unwrap();
     assert_eq!((r.event_id.as_str(), r.state), ("e1", State::Done));
+}
+
+/// The version of every record `sink` received, in order (`None`: a tombstone).
+fn versions(sink: &Recorded, topic: &str, partition: i32) -> Vec<(State, u64)> {
+    sink.records(topic, partition)
+        .iter()
+        .filter_map(|r| r.value.as_ref().map(|v| decode_entry(topic, &r.key, v).unwrap()))
+        .map(|r| (r.state, r.version))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_write_of_a_record_gives_it_one_more_than_the_version_it_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    let sink = Arc::new(Recorded::default());
+    store.attach_changelog(sink.clone());
+    let version = |id: &str| store.get(id).unwrap().unwrap().version;
+
+    // A durable claim, an attempt, the final record: three writes.
+    let Claim::Claimed(mut c) = store.claim(&event("durable", "t", 0, 1), "t").await.unwrap() else { panic!() };
+    store.log_claim(&c).await.unwrap();
+    assert_eq!(version("durable"), 1);
+    store.record_attempt(&mut c).await.unwrap();
+    assert_eq!(version("durable"), 2);
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    assert_eq!(versions(&sink, "t", 0), [(State::Claimed, 1), (State::Done, 3)], "what the changelog got");
+
+    // An in-memory claim and its attempts write nothing: the final record is the first write.
+    let Claim::Claimed(mut c) = store.claim_in_memory(&event("in-memory", "t", 1, 2), "t").await.unwrap() else {
+        panic!()
+    };
+    store.record_attempt(&mut c).await.unwrap();
+    store.finish(c, State::Dead, "http 500".into()).await.unwrap();
+    assert_eq!(version("in-memory"), 1);
+
+    // Repairs: a re-run taken back, then done by its re-run; a resolve; a forget starts again.
+    fail(&store, "rerun", "t", 2, 3, State::Dead).await;
+    assert_eq!(version("rerun"), 2, "a durable claim (kept here only), then the dead record");
+    store.reopen("rerun").await.unwrap();
+    assert_eq!(version("rerun"), 3);
+    let Claim::Claimed(c) = store.claim_in_memory(&event("rerun", "t", 2, 3), "t").await.unwrap() else { panic!() };
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    assert_eq!(versions(&sink, "t", 2), [(State::Dead, 2), (State::Claimed, 3), (State::Done, 4)]);
+    fail(&store, "parked", "t", 3, 4, State::Parked).await;
+    store.resolve_done("parked", "by hand".into()).await.unwrap();
+    assert_eq!(versions(&sink, "t", 3), [(State::Parked, 2), (State::Done, 3)]);
+    store.forget("parked").await.unwrap();
+    handle(&store, "parked", "t", 3, 4, "t").await;
+    assert_eq!(version("parked"), 2, "after a forget the record is new: claim 1, done 2");
+
+    // A message that never became an event, recorded dead twice.
+    let m = message("t", 4, 5);
+    store.record_undecodable("undecodable", &m, "bad".into(), None, false).await.unwrap();
+    store.record_undecodable("undecodable", &m, "bad again".into(), None, false).await.unwrap();
+    assert_eq!(version("undecodable"), 2);
+
+    // A duplicate sends the final record again as it is: the same write, the same version.
+    let before = versions(&sink, "t", 0).len();
+    store.claim(&event("durable", "t", 0, 1), "t").await.unwrap();
+    assert_eq!(versions(&sink, "t", 0)[before..], [(State::Done, 3)]);
 }

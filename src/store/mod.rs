@@ -288,7 +288,7 @@ impl Store {
             messages: &messages,
         })?;
         let legacy_until = read_i64(&meta, LEGACY_UNTIL_KEY)?.unwrap_or(i64::MIN);
-        let changelog = changelog::Changelog::open(&meta, opts.retention + opts.clock_skew)?;
+        let changelog = changelog::Changelog::open(&meta, opts.retention, opts.clock_skew)?;
         let duplicates = Arc::new(AtomicU64::new(read_i64(&meta, DUPLICATES_KEY)?.unwrap_or(0) as u64));
         let persist = {
             let (meta, slices, copy_bytes, duplicates, checkpoints) =
