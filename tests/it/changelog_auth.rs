@@ -1,17 +1,21 @@
 //! An outsider writing to a changelog topic (`[store.changelog] key`): records
 //! outboxd did not sign are never applied, by the owner that follows its
 //! partitions nor by a new owner that restores them, and they are counted
-//! (`outboxd_changelog_records_rejected_total`). Without a key, start-up says who
-//! can steer side effects. The outcomes are the receiver's calls.
+//! (`outboxd_changelog_records_rejected_total`); records outboxd signed, copied and
+//! written again after their event moved on, are refused as older than what the
+//! instances hold. Without a key, start-up says who can steer side effects. The
+//! outcomes are the receiver's calls.
 
 use crate::harness;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use harness::changelog::{topic_for, write_done, write_tombstones};
-use harness::{new_event_id, Kafka, Outboxd, Receiver, Scenario};
+use harness::changelog::{topic_for, write_again, write_done, write_tombstones, written};
+use harness::{new_event_id, Behaviour, Kafka, Outboxd, Receiver, Scenario};
 use outboxd::store::changelog::mac::Keys;
+use outboxd::store::State;
+use serde_json::{json, Value};
 
 use super::scale::{on, produce};
 
@@ -24,6 +28,8 @@ const HANDLED_TIMEOUT: Duration = Duration::from_secs(90);
 /// `store.changelog.follow_interval`s, 1 s by default, on a slow machine).
 const FOLLOW_TIMEOUT: Duration = Duration::from_secs(30);
 const REJECTED: &str = "outboxd_changelog_records_rejected_total";
+/// The Kafka key of events that wait for one another (`on_dead = "hold"`, the default).
+const ORDER_KEY: &str = "order-7";
 const NOT_SIGNED_WARNING: &str = "store.changelog.key is not set";
 
 /// `od` with the changelog on and signed with [`KEY`].
@@ -188,6 +194,112 @@ async fn forged_tombstones_in_the_changelog_are_rejected_so_done_events_do_not_r
         &a,
         &events,
         "after the forged tombstones, on a new owner",
+    )
+    .await;
+}
+
+/// Records `od` refused so far for being older than the record it holds.
+async fn refused_as_older(od: &Outboxd) -> Option<f64> {
+    harness::metrics::try_scrape(od).await.map(|m| harness::metrics::sample(&m, REJECTED, &[("reason", "stale")]))
+}
+
+/// `outboxd store ARGS` through the running service; it must succeed. Its stdout.
+fn store(od: &Outboxd, args: &[&str]) -> String {
+    let full: Vec<&str> = ["store"].iter().chain(args).copied().collect();
+    let out = od.command(&full);
+    let said = harness::store::describe(&out);
+    assert!(out.status.success(), "{full:?}: {said}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Sends `events` (key, id) in order.
+async fn send_in_order(kafka: &Kafka, topic: &str, events: &[(String, String)]) {
+    let producer = kafka.producer();
+    for (key, id) in events {
+        producer.send_event(topic, key, id, Some("OrderEvent"), &json!({ "id": id })).await;
+    }
+}
+
+/// The MAC says who wrote a record and where, not when: an event's `held` record
+/// (with its message copy) and the dead record it waited behind, read from the topic
+/// as outboxd signed them, are written there again once both events ran to done. The
+/// owner refuses each (older than the record it holds), so the held event is not run
+/// again and redeliveries are duplicates; a new owner restoring the partition refuses
+/// them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_records_written_again_after_their_events_ran_are_refused_so_nothing_runs_twice() {
+    let mut s = Scenario::new("changelog-auth-again", 1).await;
+    s.od = signed(s.od);
+    s.run().await;
+    let Scenario { kafka, topic, receiver, od: mut a, offsets, .. } = s;
+    let changelog = topic_for(&a.config.group_id, &topic);
+    let (dead, held) = (new_event_id(), new_event_id());
+    let events = vec![(ORDER_KEY.to_owned(), dead.clone()), (ORDER_KEY.to_owned(), held.clone())];
+    let ids = vec![dead.clone(), held.clone()];
+    // The first event fails for good once: it holds the second.
+    receiver.set_behaviour(&dead, Behaviour::fail_first(400, 1));
+    send_in_order(&kafka, &topic, &events).await;
+    a.wait_until("both offsets committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    assert_eq!(receiver.call_count(&held), 0, "held behind the dead event");
+    let copied = [(&held, State::Held), (&dead, State::Dead)]
+        .map(|(id, state)| written(&kafka, &changelog, &topic, id, state).expect("outboxd wrote it"));
+    assert!(copied.iter().all(|m| m.header("mac").is_some()), "outboxd signed them");
+
+    // Retried (the receiver takes it now): done, and the held event runs, once.
+    let said = store(&a, &["retry", &dead]);
+    assert!(said.contains(&format!("{dead}: done")), "{said}");
+    a.wait_until("the held event to run", HANDLED_TIMEOUT, || receiver.answered_ok(&held)).await;
+    harness::wait_until("the held event's done record in the changelog", HANDLED_TIMEOUT, || {
+        written(&kafka, &changelog, &topic, &held, State::Done).is_some()
+    })
+    .await;
+
+    // The held record again: the owner follows its changelog and refuses it; were it
+    // applied, the held event would be released and run a second time.
+    write_again(&kafka, &changelog, &copied[0]).await;
+    let ran_again = || receiver.handler_call_count(&held) > 1;
+    a.wait_for("the owner to refuse the held record (or run the event again)", FOLLOW_TIMEOUT, async |od| {
+        let n = refused_as_older(od).await;
+        if n.is_some_and(|n| n >= 1.0) || ran_again() {
+            Ok(())
+        } else {
+            Err(format!("{n:?} refused"))
+        }
+    })
+    .await;
+    assert!(!ran_again(), "the held record written again made the owner run its event a second time");
+    // The dead record again: refused too, so the key's events are not held behind it.
+    write_again(&kafka, &changelog, &copied[1]).await;
+    a.wait_for("the owner to refuse the dead record", FOLLOW_TIMEOUT, async |od| {
+        let n = refused_as_older(od).await;
+        if n.is_some_and(|n| n >= 2.0) {
+            Ok(())
+        } else {
+            Err(format!("{n:?} refused"))
+        }
+    })
+    .await;
+
+    // Debezium sends both again (a connector restart): duplicates.
+    send_in_order(&kafka, &topic, &events).await;
+    a.wait_until("the redeliveries to be committed", HANDLED_TIMEOUT, || offsets.reached_end()).await;
+    assert_each_ran_once(&receiver, &ids, "after the records written again, on the owner");
+    assert_eq!(receiver.handler_call_count(&held), 1, "no second call for the held event");
+    let a_log = a.log();
+    a.stop();
+    assert!(a_log.contains("it is older than the record held for its key"), "refusals are logged\n{a_log}");
+    for id in &ids {
+        let r = harness::store::get(&a, id);
+        assert_eq!((&r["state"], &r["chain"]), (&json!("done"), &Value::Null), "store get {id}: {r}");
+    }
+
+    a_new_owner_rejects_the_forgeries_and_suppresses_replays(
+        &kafka,
+        &topic,
+        &receiver,
+        &a,
+        &events,
+        "after the records written again, on a new owner",
     )
     .await;
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use outboxd::store::changelog::{decode_entry, entry_key, entry_value};
 use outboxd::store::{now_us, Record, State};
 
-use super::{new_event_id, Kafka};
+use super::{new_event_id, Kafka, Message};
 
 /// How long reading a whole changelog topic may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -45,6 +45,24 @@ pub fn entries_by_id(kafka: &Kafka, changelog: &str, topic: &str) -> HashMap<Str
         out.entry(entry.event_id.clone()).or_default().push(entry);
     }
     out
+}
+
+/// The last record outboxd wrote for `id` in state `state`, as it lies in the
+/// changelog of source topic `topic`, headers (its MAC) included: what someone who can
+/// read the topic copies. (Entries that are not records, such as audit entries, are
+/// passed over.)
+pub fn written(kafka: &Kafka, changelog: &str, topic: &str, id: &str, state: State) -> Option<Message> {
+    kafka.read_topic(changelog, READ_TIMEOUT).into_iter().rev().find(|m| {
+        let (Some(key), Some(value)) = (m.key.as_deref(), m.value.as_deref()) else { return false };
+        decode_entry(topic, key, value).is_ok_and(|r| r.event_id == id && r.state == state)
+    })
+}
+
+/// Writes `m`, read from partition `m.partition` of `changelog`, there again: the same
+/// key, value and headers (its MAC), at a new offset.
+pub async fn write_again(kafka: &Kafka, changelog: &str, m: &Message) {
+    let headers: Vec<(&str, Option<&[u8]>)> = m.headers.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+    kafka.producer().send_raw(changelog, Some(m.partition), m.key.as_deref(), &headers, m.value.as_deref()).await;
 }
 
 /// Writes `n` done records of source topic `topic` (partition `partition`) into
