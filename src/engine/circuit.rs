@@ -96,7 +96,7 @@ impl State {
 
 /// What a circuit looks like now, for the admin API (`GET /v1/handlers`), the console
 /// and `store stats` of a running service: behind a credential, with why the receiver
-/// last failed. `/readyz` shows its [`CircuitSummary`].
+/// last failed. `/readyz` shows its summary (`CircuitSummary`), without the reason.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CircuitView {
     /// The handler's `name`.
