@@ -102,6 +102,15 @@ pub mod names {
     pub const NOT_CHARGED: &str = "outboxd_handler_attempts_not_charged_total";
     /// A handler's current limit of calls in flight (label `handler`).
     pub const CONCURRENCY: &str = "outboxd_handler_concurrency_limit";
+    /// Connections open on the admin server.
+    pub const ADMIN_CONNECTIONS: &str = "outboxd_admin_connections";
+    /// Admin connections closed at once because `[admin] max_connections` were open.
+    pub const ADMIN_CONNECTIONS_REFUSED: &str = "outboxd_admin_connections_refused_total";
+    /// Requests of the admin server refused or cut short by its limits (label `reason`:
+    /// `request_timeout`, `failures_per_address`, `failures_total`).
+    pub const ADMIN_LIMITED: &str = "outboxd_admin_requests_limited_total";
+    /// Credentials the admin server refused (a wrong bearer token or console login).
+    pub const ADMIN_AUTH_FAILURES: &str = "outboxd_admin_auth_failures_total";
 }
 
 const SECONDS_BUCKETS: &[f64] =
@@ -224,6 +233,13 @@ fn describe() {
         "Changelog records not applied because their MAC did not check (store.changelog.key), or because they \
          are older than the record held for their key (stale), per reason."
     );
+    describe_gauge!(names::ADMIN_CONNECTIONS, "Connections open on the admin server.");
+    describe_counter!(
+        names::ADMIN_CONNECTIONS_REFUSED,
+        "Admin connections closed at once because [admin] max_connections were open."
+    );
+    describe_counter!(names::ADMIN_LIMITED, "Admin requests refused or cut short by the server's limits, per reason.");
+    describe_counter!(names::ADMIN_AUTH_FAILURES, "Wrong bearer tokens and console logins the admin server refused.");
     describe_gauge!(
         names::RESTORING,
         "Partitions assigned and waiting for their changelog restore (not handled meanwhile)."

@@ -18,7 +18,7 @@ use serde_json::Value;
 /// earlier attempt's outcome is unknown (only durable claims are stored: see `Store::claim`).
 /// `held` waits behind an earlier dead or parked event of its Kafka key (`on_dead = "hold"`):
 /// final for its offset, run once that event is done, resolved or forgotten (`store::chains`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
     /// Claimed for execution and not final: its handler runs now, or an earlier
@@ -222,6 +222,10 @@ pub struct PageView {
     /// The cursor to ask for the next page with (`?after=`); `None` on the last page.
     #[serde(deserialize_with = "Option::deserialize")]
     pub next: Option<String>,
+    /// The page stopped at the service's read budget before it was full: more records
+    /// may match after `next` (absent from earlier services: false).
+    #[serde(default)]
+    pub partial: bool,
     /// The records of this page.
     pub records: Vec<RecordView>,
 }

@@ -2,20 +2,25 @@
 //! requests from other origins and unexpected `Host` headers (DNS rebinding),
 //! then requires a bearer token, finds whose it is (a [`Credential`], put into
 //! the request's extensions for the audit), and refuses a change (any method but
-//! `GET` and `HEAD`) by a credential that may only read. `/healthz`, `/readyz` and
+//! `GET` and `HEAD`) by a credential that may only read, auditing the refusal.
+//! A wrong token counts against the limits on failed credentials (`failures`); a
+//! right one is never refused for others' failures. `/healthz`, `/readyz` and
 //! `/metrics` do not pass through it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use super::error::ApiError;
+use super::failures::{Failures, Limited};
 pub use crate::config::Access;
+use crate::ops::{Actor, Local};
+use crate::store::AuditAction;
 
 /// Who a request comes from: the name of the credential its bearer token is
 /// (`admin` for `[admin] token`, `local` for the per-run token of the owner file,
@@ -47,6 +52,10 @@ pub struct Guard {
     tokens: Vec<(String, Credential)>,
     /// Accepted `Host` values (lower case).
     hosts: Hosts,
+    /// Wrong credentials so far, per address and in all (`/v1` and the console's login).
+    failures: Failures,
+    /// Where a refused repair is audited (`None` in tests of the checks alone).
+    audit: Option<Local>,
 }
 
 /// `Host` values that name this server: its listen address, the loopback
@@ -74,11 +83,13 @@ impl Hosts {
 }
 
 impl Guard {
-    /// Accepts `tokens` (empty ones never), for a server on `listen`.
+    /// Accepts `tokens` (empty ones never), for a server on `listen`, answering 429
+    /// past `failures` wrong credentials.
     pub fn new(
         tokens: impl IntoIterator<Item = (String, Credential)>,
         listen: SocketAddr,
         allowed_hosts: &[String],
+        failures: Failures,
     ) -> Guard {
         let listen_ip = match listen {
             SocketAddr::V4(a) => a.ip().to_string(),
@@ -94,7 +105,19 @@ impl Guard {
             }
         }
         let tokens = tokens.into_iter().filter(|(t, _)| !t.is_empty()).collect();
-        Guard { tokens, hosts: Hosts { port: listen.port(), own, exact, any_port } }
+        Guard { tokens, hosts: Hosts { port: listen.port(), own, exact, any_port }, failures, audit: None }
+    }
+
+    /// Refused repairs are audited on `local`'s store.
+    pub fn auditing(mut self, local: Local) -> Guard {
+        self.audit = Some(local);
+        self
+    }
+
+    /// A wrong credential from `peer`: within the limits, `Ok` (answer 401); past
+    /// one, the limit (answer 429).
+    pub(super) fn failed(&self, peer: IpAddr) -> Result<(), Limited> {
+        self.failures.failed(peer)
     }
 
     /// The credential whose token `given` is, if any. Every accepted token is
@@ -150,19 +173,76 @@ impl Guard {
         }
     }
 
-    fn credential(&self, headers: &HeaderMap) -> Result<Credential, ApiError> {
+    /// The request's credential; `Err(true)` when it carries a wrong one, `Err(false)`
+    /// when none.
+    fn credential(&self, headers: &HeaderMap) -> Result<Credential, bool> {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
-        let missing = "the store API needs Authorization: Bearer <token>: the token in the store's owner file \
-                       (outboxd.owner, readable by the user running outboxd) or [admin] token";
         match given.map(|t| self.credential_for(t)) {
-            None => Err(ApiError(StatusCode::UNAUTHORIZED, format!("missing credential: {missing}"))),
+            None => Err(false),
             Some(Some(credential)) => Ok(credential),
-            Some(None) => Err(ApiError(StatusCode::UNAUTHORIZED, format!("wrong credential: {missing}"))),
+            Some(None) => Err(true),
         }
     }
+}
+
+/// What the store API asks for, in the answer to a request without a right credential.
+const NEEDS: &str = "the store API needs Authorization: Bearer <token>: the token in the store's owner file \
+                     (outboxd.owner, readable by the user running outboxd) or [admin] token";
+
+/// 401 for a request without a right credential; 429 once wrong ones came too often.
+fn unauthorized(wrong: bool, limited: Option<Limited>) -> Response {
+    let e = match (wrong, limited) {
+        (_, Some(l)) => ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many wrong credentials ({}); wait a minute (a right credential is still accepted)",
+                match l {
+                    Limited::Address => "from this address",
+                    Limited::Total => "from all addresses",
+                }
+            ),
+        ),
+        (true, None) => ApiError(StatusCode::UNAUTHORIZED, format!("wrong credential: {NEEDS}")),
+        (false, None) => ApiError(StatusCode::UNAUTHORIZED, format!("missing credential: {NEEDS}")),
+    };
+    let mut resp = e.into_response();
+    resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// The client's address (unspecified when the server did not say: tests of the router alone).
+pub(super) fn peer_of(req: &Request) -> IpAddr {
+    req.extensions().get::<ConnectInfo<SocketAddr>>().map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip())
+}
+
+/// The repair a `/v1` path asks for.
+fn action_of(path: &str) -> Option<AuditAction> {
+    match path.trim_end_matches('/') {
+        "/forget" => Some(AuditAction::Forget),
+        "/resolve" => Some(AuditAction::Resolve),
+        "/retry" => Some(AuditAction::Retry),
+        "/gc" => Some(AuditAction::Gc),
+        _ => None,
+    }
+}
+
+/// Audits a repair refused to `credential` (read access), with the event and the
+/// reason the request named. Runs to its end even if the client goes away.
+async fn audit_refusal(local: &Local, credential: &Credential, uri: &axum::http::Uri) {
+    let Some(action) = action_of(uri.path()) else { return };
+    let query: Vec<(String, String)> =
+        uri.query().map(|q| url::form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default();
+    let named = |key: &str| query.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    let ids: Vec<String> = named("id").into_iter().collect();
+    // A reason the repair would have refused (too long, not text) is left out, not the entry.
+    let actor = Actor::new(&credential.name, named("reason").as_deref())
+        .unwrap_or_else(|_| Actor { name: credential.name.clone(), reason: None });
+    let local = local.clone();
+    let _ = tokio::spawn(async move { local.refused_by(action, &ids, &actor, "the credential has read access").await })
+        .await;
 }
 
 /// A change (forget, resolve, retry, gc: every method but `GET` and `HEAD`) by a
@@ -192,15 +272,25 @@ pub async fn check(State(guard): State<Arc<Guard>>, mut req: Request, next: Next
     }
     let credential = match guard.credential(req.headers()) {
         Ok(credential) => credential,
-        Err(e) => {
-            tracing::warn!(path = req.uri().path(), reason = %e.1, "admin request refused");
-            let mut resp = e.into_response();
-            resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-            return resp;
+        Err(false) => {
+            tracing::warn!(path = req.uri().path(), "admin request refused: no credential");
+            return unauthorized(false, None);
+        }
+        Err(true) => {
+            let peer = peer_of(&req);
+            let limited = guard.failed(peer).err();
+            if limited.is_none() {
+                tracing::warn!(path = req.uri().path(), client = %peer, "admin request refused: wrong credential");
+            }
+            return unauthorized(true, limited);
         }
     };
     if let Some(refused) = refused_change(req.method(), &credential) {
         tracing::warn!(path = req.uri().path(), credential = %credential.name, reason = %refused.1, "admin request refused");
+        if let Some(local) = &guard.audit {
+            let uri = req.uri().clone();
+            audit_refusal(local, &credential, &uri).await;
+        }
         return refused.into_response();
     }
     req.extensions_mut().insert(credential);
@@ -236,7 +326,7 @@ mod tests {
     fn guard(configured: Option<&str>, allowed: &[&str]) -> Guard {
         let tokens = configured.into_iter().map(|t| (t.to_owned(), operate("admin"))).chain([run_token()]);
         let allowed: Vec<String> = allowed.iter().map(|s| s.to_string()).collect();
-        Guard::new(tokens, "127.0.0.1:9464".parse().unwrap(), &allowed)
+        Guard::new(tokens, "127.0.0.1:9464".parse().unwrap(), &allowed, Failures::new(10, 60))
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
@@ -261,7 +351,8 @@ mod tests {
         let only_run = guard(None, &[]);
         assert!(!only_run.accepts("s3cret-configured"));
         assert!(
-            !Guard::new([(String::new(), operate("x"))], "127.0.0.1:1".parse().unwrap(), &[]).accepts(""),
+            !Guard::new([(String::new(), operate("x"))], "127.0.0.1:1".parse().unwrap(), &[], Failures::new(10, 60))
+                .accepts(""),
             "an empty token is never accepted"
         );
     }
@@ -273,7 +364,7 @@ mod tests {
             ("bob-0123456789abcdef".to_owned(), Credential::new("bob", Access::Read)),
             run_token(),
         ];
-        let g = Guard::new(tokens, "127.0.0.1:9464".parse().unwrap(), &[]);
+        let g = Guard::new(tokens, "127.0.0.1:9464".parse().unwrap(), &[], Failures::new(10, 60));
         assert_eq!(g.credential_for("alice-0123456789abcdef"), Some(operate("alice")));
         assert_eq!(g.credential_for("bob-0123456789abcdef"), Some(Credential::new("bob", Access::Read)));
         assert_eq!(g.credential_for(RUN), Some(operate("local")));
@@ -296,16 +387,14 @@ mod tests {
     fn credential_is_a_bearer_authorization_header() {
         let g = guard(None, &[]);
         assert_eq!(g.credential(&headers(&[("authorization", &format!("Bearer {RUN}"))])).ok(), Some(operate("local")));
-        for (h, why) in [
-            (headers(&[]), "missing"),
-            (headers(&[("authorization", RUN)]), "without the scheme"),
-            (headers(&[("authorization", &format!("Basic {RUN}"))]), "another scheme"),
-            (headers(&[("authorization", "Bearer ")]), "empty"),
-            (headers(&[("authorization", "Bearer nope")]), "wrong"),
+        for (h, wrong, why) in [
+            (headers(&[]), false, "missing"),
+            (headers(&[("authorization", RUN)]), false, "without the scheme"),
+            (headers(&[("authorization", &format!("Basic {RUN}"))]), false, "another scheme"),
+            (headers(&[("authorization", "Bearer ")]), true, "empty"),
+            (headers(&[("authorization", "Bearer nope")]), true, "wrong"),
         ] {
-            let e = g.credential(&h).expect_err(why);
-            assert_eq!(e.0, StatusCode::UNAUTHORIZED, "{why}");
-            assert!(!e.1.contains(RUN), "the error never shows a token");
+            assert_eq!(g.credential(&h).expect_err(why), wrong, "{why}: a wrong token, or none");
         }
     }
 
@@ -328,9 +417,9 @@ mod tests {
         {
             assert!(!g.host_allowed(refused), "{refused}");
         }
-        let wildcard = Guard::new([run_token()], "0.0.0.0:9464".parse().unwrap(), &[]);
+        let wildcard = Guard::new([run_token()], "0.0.0.0:9464".parse().unwrap(), &[], Failures::new(10, 60));
         assert!(wildcard.host_allowed("0.0.0.0:9464") && !wildcard.host_allowed("10.1.2.3:9464"));
-        let on_80 = Guard::new([run_token()], "127.0.0.1:80".parse().unwrap(), &[]);
+        let on_80 = Guard::new([run_token()], "127.0.0.1:80".parse().unwrap(), &[], Failures::new(10, 60));
         assert!(on_80.host_allowed("localhost") && !on_80.host_allowed("evil.example"));
     }
 

@@ -27,4 +27,3 @@ impl From<StoreError> for ApiError {
         ApiError(status, e.to_string())
     }
 }
-

@@ -8,9 +8,11 @@
 
 mod auth;
 mod error;
+mod failures;
+mod listener;
+mod reads;
 mod routes;
 mod ui;
-
 
 pub use auth::{Access, Credential};
 
@@ -86,10 +88,14 @@ pub async fn serve(
         .chain(admin.tokens.iter().map(|t| (t.token.clone(), Credential::new(&t.name, t.access))))
         .chain(run_token.map(|t| (t, operate(crate::config::RUN_TOKEN_NAME))));
     let listen = listener.local_addr()?;
-    let guard = Arc::new(auth::Guard::new(tokens, listen, &admin.allowed_hosts));
+    let limits = admin.limits;
+    let failures = failures::Failures::new(limits.failures_per_address, limits.failures_total);
+    let local = crate::ops::Local::with_executor(state.exec.clone());
+    let guard = Arc::new(auth::Guard::new(tokens, listen, &admin.allowed_hosts, failures).auditing(local));
+    let reads = reads::Reads::new(limits.max_reads);
     let state = Arc::new(state);
-    let api =
-        routes::router(state.exec.clone()).layer(axum::middleware::from_fn_with_state(guard.clone(), auth::check));
+    let api = routes::router(state.exec.clone(), reads.clone(), &limits)
+        .layer(axum::middleware::from_fn_with_state(guard.clone(), auth::check));
     let mut app = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
@@ -97,12 +103,40 @@ pub async fn serve(
         .with_state(state.clone())
         .nest("/v1", api);
     if state.exec.config.admin.ui.enabled {
-        let console = ui::Console::new(state.exec.clone(), state.tracker.clone(), state.broker.clone(), guard, listen);
+        let console =
+            ui::Console::new(state.exec.clone(), state.tracker.clone(), state.broker.clone(), guard, listen, reads);
         app = app.nest("/ui", ui::router(console));
     }
-    // The console's login limit is per client address.
-    let app = app.into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    let request_timeout = limits.request_timeout;
+    let app = app
+        .layer(axum::middleware::from_fn(move |req, next| answer_within(request_timeout, req, next)))
+        .layer(axum::extract::DefaultBodyLimit::max(usize::try_from(limits.max_body).unwrap_or(usize::MAX)));
+    let connections = listener::Limits {
+        max_connections: limits.max_connections,
+        header_timeout: limits.header_timeout,
+        max_age: limits.max_connection_age,
+    };
+    listener::serve(listener, app, connections, shutdown).await
+}
+
+/// Answers 503 when a request's answer is not ready within `limit` (`[admin]
+/// request_timeout`): its handler is dropped (a repair runs to its end in a task of its
+/// own, see `routes::to_the_end`). A streamed body (an export) has its own deadline.
+async fn answer_within(
+    limit: std::time::Duration,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path().to_owned();
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            metrics::counter!(names::ADMIN_LIMITED, "reason" => "request_timeout").increment(1);
+            tracing::warn!(%path, ?limit, "admin request not answered within admin.request_timeout");
+            let why = format!("not answered within admin.request_timeout ({})", humantime::format_duration(limit));
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": why}))).into_response()
+        }
+    }
 }
 
 /// Ready: the store works, a broker is reachable, the group has made this

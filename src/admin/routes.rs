@@ -5,6 +5,7 @@
 //! under the [`Credential`] that layer found, with the request's `reason=`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
@@ -16,10 +17,12 @@ use tokio::sync::Semaphore;
 
 use super::auth::Credential;
 use super::error::ApiError;
+use super::reads::Reads;
+use crate::config::AdminLimits;
 use crate::engine::Executor;
 use crate::ops::{self, Actor, Local, OpsError};
-use crate::wire::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
 use crate::store::{State as RecordState, StoreError};
+use crate::wire::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
 
 /// Records in one page of `/v1/events` when the request names no `limit`.
 const DEFAULT_PAGE: usize = 100;
@@ -39,8 +42,24 @@ struct Retries {
     turns: Arc<Semaphore>,
 }
 
-pub(super) fn router(exec: Arc<Executor>) -> Router {
-    let local = Local::with_executor(exec.clone());
+/// What the reads of the store API work with.
+#[derive(Clone)]
+struct Api {
+    local: Local,
+    reads: Reads,
+    /// How long one export may stream (`[admin] export_timeout`).
+    export_timeout: Duration,
+    /// Records one page examines at most (`[admin] read_budget`).
+    read_budget: usize,
+}
+
+pub(super) fn router(exec: Arc<Executor>, reads: Reads, limits: &AdminLimits) -> Router {
+    let local = Api {
+        local: Local::with_executor(exec.clone()),
+        reads,
+        export_timeout: limits.export_timeout,
+        read_budget: limits.read_budget,
+    };
     let circuits = exec.circuits().clone();
     let retries = Retries { exec, turns: Arc::new(Semaphore::new(MAX_ADMIN_RETRIES)) };
     Router::new()
@@ -64,12 +83,14 @@ fn join_error(e: tokio::task::JoinError) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
-async fn stats(State(l): State<Local>) -> Result<Json<StatsView>, ApiError> {
-    Ok(Json(tokio::task::spawn_blocking(move || l.stats()).await.map_err(join_error)??))
+async fn stats(State(a): State<Api>) -> Result<Json<StatsView>, ApiError> {
+    let l = a.local;
+    Ok(Json(a.reads.run(move || l.stats()).await.map_err(join_error)??))
 }
 
-async fn get_event(State(l): State<Local>, Path(id): Path<String>) -> Result<Json<RecordView>, ApiError> {
-    found(&id, l.get(&id)?)
+async fn get_event(State(a): State<Api>, Path(id): Path<String>) -> Result<Json<RecordView>, ApiError> {
+    let (l, key) = (a.local, id.clone());
+    found(&id, a.reads.run(move || l.get(&key)).await.map_err(join_error)??)
 }
 
 /// The record, or a 404 naming the event.
@@ -98,12 +119,17 @@ impl ListQuery {
     }
 }
 
-/// One page of records in id order: `{"records": [...], "next": ID | null}`.
-/// `next` is set when more records follow; ask again with `?after=ID`.
-async fn list(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Json<PageView>, ApiError> {
+/// One page of records in id order: `{"records": [...], "next": ID | null, "partial": bool}`.
+/// `next` is set when more records may follow; ask again with `?after=ID`. A page
+/// that examined `[admin] read_budget` records before it was full stops there
+/// (`partial`): a filter that matches little is read a page at a time, never all at once.
+async fn list(State(a): State<Api>, Query(q): Query<ListQuery>) -> Result<Json<PageView>, ApiError> {
     let state = q.state_filter()?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
-    let page = tokio::task::spawn_blocking(move || l.page(state, q.topic.as_deref(), q.after.as_deref(), limit))
+    let (l, budget) = (a.local, a.read_budget);
+    let page = a
+        .reads
+        .run(move || l.page_within(state, q.topic.as_deref(), q.after.as_deref(), limit, Some(budget)))
         .await
         .map_err(join_error)??;
     Ok(Json(page))
@@ -137,7 +163,7 @@ async fn to_the_end<T: Send + 'static>(
 }
 
 async fn forget(
-    State(l): State<Local>,
+    State(Api { local: l, .. }): State<Api>,
     Extension(who): Extension<Credential>,
     Query(q): Query<IdQuery>,
 ) -> Result<Json<RecordView>, ApiError> {
@@ -146,7 +172,7 @@ async fn forget(
 }
 
 async fn resolve(
-    State(l): State<Local>,
+    State(Api { local: l, .. }): State<Api>,
     Extension(who): Extension<Credential>,
     Query(q): Query<IdQuery>,
 ) -> Result<Json<RecordView>, ApiError> {
@@ -157,7 +183,7 @@ async fn resolve(
 }
 
 async fn gc(
-    State(l): State<Local>,
+    State(Api { local: l, .. }): State<Api>,
     Extension(who): Extension<Credential>,
     Query(q): Query<ReasonQuery>,
 ) -> Result<Json<GcView>, ApiError> {
@@ -182,28 +208,67 @@ struct AuditQuery {
 /// The audit, newest first: `{"entries": [...], "next": CURSOR | null}`; ask for
 /// the next (older) page with `?before=CURSOR`. With `?id=`, every entry naming
 /// that event.
-async fn audit(State(l): State<Local>, Query(q): Query<AuditQuery>) -> Result<Json<AuditPage>, ApiError> {
-    if let Some(id) = &q.id {
-        return Ok(Json(AuditPage { entries: l.audit_of(id)?, next: None }));
-    }
+async fn audit(State(a): State<Api>, Query(q): Query<AuditQuery>) -> Result<Json<AuditPage>, ApiError> {
+    let l = a.local;
     let limit = q.limit.unwrap_or(DEFAULT_AUDIT_PAGE).clamp(1, MAX_AUDIT_PAGE);
-    Ok(Json(l.audit(q.before.as_deref(), limit)?))
+    let page = a
+        .reads
+        .run(move || match &q.id {
+            Some(id) => l.audit_of(id).map(|entries| AuditPage { entries, next: None }),
+            None => l.audit(q.before.as_deref(), limit),
+        })
+        .await
+        .map_err(join_error)??;
+    Ok(Json(page))
 }
 
-/// JSON Lines of records (with message copies), streamed while the store is scanned.
-async fn export(State(l): State<Local>, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
+/// JSON Lines of records (with message copies), streamed while the store is scanned,
+/// for at most `[admin] export_timeout`: a client that reads slowly, or not at all,
+/// holds a store read turn (and its blocking thread) no longer than that, and past it
+/// the stream ends with an error, so that the client knows the export is not whole.
+async fn export(State(a): State<Api>, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
     let state = q.state_filter()?;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(EXPORT_BUFFER);
-    tokio::task::spawn_blocking(move || {
-        let sent = l.export(state, q.topic.as_deref(), |line| -> Result<(), StoreError> {
-            // A client that went away ends the scan.
-            tx.blocking_send(Ok(format!("{line}\n"))).map_err(|_| StoreError::NotFound("export client".into()))
-        });
-        if let Err(e) = sent {
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(EXPORT_BUFFER);
+    let (l, within, reads) = (a.local, a.export_timeout, a.reads);
+    let deadline = tokio::time::Instant::now() + within;
+    // Why the scan ended early, if it did: the stream ends with it as an error.
+    let failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let failure = failed.clone();
+    let scan = async move {
+        reads
+            .run(move || {
+                let runtime = tokio::runtime::Handle::current();
+                let sent = l.export(state, q.topic.as_deref(), |line| -> Result<(), StoreError> {
+                    match runtime.block_on(tokio::time::timeout_at(deadline, tx.send(format!("{line}\n")))) {
+                        Ok(Ok(())) => Ok(()),
+                        // The client went away: nobody to tell.
+                        Ok(Err(_)) => Err(StoreError::NotFound("export client".into())),
+                        Err(_) => Err(StoreError::Io(std::io::Error::other(format!(
+                    "the export took longer than admin.export_timeout ({}); export less at a time (--state, --topic)",
+                    humantime::format_duration(within)
+                )))),
+                    }
+                });
+                if let Err(e) = sent {
+                    *failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.to_string());
+                }
+            })
+            .await
+    };
+    tokio::spawn(scan);
+    let stream = futures::stream::unfold(Some(rx), move |rx| {
+        let failed = failed.clone();
+        async move {
+            let mut rx = rx?;
+            match rx.recv().await {
+                Some(line) => Some((Ok(line), Some(rx))),
+                None => {
+                    let why = failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                    why.map(|why| (Err(std::io::Error::other(why)), None))
+                }
+            }
         }
     });
-    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     Ok(([("content-type", "application/x-ndjson")], axum::body::Body::from_stream(stream)).into_response())
 }
 

@@ -221,7 +221,9 @@ fn open_store(config: &Config) -> Result<Arc<Store>, Error> {
         Error::new(ErrorKind::Store, format!("opening the store at {}", config.store.path.display()), e)
     })?;
     store.set_message_quota(config.store.max_message_copy_bytes);
-    Ok(Arc::new(store))
+    let store = Arc::new(store);
+    store.index_problems();
+    Ok(store)
 }
 
 /// With `[store.changelog]`: the changelog topics of the source topics that exist

@@ -180,10 +180,16 @@ fn an_export_line_puts_the_message_among_the_record_fields_as_today() {
 #[test]
 fn a_page_gc_and_retry_answer_keep_their_wire_shape() {
     let record = RecordView::from(&record());
-    let page = PageView { next: Some("e1".into()), records: vec![record.clone()] };
-    assert_eq!(serde_json::to_string(&page).unwrap(), format!(r#"{{"next":"e1","records":[{RECORD}]}}"#));
-    let last = PageView { next: None, records: vec![] };
-    assert_eq!(serde_json::to_string(&last).unwrap(), r#"{"next":null,"records":[]}"#);
+    let page = PageView { next: Some("e1".into()), partial: false, records: vec![record.clone()] };
+    let json = format!(r#"{{"next":"e1","partial":false,"records":[{RECORD}]}}"#);
+    assert_eq!(serde_json::to_string(&page).unwrap(), json);
+    let last = PageView { next: None, partial: false, records: vec![] };
+    assert_eq!(serde_json::to_string(&last).unwrap(), r#"{"next":null,"partial":false,"records":[]}"#);
+    // A page from a service of before the read budget has no `partial`: a whole page.
+    let earlier: PageView = serde_json::from_str(r#"{"next":null,"records":[]}"#).unwrap();
+    assert_eq!(earlier, last);
+    let stopped = PageView { next: Some("e9".into()), partial: true, records: vec![] };
+    assert_eq!(serde_json::from_str::<PageView>(&serde_json::to_string(&stopped).unwrap()).unwrap(), stopped);
     assert_eq!(serde_json::to_string(&GcView { removed: 7 }).unwrap(), r#"{"removed":7}"#);
 
     let finished = RetryView::Finished(Box::new(record));

@@ -1,9 +1,11 @@
 //! `[admin]`: the admin HTTP server's address, its tokens (`token`, and the named
 //! credentials of `[[admin.tokens]]`) and the `Host` values the store API answers to.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
-use super::values::expand_env;
+use super::values::{duration, expand_env, parse_size};
 use super::ConfigError;
 
 /// Prometheus' registered default port for exporters of this kind; loopback only.
@@ -14,6 +16,41 @@ const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 const MIN_TOKEN_BYTES: usize = 16;
 /// The longest credential name: it is shown in every audit entry and log line.
 const MAX_NAME_CHARS: usize = 64;
+/// Connections the admin server keeps open at once. Its callers are few (a probe or
+/// two, a Prometheus scrape, a handful of operators' browsers with a few connections
+/// each, `outboxd store`), and every connection holds a file descriptor the engine
+/// may need (broker sockets, receiver calls, store files: a 1,024 limit is common).
+const DEFAULT_MAX_CONNECTIONS: usize = 128;
+/// How long a request's head may take to arrive, and a keep-alive connection may sit
+/// idle: long enough for any real client on a slow link, short enough that idle or
+/// half-sent connections give their place back within seconds.
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request may take to be answered (an export's stream excepted: see
+/// `export_timeout`). The slowest request is a page of 10,000 records.
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may stay open at all: a client that stops reading a large
+/// answer would otherwise hold its connection for good. Past an export's deadline.
+const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(15 * 60);
+/// The largest request body: the API and the console take query strings and small
+/// forms (a token, a reason); nothing legitimate comes near it.
+const DEFAULT_MAX_BODY: u64 = 64 * 1024;
+/// Store reads of the admin server at once (each a thread of the blocking pool, which
+/// restores need too): pages, stats, exports and the console's lists wait for a turn.
+const DEFAULT_MAX_READS: usize = 4;
+/// Records one request of the store API or the console examines at most while it
+/// looks for records that match its filters (a state, a topic): a rare match among
+/// millions of records costs a few pages of a fraction of a second each, never one
+/// read of everything. Dead and parked records come from their index, not this.
+const DEFAULT_READ_BUDGET: usize = 100_000;
+/// How long one `/v1/export` may stream: `outboxd store export` through the service
+/// writes about 50,000 records a second, so a million records take well under this.
+const DEFAULT_EXPORT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// Failed credentials (bearer tokens and console logins) per client address per minute:
+/// a person mistyping a token a few times is never slowed down.
+const DEFAULT_FAILURES_PER_ADDRESS: u32 = 10;
+/// Failed credentials per minute from all addresses together: bounds what a flood of
+/// wrong tokens costs (their checks and log lines).
+const DEFAULT_FAILURES_TOTAL: u32 = 60;
 /// The name `[admin] token` has in the audit.
 pub const ADMIN_TOKEN_NAME: &str = "admin";
 /// The name the per-run token of the owner file has in the audit.
@@ -37,6 +74,26 @@ pub struct RawAdmin {
     /// Named credentials for the store API, each with its access.
     #[serde(default)]
     pub tokens: Vec<RawToken>,
+    /// Connections open at once (default 128).
+    pub max_connections: Option<usize>,
+    /// Time to read a request's head, and a keep-alive connection's idle time (default 10s).
+    pub header_timeout: Option<String>,
+    /// Time to answer a request (default 30s).
+    pub request_timeout: Option<String>,
+    /// Time a connection may stay open (default 15m).
+    pub max_connection_age: Option<String>,
+    /// Largest request body (default 64KiB).
+    pub max_body: Option<String>,
+    /// Store reads at once (default 4).
+    pub max_reads: Option<usize>,
+    /// Records one request examines at most (default 100000).
+    pub read_budget: Option<usize>,
+    /// How long one export may stream (default 10m).
+    pub export_timeout: Option<String>,
+    /// Failed credentials per client address per minute (default 10).
+    pub failures_per_address: Option<u32>,
+    /// Failed credentials per minute from all addresses (default 60).
+    pub failures_total: Option<u32>,
 }
 
 /// One `[[admin.tokens]]` entry as written.
@@ -91,7 +148,7 @@ impl std::fmt::Debug for NamedToken {
 }
 
 /// `[admin]` validated; every default when the section is absent.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct AdminConfig {
     /// Where the admin server listens (default `127.0.0.1:9464`); `None` when turned off.
@@ -105,6 +162,65 @@ pub struct AdminConfig {
     pub ui: super::ui::UiConfig,
     /// `[[admin.tokens]]`, in file order; names unique, and neither `admin` nor `local`.
     pub tokens: Vec<NamedToken>,
+    /// How the admin server bounds its connections, requests and reads.
+    pub limits: AdminLimits,
+}
+
+/// The admin server's bounds: what one client, or many, can take of the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdminLimits {
+    /// Connections open at once (at least 1).
+    pub max_connections: usize,
+    /// Time to read a request's head; also how long a keep-alive connection may idle.
+    pub header_timeout: Duration,
+    /// Time to answer a request (an export's stream has `export_timeout`).
+    pub request_timeout: Duration,
+    /// Time a connection may stay open at all.
+    pub max_connection_age: Duration,
+    /// Largest request body, in bytes.
+    pub max_body: u64,
+    /// Store reads at once.
+    pub max_reads: usize,
+    /// Records one request examines at most while it looks for matches.
+    pub read_budget: usize,
+    /// How long one export may stream.
+    pub export_timeout: Duration,
+    /// Failed credentials per client address per minute.
+    pub failures_per_address: u32,
+    /// Failed credentials per minute, all addresses together.
+    pub failures_total: u32,
+}
+
+impl Default for AdminLimits {
+    fn default() -> AdminLimits {
+        AdminLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_connection_age: DEFAULT_MAX_CONNECTION_AGE,
+            max_body: DEFAULT_MAX_BODY,
+            max_reads: DEFAULT_MAX_READS,
+            read_budget: DEFAULT_READ_BUDGET,
+            export_timeout: DEFAULT_EXPORT_TIMEOUT,
+            failures_per_address: DEFAULT_FAILURES_PER_ADDRESS,
+            failures_total: DEFAULT_FAILURES_TOTAL,
+        }
+    }
+}
+
+/// Tokens are never printed: the section's `Debug` names them only.
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("ui", &self.ui)
+            .field("tokens", &self.tokens)
+            .field("limits", &self.limits)
+            .finish()
+    }
 }
 
 /// The section is optional: absent means every default.
@@ -113,9 +229,12 @@ pub(super) fn validate(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<AdminConfig, ConfigError> {
     let raw = raw.unwrap_or_default();
-    let token = raw.token.map(|t| expand_env("admin.token", &t, env)).transpose()?;
-    if token.as_deref().is_some_and(str::is_empty) {
-        return Err(ConfigError::field("admin.token", "must not be empty"));
+    let token = raw.token.as_ref().map(|t| expand_env("admin.token", t, env)).transpose()?;
+    if token.as_deref().is_some_and(|t| t.len() < MIN_TOKEN_BYTES) {
+        return Err(ConfigError::field(
+            "admin.token",
+            format!("must be at least {MIN_TOKEN_BYTES} bytes (e.g. `openssl rand -hex 32`), like [[admin.tokens]]"),
+        ));
     }
     let tokens = named_tokens(&raw.tokens, token.as_deref(), env)?;
     let listen = match raw.listen.as_deref().map(str::trim) {
@@ -145,8 +264,69 @@ pub(super) fn validate(
             allowed_host(h).map_err(|e| ConfigError::field(format!("admin.allowed_hosts[{i}]"), format!("{h:?} {e}")))
         })
         .collect::<Result<_, _>>()?;
+    let limits = limits(&raw, raw.ui.as_ref().and_then(|ui| ui.login_attempts_per_minute))?;
     let ui = super::ui::validate(raw.ui)?;
-    Ok(AdminConfig { listen, token, allowed_hosts, tokens, ui })
+    Ok(AdminConfig { listen, token, allowed_hosts, tokens, ui, limits })
+}
+
+/// The server's bounds; `login_attempts_per_minute` is the earlier name of
+/// `failures_per_address` (`[admin.ui]`), used when that one is not set.
+fn limits(raw: &RawAdmin, login_attempts_per_minute: Option<u32>) -> Result<AdminLimits, ConfigError> {
+    let d = AdminLimits::default();
+    let at_least_one = |field: &str, n: usize| {
+        if n == 0 {
+            Err(ConfigError::field(field, "must be at least 1"))
+        } else {
+            Ok(n)
+        }
+    };
+    let positive = |field: &str, value: Option<&str>, default: Duration| -> Result<Duration, ConfigError> {
+        let d = duration(field, value, default)?;
+        if d.is_zero() {
+            return Err(ConfigError::field(field, "must be more than 0"));
+        }
+        Ok(d)
+    };
+    let max_connections = at_least_one("admin.max_connections", raw.max_connections.unwrap_or(d.max_connections))?;
+    let header_timeout = positive("admin.header_timeout", raw.header_timeout.as_deref(), d.header_timeout)?;
+    let request_timeout = positive("admin.request_timeout", raw.request_timeout.as_deref(), d.request_timeout)?;
+    let export_timeout = positive("admin.export_timeout", raw.export_timeout.as_deref(), d.export_timeout)?;
+    let max_connection_age =
+        positive("admin.max_connection_age", raw.max_connection_age.as_deref(), d.max_connection_age)?;
+    if max_connection_age < request_timeout.max(export_timeout) {
+        return Err(ConfigError::field(
+            "admin.max_connection_age",
+            "must be at least admin.request_timeout and admin.export_timeout (a connection would be cut mid-answer)",
+        ));
+    }
+    let max_body = match raw.max_body.as_deref() {
+        Some(text) => parse_size(text).filter(|n| (1..=1 << 30).contains(n)).ok_or_else(|| {
+            ConfigError::field("admin.max_body", format!("{text:?}: a size up to 1GiB, such as \"64KiB\""))
+        })?,
+        None => d.max_body,
+    };
+    let max_reads = at_least_one("admin.max_reads", raw.max_reads.unwrap_or(d.max_reads))?;
+    let read_budget = at_least_one("admin.read_budget", raw.read_budget.unwrap_or(d.read_budget))?;
+    let (per_address, field) = match (raw.failures_per_address, login_attempts_per_minute) {
+        (Some(n), _) => (n, "admin.failures_per_address"),
+        (None, Some(n)) => (n, "admin.ui.login_attempts_per_minute"),
+        (None, None) => (d.failures_per_address, "admin.failures_per_address"),
+    };
+    let failures_per_address = at_least_one(field, per_address as usize)? as u32;
+    let failures_total =
+        at_least_one("admin.failures_total", raw.failures_total.unwrap_or(d.failures_total) as usize)? as u32;
+    Ok(AdminLimits {
+        max_connections,
+        header_timeout,
+        request_timeout,
+        max_connection_age,
+        max_body,
+        max_reads,
+        read_budget,
+        export_timeout,
+        failures_per_address,
+        failures_total,
+    })
 }
 
 /// `[[admin.tokens]]` checked: names short printable identifiers, unique and not
@@ -228,12 +408,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{e:#}").contains("admin.token"), "{e:#}");
-        let c = Config::parse(
-            &format!("{BASE}[admin]\nlisten=\"0.0.0.0:9464\"\ntoken=\"${{TOKEN}}\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
-            &env,
-        )
-        .unwrap();
-        assert_eq!(c.admin.token.as_deref(), Some("s3cret"));
+        let env = |name: &str| match name {
+            "ADMIN_TOKEN" => Some("admin-0123456789abcdef".to_owned()),
+            other => env(other),
+        };
+        let with = |token: &str| {
+            Config::parse(
+                &format!("{BASE}[admin]\nlisten=\"0.0.0.0:9464\"\ntoken=\"{token}\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
+                &env,
+            )
+        };
+        assert_eq!(with("${ADMIN_TOKEN}").unwrap().admin.token.as_deref(), Some("admin-0123456789abcdef"));
+        // As short as a password: refused, like a short [[admin.tokens]] token.
+        let e = format!("{:#}", with("${TOKEN}").unwrap_err());
+        assert!(e.contains("admin.token") && e.contains("at least 16 bytes"), "{e}");
+        assert!(!e.contains("s3cret"), "the error never shows the token: {e}");
         let c = Config::parse(
             &format!("{BASE}[admin]\nlisten=\"off\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n"),
             &env,

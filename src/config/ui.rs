@@ -1,6 +1,7 @@
 //! `[admin.ui]`: the operators' console at `/ui` on the admin server: whether it
-//! is served, how long a login lasts, how fast logins may be tried, and whether
-//! its cookie is marked `Secure`.
+//! is served, how long a login lasts, how many there may be, and whether its cookie
+//! is marked `Secure`. (How many wrong tokens may be tried is `[admin]`'s, shared with
+//! the store API.)
 
 use std::time::Duration;
 
@@ -16,12 +17,12 @@ const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
 /// A session ends this long after its login whatever its use: one working day,
 /// so a stolen cookie is not good forever.
 const DEFAULT_SESSION_MAX: Duration = Duration::from_secs(12 * 3600);
-/// Failed logins allowed per client address per minute: a person mistyping a
-/// token a few times gets through; guessing a 32-byte token at this rate is hopeless.
-const DEFAULT_LOGIN_ATTEMPTS: u32 = 10;
 /// Sessions kept at once: every login holds one until it ends, so the bound keeps
-/// memory fixed; the oldest is ended to make room.
+/// memory fixed; the least recently used is ended to make room.
 const DEFAULT_MAX_SESSIONS: usize = 256;
+/// Sessions of one credential at once: a person with a few browsers and tabs logged
+/// in stays under it, and one credential (a shared `read` token) cannot take every place.
+const DEFAULT_MAX_SESSIONS_PER_CREDENTIAL: usize = 16;
 
 /// `[admin.ui]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -33,10 +34,12 @@ pub struct RawUi {
     pub session_idle: Option<String>,
     /// A session ends this long after its login (default 12h).
     pub session_max: Option<String>,
-    /// Failed logins per client address per minute (default 10).
+    /// The earlier name of `[admin] failures_per_address` (used when that is not set).
     pub login_attempts_per_minute: Option<u32>,
     /// Sessions kept at once (default 256).
     pub max_sessions: Option<usize>,
+    /// Sessions of one credential at once (default 16).
+    pub max_sessions_per_credential: Option<usize>,
     /// Mark the session cookie `Secure` (default false: the admin server speaks plain
     /// HTTP; set it when a TLS proxy serves the console).
     pub secure_cookie: Option<bool>,
@@ -52,10 +55,10 @@ pub struct UiConfig {
     pub session_idle: Duration,
     /// A session ends this long after its login.
     pub session_max: Duration,
-    /// Failed logins per client address per minute (at least 1).
-    pub login_attempts_per_minute: u32,
     /// Sessions kept at once (at least 1).
     pub max_sessions: usize,
+    /// Sessions of one credential at once (at least 1).
+    pub max_sessions_per_credential: usize,
     /// Whether the cookie carries `Secure`.
     pub secure_cookie: bool,
 }
@@ -66,8 +69,8 @@ impl Default for UiConfig {
             enabled: true,
             session_idle: DEFAULT_SESSION_IDLE,
             session_max: DEFAULT_SESSION_MAX,
-            login_attempts_per_minute: DEFAULT_LOGIN_ATTEMPTS,
             max_sessions: DEFAULT_MAX_SESSIONS,
+            max_sessions_per_credential: DEFAULT_MAX_SESSIONS_PER_CREDENTIAL,
             secure_cookie: false,
         }
     }
@@ -87,20 +90,23 @@ pub(super) fn validate(raw: Option<RawUi>) -> Result<UiConfig, ConfigError> {
             format!("must be at least admin.ui.session_idle ({})", humantime::format_duration(session_idle)),
         ));
     }
-    let login_attempts_per_minute = raw.login_attempts_per_minute.unwrap_or(d.login_attempts_per_minute);
-    if login_attempts_per_minute == 0 {
+    if raw.login_attempts_per_minute == Some(0) {
         return Err(ConfigError::field("admin.ui.login_attempts_per_minute", "must be at least 1"));
     }
     let max_sessions = raw.max_sessions.unwrap_or(d.max_sessions);
     if max_sessions == 0 {
         return Err(ConfigError::field("admin.ui.max_sessions", "must be at least 1"));
     }
+    let max_sessions_per_credential = raw.max_sessions_per_credential.unwrap_or(d.max_sessions_per_credential);
+    if max_sessions_per_credential == 0 {
+        return Err(ConfigError::field("admin.ui.max_sessions_per_credential", "must be at least 1"));
+    }
     Ok(UiConfig {
         enabled: raw.enabled.unwrap_or(true),
         session_idle,
         session_max,
-        login_attempts_per_minute,
         max_sessions,
+        max_sessions_per_credential,
         secure_cookie: raw.secure_cookie.unwrap_or(false),
     })
 }
@@ -126,6 +132,7 @@ mod tests {
         assert!(ui("session_idle = \"2h\"\nsession_max = \"1h\"").unwrap_err().contains("admin.ui.session_max"));
         assert!(ui("login_attempts_per_minute = 0").unwrap_err().contains("admin.ui.login_attempts_per_minute"));
         assert!(ui("max_sessions = 0").unwrap_err().contains("admin.ui.max_sessions"));
+        assert!(ui("max_sessions_per_credential = 0").unwrap_err().contains("admin.ui.max_sessions_per_credential"));
         assert!(ui("colour = \"red\"").unwrap_err().contains("colour"));
     }
 }

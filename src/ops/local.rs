@@ -68,9 +68,13 @@ impl Local {
         }
     }
 
-    /// Counts every record (a full scan: blocking).
+    /// Counts every record (a full scan: blocking). In the running service, from
+    /// the counts the store keeps instead, without reading a record: a request never
+    /// reads the whole store.
     pub fn stats(&self) -> Result<StatsView, StoreError> {
-        Ok(StatsView::from(&self.store.reads().stats()?))
+        let reads = self.store.reads();
+        let stats = if reads.serves() { reads.kept_stats()? } else { reads.stats()? };
+        Ok(StatsView::from(&stats))
     }
 
     /// One record's view (with its held chain, if it is in one), if there is one.
@@ -87,15 +91,30 @@ impl Local {
         after: Option<&str>,
         limit: usize,
     ) -> Result<PageView, StoreError> {
+        self.page_within(state, topic, after, limit, None)
+    }
+
+    /// Like [`Local::page`], examining at most `budget` records (when given): a page
+    /// that stops there is `partial`, with `next` where to go on.
+    pub fn page_within(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+        budget: Option<usize>,
+    ) -> Result<PageView, StoreError> {
         // One more than the page tells whether there is a next page.
-        let mut records = self.store.reads().list_after(state, topic, after, limit.saturating_add(1))?;
-        let next = if records.len() > limit {
+        let listed = self.store.reads().list_page(state, topic, after, limit.saturating_add(1), budget)?;
+        let mut records = listed.records;
+        let (next, partial) = if records.len() > limit {
             records.truncate(limit);
-            records.last().map(crate::store::page_cursor)
+            (records.last().map(crate::store::page_cursor), false)
         } else {
-            None
+            (listed.resume.clone(), listed.resume.is_some())
         };
-        Ok(PageView { records: records.iter().map(|r| view::record_view(&self.store, r, 0)).collect(), next })
+        let records = records.iter().map(|r| view::record_view(&self.store, r, 0)).collect();
+        Ok(PageView { records, next, partial })
     }
 
     /// Calls `f` with each export line ([`view::export_line`]) in id order,
@@ -136,6 +155,13 @@ impl Local {
         let outcome = removed.as_ref().map_or_else(|e| audit::failed(e), |n| format!("removed {n} expired record(s)"));
         audit::record(&self.store, actor, AuditAction::Gc, Vec::new(), outcome).await;
         Ok(GcView { removed: removed? })
+    }
+
+    /// A repair `actor` may not make (its credential may only read) was refused:
+    /// audited with why, like a repair that failed. `ids`: the events it named.
+    pub async fn refused_by(&self, action: AuditAction, ids: &[String], actor: &Actor, why: &str) {
+        let events = ids.iter().map(|id| audit::event(&self.store, id)).collect();
+        audit::record(&self.store, actor, action, events, format!("refused: {why}")).await;
     }
 
     /// Up to `limit` audit entries, newest first, older than the cursor `before`.

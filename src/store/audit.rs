@@ -89,9 +89,14 @@ impl AuditEntry {
     }
 }
 
-/// The audit tree, and how long entries are kept.
+/// The audit tree, its index by event, and how long entries are kept.
 pub(super) struct AuditLog {
     tree: sled::Tree,
+    /// By event: the id's length (4 bytes, big-endian), the id, an entry's key → nothing,
+    /// so that the entries naming one event are found without reading the audit.
+    /// Written before its entry (and removed after it): an index entry whose audit
+    /// entry is gone is passed over.
+    by_event: sled::Tree,
     /// `store.retention` in µs: gc removes older entries.
     retention_us: i64,
 }
@@ -141,10 +146,51 @@ pub(super) fn is_audit_key(key: &[u8]) -> bool {
     key.first() == Some(&AUDIT_TAG)
 }
 
+/// The index tree's name.
+const BY_EVENT_TREE: &str = "audit_by_event";
+
+/// The index key of `id` in the entry of key `key`.
+fn by_event_key(id: &str, key: &[u8]) -> Vec<u8> {
+    let mut k = event_prefix(id);
+    k.extend_from_slice(key);
+    k
+}
+
+/// What every index key of `id` starts with.
+fn event_prefix(id: &str) -> Vec<u8> {
+    let len = u32::try_from(id.len()).unwrap_or(u32::MAX);
+    [&len.to_be_bytes()[..], id.as_bytes()].concat()
+}
+
 impl AuditLog {
     pub(super) fn open(db: &sled::Db, retention: std::time::Duration) -> Result<AuditLog, StoreError> {
         let retention_us = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
-        Ok(AuditLog { tree: db.open_tree(TREE)?, retention_us })
+        let indexed = db.tree_names().iter().any(|t| t.as_ref() == BY_EVENT_TREE.as_bytes());
+        let log = AuditLog { tree: db.open_tree(TREE)?, by_event: db.open_tree(BY_EVENT_TREE)?, retention_us };
+        if !indexed {
+            // A store of a release before the index: its audit (what people did within
+            // the retention, never one entry per event) is indexed once, here.
+            for item in log.tree.iter() {
+                let (k, v) = item?;
+                log.index(&k, &decode(&k, &v)?)?;
+            }
+        }
+        Ok(log)
+    }
+
+    /// Index entries of `entry` (of key `key`), before the entry is written.
+    fn index(&self, key: &[u8], entry: &AuditEntry) -> Result<(), StoreError> {
+        for e in &entry.events {
+            self.by_event.insert(by_event_key(&e.id, key), &[])?;
+        }
+        Ok(())
+    }
+
+    /// Writes `entry` under `key`, its index entries first.
+    fn insert(&self, key: &[u8], entry: &AuditEntry, value: &[u8]) -> Result<(), StoreError> {
+        self.index(key, entry)?;
+        self.tree.insert(key, value)?;
+        Ok(())
     }
 
     /// Up to `limit` entries, newest first, older than the cursor `before`; the
@@ -170,15 +216,22 @@ impl AuditLog {
         Ok((entries, None))
     }
 
-    /// Every entry that names event `id`, newest first (a scan of the audit: it
-    /// holds what people did within the retention, not one entry per event).
+    /// Every entry that names event `id`, newest first, from the index by event.
     pub(super) fn for_event(&self, id: &str) -> Result<Vec<AuditEntry>, StoreError> {
+        let prefix = event_prefix(id);
+        let mut keys = Vec::new();
+        for item in self.by_event.scan_prefix(&prefix) {
+            let (k, _) = item?;
+            keys.push(k[prefix.len()..].to_vec());
+        }
         let mut out = Vec::new();
-        for item in self.tree.iter().rev() {
-            let (k, v) = item?;
-            let entry = decode(&k, &v)?;
-            if entry.names(id) {
-                out.push(entry);
+        // Entry keys begin with their time: the last one is the newest.
+        for key in keys.iter().rev() {
+            if let Some(v) = self.tree.get(key)? {
+                let entry = decode(key, &v)?;
+                if entry.names(id) {
+                    out.push(entry);
+                }
             }
         }
         Ok(out)
@@ -189,8 +242,14 @@ impl AuditLog {
         let cutoff = key_at(now_us.saturating_sub(self.retention_us), [0; 8]);
         let mut removed = 0;
         for item in self.tree.range(..cutoff) {
-            let (k, _) = item?;
-            self.tree.remove(k)?;
+            let (k, v) = item?;
+            self.tree.remove(&k)?;
+            // A malformed entry leaves its index entries, which are passed over.
+            if let Ok(entry) = decode(&k, &v) {
+                for e in &entry.events {
+                    self.by_event.remove(by_event_key(&e.id, &k))?;
+                }
+            }
             removed += 1;
         }
         Ok(removed)
@@ -218,7 +277,7 @@ impl Store {
                 Some(sent) => sent.await.map_err(|e| refused = Some(e)).ok(),
                 None => None,
             };
-            self.audit.tree.insert(key, value)?;
+            self.audit.insert(&key, &part, &value)?;
             self.durable().await?;
             self.acknowledged(acked);
         }
@@ -243,7 +302,7 @@ impl Store {
         if entry.at_us.saturating_add(self.changelog.retention_us) <= now {
             return Ok(false);
         }
-        self.audit.tree.insert(tree_key, value)?;
+        self.audit.insert(tree_key, &entry, value)?;
         Ok(true)
     }
 

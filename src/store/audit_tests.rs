@@ -166,3 +166,52 @@ async fn an_entry_whose_mac_does_not_check_is_not_applied() {
     owner.restore().apply("t", authentic, &mut Restoring::looking_up()).unwrap();
     assert_eq!(whos(&owner.audit().list(None, 10).unwrap().0), ["signed"]);
 }
+
+#[tokio::test]
+async fn the_entries_of_one_event_are_found_through_the_index_not_by_reading_the_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let now = now_us();
+    for i in 0..200 {
+        store.audit().record(entry(now - 1000 + i, "someone", &[("other", None)])).await.unwrap();
+    }
+    store.audit().record(entry(now, "me", &[("mine", None), ("other", None)])).await.unwrap();
+    assert_eq!(whos(&store.audit().for_event("mine").unwrap()), ["me"]);
+    // The index names one entry for `mine`: a lookup reads that entry, and an id that
+    // is a prefix of another's finds nothing of it.
+    assert_eq!(store.audit.by_event.scan_prefix(event_prefix("mine")).count(), 1);
+    assert!(store.audit().for_event("min").unwrap().is_empty());
+    assert_eq!(store.audit().for_event("other").unwrap().len(), 201);
+}
+
+#[tokio::test]
+async fn expired_entries_leave_the_index_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let now = now_us();
+    store.audit().record(entry(now - 2 * HOUR_US, "old", &[("e1", None)])).await.unwrap();
+    store.audit().record(entry(now, "new", &[("e1", None)])).await.unwrap();
+    store.expire_audit(now).unwrap();
+    assert_eq!(whos(&store.audit().for_event("e1").unwrap()), ["new"]);
+    assert_eq!(store.audit.by_event.len(), 1, "the expired entry's index entry went with it");
+}
+
+#[tokio::test]
+async fn the_audit_of_a_store_written_before_the_index_is_indexed_at_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = now_us();
+    {
+        let store = open(dir.path());
+        store.audit().record(entry(now - 1, "a", &[("e1", None)])).await.unwrap();
+        store.audit().record(entry(now, "b", &[("e2", None)])).await.unwrap();
+        store.close().await.unwrap();
+    }
+    {
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        db.drop_tree(BY_EVENT_TREE).unwrap();
+        db.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(whos(&store.audit().for_event("e1").unwrap()), ["a"]);
+    assert_eq!(whos(&store.audit().for_event("e2").unwrap()), ["b"]);
+}

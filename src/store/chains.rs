@@ -278,8 +278,26 @@ impl Drop for Running<'_> {
 impl Store {
     /// Writes the record under `key` as `new` (`None`: removes it) through `write`,
     /// keeping the chain index right: a tree entry for a member is added before
-    /// the record is written, one it no longer has is removed after (module docs).
+    /// the record is written, one it no longer has is removed after (module docs);
+    /// and so the index of dead and parked records (`problems`).
     pub(super) fn chained<T>(
+        &self,
+        key: &[u8],
+        new: Option<&Record>,
+        write: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if self.problems.concerns(key, new) {
+            // The index of dead and parked records, kept the same way (store/problems.rs).
+            self.problems.before(key, new)?;
+            let out = self.chains_kept(key, new, write)?;
+            self.problems.after(key, new)?;
+            return Ok(out);
+        }
+        self.chains_kept(key, new, write)
+    }
+
+    /// [`Store::chained`] for the chain index alone.
+    fn chains_kept<T>(
         &self,
         key: &[u8],
         new: Option<&Record>,

@@ -33,6 +33,9 @@ mod migrate;
 mod names;
 mod options;
 mod owner;
+mod problems;
+#[cfg(test)]
+mod problems_tests;
 pub mod publish;
 mod read;
 mod record;
@@ -55,6 +58,8 @@ pub use keys::UNDECODABLE_SCOPE;
 pub use options::SMALL_CACHE_BYTES;
 pub use options::{Role, StoreOptions};
 pub(crate) use owner::Owner;
+pub use problems::{largest_first, reason_group, GroupCount, GroupKey};
+pub use read::Listed;
 pub use record::{now_us, Record, State};
 #[cfg(test)]
 pub use sync::SyncStats;
@@ -258,6 +263,8 @@ pub struct Store {
     chains: chains::Chains,
     /// What people did to the store (`audit`), kept `retention` long.
     audit: audit::AuditLog,
+    /// The dead and parked records, indexed and counted by group (`problems`).
+    problems: problems::Problems,
 }
 
 impl Store {
@@ -303,6 +310,7 @@ impl Store {
         };
         let chains = chains::Chains::open(&db)?;
         let audit = audit::AuditLog::open(&db, opts.retention)?;
+        let problems = problems::Problems::open(&db, &meta)?;
         let store = Store {
             path: path.to_owned(),
             meta,
@@ -319,8 +327,10 @@ impl Store {
             changelog,
             chains,
             audit,
+            problems,
         };
         store.load_chains()?;
+        store.load_problems()?;
         if opts.role.builds_lookup_filters() {
             store.slices.fill_filters();
         }
@@ -379,6 +389,7 @@ impl Store {
             self.messages.drop_slice(slice.start)?;
         }
         self.prune_chains()?;
+        self.prune_problems()?;
         self.expire_audit(now_us)?;
         self.durable().await?;
         Ok(removed)

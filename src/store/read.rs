@@ -10,6 +10,15 @@ use std::sync::Arc;
 use super::slices::Slice;
 use super::{format, keys, now_us, Found, Record, State, Stats, Store, StoreError, DUPLICATES_KEY};
 
+/// A page of records, and where to go on when it stopped short.
+pub struct Listed {
+    /// The records, in id order.
+    pub records: Vec<Record>,
+    /// Set when the read stopped at its budget before the page was full: the cursor of
+    /// the last record it examined. More may match after it.
+    pub resume: Option<String>,
+}
+
 /// A slice's next entry, the rest of it, and the slice.
 type Head = (Option<(sled::IVec, sled::IVec)>, sled::Iter, Arc<Slice>);
 
@@ -163,6 +172,7 @@ impl Store {
     /// Like [`Store::list_filtered`], starting after `after` (exclusive): the
     /// `next` cursor of the previous page ([`super::page_cursor`]), or an event id
     /// (the page starts past every record of it).
+    #[cfg(test)]
     pub(in crate::store) fn list_after(
         &self,
         state: Option<State>,
@@ -170,7 +180,95 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let start = match after.map(keys::parse_cursor) {
+        Ok(self.list_page(state, topic, after, limit, None)?.records)
+    }
+
+    /// Like [`Store::list_after`], examining at most `budget` records (when given):
+    /// a filter that matches few records among many stops there and says where to go
+    /// on ([`Listed::resume`]) instead of reading every record. Dead and parked
+    /// records come from their index (`problems`), which holds nothing else.
+    pub(in crate::store) fn list_page(
+        &self,
+        state: Option<State>,
+        topic: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+        budget: Option<usize>,
+    ) -> Result<Listed, StoreError> {
+        let start = self.start_after(after);
+        if let Some(s @ (State::Dead | State::Parked)) = state {
+            if self.problems.ready() {
+                return self.list_problems(s, topic, start, limit, budget);
+            }
+        }
+        let wanted = |r: &Record| state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic);
+        let mut in_memory = self.in_memory_claims(&start, &wanted).into_iter().peekable();
+        let mut out = Vec::new();
+        let mut examined = 0usize;
+        let mut items = self.merged(start)?.peekable();
+        while let Some(item) = items.next() {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v, slice) = item?;
+            while let Some((_, r)) = in_memory.next_if(|(mk, _)| mk.as_slice() < k.as_ref()) {
+                if out.len() < limit {
+                    out.push(r);
+                }
+            }
+            // A claim whose final record was just written: the record is the one shown.
+            in_memory.next_if(|(mk, _)| mk.as_slice() == k.as_ref());
+            let r = self.decode(&slice, &k, &v)?;
+            examined += 1;
+            // Stopped by the budget only with records left to examine.
+            let stop = budget.is_some_and(|b| examined >= b) && items.peek().is_some();
+            let resume = stop.then(|| super::page_cursor(&r));
+            if out.len() < limit && wanted(&r) {
+                out.push(r);
+            }
+            if resume.is_some() && out.len() < limit {
+                return Ok(Listed { records: out, resume });
+            }
+        }
+        out.extend(in_memory.map(|(_, r)| r).take(limit.saturating_sub(out.len())));
+        Ok(Listed { records: out, resume: None })
+    }
+
+    /// The dead or parked records (`state`) after `start`, from their index.
+    fn list_problems(
+        &self,
+        state: State,
+        topic: Option<&str>,
+        start: Bound<Vec<u8>>,
+        limit: usize,
+        budget: Option<usize>,
+    ) -> Result<Listed, StoreError> {
+        let mut out = Vec::new();
+        let mut examined = 0usize;
+        let mut entries = self.problems.tree.range((start, Bound::Unbounded)).peekable();
+        while let Some(item) = entries.next() {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, _) = item?;
+            // An entry whose record left (a crash between the two writes) is passed over.
+            let Some(r) = self.record_under(&key)? else { continue };
+            examined += 1;
+            let stop = budget.is_some_and(|b| examined >= b) && entries.peek().is_some();
+            let resume = stop.then(|| super::page_cursor(&r));
+            if r.state == state && topic.is_none_or(|t| t == r.topic) {
+                out.push(r);
+            }
+            if resume.is_some() && out.len() < limit {
+                return Ok(Listed { records: out, resume });
+            }
+        }
+        Ok(Listed { records: out, resume: None })
+    }
+
+    /// Where a page after the cursor `after` starts.
+    fn start_after(&self, after: Option<&str>) -> Bound<Vec<u8>> {
+        match after.map(keys::parse_cursor) {
             None => Bound::Unbounded,
             Some((event, Some(scope))) => {
                 let scope = match scope {
@@ -184,29 +282,7 @@ impl Store {
                 }
             }
             Some((event, None)) => Bound::Included(keys::past(&event)),
-        };
-        let wanted = |r: &Record| state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic);
-        let mut in_memory = self.in_memory_claims(&start, &wanted).into_iter().peekable();
-        let mut out = Vec::new();
-        for item in self.merged(start)? {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v, slice) = item?;
-            while let Some((_, r)) = in_memory.next_if(|(mk, _)| mk.as_slice() < k.as_ref()) {
-                if out.len() < limit {
-                    out.push(r);
-                }
-            }
-            // A claim whose final record was just written: the record is the one shown.
-            in_memory.next_if(|(mk, _)| mk.as_slice() == k.as_ref());
-            let r = self.decode(&slice, &k, &v)?;
-            if out.len() < limit && wanted(&r) {
-                out.push(r);
-            }
         }
-        out.extend(in_memory.map(|(_, r)| r).take(limit.saturating_sub(out.len())));
-        Ok(out)
     }
 
     /// The in-memory claims (of events with no stored record) past `start` that
@@ -237,6 +313,33 @@ impl Store {
         let mut t = self.slices.totals();
         t[0] += self.claims.unstored() as i64;
         State::ALL.map(|s| (s, t[super::counts::slot(s)].max(0) as u64))
+    }
+
+    /// What [`Store::stats`] says, from what the store keeps without reading a record:
+    /// the counts per state kept with every write (off by a crash's last batch at
+    /// most, until `outboxd store stats` on the stopped store recounts), and for the
+    /// oldest and newest the bounds of the slices that hold records (to within a
+    /// slice: a record is in the slice of its last write). What a running service
+    /// answers, so that no request reads every record.
+    pub(in crate::store) fn kept_stats(&self) -> Result<Stats, StoreError> {
+        let counts = self.counts();
+        let count = |state: State| counts.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
+        let holding: Vec<Arc<Slice>> = self.slices.all().into_iter().filter(|s| !s.is_empty()).collect();
+        let mut duplicates = self.duplicates.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(kept) = super::read_i64(&self.meta, DUPLICATES_KEY)? {
+            duplicates = duplicates.max(kept as u64);
+        }
+        Ok(Stats {
+            claimed: count(State::Claimed),
+            done: count(State::Done),
+            dead: count(State::Dead),
+            parked: count(State::Parked),
+            held: count(State::Held),
+            duplicates_suppressed: duplicates,
+            bytes_on_disk: self.db.size_on_disk()?,
+            oldest_us: holding.first().map(|s| s.start),
+            newest_us: holding.last().map(|s| s.end().min(now_us())),
+        })
     }
 
     /// Counts every record (a full scan). On a store no service is writing to,

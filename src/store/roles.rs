@@ -312,15 +312,29 @@ impl Reads<'_> {
         self.0.scan(state, topic, f)
     }
 
-    /// Up to `limit` records after the cursor `after`, in id order.
-    pub fn list_after(
+    /// Up to `limit` records after the cursor `after`, in id order, examining at
+    /// most `budget` records (when given): see [`super::Listed`].
+    pub fn list_page(
         &self,
         state: Option<State>,
         topic: Option<&str>,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<Record>, StoreError> {
-        self.0.list_after(state, topic, after, limit)
+        budget: Option<usize>,
+    ) -> Result<super::Listed, StoreError> {
+        self.0.list_page(state, topic, after, limit, budget)
+    }
+
+    /// The dead and parked records counted by state, topic and reason group (no
+    /// scan); `None` while a store written before the index is still being indexed.
+    pub fn problem_groups(&self) -> Option<Vec<(super::GroupKey, super::GroupCount)>> {
+        self.0.problem_groups()
+    }
+
+    /// Ids of the dead or parked records of one group, from their index; `None`
+    /// while a store written before the index is still being indexed.
+    pub fn problem_ids(&self, state: State, topic: &str, reason: &str) -> Result<Option<Vec<String>>, StoreError> {
+        self.0.problem_ids(state, topic, reason)
     }
 
     /// Records in the store (without a scan).
@@ -336,6 +350,16 @@ impl Reads<'_> {
     /// Counts per state, duplicates suppressed, size on disk, oldest and newest.
     pub fn stats(&self) -> Result<Stats, StoreError> {
         self.0.stats()
+    }
+
+    /// Whether the store is the running service's (whose writers keep running).
+    pub fn serves(&self) -> bool {
+        self.0.service
+    }
+
+    /// The same from what the store keeps, without reading a record (see `kept_stats`).
+    pub fn kept_stats(&self) -> Result<Stats, StoreError> {
+        self.0.kept_stats()
     }
 
     /// The store's size on disk.

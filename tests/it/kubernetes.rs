@@ -88,6 +88,17 @@ fn probes_reach_the_open_endpoints_of_the_admin_server() {
         assert_eq!(get["path"].as_str(), Some(path), "{probe}");
         assert_eq!(get["port"], port["name"], "{probe} uses the admin port");
     }
+    // Connections that take every admin slot (idle, half-sent) are closed within the
+    // head timeout: the liveness probe must tolerate failures longer than that, or a
+    // flood at the open port would get the pod restarted.
+    let liveness = &container["livenessProbe"];
+    let period = liveness["periodSeconds"].as_u64().unwrap_or(10);
+    let tolerated = std::time::Duration::from_secs(period * liveness["failureThreshold"].as_u64().unwrap_or(3));
+    assert!(
+        tolerated > config.admin.limits.header_timeout * 2,
+        "liveness gives up after {tolerated:?}; admin.header_timeout is {:?}",
+        config.admin.limits.header_timeout
+    );
     let token = &container["env"].as_sequence().unwrap()[0];
     assert_eq!(token["name"].as_str(), Some("OUTBOXD_ADMIN_TOKEN"));
     assert!(token["valueFrom"]["secretKeyRef"].is_mapping(), "the token comes from a Secret, not the manifest");

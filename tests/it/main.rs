@@ -7,6 +7,7 @@
 mod harness;
 
 mod admin;
+mod admin_limits;
 mod audit;
 mod avro;
 mod avro_local;

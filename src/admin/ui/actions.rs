@@ -14,10 +14,10 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use serde::Deserialize;
 
+use super::console::{Poller, Shared, Viewer};
 use super::format::{self, When};
 use super::jobs::{Action, Job};
 use super::pages::{group_ids, group_query, link, Chrome};
-use super::console::{Shared, Viewer};
 use crate::ops;
 use crate::store::State as RecordState;
 
@@ -35,7 +35,7 @@ pub struct Target {
     pub state: String,
     #[serde(default)]
     pub topic: String,
-    /// The reason group ([`super::format::reason_group`]).
+    /// The reason group ([`crate::store::reason_group`]).
     #[serde(default)]
     pub group: String,
 }
@@ -55,8 +55,8 @@ impl Target {
             return Err("a group is the dead or parked events of one topic with one reason".into());
         }
         let (c, topic, group) = (c.clone(), self.topic.clone(), self.group.clone());
-        let found = tokio::task::spawn_blocking(move || group_ids(&c, state, &topic, &group)).await;
-        found.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+        let reads = c.reads.clone();
+        reads.run(move || group_ids(&c, state, &topic, &group)).await.map_err(|e| e.to_string())?
     }
 }
 
@@ -253,7 +253,7 @@ pub async fn job(State(c): State<Shared>, viewer: Viewer, Path(id): Path<u64>) -
     }
 }
 
-pub async fn job_progress(State(c): State<Shared>, _viewer: Viewer, Path(id): Path<u64>) -> Response {
+pub async fn job_progress(State(c): State<Shared>, _poller: Poller, Path(id): Path<u64>) -> Response {
     match c.jobs.get(id) {
         Some(job) => JobProgress { p: Progress::of(&job) }.into_response(),
         None => no_job(),

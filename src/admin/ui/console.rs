@@ -10,6 +10,7 @@ use axum::http::{header, request::Parts, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 
 use super::super::auth::Guard;
+use super::super::reads::Reads;
 use super::jobs;
 use super::session::{Session, Sessions, COOKIE};
 use crate::config::UiConfig;
@@ -24,8 +25,8 @@ pub struct Console {
     pub(super) broker: Arc<crate::kafka::BrokerHealth>,
     pub(super) guard: Arc<Guard>,
     pub(super) sessions: Sessions,
-    /// Login attempts per client address (`[admin.ui] login_attempts_per_minute`).
-    pub(super) logins: governor::DefaultKeyedRateLimiter<std::net::IpAddr>,
+    /// Turns for store reads, shared with the store API (`[admin] max_reads`).
+    pub(super) reads: Reads,
     pub(super) jobs: jobs::Jobs,
     /// The client that describes the group, made when the overview is first shown
     /// (`None` when it could not be made), and the last description with when it
@@ -50,17 +51,16 @@ impl Console {
         broker: Arc<crate::kafka::BrokerHealth>,
         guard: Arc<Guard>,
         listen: SocketAddr,
+        reads: Reads,
     ) -> Console {
         let config = exec.config.admin.ui.clone();
-        let per_minute =
-            std::num::NonZeroU32::new(config.login_attempts_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
         Console {
             local: Local::with_executor(exec.clone()),
             tracker,
             broker,
             guard,
-            sessions: Sessions::new(config.session_idle, config.session_max, config.max_sessions),
-            logins: governor::RateLimiter::keyed(governor::Quota::per_minute(per_minute)),
+            sessions: Sessions::new(&config),
+            reads,
             jobs: jobs::Jobs::default(),
             group: std::sync::OnceLock::new(),
             members: tokio::sync::Mutex::new(None),
@@ -107,29 +107,39 @@ pub(super) fn session_cookie(headers: &HeaderMap) -> Option<&str> {
 
 /// The logged-in person of a request; without a live session, a page answers
 /// with the login page (htmx requests get `HX-Redirect`, so the whole page goes there).
+/// The request counts as the person's use of the session.
 pub struct Viewer(pub Session);
+
+/// The logged-in person of a page's own polling (the overview's live part, a job's
+/// progress): like [`Viewer`], but the request does not keep the session alive.
+pub struct Poller;
 
 impl FromRequestParts<Shared> for Viewer {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, c: &Shared) -> Result<Viewer, Response> {
         let session = session_cookie(&parts.headers).and_then(|id| c.sessions.touch(id, Instant::now()));
-        match session {
-            Some(s) => Ok(Viewer(s)),
-            None if parts.headers.contains_key("hx-request") => {
-                Err((StatusCode::UNAUTHORIZED, [("hx-redirect", "/ui/login")], "log in again").into_response())
-            }
-            None => {
-                // The nested router sees its own part of the path; the original is the page's address.
-                let original = parts.extensions.get::<axum::extract::OriginalUri>().map(|u| &u.0);
-                let here = original.and_then(|u| u.path_and_query()).map_or("/ui/overview", |p| p.as_str());
-                let next = format!(
-                    "/ui/login?next={}",
-                    url::form_urlencoded::byte_serialize(here.as_bytes()).collect::<String>()
-                );
-                Err(Redirect::to(&next).into_response())
-            }
-        }
+        session.map(Viewer).ok_or_else(|| to_login(parts))
     }
 }
 
+impl FromRequestParts<Shared> for Poller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, c: &Shared) -> Result<Poller, Response> {
+        let session = session_cookie(&parts.headers).and_then(|id| c.sessions.look(id, Instant::now()));
+        session.map(|_| Poller).ok_or_else(|| to_login(parts))
+    }
+}
+
+/// Where a request without a live session goes: the login page, which comes back here.
+fn to_login(parts: &Parts) -> Response {
+    if parts.headers.contains_key("hx-request") {
+        return (StatusCode::UNAUTHORIZED, [("hx-redirect", "/ui/login")], "log in again").into_response();
+    }
+    // The nested router sees its own part of the path; the original is the page's address.
+    let original = parts.extensions.get::<axum::extract::OriginalUri>().map(|u| &u.0);
+    let here = original.and_then(|u| u.path_and_query()).map_or("/ui/overview", |p| p.as_str());
+    let next = format!("/ui/login?next={}", url::form_urlencoded::byte_serialize(here.as_bytes()).collect::<String>());
+    Redirect::to(&next).into_response()
+}

@@ -67,57 +67,9 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
-/// A reason with what differs between events of one cause taken out: how long it
-/// took (`23.28ms`) and how many attempts it made, so that events that failed the
-/// same way fall into one group. Statuses, error codes and texts stay.
-pub fn reason_group(reason: &str) -> String {
-    let mut out = String::with_capacity(reason.len());
-    let mut rest = reason;
-    while let Some(start) = rest.find(|c: char| c.is_ascii_digit()) {
-        let (before, from) = rest.split_at(start);
-        out.push_str(before);
-        let digits = from.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(from.len());
-        let after = &from[digits..];
-        let unit = ["ns", "µs", "us", "ms", "s", "m", "h"]
-            .iter()
-            .find(|u| after.starts_with(**u) && !after[u.len()..].starts_with(|c: char| c.is_alphanumeric()));
-        let starts_word = before.chars().next_back().is_none_or(|c| !c.is_alphanumeric());
-        match unit {
-            Some(u) if starts_word => {
-                out.push('…');
-                rest = &after[u.len()..];
-            }
-            _ if starts_word && before.ends_with("after ") && after.starts_with(" attempt") => {
-                out.push('…');
-                rest = after;
-            }
-            _ => {
-                out.push_str(&from[..digits]);
-                rest = after;
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_reason_group_drops_timings_and_attempt_counts_and_keeps_statuses() {
-        let a = "gave up after 2 attempts in 23.284993ms: could not connect: tcp connect error (os error 111)";
-        let b = "gave up after 5 attempts in 1.5s: could not connect: tcp connect error (os error 111)";
-        assert_eq!(reason_group(a), reason_group(b));
-        assert_eq!(
-            reason_group(a),
-            "gave up after … attempts in …: could not connect: tcp connect error (os error 111)"
-        );
-        assert_ne!(reason_group("http 500 Internal"), reason_group("http 503 Unavailable"));
-        assert_eq!(reason_group("order v2 is 10s late"), "order v2 is … late");
-        assert_eq!(reason_group(""), "");
-    }
 
     #[test]
     fn times_are_utc_with_a_relative_hint_and_garbage_stays_as_written() {

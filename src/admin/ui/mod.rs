@@ -116,24 +116,30 @@ struct LoginForm {
     next: String,
 }
 
-/// A login: the token checked in constant time against every credential, at
-/// most `login_attempts_per_minute` tries per client address.
+/// A login: the token checked in constant time against every credential. Only a
+/// wrong token counts against the limits on failed credentials (`[admin]
+/// failures_per_address`, `failures_total`, shared with the store API); a right one
+/// is let in whatever others tried from the same address.
 async fn login(
     State(c): State<Shared>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Form(f): Form<LoginForm>,
 ) -> Response {
-    if c.logins.check_key(&peer.ip()).is_err() {
-        tracing::warn!(client = %peer.ip(), "console login refused: too many attempts");
-        let page = pages::LoginPage { error: Some("Too many attempts; wait a minute.".into()), next: f.next };
-        return (StatusCode::TOO_MANY_REQUESTS, page).into_response();
-    }
+    let page = |error: &str| pages::LoginPage { error: Some(error.to_owned()), next: f.next.clone() };
     let Some(credential): Option<Credential> = c.guard.credential_for(f.token.trim()) else {
-        tracing::warn!(client = %peer.ip(), "console login refused: wrong token");
-        let page = pages::LoginPage { error: Some("That token is not accepted.".into()), next: f.next };
-        return (StatusCode::UNAUTHORIZED, page).into_response();
+        return match c.guard.failed(peer.ip()) {
+            Ok(()) => {
+                tracing::warn!(client = %peer.ip(), "console login refused: wrong token");
+                (StatusCode::UNAUTHORIZED, page("That token is not accepted.")).into_response()
+            }
+            Err(_) => (StatusCode::TOO_MANY_REQUESTS, page("Too many wrong tokens; wait a minute.")).into_response(),
+        };
     };
-    let id = c.sessions.start(&credential, Instant::now());
+    let Ok(id) = c.sessions.start(&credential, Instant::now()) else {
+        tracing::warn!(who = %credential.name, client = %peer.ip(), "console login refused: every session belongs to credentials with more access");
+        let full = "Every console session is taken by operators; wait until one logs out or is idle.";
+        return (StatusCode::SERVICE_UNAVAILABLE, page(full)).into_response();
+    };
     tracing::info!(who = %credential.name, client = %peer.ip(), "console login");
     let secure = if c.config.secure_cookie { "; Secure" } else { "" };
     let cookie = format!(

@@ -6,7 +6,7 @@ use super::refusal;
 
 fn guard() -> Guard {
     let admin = ("t0ken-t0ken-t0ken".to_owned(), Credential::new("admin", Access::Operate));
-    Guard::new([admin], "127.0.0.1:9464".parse().unwrap(), &[])
+    Guard::new([admin], "127.0.0.1:9464".parse().unwrap(), &[], super::super::failures::Failures::new(10, 60))
 }
 
 fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {

@@ -75,6 +75,9 @@ pub struct OutboxdConfig {
     /// service and one-shot commands); never the test process's own environment, which
     /// every test running at the same time shares.
     pub env: BTreeMap<String, String>,
+    /// The process's limit of open files (`prlimit --nofile`), to see what it does
+    /// when its descriptors run short; `None`: the test's own.
+    pub max_open_files: Option<u64>,
 }
 
 /// A TOML basic string (JSON's escaping is valid TOML for what we write).
@@ -257,6 +260,7 @@ impl Outboxd {
             extra_toml: String::new(),
             admin_extra: String::new(),
             env: BTreeMap::new(),
+            max_open_files: None,
         };
         Outboxd { config, dir, config_path, child: None, logs: Vec::new() }
     }
@@ -307,7 +311,16 @@ impl Outboxd {
     }
 
     fn spawn(&self, stdout: Stdio, stderr: Stdio) -> Child {
-        Command::new(BIN)
+        // prlimit (util-linux) sets the limit and execs outboxd: the pid stays outboxd's.
+        let mut command = match self.config.max_open_files {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        command
             .envs(&self.config.env)
             .arg("run")
             .arg("--config")

@@ -7,8 +7,8 @@ use askama_web::WebTemplate;
 use axum::extract::{Query, State};
 use serde::Deserialize;
 
-use super::super::format::{self, When};
 use super::super::console::{Shared, Viewer};
+use super::super::format::{self, When};
 use super::chrome::*;
 
 /// Audit entries on one page.
@@ -59,7 +59,7 @@ pub async fn audit(State(c): State<Shared>, viewer: Viewer, Query(q): Query<Audi
     let chrome = Chrome::new(&viewer, "audit");
     let before = Some(q.before).filter(|b| !b.is_empty());
     let (local, now) = (c.local.clone(), SystemTime::now());
-    let read = tokio::task::spawn_blocking(move || local.audit(before.as_deref(), AUDIT_ROWS)).await;
+    let read = c.reads.run(move || local.audit(before.as_deref(), AUDIT_ROWS)).await;
     match read {
         Ok(Ok(page)) => AuditPage {
             chrome,

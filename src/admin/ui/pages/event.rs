@@ -8,8 +8,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::super::format::{self, When};
 use super::super::console::{Shared, Viewer};
+use super::super::format::{self, When};
 use super::audit::AuditRow;
 use super::chrome::*;
 use crate::event::Payload;
@@ -58,7 +58,8 @@ fn text(bytes: &[u8]) -> String {
 }
 
 async fn message_copy(c: &Shared, id: &str) -> Option<MessageCopy> {
-    let msg = c.exec.store.reads().message(id).ok().flatten()?;
+    let (store, key) = (c.exec.store.clone(), id.to_owned());
+    let msg = c.reads.run(move || store.reads().message(&key)).await.ok()?.ok().flatten()?;
     let now = SystemTime::now();
     let decoded = c.exec.decode_copy(&msg).await;
     let (payload, payload_kind, decode_error, event_id) = match decoded {
@@ -99,10 +100,13 @@ async fn message_copy(c: &Shared, id: &str) -> Option<MessageCopy> {
 
 pub async fn event(State(c): State<Shared>, viewer: Viewer, Path(id): Path<String>) -> Response {
     let chrome = Chrome::new(&viewer, "events");
-    let record = c.exec.store.reads().get(&id);
-    let r = match record {
-        Ok(Some(r)) => record_view(&c.exec.store, &r, CHAIN_SHOWN),
-        Ok(None) => return (StatusCode::NOT_FOUND, MissingPage { chrome, id }).into_response(),
+    // The record and its audit: two reads of the store, each on a read turn.
+    let (store, key) = (c.exec.store.clone(), id.clone());
+    let record = c.reads.run(move || store.reads().get(&key).map(|r| r.map(|r| record_view(&store, &r, CHAIN_SHOWN))));
+    let r = match record.await {
+        Ok(Ok(Some(r))) => r,
+        Ok(Ok(None)) => return (StatusCode::NOT_FOUND, MissingPage { chrome, id }).into_response(),
+        Ok(Err(e)) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
     let now = SystemTime::now();
@@ -121,7 +125,8 @@ pub async fn event(State(c): State<Shared>, viewer: Viewer, Path(id): Path<Strin
         Some(head) => format!("held behind {head}, with {} events of its key", ch.held_total),
         None => format!("released: its {} held events run in order", ch.held_total),
     });
-    let audit = c.local.audit_of(&id).map(|entries| entries.iter().map(|v| AuditRow::of(v, now)).collect());
-    let audit = audit.unwrap_or_default();
+    let (local, key) = (c.local.clone(), id.clone());
+    let audit = c.reads.run(move || local.audit_of(&key)).await.ok().and_then(Result::ok).unwrap_or_default();
+    let audit = audit.iter().map(|v| AuditRow::of(v, now)).collect();
     EventPage { chrome, id, r, times, message, chain, audit, can_rerun, query }.into_response()
 }

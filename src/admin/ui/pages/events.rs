@@ -9,17 +9,18 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::super::format::{self, When};
 use super::super::console::{Shared, Viewer};
+use super::super::format::{self, When};
 use super::chrome::*;
 use super::groups::group_query;
 use crate::store::{page_cursor, Record, State as RecordState};
 
 /// Rows on one page of the events list.
 const PAGE_ROWS: usize = 50;
-/// Records one events page reads at most while looking for rows that match its
-/// filters (reason text, type, time): a rare match among a million records costs
-/// a few pages, each answered in milliseconds, never one slow page.
+/// Records one events page examines at most while looking for rows that match its
+/// filters (state, topic, reason text, type, time): a rare match among a million
+/// records costs a few pages, each answered in milliseconds, never one slow page.
+/// Dead and parked records come from their index, which holds nothing else.
 const SCAN_BUDGET: usize = 5_000;
 /// Records read from the store at a time while filling a page.
 const CHUNK: usize = 500;
@@ -43,7 +44,7 @@ pub struct Filter {
     /// Last written before.
     #[serde(default)]
     pub to: String,
-    /// The reason group (what [`format::reason_group`] makes of a reason), exactly.
+    /// The reason group (what [`crate::store::reason_group`] makes of a reason), exactly.
     #[serde(default)]
     pub group: String,
     /// An event id to go to.
@@ -119,7 +120,7 @@ impl Filter {
 impl Wanted {
     fn matches(&self, r: &Record) -> bool {
         self.reason.as_ref().is_none_or(|t| r.reason.as_deref().is_some_and(|x| x.to_lowercase().contains(t)))
-            && self.group.as_ref().is_none_or(|g| format::reason_group(r.reason.as_deref().unwrap_or("")) == *g)
+            && self.group.as_ref().is_none_or(|g| crate::store::reason_group(r.reason.as_deref().unwrap_or("")) == *g)
             && self.event_type.as_ref().is_none_or(|t| r.event_type.as_deref() == Some(t.as_str()))
             && self.from_us.is_none_or(|f| r.updated_at_us >= f)
             && self.to_us.is_none_or(|t| r.updated_at_us < t)
@@ -180,10 +181,13 @@ fn page(
     let reads = c.exec.store.reads();
     let (mut rows, mut examined, mut cursor) = (Vec::new(), 0, after);
     loop {
-        let chunk = reads
-            .list_after(wanted.state, wanted.topic.as_deref(), cursor.as_deref(), CHUNK)
+        // The state and topic are matched by the store, within what is left of the budget.
+        let budget = Some(SCAN_BUDGET.saturating_sub(examined).max(1));
+        let listed = reads
+            .list_page(wanted.state, wanted.topic.as_deref(), cursor.as_deref(), CHUNK, budget)
             .map_err(|e| e.to_string())?;
-        let ended = chunk.len() < CHUNK;
+        let chunk = listed.records;
+        let ended = chunk.len() < CHUNK && listed.resume.is_none();
         for r in &chunk {
             examined += 1;
             cursor = Some(page_cursor(r));
@@ -193,6 +197,11 @@ fn page(
                     return Ok((rows, cursor, examined));
                 }
             }
+        }
+        if let Some(resume) = listed.resume {
+            // The budget ran out inside the store (records of other states or topics):
+            // go on from the last one it looked at.
+            return Ok((rows, Some(resume), SCAN_BUDGET));
         }
         if ended {
             return Ok((rows, None, examined));
@@ -214,7 +223,7 @@ pub async fn events(State(c): State<Shared>, viewer: Viewer, Query(f): Query<Fil
         Err(e) => (Vec::new(), None, 0, Some(e)),
         Ok(wanted) => {
             let (c2, after) = (c.clone(), Some(f.after.clone()).filter(|a| !a.is_empty()));
-            let read = tokio::task::spawn_blocking(move || page(&c2, &wanted, after, SystemTime::now())).await;
+            let read = c.reads.run(move || page(&c2, &wanted, after, SystemTime::now())).await;
             match read {
                 Ok(Ok((rows, next, examined))) => (rows, next, examined, None),
                 Ok(Err(e)) => (Vec::new(), None, 0, Some(e)),

@@ -1,19 +1,24 @@
-//! The dead groups: dead and parked events counted by topic and reason, the ids of one group for its actions.
+//! The dead groups: dead and parked events counted by topic and reason, from the
+//! counts the store keeps as records change (no record is read), and the ids of one
+//! group for its actions, from the store's index of dead and parked records.
 
-use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use askama::Template;
 use askama_web::WebTemplate;
 use axum::extract::State;
 
-use super::super::format::{self, When};
 use super::super::console::{Shared, Viewer};
+use super::super::format::{self, When};
 use super::chrome::*;
-use crate::store::{Record, State as RecordState};
+use crate::store::State as RecordState;
 
 /// Distinct dead groups shown (topic × reason); the rest are summed in one line.
 const MAX_GROUPS: usize = 200;
+
+/// What the page says while a store written before the index is being indexed.
+const INDEXING: &str = "The dead and parked events of this store are being indexed (once, after an upgrade); \
+                        their groups show when that is done. The events list shows them meanwhile.";
 
 /// Dead (or parked) events of one topic with one reason.
 pub struct Group {
@@ -38,40 +43,14 @@ pub struct GroupsPage {
     pub error: Option<String>,
 }
 
-/// The key a group is counted under: state, topic and the whole reason.
-type GroupKey = (&'static str, String, String);
-
-/// Counts the dead and parked records by state × topic × reason (blocking).
-fn count_groups(c: &Shared) -> Result<BTreeMap<GroupKey, (u64, i64, i64)>, crate::store::StoreError> {
-    let mut groups: BTreeMap<GroupKey, (u64, i64, i64)> = BTreeMap::new();
-    for (state, name) in [(RecordState::Dead, "dead"), (RecordState::Parked, "parked")] {
-        c.exec.store.reads().scan(Some(state), None, |r: Record| -> Result<(), crate::store::StoreError> {
-            let key = (name, r.topic.clone(), format::reason_group(r.reason.as_deref().unwrap_or("")));
-            let g = groups.entry(key).or_insert((0, i64::MAX, i64::MIN));
-            g.0 += 1;
-            g.1 = g.1.min(r.updated_at_us);
-            g.2 = g.2.max(r.updated_at_us);
-            Ok(())
-        })?;
+/// The ids of one group, in id order (blocking): from the store's index of dead and
+/// parked records, so what it costs is what there is of them.
+pub fn group_ids(c: &Shared, state: RecordState, topic: &str, group: &str) -> Result<Vec<String>, String> {
+    match c.exec.store.reads().problem_ids(state, topic, group) {
+        Ok(Some(ids)) => Ok(ids),
+        Ok(None) => Err(INDEXING.to_owned()),
+        Err(e) => Err(e.to_string()),
     }
-    Ok(groups)
-}
-
-/// The ids of one group, in id order (blocking).
-pub fn group_ids(
-    c: &Shared,
-    state: RecordState,
-    topic: &str,
-    group: &str,
-) -> Result<Vec<String>, crate::store::StoreError> {
-    let mut ids = Vec::new();
-    c.exec.store.reads().scan(Some(state), Some(topic), |r: Record| -> Result<(), crate::store::StoreError> {
-        if format::reason_group(r.reason.as_deref().unwrap_or("")) == group {
-            ids.push(r.event_id);
-        }
-        Ok(())
-    })?;
-    Ok(ids)
 }
 
 pub fn group_query(state: &str, topic: &str, group: &str) -> String {
@@ -84,32 +63,28 @@ pub fn group_query(state: &str, topic: &str, group: &str) -> String {
 
 pub async fn groups(State(c): State<Shared>, viewer: Viewer) -> GroupsPage {
     let chrome = Chrome::new(&viewer, "groups");
-    let c2 = c.clone();
-    let counted = tokio::task::spawn_blocking(move || count_groups(&c2)).await;
-    let groups = match counted {
-        Ok(Ok(g)) => g,
-        Ok(Err(e)) => return GroupsPage { chrome, groups: Vec::new(), more: 0, error: Some(e.to_string()) },
-        Err(e) => return GroupsPage { chrome, groups: Vec::new(), more: 0, error: Some(e.to_string()) },
+    let Some(counted) = c.exec.store.reads().problem_groups() else {
+        return GroupsPage { chrome, groups: Vec::new(), more: 0, error: Some(INDEXING.to_owned()) };
     };
     let now = SystemTime::now();
     let at = |us: i64| format::at_us(us, now);
-    let mut all: Vec<(GroupKey, (u64, i64, i64))> = groups.into_iter().collect();
     // The largest groups first: they are where a fix pays most.
-    all.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| a.0.cmp(&b.0)));
-    let more = all.iter().skip(MAX_GROUPS).map(|(_, (n, _, _))| n).sum();
+    let all = crate::store::largest_first(counted);
+    let more = all.iter().skip(MAX_GROUPS).map(|(_, g)| g.count).sum();
     let groups = all
         .into_iter()
         .take(MAX_GROUPS)
-        .map(|((state, topic, reason), (count, first, last))| {
-            let query = group_query(state, &topic, &reason);
+        .map(|(key, count)| {
+            let state = key.state.as_str();
+            let query = group_query(state, &key.topic, &key.reason);
             Group {
                 list: format!("/ui/events?{query}"),
                 state: state.to_owned(),
-                topic,
-                reason: shorten(&reason, REASON_SHOWN * 2),
-                count,
-                first: at(first),
-                last: at(last),
+                reason: shorten(&key.reason, REASON_SHOWN * 2),
+                topic: key.topic,
+                count: count.count,
+                first: at(count.first_us),
+                last: at(count.last_us),
                 query,
             }
         })

@@ -7,8 +7,8 @@ use askama::Template;
 use askama_web::WebTemplate;
 use axum::extract::State;
 
+use super::super::console::{Poller, Shared, Viewer};
 use super::super::format::{self, When};
-use super::super::console::{Shared, Viewer};
 use super::chrome::*;
 
 /// How long a description of the group is shown before it is asked for again:
@@ -140,7 +140,7 @@ pub async fn overview(State(c): State<Shared>, viewer: Viewer) -> OverviewPage {
     OverviewPage { chrome: Chrome::new(&viewer, "overview"), live: live_with_members(&c).await }
 }
 
-pub async fn overview_live(State(c): State<Shared>, _viewer: Viewer) -> OverviewLive {
+pub async fn overview_live(State(c): State<Shared>, _poller: Poller) -> OverviewLive {
     OverviewLive { live: live_with_members(&c).await }
 }
 
