@@ -197,9 +197,14 @@ async fn every_view_reads_back_through_the_admin_api_as_the_store_itself_says() 
     let opened = ops::open(od.config_path(), None, Needs::Records).expect("the stopped service's store");
     let Opened::Local(local) = opened else { panic!("no service holds the store any more") };
     // Size on disk moves with sled's own bookkeeping; everything else must agree.
-    let counts = |s: StatsView| StatsView { bytes_on_disk: 0, ..s };
+    // The service answers from the counts it keeps, its oldest and newest to within
+    // the slices holding records; the stopped store counts every record.
+    let counts = |s: StatsView| StatsView { bytes_on_disk: 0, oldest: None, newest: None, ..s };
     let stats = local.stats().unwrap();
     assert_eq!(counts(live_stats.clone()), counts(stats.clone()));
+    let (Some(oldest), Some(newest)) = (stats.oldest.clone(), stats.newest.clone()) else { panic!("{stats:?}") };
+    assert!(live_stats.oldest.as_ref().is_some_and(|o| *o <= oldest), "{live_stats:?} against {stats:?}");
+    assert!(live_stats.newest.as_ref().is_some_and(|n| *n >= newest), "{live_stats:?} against {stats:?}");
     assert_eq!((stats.done, stats.dead, stats.claimed, stats.parked), (3, 0, 0, 0), "{stats:?}");
     assert_eq!(local.get(&ids[0]).unwrap(), Some(live_record));
     assert_eq!(local.get(&ids[3]).unwrap(), None, "the forgotten record stays gone");
@@ -257,7 +262,10 @@ async fn running(name: &str, admin_extra: &str) -> Scenario {
 async fn reads_without_a_credential_are_refused_even_on_loopback() {
     use reqwest::Method;
     use std::os::unix::fs::PermissionsExt;
-    let Scenario { kafka, topic, receiver, mut od, .. } = running("admin-auth", "").await;
+    // Every path is tried with wrong credentials, more than the default limit of
+    // failures per address allows (tests/it/admin_limits.rs tries that limit).
+    let limits = "failures_per_address = 1000\nfailures_total = 1000\n";
+    let Scenario { kafka, topic, receiver, mut od, .. } = running("admin-auth", limits).await;
     let id = new_event_id();
     kafka.producer().send_event(&topic, "order-1", &id, Some("OrderCreated"), &json!({"secret": "payload"})).await;
     od.wait_until("the event answered", HANDLED_TIMEOUT, || receiver.answered(&id)).await;

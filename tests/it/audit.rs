@@ -105,7 +105,16 @@ async fn repairs_through_the_service_are_audited_under_the_token_name_and_a_read
         (resp.status().as_u16(), resp.text().await.unwrap())
     };
     assert_eq!(status, 403, "{body}");
-    assert!(audit(&od, &[]).is_empty(), "refused at the door: nothing audited");
+    // Each refusal is audited under the viewer's name, with the reason it gave and why.
+    let refusal = "refused: the credential has read access";
+    let viewer_refused = [
+        row("viewer", "forget", &spared, "-", refusal),
+        row("viewer", "gc", "-", "-", refusal),
+        row("viewer", "retry", &retried, "-", refusal),
+        row("viewer", "resolve", &resolved, "-", refusal),
+        row("viewer", "forget", &spared, "just looking", refusal),
+    ];
+    assert_eq!(rows(&audit(&od, &[])), viewer_refused, "refused at the door, and audited so");
     assert_eq!(od.command(&["store", "get", &spared, "--json"]).status.code(), Some(0), "the record is still there");
 
     // Alice repairs, with reasons; one without a reason, as scripts have always called it.
@@ -121,6 +130,7 @@ async fn repairs_through_the_service_are_audited_under_the_token_name_and_a_read
         row("alice", "resolve", &resolved, "done by hand", "done"),
         row("alice", "forget", &done, "receiver lost it, INC-1", "done"),
     ];
+    let expected: Vec<_> = expected.into_iter().chain(viewer_refused.iter().cloned()).collect();
     let live = audit(&od, &[]);
     let mut got = rows(&live);
     // A refused repair's outcome names the error: compare its start.
@@ -128,7 +138,7 @@ async fn repairs_through_the_service_are_audited_under_the_token_name_and_a_read
     assert_eq!(got, expected, "newest first: {live:?}");
     assert!(live[0]["outcome"].as_str().unwrap().contains("is done, not dead or parked"), "{}", live[0]);
     assert_eq!(live[3]["events"][0]["topic"], topic.as_str(), "where its record was");
-    assert_eq!(rows(&audit(&od, &["--id", &resolved])), [expected[2].clone()]);
+    assert_eq!(rows(&audit(&od, &["--id", &resolved])), [expected[2].clone(), viewer_refused[3].clone()]);
     assert_eq!(audit(&od, &["--limit", "1"]).len(), 1);
     let viewer_audit = as_token(&od, VIEWER, &["store", "audit", "--json"]);
     assert_eq!(
