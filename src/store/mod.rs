@@ -4,7 +4,8 @@
 //!
 //! - `keys`: record keys (16 bytes for a UUID id, plus a tag and a scope id);
 //!   `format`: the compact value; `names`: the scope/topic/event-type dictionary.
-//! - `slices`: one tree per slice of time, per-slice counts, dropped whole.
+//! - `slices`: one tree per slice of time, per-slice counts, dropped whole; a slice
+//!   whose time has passed is sealed into a packed run (`runs`) and its tree becomes an overlay.
 //! - `messages`: copies of failed messages, within a quota, per slice.
 //! - `handling`: claim, attempts, final records (the handling path).
 //! - `read`: listing, paging, scanning and counting; `repair`: forget, reopen, resolve.
@@ -41,6 +42,7 @@ mod read;
 mod record;
 mod repair;
 mod roles;
+mod runs;
 mod slices;
 mod sync;
 mod varint;
@@ -388,6 +390,7 @@ impl Store {
             removed += slice.counts.values().iter().map(|n| (*n).max(0) as u64).sum::<u64>();
             self.messages.drop_slice(slice.start)?;
         }
+        self.seal(now_us).await?;
         self.prune_chains()?;
         self.prune_problems()?;
         self.expire_audit(now_us)?;
@@ -395,10 +398,45 @@ impl Store {
         Ok(removed)
     }
 
+    /// Packs the slices that no longer take live writes into runs (store/runs.rs),
+    /// one at a time, on a blocking thread; see `slices` for the steps and why
+    /// a crash between any two loses nothing. Returns the records packed.
+    async fn seal(&self, now_us: i64) -> Result<u64, StoreError> {
+        let mut packed = 0;
+        for slice in self.slices.to_seal(now_us)? {
+            let started = std::time::Instant::now();
+            let (slices, s) = (self.slices.clone(), slice.clone());
+            let (run, writes) = blocking(move || slices.pack(&s)).await?;
+            let records = run.records;
+            self.durable().await?;
+            self.slices.install(&slice, run, writes)?;
+            self.durable().await?;
+            let (slices, s) = (self.slices.clone(), slice.clone());
+            let settled = blocking(move || slices.settle(&s)).await?;
+            tracing::info!(
+                slice_start_us = slice.start,
+                records,
+                overlay_entries_removed = settled,
+                took_ms = started.elapsed().as_millis() as u64,
+                "a slice's records packed into a run"
+            );
+            packed += records;
+        }
+        self.slices.drop_retired()?;
+        Ok(packed)
+    }
+
     /// Flushes everything (durably) before the process ends.
     pub async fn close(&self) -> Result<(), StoreError> {
         self.durable().await
     }
+}
+
+/// Runs store work that reads or writes many records off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Io(std::io::Error::other(e)))?
 }
 
 fn read_i64(tree: &sled::Tree, key: &[u8]) -> Result<Option<i64>, StoreError> {

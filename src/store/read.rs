@@ -20,7 +20,7 @@ pub struct Listed {
 }
 
 /// A slice's next entry, the rest of it, and the slice.
-type Head = (Option<(sled::IVec, sled::IVec)>, sled::Iter, Arc<Slice>);
+type Head = (Option<(sled::IVec, sled::IVec)>, super::slices::SliceIter, Arc<Slice>);
 
 /// The slices' trees from a start key, merged in key order.
 pub(super) struct Merged {
@@ -32,7 +32,7 @@ impl Merged {
     fn new(slices: Vec<Arc<Slice>>, start: Bound<Vec<u8>>) -> Result<Merged, StoreError> {
         let mut heads = Vec::with_capacity(slices.len());
         for slice in slices {
-            let mut iter = slice.range((start.clone(), Bound::Unbounded));
+            let mut iter = slice.range_from(start.clone());
             let head = iter.next().transpose()?;
             heads.push((head, iter, slice));
         }

@@ -530,3 +530,56 @@ async fn past_the_quota_a_failed_rerun_keeps_the_copy_it_ran_from() {
     let total = store.message_bytes();
     assert!(total > 900 * 1024 && total < 1024 * 1024, "{total}");
 }
+
+fn run_trees(store: &Store) -> usize {
+    store.db.tree_names().iter().filter(|n| runs::is_run_tree(n)).count()
+}
+
+/// Once a slice stops taking live writes, gc packs it into a run; its records
+/// are found, deduplicated, repaired, counted and listed as before, and after a reopen.
+#[tokio::test]
+async fn a_sealed_slice_answers_as_before_and_takes_repairs() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Duration::from_secs(60);
+    let ids: Vec<String> = (0..300).map(|i| format!("e{i:03}")).collect();
+    {
+        let store = Store::open(dir.path(), &opts(retention)).unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            let c = claimed(&store, id, i as i64).await;
+            match i % 3 {
+                0 => store.finish(c, State::Done, "ok".into()).await.unwrap(),
+                1 => store.finish_failed(c, State::Dead, "http 422".into(), &big_message(id, 10), None).await.unwrap(),
+                _ => {} // left claimed
+            }
+        }
+        // Past the slice's end, before its records expire: packed, nothing removed.
+        let end = store.slices.all()[0].end();
+        assert_eq!(store.gc(end + 1).await.unwrap(), 0);
+        assert_eq!(run_trees(&store), 1);
+        let (packed, _) = store.slices.all()[0].packing();
+        assert_eq!(packed, 300);
+        assert_eq!(store.slices.all()[0].overlay_len(), 0, "the overlay is empty after the seal");
+
+        assert!(matches!(
+            store.claim(&event("e000", 99), "t").await.unwrap(),
+            Claim::Finished { state: State::Done, same_offset: false }
+        ));
+        assert_eq!(store.get("e001").unwrap().unwrap().state, State::Dead);
+        assert_eq!(store.forget("e000").await.unwrap().state, State::Done);
+        assert!(store.get("e000").unwrap().is_none(), "forgotten: a tombstone over the run");
+        store.reopen("e001").await.unwrap();
+        assert_eq!(store.list(None, 1000).unwrap().len(), 299);
+    }
+    let store = Store::open(dir.path(), &opts(retention)).unwrap();
+    assert!(store.get("e000").unwrap().is_none());
+    assert_eq!(store.get("e001").unwrap().unwrap().state, State::Claimed, "reopened, in the newest slice");
+    assert_eq!(store.get("e002").unwrap().unwrap().state, State::Claimed);
+    assert!(store.message("e004").unwrap().is_some(), "a dead record's copy is still there");
+    let s = store.stats().unwrap();
+    assert_eq!((s.done, s.dead, s.claimed), (99, 99, 101));
+    // A claim of a new id in the sealed range, and of a forgotten one.
+    assert!(matches!(store.claim(&event("e000", 100), "t").await.unwrap(), Claim::Claimed(_)));
+    // Everything expires whole: the run goes with its slice.
+    assert_eq!(store.gc(now_us() + AFTER_RETENTION).await.unwrap(), 300);
+    assert_eq!((run_trees(&store), store.len()), (0, 0));
+}
