@@ -4,3 +4,4 @@
 
 pub mod contender;
 pub mod probe;
+pub mod scale;

@@ -27,6 +27,7 @@ mod report;
 mod report_crash;
 mod report_overload;
 mod report_restore;
+mod report_scale;
 mod scenarios;
 mod stats;
 mod watch;
@@ -93,6 +94,9 @@ struct Args {
     /// Restore and failover: records in the changelog partition. Default 1000000 (quick 100000).
     #[arg(long)]
     restore_records: Option<u64>,
+    /// Scale: records of the stores made directly. Default 10000000 (quick 200000).
+    #[arg(long)]
+    scale_records: Option<u64>,
     /// Crash: events per contender (killed at 25%, 50%, 75%; the last 30% replayed). Default 20000 (quick 10000).
     #[arg(long)]
     crash_events: Option<u64>,
@@ -131,9 +135,9 @@ struct Args {
     /// shipped); each also as `-nocircuit` (`[handlers.circuit] enabled = false`).
     #[arg(long, default_value = "outboxd-fixed,outboxd-adaptive,outboxd-fixed-nocircuit,outboxd-adaptive-nocircuit")]
     overload_contenders: String,
-    /// Comma-separated subset of: drain,latency,slow,overload,store,restore,failover,crash
+    /// Comma-separated subset of: drain,latency,slow,overload,store,scale,restore,failover,crash
     /// (overload = the overloaded receiver; not in the default set).
-    #[arg(long, default_value = "drain,latency,slow,store,restore,failover,crash")]
+    #[arg(long, default_value = "drain,latency,slow,store,scale,restore,failover,crash")]
     scenarios: String,
     #[arg(long, default_value = "127.0.0.1:19092")]
     brokers: String,
@@ -168,6 +172,7 @@ struct Sizes {
     slow_secs: u64,
     store_records: u64,
     restore_records: u64,
+    scale_records: u64,
     crash_events: u64,
     drain_cap: Duration,
     floor_samples: usize,
@@ -183,6 +188,7 @@ impl Sizes {
             slow_secs: a.slow_secs.unwrap_or(if q { 4 } else { 10 }),
             store_records: a.store_records.unwrap_or(if q { 100_000 } else { 1_000_000 }),
             restore_records: a.restore_records.unwrap_or(if q { 100_000 } else { 1_000_000 }),
+            scale_records: a.scale_records.unwrap_or(if q { 200_000 } else { 10_000_000 }),
             crash_events: a.crash_events.unwrap_or(if q { 10_000 } else { 20_000 }),
             drain_cap: Duration::from_secs(a.drain_cap_secs.unwrap_or(if q { 40 } else { 120 })),
             floor_samples: if q { 300 } else { 1000 },
@@ -232,6 +238,30 @@ enum Cli {
         #[arg(long, default_value = "127.0.0.1:19092")]
         brokers: String,
     },
+    /// The scale scenario's store maker (a process of its own; prints JSON).
+    ScaleFabricate {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        records: u64,
+        #[arg(long)]
+        retention_secs: u64,
+        /// Slices whose time has passed as packed runs (else one entry per record).
+        #[arg(long)]
+        packed: bool,
+    },
+    /// The scale scenario's measuring process (prints JSON).
+    ScaleMeasure {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        retention_secs: u64,
+        #[arg(long, default_value_t = 20_000)]
+        events: u64,
+        /// Then seal what a gc pass would (a store written before runs).
+        #[arg(long)]
+        seal: bool,
+    },
     Preload {
         #[arg(long)]
         topic: String,
@@ -272,6 +302,19 @@ async fn main() -> anyhow::Result<()> {
             println!("{n} changelog records written");
             return Ok(());
         }
+        Cli::ScaleFabricate { dir, records, retention_secs, packed } => {
+            let retention = Duration::from_secs(retention_secs);
+            let made =
+                tokio::task::spawn_blocking(move || outboxd_bench::scale::make(&dir, records, retention, packed))
+                    .await??;
+            println!("{}", serde_json::to_string(&made)?);
+            return Ok(());
+        }
+        Cli::ScaleMeasure { dir, retention_secs, events, seal } => {
+            let m = outboxd_bench::scale::measure(&dir, Duration::from_secs(retention_secs), events, seal).await?;
+            println!("{}", serde_json::to_string(&m)?);
+            return Ok(());
+        }
         Cli::Preload { topic, events, duplicates, salt, brokers } => {
             let (n, dups) =
                 tokio::task::spawn_blocking(move || preload(&brokers, &topic, salt, events, KEYS, duplicates))
@@ -285,7 +328,8 @@ async fn main() -> anyhow::Result<()> {
     let scenarios: HashSet<String> = args.scenarios.split(',').map(|s| s.trim().to_owned()).collect();
     for s in &scenarios {
         anyhow::ensure!(
-            ["drain", "latency", "slow", "overload", "store", "restore", "failover", "crash"].contains(&s.as_str()),
+            ["drain", "latency", "slow", "overload", "store", "scale", "restore", "failover", "crash"]
+                .contains(&s.as_str()),
             "unknown scenario {s}"
         );
     }
@@ -350,6 +394,7 @@ struct Measured {
     overload: report_overload::Overloaded,
     store: Option<StoreResult>,
     restore: Option<RestoreResult>,
+    scale: Option<crate::scenarios::scale::ScaleResult>,
     failover: Option<FailoverResult>,
     crash: Vec<CrashResult>,
 }
@@ -492,6 +537,14 @@ async fn run_suite(b: &Bench, scenarios: &HashSet<String>, started: Instant) -> 
     m.store = if scenarios.contains("store") { Some(store_scenario(b).await?) } else { None };
     if m.store.is_some() {
         m.noise.push(("store", n0.other_share()));
+    }
+
+    write_report(b, started, &m, false)?;
+    // ---- scale
+    if scenarios.contains("scale") {
+        let n0 = Noise::now();
+        m.scale = Some(crate::scenarios::scale::scale_scenario(b).await?);
+        m.noise.push(("scale", n0.other_share()));
     }
 
     write_report(b, started, &m, false)?;

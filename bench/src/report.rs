@@ -93,6 +93,7 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
         overload,
         store,
         restore,
+        scale,
         failover,
         crash,
     } = m;
@@ -441,6 +442,7 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
     }
 
     let sections = [
+        scale.as_ref().map(crate::report_scale::scale_section),
         restore.as_ref().map(crate::report_restore::restore_section),
         failover.as_ref().map(crate::report_restore::failover_section),
         (!crash.is_empty()).then(|| crate::report_crash::crash_section(crash)),

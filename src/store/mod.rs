@@ -43,6 +43,8 @@ mod record;
 mod repair;
 mod roles;
 mod runs;
+#[cfg(any(test, feature = "internals"))]
+pub mod scale;
 mod slices;
 mod sync;
 mod varint;

@@ -363,8 +363,8 @@ impl Slices {
         }
     }
 
-    /// Every slice's filter has all its keys (tests wait for it).
-    #[cfg(test)]
+    /// Every slice's filter has all its keys (tests and the scale benchmark wait for it).
+    #[cfg(any(test, feature = "internals"))]
     pub fn filters_filled(&self) -> bool {
         self.all().iter().all(|s| s.filter.is_filled())
     }
@@ -577,6 +577,31 @@ impl Slices {
             }
         }
         Ok(removed)
+    }
+
+    /// Writes `entries` (increasing record keys → values) into an empty slice made
+    /// for them, as one packed run or one entry per record: a store made in bulk
+    /// (store/scale.rs). The caller keeps the counts.
+    #[cfg(any(test, feature = "internals"))]
+    pub fn load(&self, slice: &Arc<Slice>, entries: Vec<(Vec<u8>, Vec<u8>)>, packed: bool) -> Result<(), StoreError> {
+        if packed {
+            let mut w = RunWriter::new(&self.db, slice.start, self.next_run.fetch_add(1, Ordering::Relaxed))?;
+            for (k, v) in &entries {
+                slice.filter.add(k);
+                w.push(k, v)?;
+            }
+            *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
+            return self.install(slice, w.finish()?, 0);
+        }
+        for chunk in entries.chunks(4_096) {
+            let mut batch = sled::Batch::default();
+            for (k, v) in chunk {
+                slice.filter.add(k);
+                batch.insert(k.as_slice(), v.as_slice());
+            }
+            slice.tree.apply_batch(batch)?;
+        }
+        Ok(())
     }
 
     /// Drops the trees of replaced runs that no reader holds any more.

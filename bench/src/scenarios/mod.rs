@@ -6,6 +6,7 @@ pub(crate) mod failover;
 pub(crate) mod latency;
 pub(crate) mod overload;
 pub(crate) mod restore;
+pub(crate) mod scale;
 pub(crate) mod slow;
 pub(crate) mod store;
 

@@ -36,7 +36,7 @@ pub(crate) struct StoreResult {
     pub(crate) relaxed_rss_end: u64,
 }
 
-fn dir_bytes(dir: &Path) -> u64 {
+pub(crate) fn dir_bytes(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut sum = 0;
     if let Ok(rd) = std::fs::read_dir(dir) {

@@ -1,0 +1,115 @@
+//! The scale scenario's child processes: one makes a store of N records
+//! directly (`outboxd::store::scale::fabricate`), another opens it as the
+//! service does and measures it, each in a process of its own so that its RSS
+//! is the store's and nothing else's. Both print one JSON object.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use outboxd::store::scale::{fabricate, Fabricate, Probe};
+use serde::{Deserialize, Serialize};
+
+/// The records' topic and dedup scope.
+pub const TOPIC: &str = "scale";
+/// Ids of the fabricated records.
+pub const SALT: u64 = 0x5ca1e;
+/// sled's page cache in the measured process: the shipped default (`store.cache_size`).
+pub const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Fabricated {
+    pub records: u64,
+    pub secs: f64,
+}
+
+/// Makes the store (a dead record every 1,000, the rest done).
+pub fn make(dir: &Path, records: u64, retention: Duration, packed: bool) -> anyhow::Result<Fabricated> {
+    let f = Fabricate { records, retention, topic: TOPIC.into(), partitions: 8, dead_every: 1_000, salt: SALT, packed };
+    let t = Instant::now();
+    fabricate(dir, &f, &mut |n| eprintln!("bench: scale: {n} of {records} records written"))?;
+    Ok(Fabricated { records, secs: t.elapsed().as_secs_f64() })
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Measured {
+    /// `Store::open` returned.
+    pub open_secs: f64,
+    /// Every slice's lookup filter holds its keys (from the start of the open).
+    pub filters_secs: f64,
+    /// VmRSS once the filters are built.
+    pub rss_open: u64,
+    /// Store CPU per new event handled (claim, then the final record), µs.
+    pub cpu_per_event_us: f64,
+    /// VmRSS after the events.
+    pub rss_live: u64,
+    /// Dropping the oldest slice: records, seconds, VmHWM during it minus VmRSS before.
+    pub drop_records: u64,
+    pub drop_secs: f64,
+    pub drop_rss_rise: i64,
+    /// Sealing the slices whose time has passed (a store written before runs): records, seconds.
+    pub sealed_records: u64,
+    pub seal_secs: f64,
+    /// Slices, and those with a packed run, at the open.
+    pub slices: usize,
+    pub packed_slices: usize,
+}
+
+fn status_kb(key: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+fn cpu_secs() -> f64 {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).expect("getrusage");
+    let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+    t(u.user_time()) + t(u.system_time())
+}
+
+/// Opens the store at `dir`, handles `events` new events through it (64 at a
+/// time, as handlers finish in the service), drops its oldest slice, and with
+/// `seal` then seals what a gc pass would.
+pub async fn measure(dir: &Path, retention: Duration, events: u64, seal: bool) -> anyhow::Result<Measured> {
+    let mut m = Measured::default();
+    let t = Instant::now();
+    let probe = std::sync::Arc::new(Probe::open(dir, retention, CACHE_BYTES)?);
+    m.open_secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(probe.wait_for_filters(Duration::from_secs(1_800)), "lookup filters not built in 30 min");
+    m.filters_secs = t.elapsed().as_secs_f64();
+    m.rss_open = status_kb("VmRSS:");
+    (m.slices, m.packed_slices) = probe.slices();
+
+    const TASKS: u64 = 64;
+    let cpu = cpu_secs();
+    let mut tasks = tokio::task::JoinSet::new();
+    for k in 0..TASKS {
+        let probe = probe.clone();
+        tasks.spawn(async move { probe.handle(TOPIC, SALT + 1 + k, events / TASKS).await });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    m.cpu_per_event_us = (cpu_secs() - cpu) * 1e6 / (events / TASKS * TASKS) as f64;
+    m.rss_live = status_kb("VmRSS:");
+
+    let before = status_kb("VmRSS:");
+    // Resets VmHWM to the current RSS, so the peak below is the drop's.
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    let t = Instant::now();
+    m.drop_records = probe.drop_oldest()?;
+    m.drop_secs = t.elapsed().as_secs_f64();
+    m.drop_rss_rise = status_kb("VmHWM:") as i64 - before as i64;
+
+    if seal {
+        let t = Instant::now();
+        m.sealed_records = probe.seal().await?;
+        m.seal_secs = t.elapsed().as_secs_f64();
+    }
+    let probe = std::sync::Arc::into_inner(probe).expect("every task ended");
+    probe.close().await?;
+    Ok(m)
+}

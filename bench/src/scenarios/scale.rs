@@ -1,0 +1,76 @@
+//! Scale: stores of N records made directly (no Kafka), packed as gc leaves them
+//! and one entry per record as stores written before packed runs hold them, and
+//! a small packed store for the CPU baseline; each opened and measured in a
+//! process of its own (`outboxd-bench scale-measure`, bench/src/scale.rs).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use outboxd_bench::scale::{Fabricated, Measured};
+
+use crate::bench::Bench;
+
+/// The retention the stores are made with (and opened with): a week, as teams keep it.
+pub(crate) const RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Records of the baseline store the CPU per event is compared with.
+pub(crate) const BASELINE_RECORDS: u64 = 100_000;
+
+#[derive(Debug, Default)]
+pub(crate) struct ScaleStore {
+    pub(crate) made: Fabricated,
+    pub(crate) du_bytes: u64,
+    pub(crate) measured: Measured,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct ScaleResult {
+    pub(crate) records: u64,
+    pub(crate) events: u64,
+    pub(crate) packed: ScaleStore,
+    pub(crate) per_record: ScaleStore,
+    pub(crate) baseline: ScaleStore,
+}
+
+async fn child(args: &[String]) -> anyhow::Result<String> {
+    let exe = std::env::current_exe()?;
+    let out = tokio::process::Command::new(exe).args(args).stderr(std::process::Stdio::inherit()).output().await?;
+    anyhow::ensure!(out.status.success(), "outboxd-bench {} failed: {}", args.join(" "), out.status);
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+async fn one(b: &Bench, name: &str, records: u64, packed: bool, events: u64) -> anyhow::Result<ScaleStore> {
+    let dir = b.work.join("stores").join(format!("scale-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.display().to_string();
+    let retention = RETENTION.as_secs().to_string();
+    eprintln!("bench: scale: making the {name} store of {records} records");
+    let mut make = vec!["scale-fabricate".into(), "--dir".into(), d.clone(), "--records".into(), records.to_string()];
+    make.extend(["--retention-secs".into(), retention.clone()]);
+    if packed {
+        make.push("--packed".into());
+    }
+    let made: Fabricated = serde_json::from_str(&child(&make).await?).context("scale-fabricate's answer")?;
+    let du_bytes = crate::scenarios::store::dir_bytes(Path::new(&dir));
+    eprintln!("bench: scale: measuring the {name} store");
+    let mut measure = vec!["scale-measure".into(), "--dir".into(), d, "--events".into(), events.to_string()];
+    measure.extend(["--retention-secs".into(), retention]);
+    if !packed {
+        measure.push("--seal".into());
+    }
+    let measured: Measured = serde_json::from_str(&child(&measure).await?).context("scale-measure's answer")?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ScaleStore { made, du_bytes, measured })
+}
+
+pub(crate) async fn scale_scenario(b: &Bench) -> anyhow::Result<ScaleResult> {
+    let records = b.sizes.scale_records;
+    let events = 20_000;
+    Ok(ScaleResult {
+        records,
+        events,
+        packed: one(b, "packed", records, true, events).await?,
+        per_record: one(b, "per-record", records, false, events).await?,
+        baseline: one(b, "baseline", BASELINE_RECORDS, true, events).await?,
+    })
+}
