@@ -43,9 +43,11 @@ impl KeyFilter {
         KeyFilter { bloom: RwLock::new(new_bloom()), filled: AtomicBool::new(true) }
     }
 
-    /// For a slice that may hold keys already: "maybe" for every key until [`KeyFilter::set_filled`].
-    pub fn unfilled() -> KeyFilter {
-        KeyFilter { bloom: RwLock::new(new_bloom()), filled: AtomicBool::new(false) }
+    /// For a slice that may hold keys already, about `keys` of them: "maybe" for
+    /// every key until [`KeyFilter::set_filled`]. Sized for them in one step (each
+    /// further step is one more check per lookup, and memory the first did not need).
+    pub fn unfilled(keys: usize) -> KeyFilter {
+        KeyFilter { bloom: RwLock::new(bloom_for(keys)), filled: AtomicBool::new(false) }
     }
 
     /// Every key the slice's tree held when it was opened has been added (by
@@ -92,8 +94,12 @@ impl KeyFilter {
 }
 
 fn new_bloom() -> GrowableBloom {
+    bloom_for(0)
+}
+
+fn bloom_for(keys: usize) -> GrowableBloom {
     GrowableBloomBuilder::new()
-        .estimated_insertions(FIRST_STEP)
+        .estimated_insertions(FIRST_STEP.max(keys))
         .desired_error_ratio(FALSE_POSITIVES)
         .growth_factor(GROWTH)
         .build()
@@ -123,7 +129,7 @@ mod tests {
 
     #[test]
     fn an_unfilled_filter_answers_maybe_until_it_has_every_key() {
-        let f = KeyFilter::unfilled();
+        let f = KeyFilter::unfilled(0);
         f.add(&key(1)); // written while the fill runs
         assert!(f.may_contain(&key(7)), "not filled: it cannot know");
         f.add(&key(2));

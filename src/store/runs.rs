@@ -84,6 +84,34 @@ impl Run {
         RunIter { blocks, entries: Vec::new().into_iter(), from }
     }
 
+    /// Calls `f` with each key of up to `blocks` blocks after the block whose last
+    /// key is `after` (from the first block without it); returns the last block's
+    /// key when there may be more. Reads no value into memory of its own.
+    pub fn each_key(
+        &self,
+        after: Option<&[u8]>,
+        blocks: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<Option<sled::IVec>, sled::Error> {
+        let iter = match after {
+            Some(a) => self.tree.range::<&[u8], _>((Bound::Excluded(a), Bound::Unbounded)),
+            None => self.tree.iter(),
+        };
+        let mut read = 0;
+        for item in iter {
+            let (last, block) = item?;
+            let mut r = block_reader(&block)?;
+            while !r.is_empty() {
+                f(entry(&mut r)?.0);
+            }
+            read += 1;
+            if read == blocks {
+                return Ok(Some(last));
+            }
+        }
+        Ok(None)
+    }
+
     /// Drops the run's tree (after no reader holds the run any more).
     pub fn drop_tree(&self, db: &sled::Db) -> Result<(), sled::Error> {
         db.drop_tree(self.tree.name()).map(drop)

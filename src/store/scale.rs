@@ -6,9 +6,9 @@
 //! [`fabricate`] spreads N records evenly over the retention, less one slice
 //! width so that none is about to expire (a done record,
 //! every `dead_every`-th one dead), as a store that has run for that long holds
-//! them, and writes each slice whose time has passed as a packed run (what gc
-//! makes of it) or, with `packed: false`, one entry per record (what stores
-//! written before runs hold).
+//! them, and writes each slice as a packed run (what gc makes of it), the last
+//! records of the current one an entry each, or, with `packed: false`, one entry
+//! per record (what stores written before runs hold).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 use super::options::Role;
 use super::{format, keys, now_us, Record, State, Store, StoreError, StoreOptions};
 use crate::event::Position;
+
+/// Records of the current slice [`fabricate`] leaves one entry each in a packed store.
+const LIVE_TAIL: usize = 65_536;
 
 /// What [`fabricate`] writes.
 #[derive(Debug, Clone)]
@@ -94,9 +97,16 @@ pub fn fabricate(dir: &Path, f: &Fabricate, progress: &mut dyn FnMut(u64)) -> Re
             slice.moved(None, Some(r.state));
             i += 1;
         }
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let packed = f.packed && slice.end() <= now;
-        store.slices.load(&slice, entries, packed)?;
+        // As a service leaves it: the slices packed, the last records of the current
+        // one still an entry each (gc seals them once there are enough).
+        let tail = if f.packed && slice.end() > now { entries.len().min(LIVE_TAIL) } else { 0 };
+        let live = entries.split_off(entries.len() - tail);
+        for (mut part, packed) in [(entries, f.packed), (live, false)] {
+            if !part.is_empty() {
+                part.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                store.slices.load(&slice, part, packed)?;
+            }
+        }
         if i - reported >= 1_000_000 || i == f.records {
             progress(i);
             reported = i;

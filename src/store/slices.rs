@@ -37,6 +37,11 @@ const RUN_PREFIX: &[u8] = b"run:";
 /// A sealed slice is sealed again once its overlay took this many writes, and
 /// at least an eighth of its run's records.
 const RESEAL_WRITES: u64 = 4_096;
+/// The current slice is sealed each time its overlay holds this many records
+/// (and an eighth of its run): what stays one sled entry per record. Each seal
+/// rewrites the slice's run, so the eighth keeps a record's rewrites to about
+/// nine over the slice's life.
+const LIVE_SEAL_RECORDS: u64 = 131_072;
 
 /// The width of new slices for a retention.
 pub fn width_for(retention: Duration) -> Duration {
@@ -275,6 +280,8 @@ pub struct Slices {
     /// tree dropped, then made again under its name) the model test below lost
     /// records, so a new run never meets the rest of a dropped one.
     next_run: AtomicU64,
+    /// [`LIVE_SEAL_RECORDS`] (smaller in tests).
+    live_seal: u64,
     /// Oldest first; slices never overlap, a newer one starts where the last ended or later.
     list: RwLock<Vec<Arc<Slice>>>,
     /// µs.
@@ -312,7 +319,9 @@ impl Slices {
                 Some(values) => Counts::from_values(values),
                 None => Counts::default(),
             };
-            let slice = Slice::new(start, width, tree, run, KeyFilter::unfilled(), counts);
+            // Sized for the records it holds, and an eighth more for those still to come.
+            let held = counts.values().iter().map(|n| (*n).max(0) as usize).sum::<usize>();
+            let slice = Slice::new(start, width, tree, run, KeyFilter::unfilled(held + held / 8), counts);
             if v.get(8..).and_then(Counts::decode).is_none() {
                 slice.counts.set(count(&slice)?.values());
             }
@@ -344,6 +353,7 @@ impl Slices {
             meta: meta.clone(),
             retired: std::sync::Mutex::default(),
             next_run: AtomicU64::new(next_run),
+            live_seal: LIVE_SEAL_RECORDS,
             list: RwLock::new(list),
             retention: retention.as_micros() as i64,
             width: width_for(retention).as_micros() as i64,
@@ -406,7 +416,7 @@ impl Slices {
         self.meta.insert(&key, entry(width, &counts))?;
         let tree = self.db.open_tree(&key)?;
         // A tree of that name would be the rest of an interrupted drop (dropped on open): empty.
-        let filter = if tree.is_empty() { KeyFilter::filled() } else { KeyFilter::unfilled() };
+        let filter = if tree.is_empty() { KeyFilter::filled() } else { KeyFilter::unfilled(0) };
         let slice = Arc::new(Slice::new(start, width, tree, None, filter, counts));
         let at = list.partition_point(|s| s.start < start);
         list.insert(at, slice.clone());
@@ -511,17 +521,24 @@ fn decode_run_entry(v: &[u8]) -> Option<(u64, u64)> {
 /// shadows it with the same values); once that is durable, [`Slices::settle`]
 /// removes from the overlay what the run answers the same for.
 impl Slices {
-    /// Slices no longer current at `now` with records to pack, oldest first.
+    /// Slices with records to pack, oldest first: one whose time has passed once
+    /// its overlay holds anything (again once it took [`RESEAL_WRITES`] and an
+    /// eighth of its run), and the current one each time its overlay holds
+    /// [`LIVE_SEAL_RECORDS`] and an eighth of its run, so that at most about that
+    /// many records of it are one sled entry each.
     pub fn to_seal(&self, now: i64) -> Result<Vec<Arc<Slice>>, StoreError> {
         let mut found = Vec::new();
         for s in self.all() {
-            if s.end() > now {
-                continue;
-            }
             let (packed, writes) = s.packing();
-            let due = match s.run() {
-                None => s.tree.first()?.is_some(),
-                Some(_) => writes >= RESEAL_WRITES.max(packed / 8),
+            let held = s.counts.values().iter().map(|n| (*n).max(0) as u64).sum::<u64>();
+            // Writes since the open, or the records beyond the run (an overlay kept over a restart).
+            let overlay = writes.max(held.saturating_sub(packed));
+            let due = if s.end() > now {
+                overlay >= self.live_seal.max(packed / 8)
+            } else if s.run().is_none() {
+                s.tree.first()?.is_some()
+            } else {
+                overlay >= RESEAL_WRITES.max(packed / 8)
             };
             if due {
                 found.push(s);
@@ -616,21 +633,30 @@ impl Slices {
     }
 }
 
-/// Keys a filling thread reads from a slice before it lets go of it (and of the
-/// database: a store being closed is not kept open by its filling thread for longer).
+/// Keys a filling thread reads from a slice's overlay, and blocks from its run,
+/// before it lets go of it (and of the database: a store being closed is not kept
+/// open by its filling thread for longer).
 const FILL_CHUNK: usize = 16_384;
+const FILL_BLOCKS: usize = FILL_CHUNK / super::runs::BLOCK_RECORDS;
 
 /// Reads every key of `slices` into its filter, a chunk at a time; stops when the
 /// store is closed. A read that fails leaves that slice's filter answering "maybe".
+///
+/// The overlay is read before the run: a key a seal moves from the overlay into a
+/// new run meanwhile was read already, and the run is read from where the last
+/// chunk ended whichever run it is by then (a newer run holds the older one's keys).
 fn fill(slices: Vec<std::sync::Weak<Slice>>) {
     let started = std::time::Instant::now();
     let (mut keys, mut bytes) = (0, 0);
     for weak in slices {
         let mut after: Option<sled::IVec> = None;
+        let mut in_run = false;
         let filled = loop {
             let Some(slice) = weak.upgrade() else { return };
-            match fill_chunk(&slice, after.take()) {
+            let chunk = if in_run { fill_from_run(&slice, after.take()) } else { fill_from_overlay(&slice, after.take()) };
+            match chunk {
                 Ok(Some(last)) => after = Some(last),
+                Ok(None) if !in_run => in_run = true,
                 Ok(None) => {
                     slice.filter.set_filled();
                     break Some(slice);
@@ -653,13 +679,13 @@ fn fill(slices: Vec<std::sync::Weak<Slice>>) {
     );
 }
 
-/// Adds up to [`FILL_CHUNK`] keys of `slice` after `after` to its filter; returns
-/// the last one when there may be more.
-fn fill_chunk(slice: &Slice, after: Option<sled::IVec>) -> Result<Option<sled::IVec>, sled::Error> {
-    let from = after.map_or(Bound::Unbounded, |k| Bound::Excluded(k.to_vec()));
+/// Adds up to [`FILL_CHUNK`] keys of `slice`'s overlay after `after` to its filter
+/// (tombstones too: a "maybe" costs only a lookup); returns the last one when there may be more.
+fn fill_from_overlay(slice: &Slice, after: Option<sled::IVec>) -> Result<Option<sled::IVec>, sled::Error> {
+    let from = after.map_or(Bound::Unbounded, Bound::Excluded);
     let mut read = 0;
-    for item in slice.range_from(from) {
-        let (key, _) = item?;
+    for key in slice.tree.range::<sled::IVec, _>((from, Bound::Unbounded)).keys() {
+        let key = key?;
         slice.filter.add(&key);
         read += 1;
         if read == FILL_CHUNK {
@@ -667,6 +693,15 @@ fn fill_chunk(slice: &Slice, after: Option<sled::IVec>) -> Result<Option<sled::I
         }
     }
     Ok(None)
+}
+
+/// Adds the keys of up to [`FILL_BLOCKS`] blocks of `slice`'s run after the block
+/// that ends with `after`; returns the last block's key when there may be more.
+fn fill_from_run(slice: &Slice, after: Option<sled::IVec>) -> Result<Option<sled::IVec>, sled::Error> {
+    match slice.run() {
+        Some(run) => run.each_key(after.as_deref(), FILL_BLOCKS, &mut |k| slice.filter.add(k)),
+        None => Ok(None),
+    }
 }
 
 /// Records per state of one slice, by reading it (only for a slice whose counts were lost).
@@ -734,6 +769,39 @@ mod tests {
         let slices = Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         assert_eq!(slices.all().len(), 1);
         assert!(!db.tree_names().iter().any(|n| n.as_ref() == tree_name(990 * S)));
+    }
+
+    #[test]
+    fn the_current_slice_is_sealed_each_time_its_overlay_holds_enough_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        let slices = Slices { live_seal: 1_000, ..Slices::open(&db, &meta, Duration::from_secs(80)).unwrap() };
+        let now = 1_000 * S + 1;
+        let current = slices.current(now).unwrap();
+        let key = |i: u64| [b"k".as_slice(), &i.to_be_bytes()].concat();
+        let add = |from: u64, to: u64| {
+            for i in from..to {
+                current.insert(&key(i), b"v".to_vec()).unwrap();
+                current.moved(None, Some(State::Done));
+            }
+        };
+        add(0, 1_000 - 1);
+        assert!(slices.to_seal(now).unwrap().is_empty(), "not yet");
+        add(1_000 - 1, 1_000);
+        assert_eq!(slices.to_seal(now).unwrap().len(), 1);
+        let (run, writes) = slices.pack(&current).unwrap();
+        slices.install(&current, run, writes).unwrap();
+        slices.settle(&current).unwrap();
+        assert_eq!((current.packing().0, current.overlay_len()), (1_000, 0));
+        assert!(slices.to_seal(now).unwrap().is_empty(), "packed");
+        // Reopened: the records beyond the run count, though no write since the open.
+        add(1_000, 2 * 1_000);
+        slices.persist().unwrap();
+        drop((current, slices));
+        let slices = Slices { live_seal: 1_000, ..Slices::open(&db, &meta, Duration::from_secs(80)).unwrap() };
+        assert_eq!(slices.to_seal(now).unwrap().len(), 1);
+        assert_eq!(slices.all()[0].len() as u64, 2 * 1_000);
     }
 
     /// A seeded model test: random writes, removals, reads and scans of one slice,
@@ -812,6 +880,13 @@ mod tests {
                 drop(packed);
                 slices = open();
                 slices.fill_filters();
+                check(&slices, &model, &mut rng);
+                // Once filled, a filter's "absent" is trusted: every key must be in it.
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                while !slices.filters_filled() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert!(slices.filters_filled());
                 check(&slices, &model, &mut rng);
             }
         }
