@@ -540,7 +540,9 @@ fn run_trees(store: &Store) -> usize {
 #[tokio::test]
 async fn a_sealed_slice_answers_as_before_and_takes_repairs() {
     let dir = tempfile::tempdir().unwrap();
-    let retention = Duration::from_secs(60);
+    // Slices of 7.5 min: the writes may still cross a boundary on a slow machine, so
+    // every slice they fell in is sealed and counted.
+    let retention = Duration::from_secs(3_600);
     let ids: Vec<String> = (0..300).map(|i| format!("e{i:03}")).collect();
     {
         let store = Store::open(dir.path(), &opts(retention)).unwrap();
@@ -552,13 +554,13 @@ async fn a_sealed_slice_answers_as_before_and_takes_repairs() {
                 _ => {} // left claimed
             }
         }
-        // Past the slice's end, before its records expire: packed, nothing removed.
-        let end = store.slices.all()[0].end();
+        // Past the slices' end, before their records expire: packed, nothing removed.
+        let slices = store.slices.all();
+        let end = slices.last().unwrap().end();
         assert_eq!(store.gc(end + 1).await.unwrap(), 0);
-        assert_eq!(run_trees(&store), 1);
-        let (packed, _) = store.slices.all()[0].packing();
-        assert_eq!(packed, 300);
-        assert_eq!(store.slices.all()[0].overlay_len(), 0, "the overlay is empty after the seal");
+        assert_eq!(run_trees(&store), slices.len());
+        assert_eq!(slices.iter().map(|s| s.packing().0).sum::<u64>(), 300);
+        assert!(slices.iter().all(|s| s.overlay_len() == 0), "the overlays are empty after the seal");
 
         assert!(matches!(
             store.claim(&event("e000", 99), "t").await.unwrap(),
@@ -580,6 +582,6 @@ async fn a_sealed_slice_answers_as_before_and_takes_repairs() {
     // A claim of a new id in the sealed range, and of a forgotten one.
     assert!(matches!(store.claim(&event("e000", 100), "t").await.unwrap(), Claim::Claimed(_)));
     // Everything expires whole: the run goes with its slice.
-    assert_eq!(store.gc(now_us() + AFTER_RETENTION).await.unwrap(), 300);
+    assert_eq!(store.gc(now_us() + 2 * 3_600_000_000).await.unwrap(), 300);
     assert_eq!((run_trees(&store), store.len()), (0, 0));
 }
