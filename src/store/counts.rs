@@ -47,6 +47,11 @@ impl Counts {
         std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
     }
 
+    /// Records in all states (a count that drifted below zero counts as none).
+    pub fn total(&self) -> u64 {
+        self.values().iter().map(|n| (*n).max(0) as u64).sum()
+    }
+
     pub fn set(&self, values: [i64; STATES]) {
         for (a, v) in self.0.iter().zip(values) {
             a.store(v, Ordering::Relaxed);

@@ -387,16 +387,23 @@ impl Store {
     /// No record is read. Audit entries older than `retention` go too (not
     /// counted). Returns how many records were removed.
     async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
-        let mut removed = 0u64;
-        for slice in self.slices.drop_expired(now_us)? {
-            removed += slice.counts.values().iter().map(|n| (*n).max(0) as u64).sum::<u64>();
-            self.messages.drop_slice(slice.start)?;
-        }
+        let removed = self.drop_expired_slices(now_us)?;
         self.seal(now_us).await?;
         self.prune_chains()?;
         self.prune_problems()?;
         self.expire_audit(now_us)?;
         self.durable().await?;
+        Ok(removed)
+    }
+
+    /// Drops every slice past retention at `now_us` with its message copies;
+    /// returns the records they held.
+    fn drop_expired_slices(&self, now_us: i64) -> Result<u64, StoreError> {
+        let mut removed = 0;
+        for slice in self.slices.drop_expired(now_us)? {
+            removed += slice.counts.total();
+            self.messages.drop_slice(slice.start)?;
+        }
         Ok(removed)
     }
 

@@ -166,13 +166,7 @@ impl Probe {
     /// anything; returns the records it held.
     pub fn drop_oldest(&self) -> Result<u64, StoreError> {
         let Some(oldest) = self.store.slices.all().into_iter().next() else { return Ok(0) };
-        let expiry = self.store.slices.expires_at(&oldest);
-        let mut removed = 0;
-        for slice in self.store.slices.drop_expired(expiry)? {
-            removed += slice.counts.values().iter().map(|n| (*n).max(0) as u64).sum::<u64>();
-            self.store.messages.drop_slice(slice.start)?;
-        }
-        Ok(removed)
+        self.store.drop_expired_slices(self.store.slices.expires_at(&oldest))
     }
 
     /// Seals every slice whose time has passed (a gc pass's sealing), as a store

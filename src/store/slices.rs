@@ -315,14 +315,12 @@ impl Slices {
                 }
                 None => None,
             };
-            let counts = match v.get(8..).and_then(Counts::decode) {
-                Some(values) => Counts::from_values(values),
-                None => Counts::default(),
-            };
+            let kept = v.get(8..).and_then(Counts::decode);
+            let counts = kept.map(Counts::from_values).unwrap_or_default();
             // Sized for the records it holds, and an eighth more for those still to come.
-            let held = counts.values().iter().map(|n| (*n).max(0) as usize).sum::<usize>();
+            let held = counts.total() as usize;
             let slice = Slice::new(start, width, tree, run, KeyFilter::unfilled(held + held / 8), counts);
-            if v.get(8..).and_then(Counts::decode).is_none() {
+            if kept.is_none() {
                 slice.counts.set(count(&slice)?.values());
             }
             list.push(Arc::new(slice));
@@ -530,7 +528,7 @@ impl Slices {
         let mut found = Vec::new();
         for s in self.all() {
             let (packed, writes) = s.packing();
-            let held = s.counts.values().iter().map(|n| (*n).max(0) as u64).sum::<u64>();
+            let held = s.counts.total();
             // Writes since the open, or the records beyond the run (an overlay kept over a restart).
             let overlay = writes.max(held.saturating_sub(packed));
             let due = if s.end() > now {
