@@ -66,8 +66,9 @@
 //! - [`event`] / `codec`: the one decoder, Kafka message → `event::OutboxEvent` (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
 //! - `avro`: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
 //! - `store`: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
-//!   log and of new blob files; a failed sync fails every later wait), time slices (each with a lookup filter
-//!   of its keys, so a new id reads no sled page), message copies within a quota. Only place that uses sled.
+//!   log and of new blob files; a failed sync fails every later wait), time slices (packed into runs of
+//!   64-record blocks once no longer live, `store/runs.rs`; lookup filters per run, stored with it, and per
+//!   overlay, so a new id reads no sled page), message copies within a quota. Only place that uses sled.
 //!   `store::chains`: the events held behind a dead one of their Kafka key and
 //!   the index of those chains (rebuilt from the records, so it follows the changelog); `store::held`: recording
 //!   them held, and the steps of running them. `store::view`: records, stats, the audit and message copies as the

@@ -261,6 +261,9 @@ enum Cli {
         /// Then seal what a gc pass would (a store written before runs).
         #[arg(long)]
         seal: bool,
+        /// sled's page cache, MiB (the shipped default; smaller to see what the cache holds).
+        #[arg(long, default_value_t = outboxd_bench::scale::CACHE_BYTES >> 20)]
+        cache_mib: u64,
     },
     Preload {
         #[arg(long)]
@@ -310,8 +313,9 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&made)?);
             return Ok(());
         }
-        Cli::ScaleMeasure { dir, retention_secs, events, seal } => {
-            let m = outboxd_bench::scale::measure(&dir, Duration::from_secs(retention_secs), events, seal).await?;
+        Cli::ScaleMeasure { dir, retention_secs, events, seal, cache_mib } => {
+            let retention = Duration::from_secs(retention_secs);
+            let m = outboxd_bench::scale::measure(&dir, retention, events, seal, cache_mib << 20).await?;
             println!("{}", serde_json::to_string(&m)?);
             return Ok(());
         }

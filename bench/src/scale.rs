@@ -36,6 +36,9 @@ pub struct Measured {
     pub open_secs: f64,
     /// Every slice's lookup filter holds its keys (from the start of the open).
     pub filters_secs: f64,
+    /// VmRSS when `Store::open` returned.
+    #[serde(default)]
+    pub rss_opened: u64,
     /// VmRSS once the filters are built.
     pub rss_open: u64,
     /// Store CPU per new event handled (claim, then the final record), µs.
@@ -72,12 +75,19 @@ fn cpu_secs() -> f64 {
 
 /// Opens the store at `dir`, handles `events` new events through it (64 at a
 /// time, as handlers finish in the service), drops its oldest slice, and with
-/// `seal` then seals what a gc pass would.
-pub async fn measure(dir: &Path, retention: Duration, events: u64, seal: bool) -> anyhow::Result<Measured> {
+/// `seal` then seals what a gc pass would; sled's page cache is `cache_bytes`.
+pub async fn measure(
+    dir: &Path,
+    retention: Duration,
+    events: u64,
+    seal: bool,
+    cache_bytes: u64,
+) -> anyhow::Result<Measured> {
     let mut m = Measured::default();
     let t = Instant::now();
-    let probe = std::sync::Arc::new(Probe::open(dir, retention, CACHE_BYTES)?);
+    let probe = std::sync::Arc::new(Probe::open(dir, retention, cache_bytes)?);
     m.open_secs = t.elapsed().as_secs_f64();
+    m.rss_opened = status_kb("VmRSS:");
     anyhow::ensure!(probe.wait_for_filters(Duration::from_secs(1_800)), "lookup filters not built in 30 min");
     m.filters_secs = t.elapsed().as_secs_f64();
     m.rss_open = status_kb("VmRSS:");

@@ -391,8 +391,9 @@ impl Store {
 
     /// The record stored under a record key, newest slice first.
     pub(super) fn record_under(&self, record_key: &[u8]) -> Result<Option<Record>, StoreError> {
+        let hashed = super::filter::Hashed::of(record_key);
         for slice in self.slices.all().into_iter().rev() {
-            if let Some(raw) = slice.get(record_key)? {
+            if let Some(raw) = slice.find(&hashed)? {
                 return self.decode(&slice, record_key, &raw).map(Some);
             }
         }

@@ -25,6 +25,7 @@ use crate::metrics::names;
 use crate::store::format;
 use crate::store::keys;
 use crate::store::messages::copy_key;
+use crate::store::filter::Hashed;
 use crate::store::slices::Slice;
 use crate::store::{now_us, Record, State, Store, StoreError};
 
@@ -458,8 +459,9 @@ impl Store {
 
     /// The record stored under `key` in the first of `live` slices that has one.
     fn lookup(&self, live: &[Arc<Slice>], key: &[u8]) -> Result<Option<(Arc<Slice>, Record)>, StoreError> {
+        let hashed = Hashed::of(key);
         for slice in live {
-            if let Some(raw) = slice.get(key)? {
+            if let Some(raw) = slice.find(&hashed)? {
                 return Ok(Some((slice.clone(), self.decode(slice, key, &raw)?)));
             }
         }

@@ -1,25 +1,53 @@
-//! The negative-lookup filter of one slice: a Bloom filter of the record keys
-//! written into the slice's tree, so that a lookup of an id the slice has never
-//! seen (every new event, in every retained slice) touches no sled page.
+//! The lookup filters of a slice: which record keys it may hold, so that a
+//! lookup of an id the slice has never seen (every new event, in every retained
+//! slice) touches no sled page. A key is hashed once per lookup ([`Hashed`]) and
+//! the same hash probes every slice's filters.
 //!
-//! It may answer "maybe" for a key that is absent (about [`FALSE_POSITIVES`] of
-//! absent keys: those cost the sled lookup they would have cost anyway), and
-//! must never answer "absent" for a key that is present: that would run an
-//! event again. So every write of a record key into a slice goes through
-//! [`super::slices::Slice::insert`], which adds the key here *before* it writes
-//! the tree (a lookup between the two finds "maybe" and reads the tree), and a
-//! slice opened with records answers "maybe" until a thread of the service has
-//! read every key it holds ([`super::slices::Slices::fill_filters`]). Removals
-//! leave the key in the filter: a stale "maybe" only costs a lookup.
+//! Two kinds, answering "maybe" for some absent keys (those cost the sled lookup
+//! they would have cost anyway) and never "absent" for a present key (that would
+//! run an event again):
 //!
-//! Memory: about 1.2 bytes per key of the slice at 1% false positives (the filter
-//! grows in steps as keys arrive; [`KeyFilter::bytes`] is what it holds now), so
-//! a million retained records cost about 1.5 MB.
+//! - [`RunFilter`], a packed run's (store/runs.rs): a binary fuse filter built
+//!   once from the run's keys when the run is written, exact in size (about 9
+//!   bits a key, under 0.4% false positives), and stored beside the run, so a
+//!   start loads it instead of reading every key.
+//! - [`KeyFilter`], a slice's overlay's (the records written since its last
+//!   seal): a Bloom filter that grows as keys arrive. Every write into an overlay,
+//!   tombstones included, goes through [`super::slices::Slice::insert`] or
+//!   [`super::slices::Slice::remove`], which add the key here *before* writing the
+//!   tree (a lookup between the two finds "maybe" and reads the tree). An overlay
+//!   opened with records answers "maybe" until a thread of the service has read
+//!   its keys ([`super::slices::Slices::fill_filters`]). Removals leave the key in
+//!   it: a stale "maybe" only costs a lookup.
+//!
+//! Memory: about 1.2 bytes per key at 1% false positives for an overlay's filter
+//! ([`KeyFilter::bytes`] is what it holds now), 1.1 bytes per key for a run's, so
+//! ten million retained records cost about 12 MB.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use growable_bloom_filter::{GrowableBloom, GrowableBloomBuilder};
+use xorf::{BinaryFuse8, BinaryFuse8Ref, DmaSerializable, Filter, FilterRef};
+
+/// A record key and its hash, computed once for all the slices a lookup probes.
+#[derive(Debug, Clone, Copy)]
+pub struct Hashed<'a> {
+    pub key: &'a [u8],
+    pub hash: u64,
+}
+
+impl<'a> Hashed<'a> {
+    pub fn of(key: &'a [u8]) -> Hashed<'a> {
+        Hashed { key, hash: hash(key) }
+    }
+}
+
+/// The hash filters are built from and probed with: xxh3, seed 0. Persisted run
+/// filters depend on it: changing it is a change of [`RUN_FILTER_VERSION`].
+pub fn hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
+}
 
 /// The share of absent keys the filter answers "maybe" for.
 pub const FALSE_POSITIVES: f64 = 0.01;
@@ -63,13 +91,13 @@ impl KeyFilter {
     }
 
     /// A key about to be written into the slice's tree.
-    pub fn add(&self, key: &[u8]) {
-        self.write().insert(key);
+    pub fn add(&self, key: &Hashed) {
+        self.write().insert(key.hash);
     }
 
     /// False only if the slice's tree does not hold `key`.
-    pub fn may_contain(&self, key: &[u8]) -> bool {
-        !self.is_filled() || self.read().contains(key)
+    pub fn may_contain(&self, key: &Hashed) -> bool {
+        !self.is_filled() || self.read().contains(key.hash)
     }
 
     /// Keys added so far (about: a key it already answered "maybe" for is not counted).
@@ -105,6 +133,76 @@ fn bloom_for(keys: usize) -> GrowableBloom {
         .build()
 }
 
+/// The layout of a persisted [`RunFilter`]: [`hash`] of each key, a `BinaryFuse8` of
+/// xorf 0.12 (its descriptor, then its fingerprints). A value of another version is
+/// not used: the run's filter is built again from its keys.
+const RUN_FILTER_VERSION: u8 = 1;
+const DESCRIPTOR_LEN: usize = <BinaryFuse8 as DmaSerializable>::DESCRIPTOR_LEN;
+
+/// A packed run's filter: exact in size, immutable, built from every key of the run.
+pub struct RunFilter {
+    /// `None`: the run has no key.
+    fuse: Option<Fuse>,
+}
+
+/// A `BinaryFuse8` as its parts, read through `BinaryFuse8Ref` (what xorf offers
+/// for a filter kept as bytes).
+struct Fuse {
+    descriptor: [u8; DESCRIPTOR_LEN],
+    fingerprints: Box<[u8]>,
+}
+
+impl RunFilter {
+    /// The filter of the keys whose hashes are `hashes` (in any order, repeats allowed).
+    pub fn build(mut hashes: Vec<u64>) -> Result<RunFilter, String> {
+        if hashes.is_empty() {
+            return Ok(RunFilter { fuse: None });
+        }
+        hashes.sort_unstable();
+        hashes.dedup();
+        let fuse = BinaryFuse8::try_from(&hashes).map_err(|e| format!("building a run's lookup filter: {e}"))?;
+        let mut descriptor = [0; DESCRIPTOR_LEN];
+        fuse.dma_copy_descriptor_to(&mut descriptor);
+        Ok(RunFilter { fuse: Some(Fuse { descriptor, fingerprints: fuse.dma_fingerprints().into() }) })
+    }
+
+    /// False only if the run does not hold `key`.
+    pub fn may_contain(&self, key: &Hashed) -> bool {
+        match &self.fuse {
+            Some(f) => BinaryFuse8Ref::from_dma(&f.descriptor, &f.fingerprints).contains(&key.hash),
+            None => false,
+        }
+    }
+
+    /// Its memory, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.fuse.as_ref().map_or(0, |f| DESCRIPTOR_LEN + f.fingerprints.len())
+    }
+
+    /// The persisted form (see [`RUN_FILTER_VERSION`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![RUN_FILTER_VERSION];
+        if let Some(f) = &self.fuse {
+            out.extend_from_slice(&f.descriptor);
+            out.extend_from_slice(&f.fingerprints);
+        }
+        out
+    }
+
+    /// A persisted filter; `None` for another version or a value too short to be one.
+    pub fn decode(v: &[u8]) -> Option<RunFilter> {
+        match v.split_first()? {
+            (&RUN_FILTER_VERSION, []) => Some(RunFilter { fuse: None }),
+            (&RUN_FILTER_VERSION, rest) if rest.len() > DESCRIPTOR_LEN => {
+                let (descriptor, fingerprints) = rest.split_at(DESCRIPTOR_LEN);
+                let descriptor = descriptor.try_into().ok()?;
+                Some(RunFilter { fuse: Some(Fuse { descriptor, fingerprints: fingerprints.into() }) })
+            }
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,14 +211,18 @@ mod tests {
         [b"k".as_slice(), &i.to_be_bytes()].concat()
     }
 
+    fn has(f: &KeyFilter, i: u64) -> bool {
+        f.may_contain(&Hashed::of(&key(i)))
+    }
+
     #[test]
     fn a_key_added_is_never_reported_absent_and_most_others_are() {
         let f = KeyFilter::filled();
         for i in 0..200_000 {
-            f.add(&key(i));
+            f.add(&Hashed::of(&key(i)));
         }
-        assert!((0..200_000).all(|i| f.may_contain(&key(i))), "no false negative, across growth steps");
-        let maybe = (1_000_000..1_100_000).filter(|i| f.may_contain(&key(*i))).count();
+        assert!((0..200_000).all(|i| has(&f, i)), "no false negative, across growth steps");
+        let maybe = (1_000_000..1_100_000).filter(|i| has(&f, *i)).count();
         assert!(maybe < 3_000, "{maybe} of 100000 absent keys answered maybe");
         // A key the filter already answered "maybe" for is not counted again.
         assert!(f.len() > 195_000 && f.len() <= 200_000, "{}", f.len());
@@ -130,12 +232,40 @@ mod tests {
     #[test]
     fn an_unfilled_filter_answers_maybe_until_it_has_every_key() {
         let f = KeyFilter::unfilled(0);
-        f.add(&key(1)); // written while the fill runs
-        assert!(f.may_contain(&key(7)), "not filled: it cannot know");
-        f.add(&key(2));
-        f.add(&key(3));
+        f.add(&Hashed::of(&key(1))); // written while the fill runs
+        assert!(has(&f, 7), "not filled: it cannot know");
+        f.add(&Hashed::of(&key(2)));
+        f.add(&Hashed::of(&key(3)));
         f.set_filled();
-        assert!([1, 2, 3].iter().all(|i| f.may_contain(&key(*i))));
-        assert!(!f.may_contain(&key(7)) || !f.may_contain(&key(8)), "filled: absent keys are answered absent");
+        assert!([1, 2, 3].iter().all(|i| has(&f, *i)));
+        assert!(!has(&f, 7) || !has(&f, 8), "filled: absent keys are answered absent");
+    }
+
+    #[test]
+    fn a_run_filter_has_every_key_answers_most_others_absent_and_survives_its_bytes() {
+        for n in [0u64, 1, 2, 3, 63, 64, 65, 1_000, 100_000] {
+            let hashes: Vec<u64> = (0..n).map(|i| hash(&key(i))).collect();
+            let mut repeated = hashes.clone();
+            repeated.extend(hashes.iter().take(10));
+            let f = RunFilter::build(repeated).unwrap();
+            let back = RunFilter::decode(&f.encode()).unwrap();
+            for g in [&f, &back] {
+                assert!((0..n).all(|i| g.may_contain(&Hashed::of(&key(i)))), "{n}: no false negative");
+                let maybe = (1_000_000..1_100_000).filter(|i| g.may_contain(&Hashed::of(&key(*i)))).count();
+                assert!(maybe < 1_000, "{n}: {maybe} of 100000 absent keys answered maybe");
+            }
+            assert!(f.bytes() as u64 <= 64 + n * 3 / 2, "{n} keys, {} bytes", f.bytes());
+        }
+        assert!(RunFilter::decode(&[RUN_FILTER_VERSION + 1, 1, 2]).is_none(), "another version is not used");
+        assert!(RunFilter::decode(&[RUN_FILTER_VERSION, 1, 2]).is_none(), "too short");
+    }
+
+    /// Persisted filters are read by the layout and hash they were written with: a
+    /// new version of either (a crate update) must change [`RUN_FILTER_VERSION`].
+    #[test]
+    fn the_persisted_run_filter_layout_is_the_one_it_was() {
+        let hashes: Vec<u64> = (0..5_000).map(|i| hash(&key(i))).collect();
+        let bytes = RunFilter::build(hashes).unwrap().encode();
+        assert_eq!((bytes.len(), hash(&bytes)), (6_677, 144_451_989_068_167_567), "the layout of RUN_FILTER_VERSION changed");
     }
 }

@@ -7,6 +7,7 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
+use super::filter::Hashed;
 use super::slices::Slice;
 use super::{format, keys, now_us, Found, Record, State, Stats, Store, StoreError, DUPLICATES_KEY};
 
@@ -95,10 +96,11 @@ impl Store {
         if scoped.is_none() && legacy.is_none() {
             return Ok(None);
         }
+        let hashed: Vec<_> = [&scoped, &legacy].into_iter().flatten().map(|k| Hashed::of(k)).collect();
         for slice in self.slices.live(now) {
-            for key in [&scoped, &legacy].into_iter().flatten() {
-                if let Some(raw) = slice.get(key)? {
-                    return self.found(slice, key.clone(), raw).map(Some);
+            for key in &hashed {
+                if let Some(raw) = slice.find(key)? {
+                    return self.found(slice, key.key.to_vec(), raw).map(Some);
                 }
             }
         }

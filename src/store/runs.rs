@@ -15,9 +15,16 @@
 //!
 //! Block format: a version byte, then per record its key and its value, each
 //! as a varint length and the bytes (`varint`).
+//!
+//! Each run has an exact-size lookup filter (store/filter.rs), built as the run
+//! is written and stored in the [`FILTERS_TREE`] under the run's tree name, in
+//! the same flush as its blocks: a start loads it. A run written before filters
+//! were stored gets one from its keys, once, by the filling thread.
 
 use std::ops::Bound;
+use std::sync::OnceLock;
 
+use super::filter::{self, Hashed, RunFilter};
 use super::varint::{put_bytes, Reader};
 
 /// Records per block: about 4 KiB of values, one sled entry.
@@ -28,6 +35,8 @@ const BATCH_BLOCKS: usize = 256;
 pub const TOMBSTONE: &[u8] = b"";
 const BLOCK_VERSION: u8 = 1;
 const PREFIX: &[u8] = b"run:";
+/// Every run's stored filter, under the run's tree name.
+pub const FILTERS_TREE: &str = "run-filters";
 
 /// The tree name of run `id` of the slice that starts at `start`.
 pub fn tree_name(start: i64, id: u64) -> Vec<u8> {
@@ -52,11 +61,47 @@ pub struct Run {
     /// Records in the run.
     pub records: u64,
     tree: sled::Tree,
+    filters: sled::Tree,
+    /// Unset only for a run written before filters were stored, until the filling
+    /// thread has read its keys: meanwhile every lookup reads the run.
+    filter: OnceLock<RunFilter>,
 }
 
 impl Run {
+    /// The run, with its stored filter if it has one.
     pub fn open(db: &sled::Db, start: i64, id: u64, records: u64) -> Result<Run, sled::Error> {
-        Ok(Run { id, records, tree: db.open_tree(tree_name(start, id))? })
+        let run = Run::new(db, start, id, records)?;
+        if let Some(f) = run.filters.get(run.tree.name())?.as_deref().and_then(RunFilter::decode) {
+            let _ = run.filter.set(f);
+        }
+        Ok(run)
+    }
+
+    fn new(db: &sled::Db, start: i64, id: u64, records: u64) -> Result<Run, sled::Error> {
+        let tree = db.open_tree(tree_name(start, id))?;
+        Ok(Run { id, records, tree, filters: db.open_tree(FILTERS_TREE)?, filter: OnceLock::new() })
+    }
+
+    /// False only if the run does not hold `key`.
+    pub fn may_contain(&self, key: &Hashed) -> bool {
+        self.filter.get().is_none_or(|f| f.may_contain(key))
+    }
+
+    /// Whether its filter is there (stored, or built since the open).
+    pub fn has_filter(&self) -> bool {
+        self.filter.get().is_some()
+    }
+
+    /// Memory of its filter, in bytes.
+    pub fn filter_bytes(&self) -> usize {
+        self.filter.get().map_or(0, RunFilter::bytes)
+    }
+
+    /// Stores a filter built from every key of the run, and uses it.
+    pub fn set_filter(&self, f: RunFilter) -> Result<(), sled::Error> {
+        self.filters.insert(self.tree.name(), f.encode())?;
+        let _ = self.filter.set(f);
+        Ok(())
     }
 
     /// The value of `key`, if the run holds it.
@@ -112,8 +157,9 @@ impl Run {
         Ok(None)
     }
 
-    /// Drops the run's tree (after no reader holds the run any more).
+    /// Drops the run's filter and tree (after no reader holds the run any more).
     pub fn drop_tree(&self, db: &sled::Db) -> Result<(), sled::Error> {
+        self.filters.remove(self.tree.name())?;
         db.drop_tree(self.tree.name()).map(drop)
     }
 }
@@ -184,8 +230,9 @@ impl Iterator for RunIter {
 /// Writes a new run: records pushed in increasing key order; nothing of it is
 /// found before the slice installs it (`slices`).
 pub struct RunWriter {
-    id: u64,
-    tree: sled::Tree,
+    run: Run,
+    /// Of every key pushed, for the run's filter.
+    hashes: Vec<u64>,
     block: Vec<u8>,
     in_block: usize,
     last: Vec<u8>,
@@ -198,8 +245,8 @@ impl RunWriter {
     /// A writer of run `id` (a new one) of the slice starting at `start`.
     pub fn new(db: &sled::Db, start: i64, id: u64) -> Result<RunWriter, sled::Error> {
         Ok(RunWriter {
-            id,
-            tree: db.open_tree(tree_name(start, id))?,
+            run: Run::new(db, start, id, 0)?,
+            hashes: Vec::new(),
             block: Vec::new(),
             in_block: 0,
             last: Vec::new(),
@@ -218,6 +265,7 @@ impl RunWriter {
         }
         put_bytes(&mut self.block, key);
         put_bytes(&mut self.block, value);
+        self.hashes.push(filter::hash(key));
         self.last.clear();
         self.last.extend_from_slice(key);
         self.in_block += 1;
@@ -233,19 +281,25 @@ impl RunWriter {
         self.in_block = 0;
         self.in_batch += 1;
         if self.in_batch == BATCH_BLOCKS {
-            self.tree.apply_batch(std::mem::take(&mut self.batch))?;
+            self.run.tree.apply_batch(std::mem::take(&mut self.batch))?;
             self.in_batch = 0;
         }
         Ok(())
     }
 
-    /// Writes what is left; the run (not yet durable: the caller waits for that).
+    /// Writes what is left and the run's filter; the run (not yet durable: the
+    /// caller waits for that). A filter that cannot be built (xorf gives up only
+    /// on keys it cannot tell apart) leaves the run without one: lookups read it.
     pub fn finish(mut self) -> Result<Run, sled::Error> {
         if self.in_block > 0 {
             self.end_block()?;
         }
-        self.tree.apply_batch(std::mem::take(&mut self.batch))?;
-        Ok(Run { id: self.id, records: self.records, tree: self.tree })
+        self.run.tree.apply_batch(std::mem::take(&mut self.batch))?;
+        match RunFilter::build(std::mem::take(&mut self.hashes)) {
+            Ok(f) => self.run.set_filter(f)?,
+            Err(error) => tracing::warn!(%error, run = self.run.id, "a packed run has no lookup filter; its lookups read it"),
+        }
+        Ok(Run { records: self.records, ..self.run })
     }
 }
 
@@ -268,7 +322,10 @@ mod tests {
             }
             let run = w.finish().unwrap();
             assert_eq!(run.records, u64::from(n));
+            let reopened = Run::open(&db, 7, u64::from(n), run.records).unwrap();
+            assert!(reopened.has_filter(), "its filter is stored with it");
             for i in 0..n {
+                assert!(reopened.may_contain(&Hashed::of(&key(i))));
                 assert_eq!(run.get(&key(i)).unwrap().as_deref(), Some(format!("v{i}").as_bytes()));
                 let between = [key(i), vec![0]].concat();
                 assert_eq!(run.get(&between).unwrap(), None, "a key between two records");

@@ -21,7 +21,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use super::counts::{Counts, STATES};
-use super::filter::KeyFilter;
+use super::filter::{self, Hashed, KeyFilter, RunFilter};
 use super::runs::{self, Run, RunIter, RunWriter, TOMBSTONE};
 use super::StoreError;
 
@@ -65,7 +65,8 @@ pub struct Slice {
     sealing: RwLock<bool>,
     /// Writes into `tree` since the last seal (or since the slice was opened).
     overlay_writes: AtomicU64,
-    /// Which keys the slice may hold: a lookup of a new id skips it (store/filter.rs).
+    /// Which keys the overlay may hold (the run has a filter of its own): a lookup
+    /// of a new id skips both (store/filter.rs).
     filter: KeyFilter,
     /// Records per state in this slice; persisted with each group commit.
     pub counts: Counts,
@@ -102,36 +103,46 @@ impl Slice {
     pub fn insert(&self, key: &[u8], value: impl Into<sled::IVec>) -> Result<(), sled::Error> {
         let value = value.into();
         debug_assert!(!value.is_empty(), "no record value is empty: that is a tombstone");
-        self.filter.add(key);
+        self.filter.add(&Hashed::of(key));
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
         self.tree.insert(key, value).map(drop)
     }
 
-    /// The value under `key`; a key the filter knows to be absent reads no page.
+    /// The value under `key` (see [`Slice::find`]).
     pub fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>, sled::Error> {
-        if !self.filter.may_contain(key) {
-            return Ok(None);
+        self.find(&Hashed::of(key))
+    }
+
+    /// The value under `key`: the overlay's entry if it has one (a tombstone: none),
+    /// else the run's. A part whose filter knows the key to be absent reads no page.
+    pub fn find(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
+        if self.filter.may_contain(key) {
+            match self.tree.get(key.key)? {
+                Some(v) if v.is_empty() => return Ok(None),
+                Some(v) => return Ok(Some(v)),
+                None => {}
+            }
         }
-        match self.tree.get(key)? {
-            Some(v) if v.is_empty() => Ok(None),
-            Some(v) => Ok(Some(v)),
-            None => match self.run() {
-                Some(run) => run.get(key),
-                None => Ok(None),
-            },
+        // Read after the overlay: a seal installs its run before it removes what
+        // the run holds from the overlay.
+        match self.run() {
+            Some(run) if run.may_contain(key) => run.get(key.key),
+            _ => Ok(None),
         }
     }
 
-    /// Whether the slice holds `key` (the filter first, as [`Slice::get`]).
+    /// Whether the slice holds `key` (the filters first, as [`Slice::find`]).
     pub fn contains_key(&self, key: &[u8]) -> Result<bool, sled::Error> {
         Ok(self.get(key)?.is_some())
     }
 
-    /// Removes the record of `key`: a tombstone once the slice is (being) sealed.
+    /// Removes the record of `key`: a tombstone once the slice is (being) sealed,
+    /// added to the overlay's filter first (it must shadow the run's record).
     pub fn remove(&self, key: &[u8]) -> Result<(), sled::Error> {
         let sealing = self.sealing.read().unwrap_or_else(PoisonError::into_inner);
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
         if *sealing {
+            self.filter.add(&Hashed::of(key));
             self.tree.insert(key, TOMBSTONE).map(drop)
         } else {
             self.tree.remove(key).map(drop)
@@ -176,9 +187,16 @@ impl Slice {
         self.tree.len()
     }
 
-    /// The filter's keys and bytes (for the gauge and the filling thread's log line).
+    /// The filters' keys and bytes (for the gauge and the filling thread's log line).
     pub fn filter_size(&self) -> (usize, usize) {
-        (self.filter.len(), self.filter.bytes())
+        let run = self.run();
+        let run_keys = run.as_ref().filter(|r| r.has_filter()).map_or(0, |r| r.records as usize);
+        (self.filter.len() + run_keys, self.filter.bytes() + run.map_or(0, |r| r.filter_bytes()))
+    }
+
+    /// Both filters have every key they must have: lookups trust their "absent".
+    fn filters_filled(&self) -> bool {
+        self.filter.is_filled() && self.run().is_none_or(|r| r.has_filter())
     }
 
     /// A record left `from` for `to` in this slice (see [`Counts::moved`]).
@@ -317,9 +335,10 @@ impl Slices {
             };
             let kept = v.get(8..).and_then(Counts::decode);
             let counts = kept.map(Counts::from_values).unwrap_or_default();
-            // Sized for the records it holds, and an eighth more for those still to come.
-            let held = counts.total() as usize;
-            let slice = Slice::new(start, width, tree, run, KeyFilter::unfilled(held + held / 8), counts);
+            // The overlay's, sized for the records beyond the run, and an eighth more
+            // for those still to come.
+            let beyond = counts.total().saturating_sub(run.as_ref().map_or(0, |r| r.records)) as usize;
+            let slice = Slice::new(start, width, tree, run, KeyFilter::unfilled(beyond + beyond / 8), counts);
             if kept.is_none() {
                 slice.counts.set(count(&slice)?.values());
             }
@@ -346,6 +365,15 @@ impl Slices {
                 meta.remove(k)?;
             }
         }
+        // The filters of runs dropped above, or of a seal cut short.
+        let filters = db.open_tree(runs::FILTERS_TREE)?;
+        for name in filters.iter().keys() {
+            let name = name?;
+            let installed = |s: &Arc<Slice>| s.run().is_some_and(|r| runs::tree_name(s.start, r.id) == name.as_ref());
+            if !list.iter().any(installed) {
+                filters.remove(name)?;
+            }
+        }
         Ok(Slices {
             db: db.clone(),
             meta: meta.clone(),
@@ -358,10 +386,11 @@ impl Slices {
         })
     }
 
-    /// Builds the filters of the slices opened with records, in a thread of its own:
-    /// until a slice's filter has every key, lookups read that slice's tree.
+    /// Builds the overlays' filters of the slices opened with records (and the
+    /// filter of a run written before filters were stored), in a thread of its
+    /// own: until a filter has every key, lookups read what it stands for.
     pub fn fill_filters(&self) {
-        let unfilled: Vec<_> = self.all().iter().filter(|s| !s.filter.is_filled()).map(Arc::downgrade).collect();
+        let unfilled: Vec<_> = self.all().iter().filter(|s| !s.filters_filled()).map(Arc::downgrade).collect();
         if unfilled.is_empty() {
             return;
         }
@@ -374,7 +403,7 @@ impl Slices {
     /// Every slice's filter has all its keys (tests and the scale benchmark wait for it).
     #[cfg(any(test, feature = "internals"))]
     pub fn filters_filled(&self) -> bool {
-        self.all().iter().all(|s| s.filter.is_filled())
+        self.all().iter().all(|s| s.filters_filled())
     }
 
     /// When records in `slice` stop being retained.
@@ -602,7 +631,6 @@ impl Slices {
         if packed {
             let mut w = RunWriter::new(&self.db, slice.start, self.next_run.fetch_add(1, Ordering::Relaxed))?;
             for (k, v) in &entries {
-                slice.filter.add(k);
                 w.push(k, v)?;
             }
             *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
@@ -611,7 +639,7 @@ impl Slices {
         for chunk in entries.chunks(4_096) {
             let mut batch = sled::Batch::default();
             for (k, v) in chunk {
-                slice.filter.add(k);
+                slice.filter.add(&Hashed::of(k));
                 batch.insert(k.as_slice(), v.as_slice());
             }
             slice.tree.apply_batch(batch)?;
@@ -637,68 +665,59 @@ impl Slices {
 const FILL_CHUNK: usize = 16_384;
 const FILL_BLOCKS: usize = FILL_CHUNK / super::runs::BLOCK_RECORDS;
 
-/// Reads every key of `slices` into its filter, a chunk at a time; stops when the
-/// store is closed. A read that fails leaves that slice's filter answering "maybe".
-///
-/// The overlay is read before the run: a key a seal moves from the overlay into a
-/// new run meanwhile was read already, and the run is read from where the last
-/// chunk ended whichever run it is by then (a newer run holds the older one's keys).
+/// Reads every key of `slices`' overlays into their filters, and builds the filter
+/// of each run that has none, a chunk at a time; stops when the store is closed. A
+/// read that fails leaves that filter answering "maybe".
 fn fill(slices: Vec<std::sync::Weak<Slice>>) {
     let started = std::time::Instant::now();
-    let (mut keys, mut bytes) = (0, 0);
     for weak in slices {
-        let mut after: Option<sled::IVec> = None;
-        let mut in_run = false;
-        let filled = loop {
-            let Some(slice) = weak.upgrade() else { return };
-            let chunk = if in_run { fill_from_run(&slice, after.take()) } else { fill_from_overlay(&slice, after.take()) };
-            match chunk {
-                Ok(Some(last)) => after = Some(last),
-                Ok(None) if !in_run => in_run = true,
-                Ok(None) => {
-                    slice.filter.set_filled();
-                    break Some(slice);
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "reading a slice's keys for its lookup filter failed; lookups read the slice");
-                    break None;
-                }
+        if let Err(error) = fill_overlay(&weak).and_then(|()| fill_run(&weak)) {
+            tracing::warn!(%error, "reading a slice's keys for its lookup filter failed; lookups read the slice");
+        }
+    }
+    tracing::info!(took_ms = started.elapsed().as_millis() as u64, "lookup filters built from the stored records");
+}
+
+/// Adds the keys of the slice's overlay to its filter (tombstones too: a "maybe"
+/// costs only a lookup). A key a seal moves into a new run meanwhile is in that
+/// run's filter.
+fn fill_overlay(weak: &std::sync::Weak<Slice>) -> Result<(), sled::Error> {
+    let mut after: Option<sled::IVec> = None;
+    loop {
+        let Some(slice) = weak.upgrade() else { return Ok(()) };
+        let from = after.take().map_or(Bound::Unbounded, Bound::Excluded);
+        let mut read = 0;
+        for key in slice.tree.range::<sled::IVec, _>((from, Bound::Unbounded)).keys() {
+            let key = key?;
+            slice.filter.add(&Hashed::of(&key));
+            read += 1;
+            if read == FILL_CHUNK {
+                after = Some(key);
+                break;
             }
-        };
-        if let Some((k, b)) = filled.map(|s| s.filter_size()) {
-            (keys, bytes) = (keys + k, bytes + b);
+        }
+        if after.is_none() {
+            slice.filter.set_filled();
+            return Ok(());
         }
     }
-    tracing::info!(
-        records = keys,
-        filter_bytes = bytes,
-        took_ms = started.elapsed().as_millis() as u64,
-        "lookup filters built from the stored records"
-    );
 }
 
-/// Adds up to [`FILL_CHUNK`] keys of `slice`'s overlay after `after` to its filter
-/// (tombstones too: a "maybe" costs only a lookup); returns the last one when there may be more.
-fn fill_from_overlay(slice: &Slice, after: Option<sled::IVec>) -> Result<Option<sled::IVec>, sled::Error> {
-    let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-    let mut read = 0;
-    for key in slice.tree.range::<sled::IVec, _>((from, Bound::Unbounded)).keys() {
-        let key = key?;
-        slice.filter.add(&key);
-        read += 1;
-        if read == FILL_CHUNK {
-            return Ok(Some(key));
+/// Builds and stores the filter of the slice's run if it has none (a run written
+/// before filters were stored). A newer seal meanwhile ends it: its run has one.
+fn fill_run(weak: &std::sync::Weak<Slice>) -> Result<(), sled::Error> {
+    let Some(id) = weak.upgrade().and_then(|s| s.run()).filter(|r| !r.has_filter()).map(|r| r.id) else { return Ok(()) };
+    let (mut hashes, mut after) = (Vec::new(), None);
+    loop {
+        let Some(run) = weak.upgrade().and_then(|s| s.run()).filter(|r| r.id == id) else { return Ok(()) };
+        after = run.each_key(after.as_deref(), FILL_BLOCKS, &mut |k| hashes.push(filter::hash(k)))?;
+        if after.is_none() {
+            match RunFilter::build(hashes) {
+                Ok(f) => run.set_filter(f)?,
+                Err(error) => tracing::warn!(%error, "a packed run has no lookup filter; its lookups read it"),
+            }
+            return Ok(());
         }
-    }
-    Ok(None)
-}
-
-/// Adds the keys of up to [`FILL_BLOCKS`] blocks of `slice`'s run after the block
-/// that ends with `after`; returns the last block's key when there may be more.
-fn fill_from_run(slice: &Slice, after: Option<sled::IVec>) -> Result<Option<sled::IVec>, sled::Error> {
-    match slice.run() {
-        Some(run) => run.each_key(after.as_deref(), FILL_BLOCKS, &mut |k| slice.filter.add(k)),
-        None => Ok(None),
     }
 }
 
@@ -876,6 +895,10 @@ mod tests {
             if rng.random_bool(0.2) {
                 drop(slice);
                 drop(packed);
+                if rng.random_bool(0.3) {
+                    // As a run written before filters were stored: the filling thread builds one.
+                    db.open_tree(runs::FILTERS_TREE).unwrap().clear().unwrap();
+                }
                 slices = open();
                 slices.fill_filters();
                 check(&slices, &model, &mut rng);
@@ -894,5 +917,7 @@ mod tests {
         let runs = db.tree_names().into_iter().filter(|n| runs::is_run_tree(n)).count();
         assert!(runs <= 1, "{runs} run trees");
         assert_eq!(slices.get(1_000 * S).unwrap().run().is_some(), runs == 1);
+        let filters = db.open_tree(runs::FILTERS_TREE).unwrap().len();
+        assert!(filters <= runs, "{filters} stored filters for {runs} runs: none left behind");
     }
 }
