@@ -300,19 +300,36 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
         let window = Duration::from_secs(2);
-        let syncer = Syncer::start(db, None, window, Box::new(|| Ok(())));
-        // Writers arriving together: batches of several, so the next batch would wait for company.
-        for _ in 0..3 {
-            let all = (0..8).map(|_| syncer.durable());
-            for r in futures::future::join_all(all).await {
-                r.unwrap();
+        // The first batch's flush says it began, then waits for the gate: the writers
+        // queued meanwhile are the next batch, however fast this machine flushes (a
+        // flush of nothing can be quicker than queueing the next writer).
+        let (began_tx, began) = mpsc::channel::<()>();
+        let (open, gate) = mpsc::channel::<()>();
+        let first = Mutex::new(Some((began_tx, gate)));
+        let held: BeforeFlush = Box::new(move || {
+            if let Some((began, gate)) = first.lock().expect("test lock").take() {
+                let _ = began.send(());
+                let _ = gate.recv();
             }
+            Ok(())
+        });
+        let syncer = Syncer::start(db, None, window, held);
+        let mut writers: Vec<_> = (0..8).map(|_| Box::pin(syncer.durable())).collect();
+        assert!(futures::poll!(writers[0].as_mut()).is_pending());
+        began.recv().unwrap();
+        for w in &mut writers[1..] {
+            assert!(futures::poll!(w.as_mut()).is_pending(), "queued behind the held flush");
+        }
+        open.send(()).unwrap();
+        for r in futures::future::join_all(writers).await {
+            r.unwrap();
         }
         let busy = syncer.stats();
-        assert!(busy.batches < busy.records, "writers were batched: {busy:?}");
+        assert_eq!((busy.batches, busy.records), (2, 8), "one writer, then seven together: {busy:?}");
+        // After a batch of seven, the next one waits for company, but stops at the first idle gap.
         syncer.durable().await.unwrap();
         let s = syncer.stats();
-        assert_eq!(s.batches, busy.batches + 1, "the lone writer's batch: {s:?}");
+        assert_eq!(s.batches, 3, "the lone writer's batch: {s:?}");
         // Whether it stopped at the idle gap, not how long that took (a loaded machine may
         // oversleep the gap): the window is left only when writers keep coming.
         assert_eq!(s.waited_out, 0, "a lone writer's batch waited out the window: {s:?}");
