@@ -636,13 +636,8 @@ impl Slices {
             *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
             return self.install(slice, w.finish()?, 0);
         }
-        for chunk in entries.chunks(4_096) {
-            let mut batch = sled::Batch::default();
-            for (k, v) in chunk {
-                slice.filter.add(&Hashed::of(k));
-                batch.insert(k.as_slice(), v.as_slice());
-            }
-            slice.tree.apply_batch(batch)?;
+        for (k, v) in &entries {
+            slice.insert(k, v.as_slice())?;
         }
         Ok(())
     }
