@@ -27,6 +27,9 @@ pub(crate) struct ScaleStore {
 pub(crate) struct ScaleResult {
     pub(crate) records: u64,
     pub(crate) events: u64,
+    /// Store CPU per event (µs) of the packed store and of the baseline, from
+    /// interleaved runs, each on a fresh copy of the store made once.
+    pub(crate) cpu_runs: Vec<(f64, f64)>,
     pub(crate) packed: ScaleStore,
     pub(crate) per_record: ScaleStore,
     pub(crate) baseline: ScaleStore,
@@ -63,14 +66,52 @@ async fn one(b: &Bench, name: &str, records: u64, packed: bool, events: u64) -> 
     Ok(ScaleStore { made, du_bytes, measured })
 }
 
+/// The store CPU per event of a copy of the store at `dir` (the measure changes
+/// the store it opens).
+async fn cpu_of_copy(dir: &Path, events: u64) -> anyhow::Result<f64> {
+    let copy = dir.with_extension("copy");
+    let _ = std::fs::remove_dir_all(&copy);
+    let cp = tokio::process::Command::new("cp").arg("-a").arg(dir).arg(&copy).status().await?;
+    anyhow::ensure!(cp.success(), "copying {} failed: {cp}", dir.display());
+    let mut measure = vec!["scale-measure".into(), "--dir".into(), copy.display().to_string()];
+    measure.extend(["--events".into(), events.to_string(), "--retention-secs".into(), RETENTION.as_secs().to_string()]);
+    let measured: Measured = serde_json::from_str(&child(&measure).await?).context("scale-measure's answer")?;
+    let _ = std::fs::remove_dir_all(&copy);
+    Ok(measured.cpu_per_event_us)
+}
+
 pub(crate) async fn scale_scenario(b: &Bench) -> anyhow::Result<ScaleResult> {
     let records = b.sizes.scale_records;
     let events = 20_000;
     Ok(ScaleResult {
         records,
         events,
+        cpu_runs: cpu_runs(b, records, events).await?,
         packed: one(b, "packed", records, true, events).await?,
         per_record: one(b, "per-record", records, false, events).await?,
         baseline: one(b, "baseline", BASELINE_RECORDS, true, events).await?,
     })
+}
+
+/// The CPU per event of a packed store of `records` and of the baseline, in
+/// interleaved runs (one measure each is at the mercy of whatever else ran then).
+async fn cpu_runs(b: &Bench, records: u64, events: u64) -> anyhow::Result<Vec<(f64, f64)>> {
+    let stores = b.work.join("stores");
+    let (big, small) = (stores.join("scale-cpu-big"), stores.join("scale-cpu-baseline"));
+    for (dir, n) in [(&big, records), (&small, BASELINE_RECORDS)] {
+        let _ = std::fs::remove_dir_all(dir);
+        eprintln!("bench: scale: making a packed store of {n} records for the CPU runs");
+        let mut make = vec!["scale-fabricate".into(), "--dir".into(), dir.display().to_string()];
+        make.extend(["--records".into(), n.to_string(), "--retention-secs".into(), RETENTION.as_secs().to_string()]);
+        make.push("--packed".into());
+        child(&make).await?;
+    }
+    let mut runs = Vec::new();
+    for run in 1..=b.sizes.runs {
+        eprintln!("bench: scale: CPU run {run} of {}", b.sizes.runs);
+        runs.push((cpu_of_copy(&big, events).await?, cpu_of_copy(&small, events).await?));
+    }
+    let _ = std::fs::remove_dir_all(&big);
+    let _ = std::fs::remove_dir_all(&small);
+    Ok(runs)
 }
