@@ -30,7 +30,7 @@ pub(crate) struct FailoverResult {
 
 /// With a standby, outboxd's standby lines too.
 const STANDBY_LOG: &str =
-    "warn,outboxd::engine::restore=info,outboxd::engine::standby=info,outboxd::kafka::consumer=info";
+    "warn,outboxd::engine::restore=info,outboxd::engine::standby=info,outboxd::kafka::source=info";
 
 pub(crate) async fn failover_scenario(b: &Bench) -> anyhow::Result<FailoverResult> {
     let n = b.sizes.restore_records;

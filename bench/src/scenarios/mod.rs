@@ -11,4 +11,4 @@ pub(crate) mod slow;
 pub(crate) mod store;
 
 /// outboxd logs: warnings, plus the assignment line the clock starts on (no per-event line).
-pub(crate) const QUIET_LOG: &str = "warn,outboxd::kafka::consumer=info";
+pub(crate) const QUIET_LOG: &str = "warn,outboxd::kafka::source=info";

@@ -15,7 +15,7 @@ use crate::procs::rusage_children_secs;
 pub(crate) const CHANGELOG_SALT: u64 = 0xc4a1 << 48;
 
 /// outboxd's log while restoring: the restore task's lines, the assignment line.
-pub(crate) const RESTORE_LOG: &str = "warn,outboxd::engine::restore=info,outboxd::kafka::consumer=info";
+pub(crate) const RESTORE_LOG: &str = "warn,outboxd::engine::restore=info,outboxd::kafka::source=info";
 
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RestoreResult {
