@@ -391,13 +391,10 @@ impl Store {
 
     /// The record stored under a record key, newest slice first.
     pub(super) fn record_under(&self, record_key: &[u8]) -> Result<Option<Record>, StoreError> {
-        let hashed = super::filter::Hashed::of(record_key);
-        for slice in self.slices.all().into_iter().rev() {
-            if let Some(raw) = slice.find(&hashed)? {
-                return self.decode(&slice, record_key, &raw).map(Some);
-            }
+        match self.slices.newest_with(record_key)? {
+            Some((slice, raw)) => self.decode(&slice, record_key, &raw).map(Some),
+            None => Ok(None),
         }
-        Ok(None)
     }
 
     /// The chain of `r` as `store get` shows it, with at most `shown` held ids.

@@ -172,20 +172,15 @@ impl Store {
     /// [`MAX_COPY_BYTES`](super::changelog::MAX_COPY_BYTES) (then it stays here only).
     pub(super) fn copy_for_changelog(&self, r: &Record) -> Result<Option<Vec<u8>>, StoreError> {
         let key = self.key_of(r)?;
-        for slice in self.slices.all().into_iter().rev() {
-            if !slice.contains_key(&key)? {
-                continue;
-            }
-            let Some(copy) = self.messages.get_encoded(&copy_key(slice.start, &key))? else { return Ok(None) };
-            if copy.len() > super::changelog::MAX_COPY_BYTES {
-                tracing::warn!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
-                    copy_bytes = copy.len(), "the message copy of a held chain's event is too large for the \
-                    changelog: another owner of the partition will not have it");
-                return Ok(None);
-            }
-            return Ok(Some(copy.to_vec()));
+        let Some((slice, _)) = self.slices.newest_with(&key)? else { return Ok(None) };
+        let Some(copy) = self.messages.get_encoded(&copy_key(slice.start, &key))? else { return Ok(None) };
+        if copy.len() > super::changelog::MAX_COPY_BYTES {
+            tracing::warn!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
+                copy_bytes = copy.len(), "the message copy of a held chain's event is too large for the \
+                changelog: another owner of the partition will not have it");
+            return Ok(None);
         }
-        Ok(None)
+        Ok(Some(copy.to_vec()))
     }
 
     /// Keeps the message copy a changelog record carried, within the quota.

@@ -96,9 +96,9 @@ impl Store {
         if scoped.is_none() && legacy.is_none() {
             return Ok(None);
         }
-        let hashed: Vec<_> = [&scoped, &legacy].into_iter().flatten().map(|k| Hashed::of(k)).collect();
+        let hashed = [scoped.as_deref().map(Hashed::of), legacy.as_deref().map(Hashed::of)];
         for slice in self.slices.live(now) {
-            for key in &hashed {
+            for key in hashed.iter().flatten() {
                 if let Some(raw) = slice.find(key)? {
                     return self.found(slice, key.key.to_vec(), raw).map(Some);
                 }

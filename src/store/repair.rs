@@ -137,12 +137,10 @@ impl Store {
             None => keys::LEGACY_SCOPE,
         };
         let key = keys::record_key(&keys::event_key(&r.event_id), scope);
-        for slice in self.slices.all().into_iter().rev() {
-            if slice.contains_key(&key)? {
-                return self.messages.get(&copy_key(slice.start, &key), &r.event_id);
-            }
+        match self.slices.newest_with(&key)? {
+            Some((slice, _)) => self.messages.get(&copy_key(slice.start, &key), &r.event_id),
+            None => Ok(None),
         }
-        Ok(None)
     }
 
     /// Keeps the message copy of a failed event, within the quota; the reason

@@ -97,10 +97,17 @@ impl Run {
         self.filter.get().map_or(0, RunFilter::bytes)
     }
 
-    /// Stores a filter built from every key of the run, and uses it.
-    pub fn set_filter(&self, f: RunFilter) -> Result<(), sled::Error> {
-        self.filters.insert(self.tree.name(), f.encode())?;
-        let _ = self.filter.set(f);
+    /// Builds its filter from the hashes of every key of the run, stores it and
+    /// uses it. A filter that cannot be built (xorf gives up only on keys it cannot
+    /// tell apart) leaves the run without one: lookups read it.
+    pub fn set_filter(&self, hashes: Vec<u64>) -> Result<(), sled::Error> {
+        match RunFilter::build(hashes) {
+            Ok(f) => {
+                self.filters.insert(self.tree.name(), f.encode())?;
+                let _ = self.filter.set(f);
+            }
+            Err(error) => tracing::warn!(%error, run = self.id, "a packed run has no lookup filter; its lookups read it"),
+        }
         Ok(())
     }
 
@@ -294,18 +301,14 @@ impl RunWriter {
         Ok(())
     }
 
-    /// Writes what is left and the run's filter; the run (not yet durable: the
-    /// caller waits for that). A filter that cannot be built (xorf gives up only
-    /// on keys it cannot tell apart) leaves the run without one: lookups read it.
+    /// Writes what is left and the run's filter ([`Run::set_filter`]); the run
+    /// (not yet durable: the caller waits for that).
     pub fn finish(mut self) -> Result<Run, sled::Error> {
         if self.in_block > 0 {
             self.end_block()?;
         }
         self.run.tree.apply_batch(std::mem::take(&mut self.batch))?;
-        match RunFilter::build(std::mem::take(&mut self.hashes)) {
-            Ok(f) => self.run.set_filter(f)?,
-            Err(error) => tracing::warn!(%error, run = self.run.id, "a packed run has no lookup filter; its lookups read it"),
-        }
+        self.run.set_filter(std::mem::take(&mut self.hashes))?;
         Ok(Run { records: self.records, ..self.run })
     }
 }

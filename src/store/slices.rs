@@ -21,7 +21,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use super::counts::{Counts, STATES};
-use super::filter::{self, Hashed, KeyFilter, RunFilter};
+use super::filter::{self, Hashed, KeyFilter};
 use super::runs::{self, Run, RunIter, RunWriter, TOMBSTONE};
 use super::StoreError;
 
@@ -108,7 +108,8 @@ impl Slice {
         self.tree.insert(key, value).map(drop)
     }
 
-    /// The value under `key` (see [`Slice::find`]).
+    /// The value under `key` (see [`Slice::find`]; callers outside the tests hash once for all slices).
+    #[cfg(test)]
     pub fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>, sled::Error> {
         self.find(&Hashed::of(key))
     }
@@ -129,11 +130,6 @@ impl Slice {
             Some(run) if run.may_contain(key) => run.get(key.key),
             _ => Ok(None),
         }
-    }
-
-    /// Whether the slice holds `key` (the filters first, as [`Slice::find`]).
-    pub fn contains_key(&self, key: &[u8]) -> Result<bool, sled::Error> {
-        Ok(self.get(key)?.is_some())
     }
 
     /// Removes the record of `key`: a tombstone once the slice is (being) sealed,
@@ -461,6 +457,18 @@ impl Slices {
         self.list.read().expect("slices lock").clone()
     }
 
+    /// The newest slice holding `key`, with its value there (the key hashed once
+    /// for all the slices).
+    pub fn newest_with(&self, key: &[u8]) -> Result<Option<(Arc<Slice>, sled::IVec)>, sled::Error> {
+        let hashed = Hashed::of(key);
+        for slice in self.all().into_iter().rev() {
+            if let Some(raw) = slice.find(&hashed)? {
+                return Ok(Some((slice, raw)));
+            }
+        }
+        Ok(None)
+    }
+
     /// The slice that starts at `start`, if it is still there.
     pub fn get(&self, start: i64) -> Option<Arc<Slice>> {
         self.list.read().expect("slices lock").iter().rev().find(|s| s.start == start).cloned()
@@ -665,12 +673,21 @@ const FILL_BLOCKS: usize = FILL_CHUNK / super::runs::BLOCK_RECORDS;
 /// read that fails leaves that filter answering "maybe".
 fn fill(slices: Vec<std::sync::Weak<Slice>>) {
     let started = std::time::Instant::now();
+    let (mut keys, mut bytes) = (0, 0);
     for weak in slices {
         if let Err(error) = fill_overlay(&weak).and_then(|()| fill_run(&weak)) {
             tracing::warn!(%error, "reading a slice's keys for its lookup filter failed; lookups read the slice");
         }
+        if let Some((k, b)) = weak.upgrade().map(|s| s.filter_size()) {
+            (keys, bytes) = (keys + k, bytes + b);
+        }
     }
-    tracing::info!(took_ms = started.elapsed().as_millis() as u64, "lookup filters built from the stored records");
+    tracing::info!(
+        records = keys,
+        filter_bytes = bytes,
+        took_ms = started.elapsed().as_millis() as u64,
+        "lookup filters built from the stored records"
+    );
 }
 
 /// Adds the keys of the slice's overlay to its filter (tombstones too: a "maybe"
@@ -707,11 +724,7 @@ fn fill_run(weak: &std::sync::Weak<Slice>) -> Result<(), sled::Error> {
         let Some(run) = weak.upgrade().and_then(|s| s.run()).filter(|r| r.id == id) else { return Ok(()) };
         after = run.each_key(after.as_deref(), FILL_BLOCKS, &mut |k| hashes.push(filter::hash(k)))?;
         if after.is_none() {
-            match RunFilter::build(hashes) {
-                Ok(f) => run.set_filter(f)?,
-                Err(error) => tracing::warn!(%error, "a packed run has no lookup filter; its lookups read it"),
-            }
-            return Ok(());
+            return run.set_filter(hashes);
         }
     }
 }
