@@ -45,25 +45,34 @@ async fn child(args: &[String]) -> anyhow::Result<String> {
 async fn one(b: &Bench, name: &str, records: u64, packed: bool, events: u64) -> anyhow::Result<ScaleStore> {
     let dir = b.work.join("stores").join(format!("scale-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
-    let d = dir.display().to_string();
-    let retention = RETENTION.as_secs().to_string();
     eprintln!("bench: scale: making the {name} store of {records} records");
-    let mut make = vec!["scale-fabricate".into(), "--dir".into(), d.clone(), "--records".into(), records.to_string()];
-    make.extend(["--retention-secs".into(), retention.clone()]);
+    let made = fabricate(&dir, records, packed).await?;
+    let du_bytes = crate::scenarios::store::dir_bytes(Path::new(&dir));
+    eprintln!("bench: scale: measuring the {name} store");
+    let measured = measure(&dir, events, !packed).await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ScaleStore { made, du_bytes, measured })
+}
+
+/// Opens the store at `dir` in a process of its own and measures it (with `seal`,
+/// seals what a gc pass would).
+async fn measure(dir: &Path, events: u64, seal: bool) -> anyhow::Result<Measured> {
+    let mut args = vec!["scale-measure".into(), "--dir".into(), dir.display().to_string()];
+    args.extend(["--events".into(), events.to_string(), "--retention-secs".into(), RETENTION.as_secs().to_string()]);
+    if seal {
+        args.push("--seal".into());
+    }
+    serde_json::from_str(&child(&args).await?).context("scale-measure's answer")
+}
+
+/// Makes a store of `records` at `dir` in a process of its own.
+async fn fabricate(dir: &Path, records: u64, packed: bool) -> anyhow::Result<Fabricated> {
+    let mut make = vec!["scale-fabricate".into(), "--dir".into(), dir.display().to_string()];
+    make.extend(["--records".into(), records.to_string(), "--retention-secs".into(), RETENTION.as_secs().to_string()]);
     if packed {
         make.push("--packed".into());
     }
-    let made: Fabricated = serde_json::from_str(&child(&make).await?).context("scale-fabricate's answer")?;
-    let du_bytes = crate::scenarios::store::dir_bytes(Path::new(&dir));
-    eprintln!("bench: scale: measuring the {name} store");
-    let mut measure = vec!["scale-measure".into(), "--dir".into(), d, "--events".into(), events.to_string()];
-    measure.extend(["--retention-secs".into(), retention]);
-    if !packed {
-        measure.push("--seal".into());
-    }
-    let measured: Measured = serde_json::from_str(&child(&measure).await?).context("scale-measure's answer")?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(ScaleStore { made, du_bytes, measured })
+    serde_json::from_str(&child(&make).await?).context("scale-fabricate's answer")
 }
 
 /// The store CPU per event of a copy of the store at `dir` (the measure changes
@@ -73,11 +82,9 @@ async fn cpu_of_copy(dir: &Path, events: u64) -> anyhow::Result<f64> {
     let _ = std::fs::remove_dir_all(&copy);
     let cp = tokio::process::Command::new("cp").arg("-a").arg(dir).arg(&copy).status().await?;
     anyhow::ensure!(cp.success(), "copying {} failed: {cp}", dir.display());
-    let mut measure = vec!["scale-measure".into(), "--dir".into(), copy.display().to_string()];
-    measure.extend(["--events".into(), events.to_string(), "--retention-secs".into(), RETENTION.as_secs().to_string()]);
-    let measured: Measured = serde_json::from_str(&child(&measure).await?).context("scale-measure's answer")?;
+    let measured = measure(&copy, events, false).await;
     let _ = std::fs::remove_dir_all(&copy);
-    Ok(measured.cpu_per_event_us)
+    Ok(measured?.cpu_per_event_us)
 }
 
 pub(crate) async fn scale_scenario(b: &Bench) -> anyhow::Result<ScaleResult> {
@@ -101,10 +108,7 @@ async fn cpu_runs(b: &Bench, records: u64, events: u64) -> anyhow::Result<Vec<(f
     for (dir, n) in [(&big, records), (&small, BASELINE_RECORDS)] {
         let _ = std::fs::remove_dir_all(dir);
         eprintln!("bench: scale: making a packed store of {n} records for the CPU runs");
-        let mut make = vec!["scale-fabricate".into(), "--dir".into(), dir.display().to_string()];
-        make.extend(["--records".into(), n.to_string(), "--retention-secs".into(), RETENTION.as_secs().to_string()]);
-        make.push("--packed".into());
-        child(&make).await?;
+        fabricate(dir, n, true).await?;
     }
     let mut runs = Vec::new();
     for run in 1..=b.sizes.runs {
