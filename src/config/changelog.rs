@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::{duration, expand_env, parse_size};
+use super::values::{duration, expand_env, size};
 use super::ConfigError;
 
 /// One changelog topic per source topic and consumer group: two groups reading the
@@ -32,8 +32,17 @@ const MAX_RESTORE_BATCH: usize = 1_000_000;
 /// 10,000 of them are under 1 MiB and this never binds them; it binds records made
 /// large by long failure reasons or keys, which would otherwise make a batch of
 /// 10,000 as large as 10,000 of them. With librdkafka's prefetch bounded the same
-/// (`kafka::options`), a restore holds at most about twice this.
+/// (`kafka::options`) and one batch read ahead, a restore holds at most about three times this.
 const DEFAULT_RESTORE_BATCH_BYTES: u64 = 16 << 20;
+/// Memory a restore into a scope the store holds nothing of (an empty store, a
+/// new topic) keeps its records in before it writes them as packed runs and moves
+/// its checkpoint (store/changelog/runs.rs): about 130 B a record, so 128 MiB
+/// holds about 1M records: a partition of that size is written in one pass of
+/// sequential run writes, and the process stays within the 512 MiB the Kubernetes
+/// manifest allows (a restore of 1.2M records peaked at 380 MB with all of them
+/// held). Smaller means more passes, each rewriting the runs of the slices it
+/// touches; larger means more memory and a longer read lost to a crash.
+const DEFAULT_RESTORE_RUN_BYTES: u64 = 128 << 20;
 /// Records sent per step when a store's records are copied into the changelog
 /// (`outboxd store publish`, or at start-up after the changelog was off): each step
 /// is acknowledged by the broker before the copy's cursor moves past it, so a crash
@@ -85,6 +94,8 @@ pub struct RawChangelog {
     pub restore_batch: Option<usize>,
     /// Bytes of one restore batch, e.g. "16MiB"; also the restore consumer's prefetch.
     pub restore_batch_bytes: Option<String>,
+    /// Memory a restore into an empty scope holds before writing runs, e.g. "128MiB".
+    pub restore_run_bytes: Option<String>,
     /// How far another instance's clock may be ahead of this one's, e.g. "5m".
     pub max_clock_skew: Option<String>,
     /// Records sent per acknowledged step when copying a store's records into the changelog.
@@ -151,6 +162,9 @@ pub struct ChangelogConfig {
     /// `restore_batch_bytes`: a batch ends once its keys and values reach this many
     /// bytes; the restore consumer prefetches at most this much (default 16 MiB).
     pub restore_batch_bytes: u64,
+    /// `restore_run_bytes`: a restore into a scope the store holds nothing of keeps
+    /// up to this many bytes of records before it writes them as packed runs (default 128 MiB).
+    pub restore_run_bytes: u64,
     /// `max_clock_skew`: a restored record expires once its writer's time is older
     /// than `store.retention` plus this (default 5 minutes).
     pub max_clock_skew: Duration,
@@ -235,15 +249,20 @@ impl RawChangelog {
                 format!("must be between 1 and {MAX_RESTORE_BATCH}, got {restore_batch}"),
             ));
         }
-        let restore_batch_bytes = match self.restore_batch_bytes.as_deref() {
-            None => DEFAULT_RESTORE_BATCH_BYTES,
-            Some(text) => parse_size(text).filter(|n| (1 << 10..=1 << 30).contains(n)).ok_or_else(|| {
-                ConfigError::field(
-                    "store.changelog.restore_batch_bytes",
-                    format!("{text:?}: a size between 1KiB and 1GiB, such as \"16MiB\""),
-                )
-            })?,
-        };
+        let restore_batch_bytes = size(
+            "store.changelog.restore_batch_bytes",
+            self.restore_batch_bytes.as_deref(),
+            DEFAULT_RESTORE_BATCH_BYTES,
+            1 << 10..=1 << 30,
+            "a size between 1KiB and 1GiB, such as \"16MiB\"",
+        )?;
+        let restore_run_bytes = size(
+            "store.changelog.restore_run_bytes",
+            self.restore_run_bytes.as_deref(),
+            DEFAULT_RESTORE_RUN_BYTES,
+            1 << 20..=16 << 30,
+            "a size between 1MiB and 16GiB, such as \"128MiB\"",
+        )?;
         let publish_batch = self.publish_batch.unwrap_or(DEFAULT_PUBLISH_BATCH);
         if publish_batch == 0 || publish_batch > MAX_PUBLISH_BATCH {
             return Err(ConfigError::field(
@@ -271,6 +290,7 @@ impl RawChangelog {
             delivery_timeout,
             restore_batch,
             restore_batch_bytes,
+            restore_run_bytes,
             max_clock_skew: duration(
                 "store.changelog.max_clock_skew",
                 self.max_clock_skew.as_deref(),
@@ -389,6 +409,7 @@ mod tests {
         use std::time::Duration;
         let cl = parse("").unwrap().store.changelog.unwrap();
         assert_eq!((cl.restore_batch_bytes, cl.max_clock_skew), (16 << 20, Duration::from_secs(300)));
+        assert_eq!(cl.restore_run_bytes, 128 << 20);
         let set = parse("[store.changelog]\nrestore_batch_bytes = \"4KiB\"\nmax_clock_skew = \"30s\"").unwrap();
         let cl = set.store.changelog.unwrap();
         assert_eq!((cl.restore_batch_bytes, cl.max_clock_skew), (4 << 10, Duration::from_secs(30)));
@@ -396,6 +417,8 @@ mod tests {
             ("restore_batch_bytes = \"100B\"", "store.changelog.restore_batch_bytes"),
             ("restore_batch_bytes = \"2GiB\"", "store.changelog.restore_batch_bytes"),
             ("restore_batch_bytes = \"lots\"", "store.changelog.restore_batch_bytes"),
+            ("restore_run_bytes = \"100KiB\"", "store.changelog.restore_run_bytes"),
+            ("restore_run_bytes = \"32GiB\"", "store.changelog.restore_run_bytes"),
             ("max_clock_skew = \"a bit\"", "store.changelog.max_clock_skew"),
         ] {
             let e = format!("{:#}", parse(&format!("[store.changelog]\n{bad}")).unwrap_err());

@@ -13,6 +13,23 @@ pub(super) fn duration(field: &str, value: Option<&str>, default: Duration) -> R
     }
 }
 
+/// A size (see [`parse_size`]) within `range`; `default` when unset. A size outside
+/// it is refused with `expected`, e.g. `a size between 1KiB and 1GiB, such as "16MiB"`.
+pub(super) fn size(
+    field: &str,
+    value: Option<&str>,
+    default: u64,
+    range: std::ops::RangeInclusive<u64>,
+    expected: &str,
+) -> Result<u64, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(text) => parse_size(text)
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| ConfigError::field(field, format!("{text:?}: {expected}"))),
+    }
+}
+
 /// Replaces `${VAR}` with the environment's value; an unset variable is an error.
 pub fn expand_env(field: &str, value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
     let fail = |error| ConfigError::Env { field: field.to_owned(), error };

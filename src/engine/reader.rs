@@ -9,13 +9,18 @@
 //! does not check ([`Keys::authentic`]) is skipped, counted and logged, and the
 //! store's apply path only takes the ones that passed.
 //!
-//! Every batch goes through the store's one apply path
-//! ([`Store::apply_restoring`]: decoded, collapsed per key, in key order, one
-//! lookup per record, none for a scope the store held nothing of), and a
-//! checkpoint is never made durable without the records it covers
-//! ([`Store::restored_to`], [`Store::caught_up_to`] wait for the group commit).
+//! Every batch goes through the store's one apply path, in two halves: a
+//! read-ahead thread reads the next batch, checks it and decodes and collapses it
+//! per key (`collapse` of [`Store::restore`], which reads none of the store's records) while
+//! this one is applied (`apply`: in key order, one lookup per record,
+//! none for a scope the store held nothing of, whose plain records wait to be
+//! written as packed runs); a checkpoint is never made durable without the
+//! records it covers ([`Store::restored_to`], [`Store::caught_up_to`] wait for the
+//! group commit; no checkpoint moves while records wait).
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,11 +33,15 @@ use crate::kafka::{KafkaError, Restorer};
 use crate::metrics::names;
 use crate::offsets::PartitionId;
 use crate::store::changelog::mac::{Keys, Rejection};
-use crate::store::changelog::Restoring;
+use crate::store::changelog::{Collapsed, Restoring};
 use crate::store::{Store, StoreError};
 
 /// How long one read waits for changelog records before it asks whether to go on.
 pub(super) const READ_WAIT: Duration = Duration::from_millis(500);
+/// How long the read-ahead thread polls the brokers before it asks whether the read
+/// is over: a read left off (its partition assigned here, the service stopping)
+/// waits this long at most for it.
+const AHEAD_WAIT: Duration = Duration::from_millis(20);
 /// Rejected records of one batch logged one by one; the rest of them in one line
 /// (a flood of forged records must not flood the log).
 const REJECTIONS_LOGGED: usize = 10;
@@ -111,6 +120,19 @@ pub(super) struct Pass<'a> {
     pub progress: &'a dyn Fn(Progress),
 }
 
+/// A batch read ahead: checked, decoded and collapsed.
+struct Ahead {
+    collapsed: Collapsed,
+    /// Records read (skipped and rejected ones included).
+    read: u64,
+    /// Of those, records whose MAC did not check.
+    rejected: u64,
+    /// The offset of the last record read.
+    last: Option<i64>,
+    /// The partition's end was reached.
+    at_end: bool,
+}
+
 /// What a read did.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Read {
@@ -162,52 +184,118 @@ impl Reader<'_> {
             done.complete = true;
             return Ok(done);
         }
-        let keys = Keys::new(self.changelog);
+        // Before the read-ahead thread names the topic's scope in the store (whether
+        // the store held anything of it decides the fast path).
+        let mut restoring =
+            if pass.flowing { Restoring::looking_up() } else { store.start(topic, self.changelog.restore_run_bytes) };
         let reading = self.restorer.start(&changelog_topic, p, pass.from)?;
-        let mut restoring = if pass.flowing { Restoring::looking_up() } else { store.start(topic) };
+        // While one batch is applied, a thread reads the next one from the brokers,
+        // checks its MACs and decodes and collapses it (`Restore::collapse` reads none
+        // of the store's records); it is one batch ahead, so a read holds about three
+        // batches at most.
+        let stop = AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let read = std::thread::scope(|scope| {
+            let (reading, stop, changelog, upto) = (&reading, &stop, self.changelog, pass.upto);
+            let (skip, partition, changelog_topic) = (pass.skip, pass.partition, &changelog_topic);
+            let ahead = std::thread::Builder::new().name("outboxd-restore-read".into()).spawn_scoped(scope, move || {
+                let keys = Keys::new(changelog);
+                while !stop.load(Ordering::Relaxed) {
+                    let batch = reading.next(upto, changelog.restore_batch, changelog.restore_batch_bytes, AHEAD_WAIT);
+                    if batch.as_ref().is_ok_and(|b| b.records.is_empty() && !b.at_end) {
+                        continue;
+                    }
+                    let ahead = batch.map_err(RestoreError::from).and_then(|mut batch| {
+                        let read = batch.records.len() as u64;
+                        let last = batch.records.last().map(|r| r.offset);
+                        batch.records.retain(|r| !skip.contains(&r.offset));
+                        let (authentic, rejected) = keys.authentic(changelog_topic, p, &mut batch.records);
+                        rejections(partition, changelog_topic, &rejected);
+                        let collapsed = store.collapse(topic, authentic)?;
+                        Ok(Ahead { collapsed, read, rejected: rejected.len() as u64, last, at_end: batch.at_end })
+                    });
+                    let over = ahead.as_ref().map_or(true, |a| a.at_end);
+                    if tx.send(ahead).is_err() || over {
+                        break;
+                    }
+                }
+            });
+            if let Err(error) = ahead {
+                return Err(StoreError::Io(error).into());
+            }
+            let read = self.apply_batches(pass, &rx, &mut restoring, &mut done);
+            stop.store(true, Ordering::Relaxed);
+            // Lets a read-ahead blocked on a full channel go.
+            drop(rx);
+            read
+        });
+        drop(reading);
+        read?;
+        if done.complete && pass.checkpoint == Checkpoint::AtEnd {
+            self.synced(&mut done, store.caught_up_to(&changelog_topic, p, pass.upto))?;
+        }
+        Ok(done)
+    }
+
+    /// Applies the batches `batches` brings (read ahead by another thread) until
+    /// the end, moving the checkpoint as `pass` says; `done.complete` once at the end.
+    fn apply_batches(
+        &self,
+        pass: &Pass<'_>,
+        batches: &Receiver<Result<Ahead, RestoreError>>,
+        restoring: &mut Restoring,
+        done: &mut Read,
+    ) -> Result<(), RestoreError> {
+        let (topic, p) = (&pass.partition.topic, pass.partition.partition);
+        let changelog_topic = self.changelog.topic_for(topic);
+        let store = self.store.restore();
         let mut next = pass.from;
         loop {
             if !(pass.keep_going)() {
-                return Ok(done);
+                return Ok(());
             }
             let t = Instant::now();
-            let mut batch =
-                reading.next(pass.upto, self.changelog.restore_batch, self.changelog.restore_batch_bytes, READ_WAIT)?;
+            let batch = match batches.recv_timeout(READ_WAIT) {
+                Ok(batch) => batch?,
+                Err(RecvTimeoutError::Timeout) => {
+                    done.reading += t.elapsed();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let stopped = std::io::Error::other("the changelog read-ahead thread stopped");
+                    return Err(StoreError::Io(stopped).into());
+                }
+            };
             done.reading += t.elapsed();
             done.batches += 1;
-            if let Some(last) = batch.records.last() {
-                next = last.offset + 1;
+            if let Some(last) = batch.last {
+                next = last + 1;
             }
             if batch.at_end {
                 next = pass.upto;
             }
-            let read = batch.records.len() as u64;
-            batch.records.retain(|r| !pass.skip.contains(&r.offset));
             let t = Instant::now();
-            let (authentic, rejected) = keys.authentic(&changelog_topic, p, &mut batch.records);
-            let applied = store.apply(topic, authentic, &mut restoring)?;
+            let applied = store.apply(topic, batch.collapsed, restoring)?;
+            if restoring.unwritten_full() || (batch.at_end && restoring.holds_unwritten()) {
+                store.write_unwritten(restoring)?;
+            }
             done.applying += t.elapsed();
-            done.rejected += rejected.len() as u64;
-            rejections(pass.partition, &changelog_topic, &rejected);
-            done.read += read;
+            done.rejected += batch.rejected;
+            done.read += batch.read;
             done.applied += applied;
-            (pass.progress)(Progress { read, applied, next });
+            (pass.progress)(Progress { read: batch.read, applied, next });
             if let Checkpoint::EachBatch { restored } = pass.checkpoint {
-                if read > 0 || batch.at_end {
+                // Not past records that wait to be written as runs (a crash would lose them).
+                if (batch.read > 0 || batch.at_end) && !restoring.holds_unwritten() {
                     let durable = store.restored_to(&changelog_topic, p, next, restored && batch.at_end);
-                    self.synced(&mut done, durable)?;
+                    self.synced(done, durable)?;
                 }
             }
             if batch.at_end {
-                break;
+                done.complete = true;
+                return Ok(());
             }
         }
-        drop(reading);
-        if pass.checkpoint == Checkpoint::AtEnd {
-            self.synced(&mut done, store.caught_up_to(&changelog_topic, p, pass.upto))?;
-        }
-        done.complete = true;
-        Ok(done)
     }
 
     /// Waits for a checkpoint to be durable, counting the time.

@@ -220,6 +220,7 @@ mod tests {
             delivery_timeout: Duration::from_secs(30),
             restore_batch: 10,
             restore_batch_bytes: 1 << 20,
+            restore_run_bytes: 1 << 20,
             max_clock_skew: Duration::ZERO,
             publish_batch: 10,
             follow_interval: Duration::from_secs(1),

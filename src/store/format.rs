@@ -32,6 +32,41 @@ pub trait NameIds {
     fn name(&self, id: u32) -> String;
 }
 
+/// [`Names`], remembering the last few names asked for: a restore encodes many
+/// records of one topic and a few event types, and each lookup of the dictionary
+/// hashes the name and takes its lock.
+pub struct Remembered<'a> {
+    names: &'a Names,
+    last: std::cell::RefCell<Vec<(Box<str>, u32)>>,
+}
+
+/// Names [`Remembered`] keeps.
+const REMEMBERED: usize = 8;
+
+impl<'a> Remembered<'a> {
+    pub fn new(names: &'a Names) -> Remembered<'a> {
+        Remembered { names, last: std::cell::RefCell::new(Vec::with_capacity(REMEMBERED)) }
+    }
+}
+
+impl NameIds for Remembered<'_> {
+    fn id(&self, name: &str) -> Result<u32, StoreError> {
+        let mut last = self.last.borrow_mut();
+        if let Some((_, id)) = last.iter().find(|(n, _)| &**n == name) {
+            return Ok(*id);
+        }
+        let id = self.names.id(name)?;
+        if last.len() == REMEMBERED {
+            last.remove(0);
+        }
+        last.push((name.into(), id));
+        Ok(id)
+    }
+    fn name(&self, id: u32) -> String {
+        self.names.name(id)
+    }
+}
+
 impl NameIds for Names {
     fn id(&self, name: &str) -> Result<u32, StoreError> {
         Names::id(self, name)

@@ -367,6 +367,11 @@ impl Store {
         self.sync.durable().await.map_err(StoreError::Sync)
     }
 
+    /// [`Store::durable`] from a thread outside the async runtime (it blocks).
+    pub(crate) fn durable_blocking(&self) -> Result<(), StoreError> {
+        self.sync.durable_blocking().map_err(StoreError::Sync)
+    }
+
     /// The group commit's batches so far.
     #[cfg(test)]
     fn sync_stats(&self) -> SyncStats {
@@ -413,9 +418,12 @@ impl Store {
     async fn seal(&self, now_us: i64) -> Result<u64, StoreError> {
         let mut packed = 0;
         for slice in self.slices.to_seal(now_us)? {
+            // A restore is writing its records into this slice: the next pass seals it.
+            let Some(packing) = slice.try_packing() else { continue };
             let started = std::time::Instant::now();
             let (slices, s) = (self.slices.clone(), slice.clone());
-            let (run, writes) = blocking(move || slices.pack(&s)).await?;
+            // The packing right comes back with the run: held until the run is settled.
+            let ((run, writes), _packing) = blocking(move || Ok((slices.pack(&s, &packing)?, packing))).await?;
             let records = run.records;
             self.durable().await?;
             self.slices.install(&slice, run, writes)?;

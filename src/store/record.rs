@@ -61,7 +61,7 @@ pub struct Record {
     /// hold, a repair, a chain member written again: `Record::next_version`); a
     /// record applied from the changelog keeps the version it carries, and one that
     /// carries a lower version than the record held for its key is refused
-    /// (`changelog_apply`). 0: written by a release without versions, or never written.
+    /// (`changelog::apply`). 0: written by a release without versions, or never written.
     #[serde(skip)]
     pub version: u64,
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use super::audit::AuditEntry;
 use super::chains::{ChainId, ChainInfo, Running};
 use super::changelog::mac::Authentic;
-use super::changelog::Restoring;
+use super::changelog::{Collapsed, Restoring};
 #[cfg(test)]
 use super::sync::SyncStats;
 use super::{Claim, Claimed, Record, State, Stats, Store, StoreError};
@@ -220,21 +220,35 @@ impl Restore<'_> {
         self.0.followed_checkpoint(changelog_topic, partition)
     }
 
-    /// Starts a read of a changelog partition of `source_topic`: see [`Restoring`].
-    pub fn start(&self, source_topic: &str) -> Restoring {
-        self.0.start_restore(source_topic)
+    /// Starts a read of a changelog partition of `source_topic`: see [`Restoring`]
+    /// (`run_bytes`: `store.changelog.restore_run_bytes`).
+    pub fn start(&self, source_topic: &str, run_bytes: u64) -> Restoring {
+        self.0.start_restore(source_topic, run_bytes)
     }
 
-    /// Applies a batch of changelog records (not yet durable: see [`Restore::restored_to`]);
-    /// returns how many changed the store. Only records whose MAC was checked
-    /// ([`Keys::authentic`](crate::store::changelog::mac::Keys::authentic)) come in.
+    /// Writes the records `restoring` holds back as packed runs, durably, before the
+    /// checkpoint moves past them; returns how many. Blocks: call it off the async runtime.
+    pub fn write_unwritten(&self, restoring: &mut Restoring) -> Result<u64, StoreError> {
+        self.0.write_unwritten(restoring)
+    }
+
+    /// Decodes a batch of changelog records and collapses them per record key, ready
+    /// for [`Restore::apply`]; reads none of the store's records, so it may run on
+    /// another thread while the batch before is applied. Only records whose MAC was
+    /// checked ([`Keys::authentic`](crate::store::changelog::mac::Keys::authentic)) come in.
+    pub fn collapse(&self, source_topic: &str, records: Authentic<'_>) -> Result<Collapsed, StoreError> {
+        self.0.collapse(source_topic, records.0)
+    }
+
+    /// Applies a collapsed batch (not yet durable: see [`Restore::restored_to`]);
+    /// returns how many records changed the store.
     pub fn apply(
         &self,
         source_topic: &str,
-        records: Authentic<'_>,
+        collapsed: Collapsed,
         restoring: &mut Restoring,
     ) -> Result<u64, StoreError> {
-        self.0.apply_restoring(source_topic, records.0, restoring)
+        self.0.apply_collapsed(source_topic, collapsed, restoring)
     }
 
     /// Records below `next` are applied: the checkpoint moves, durably with them

@@ -68,6 +68,8 @@ pub struct Slice {
     /// Which keys the overlay may hold (the run has a filter of its own): a lookup
     /// of a new id skips both (store/filter.rs).
     filter: KeyFilter,
+    /// Held by whoever is packing the slice, from its pack to its settle ([`Packing`]).
+    packing: AtomicBool,
     /// Records per state in this slice; persisted with each group commit.
     pub counts: Counts,
     /// The counts changed since they were last persisted.
@@ -85,9 +87,18 @@ impl Slice {
             sealing: RwLock::new(sealed),
             overlay_writes: AtomicU64::new(0),
             filter,
+            packing: AtomicBool::new(false),
             counts,
             dirty: AtomicBool::new(false),
         }
+    }
+
+    /// The right to pack this slice until the answer is dropped; `None` while
+    /// another pack of it runs. Two at once (gc's seal, a restore writing its
+    /// records as a run) would each install a run without the other's records.
+    pub fn try_packing(self: &Arc<Self>) -> Option<Packing> {
+        let free = self.packing.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        free.then(|| Packing(self.clone()))
     }
 
     pub fn end(&self) -> i64 {
@@ -204,6 +215,15 @@ impl Slice {
     /// Records in its packed run, and writes into its overlay since the run was written.
     pub fn packing(&self) -> (u64, u64) {
         (self.run().map_or(0, |r| r.records), self.overlay_writes.load(Ordering::Relaxed))
+    }
+}
+
+/// The right to pack a slice ([`Slice::try_packing`]), given back when dropped.
+pub struct Packing(Arc<Slice>);
+
+impl Drop for Packing {
+    fn drop(&mut self) {
+        self.0.packing.store(false, Ordering::Release);
     }
 }
 
@@ -583,16 +603,37 @@ impl Slices {
     }
 
     /// Writes a new run of `slice`'s records. Returns it (not yet durable, not
-    /// yet found) and the overlay writes it includes.
-    pub fn pack(&self, slice: &Slice) -> Result<(Run, u64), StoreError> {
+    /// yet found) and the overlay writes it includes. The caller holds [`Packing`].
+    pub fn pack(&self, slice: &Slice, packing: &Packing) -> Result<(Run, u64), StoreError> {
+        self.pack_with(slice, std::iter::empty::<(&[u8], &[u8])>(), packing)
+    }
+
+    /// [`Slices::pack`] of `slice`'s records and `extra` (increasing record keys →
+    /// values of records the slice does not hold: a restore's, store/changelog/runs.rs).
+    /// A key in both keeps the slice's value. The caller holds [`Packing`].
+    pub fn pack_with<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        slice: &Slice,
+        extra: impl IntoIterator<Item = (K, V)>,
+        _: &Packing,
+    ) -> Result<(Run, u64), StoreError> {
         // From now on a removal leaves a tombstone: this pass may read the record before it goes.
         *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
         let writes = slice.overlay_writes.load(Ordering::Relaxed);
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut w = RunWriter::new(&self.db, slice.start, id)?;
+        let mut extra = extra.into_iter().peekable();
         for item in slice.iter() {
             let (k, v) = item?;
+            while let Some((ek, ev)) = extra.next_if(|(ek, _)| ek.as_ref() <= k.as_ref()) {
+                if ek.as_ref() != k.as_ref() {
+                    w.push(ek.as_ref(), ev.as_ref())?;
+                }
+            }
             w.push(&k, &v)?;
+        }
+        for (k, v) in extra {
+            w.push(k.as_ref(), v.as_ref())?;
         }
         Ok((w.finish()?, writes))
     }
@@ -637,12 +678,9 @@ impl Slices {
     #[cfg(any(test, feature = "internals"))]
     pub fn load(&self, slice: &Arc<Slice>, entries: Vec<(Vec<u8>, Vec<u8>)>, packed: bool) -> Result<(), StoreError> {
         if packed {
-            let mut w = RunWriter::new(&self.db, slice.start, self.next_run.fetch_add(1, Ordering::Relaxed))?;
-            for (k, v) in &entries {
-                w.push(k, v)?;
-            }
-            *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
-            return self.install(slice, w.finish()?, 0);
+            let packing = slice.try_packing().expect("a slice made for a bulk load is packed by nobody else");
+            let (run, writes) = self.pack_with(slice, entries, &packing)?;
+            return self.install(slice, run, writes);
         }
         for (k, v) in &entries {
             slice.insert(k, v.as_slice())?;
@@ -815,7 +853,7 @@ mod tests {
         assert!(slices.to_seal(now).unwrap().is_empty(), "not yet");
         add(1_000 - 1, 1_000);
         assert_eq!(slices.to_seal(now).unwrap().len(), 1);
-        let (run, writes) = slices.pack(&current).unwrap();
+        let (run, writes) = slices.pack(&current, &current.try_packing().unwrap()).unwrap();
         slices.install(&current, run, writes).unwrap();
         slices.settle(&current).unwrap();
         assert_eq!((current.packing().0, current.overlay_len()), (1_000, 0));
@@ -881,7 +919,7 @@ mod tests {
             let mut packed = None;
             for step in 1..=steps {
                 match step {
-                    1 => packed = Some(slices.pack(&slice).unwrap()),
+                    1 => packed = Some(slices.pack(&slice, &slice.try_packing().unwrap()).unwrap()),
                     2 => {
                         let (run, writes) = packed.take().unwrap();
                         slices.install(&slice, run, writes).unwrap();

@@ -152,6 +152,18 @@ impl Syncer {
         done_rx.await.unwrap_or_else(|_| Err(Arc::new(std::io::Error::other("store sync thread stopped"))))
     }
 
+    /// [`Syncer::durable`] for a thread outside the async runtime (a restore's):
+    /// blocks it until everything written before this call is durable.
+    pub fn durable_blocking(&self) -> SyncResult {
+        let stopped = || Arc::new(std::io::Error::other("store sync thread stopped"));
+        let (done_tx, done_rx) = oneshot::channel();
+        let Some(tx) = &self.tx else {
+            return Err(Arc::new(std::io::Error::other("store is closed")));
+        };
+        tx.send(done_tx).map_err(|_| stopped())?;
+        done_rx.blocking_recv().unwrap_or_else(|_| Err(stopped()))
+    }
+
     #[cfg(test)]
     pub fn stats(&self) -> SyncStats {
         *self.stats.lock().expect("sync stats lock")

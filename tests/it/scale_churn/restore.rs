@@ -17,7 +17,10 @@ use harness::wait::keep_looking;
 use harness::{env_usize, new_event_id, unique_name, Outboxd, Scenario};
 
 /// A restore cut by SIGKILL after some batches starts again from the checkpoint of
-/// the last durable batch, not from the beginning, and ends with every record.
+/// the last durable batch, not from the beginning, and ends with every record. The
+/// store is empty, so the restore writes packed runs: with a small
+/// `restore_run_bytes` it writes them every two batches or so, and the kill lands
+/// while runs are written, between them, or while records wait for the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_cut_by_sigkill_resumes_from_its_checkpoint() {
     let records = env_usize("OUTBOXD_SCALE_RESTORE_RECORDS", 100_000).max(100);
@@ -25,7 +28,7 @@ async fn a_restore_cut_by_sigkill_resumes_from_its_checkpoint() {
     let batch = records / 20;
     let Scenario { kafka, topic, receiver: _receiver, od, .. } = Scenario::new("churn-restore", 1).await;
     let mut od = on(od);
-    od.config.store_extra.push_str(&format!("restore_batch = {batch}\n"));
+    od.config.store_extra.push_str(&format!("restore_batch = {batch}\nrestore_run_bytes = \"1MiB\"\n"));
     // Static membership: the restarted process gets the partition back at once.
     od.config.kafka_options.insert("group.instance.id".into(), unique_name("restore-static"));
     let changelog_topic = changelog::topic_for(&od.config.group_id, &topic);
@@ -33,14 +36,15 @@ async fn a_restore_cut_by_sigkill_resumes_from_its_checkpoint() {
     let ids = changelog::fill(&kafka, &changelog_topic, &topic, 0, records).await;
 
     od.start();
-    // Two batches read: the first one's checkpoint is durable (a batch's records are
-    // counted before its checkpoint is written, and batches follow one another).
+    // Three batches read: a checkpoint is durable (runs are written at least every two
+    // batches of 5,000 records or more, a batch's records are counted before its
+    // checkpoint is written, and batches follow one another).
     let labels = [("topic", topic.as_str()), ("partition", "0")];
     // Looked at often: the kill must come before the restore ends.
     let two_batches = keep_looking(Duration::from_secs(120), Duration::from_millis(20), async || {
         let m = harness::metrics::try_scrape(&od).await.unwrap_or_default();
         let restored = harness::metrics::sample(&m, "outboxd_changelog_records_restored_total", &labels);
-        if restored >= (2 * batch) as f64 {
+        if restored >= (3 * batch) as f64 {
             return Ok(restored);
         }
         od.assert_alive();
@@ -48,7 +52,7 @@ async fn a_restore_cut_by_sigkill_resumes_from_its_checkpoint() {
     });
     let restored = two_batches
         .await
-        .unwrap_or_else(|restored| panic!("the restore did not read two batches ({restored} records)"));
+        .unwrap_or_else(|restored| panic!("the restore did not read three batches ({restored} records)"));
     od.kill();
     let first = log_lines(&od, "restoring the partition from its changelog");
     assert_eq!(first.len(), 1, "{first:?}");

@@ -100,7 +100,7 @@ pub enum Rejected {
     Forged,
     /// It checks, but it is older than the record the store holds for its key (a
     /// record outboxd wrote, written again later): refused by the store's apply path
-    /// (`changelog_apply`), never by [`Keys::check`].
+    /// (`changelog::apply`), never by [`Keys::check`].
     Stale {
         /// The version it carries (0: written by a release without versions).
         version: u64,
@@ -264,5 +264,5 @@ impl Keys {
 }
 
 #[cfg(test)]
-#[path = "changelog_mac_tests.rs"]
+#[path = "mac_tests.rs"]
 mod tests;

@@ -275,7 +275,7 @@ pub struct Changelog {
     pub(super) retention_us: i64,
     /// µs: how far instances' clocks may differ (`store.changelog.max_clock_skew`):
     /// a record without a version is stale only when it was written more than this
-    /// before the record held for its key (`changelog_apply`, `Written`).
+    /// before the record held for its key (`changelog::apply`, `Written`).
     pub(super) skew_us: i64,
     /// The changelog has every record of this store (`publish`): cleared at the
     /// first write made without a sink.
@@ -367,15 +367,22 @@ fn event_key_len(key: &[u8]) -> Option<usize> {
 
 /// A changelog key read back: the event key, the event id and the scope (`None`: the source topic).
 fn split_key(key: &[u8]) -> Option<(&[u8], String, Option<String>)> {
+    let (event_key, scope) = key_parts(key)?;
+    let (id, _) = keys::split(&keys::record_key(event_key, keys::LEGACY_SCOPE))?;
+    Some((event_key, id, scope))
+}
+
+/// [`split_key`] without the event id (formatting it is a restore's largest cost
+/// per record after decoding): the event key is checked for its shape only.
+fn key_parts(key: &[u8]) -> Option<(&[u8], Option<String>)> {
     let n = event_key_len(key)?;
     let (event_key, rest) = key.split_at(n);
-    let (id, _) = keys::split(&keys::record_key(event_key, keys::LEGACY_SCOPE))?;
     let scope = match rest.split_first() {
         None => None,
         Some((&SCOPE_TAG, scope)) => Some(String::from_utf8(scope.to_vec()).ok()?),
         Some(_) => return None,
     };
-    Some((event_key, id, scope))
+    Some((event_key, scope))
 }
 
 /// A changelog value read back for an event of `source_topic`.
@@ -391,7 +398,7 @@ pub fn decode_entry_with_copy(
     value: &[u8],
 ) -> Result<(Record, Option<Vec<u8>>), StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
-    let (event_key, id, scope) = split_key(key).ok_or_else(|| match key.first() {
+    let (event_key, scope) = key_parts(key).ok_or_else(|| match key.first() {
         // An entry of a kind a newer release writes (one that is not a record): skipped, never applied.
         Some(1..=3) | None => corrupt("malformed changelog key"),
         Some(_) => corrupt("changelog key of a kind this release does not know (written by a newer outboxd?)"),
@@ -403,9 +410,9 @@ pub fn decode_entry_with_copy(
     let mut reader = Reader(rest);
     let event_type = reader.text().ok_or_else(|| corrupt("malformed changelog value"))?;
     let texts = Texts { topic: source_topic, event_type: Some(&event_type) };
+    // The event id comes from the key (a malformed one fails here).
     let (mut r, rest) =
         format::decode_with_rest(&keys::record_key(event_key, keys::LEGACY_SCOPE), reader.0, &texts, 0, None)?;
-    r.event_id = id;
     r.scope = Some(scope.unwrap_or_else(|| source_topic.to_owned()));
     let copy = match rest {
         [] => None,
@@ -510,7 +517,7 @@ impl Store {
     /// the local one, except that a final local record is never turned back into a
     /// claim and a record older than the local one (`apply::Written`) is refused;
     /// expired ones are not written. Returns how many were applied. (The store's
-    /// tests; a read applies batches with `apply_restoring`, the same path.)
+    /// tests; a read applies batches with `collapse` and `apply_collapsed`, the same path.)
     #[cfg(test)]
     pub(in crate::store) fn apply_changelog(
         &self,
@@ -648,17 +655,14 @@ impl Store {
     }
 }
 
-#[path = "changelog_apply.rs"]
 mod apply;
-pub use apply::Restoring;
+mod runs;
+pub use apply::{Collapsed, Restoring};
 
-#[path = "changelog_mac.rs"]
 pub mod mac;
 
 #[cfg(test)]
-#[path = "changelog_tests.rs"]
 pub(in crate::store) mod tests;
 
 #[cfg(test)]
-#[path = "changelog_apply_tests.rs"]
 mod apply_tests;

@@ -60,29 +60,109 @@ fn changelog() -> Vec<ChangelogRecord> {
     v
 }
 
+/// Room for every record a test restores: they wait until the read's end.
+const ALL: u64 = 1 << 30;
+
+/// Reads `records` in batches of `size` into `store` as the reader does
+/// (engine/reader.rs): what waits to be written as runs is written whenever it is
+/// full, and at the end. Returns the records applied.
+fn read(store: &Store, restoring: &mut Restoring, records: &[ChangelogRecord], size: usize) -> u64 {
+    let mut applied = 0;
+    for batch in records.chunks(size) {
+        applied += store.apply_restoring("t", batch, restoring).unwrap();
+        if restoring.unwritten_full() {
+            store.write_unwritten(restoring).unwrap();
+        }
+    }
+    store.write_unwritten(restoring).unwrap();
+    // As the checkpoint's move at the end makes everything durable.
+    store.durable_blocking().unwrap();
+    applied
+}
+
+/// [`Store::write_unwritten`] from an async test (it blocks its thread).
+fn write_unwritten(store: &Store, restoring: &mut Restoring) {
+    std::thread::scope(|s| s.spawn(|| store.write_unwritten(restoring).unwrap()).join().unwrap());
+}
+
 fn contents(store: &Store) -> (Vec<Record>, [(State, u64); State::ALL.len()]) {
     (store.list(None, usize::MAX).unwrap(), store.counts())
 }
 
+/// Whether the records wait to be written as runs until the end or are written
+/// after every batch (a small `store.changelog.restore_run_bytes`), and whatever
+/// the batches, a new store ends as applying record by record makes it, the
+/// restored records in runs, reopened too.
 #[test]
 fn a_restore_into_a_new_store_gives_what_applying_record_by_record_gives() {
     let records = changelog();
-    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = (Store::open(a_dir.path(), &opts()).unwrap(), Store::open(b_dir.path(), &opts()).unwrap());
-    let mut restoring = a.start_restore("t");
-    assert!(restoring.is_fresh(), "a new store holds no record of the topic");
-    let mut applied = 0;
-    // Batch boundaries fall between a claim and its outcome too.
-    for batch in records.chunks(7) {
-        applied += a.apply_restoring("t", batch, &mut restoring).unwrap();
+    let b_dir = tempfile::tempdir().unwrap();
+    let b = Store::open(b_dir.path(), &opts()).unwrap();
+    let expected = b.apply_one_by_one("t", &records, &mut Restoring::looking_up()).unwrap();
+    for (run_bytes, size) in [(ALL, 7), (1, 7), (1, 1), (ALL, records.len())] {
+        let a_dir = tempfile::tempdir().unwrap();
+        let a = Store::open(a_dir.path(), &opts()).unwrap();
+        let mut restoring = a.start_restore("t", run_bytes);
+        assert!(restoring.is_fresh(), "a new store holds no record of the topic");
+        // Batch boundaries fall between a claim and its outcome too.
+        let applied = read(&a, &mut restoring, &records, size);
+        assert!(restoring.is_fresh(), "nobody else wrote: the fast path held to the end");
+        assert!(!restoring.holds_unwritten());
+        assert_eq!(applied, expected, "{run_bytes} B, batches of {size}");
+        assert_eq!(contents(&a), contents(&b), "{run_bytes} B, batches of {size}");
+        let (list, counts) = contents(&a);
+        assert_eq!(list.len(), 50, "every event once, without the expired ones");
+        assert_eq!(counts.iter().map(|(_, n)| *n).sum::<u64>(), 50);
+        assert!(list.iter().all(|r| r.state != State::Claimed), "no outcome was turned back into a claim");
+        let packed: u64 = a.slices.all().iter().map(|s| s.packing().0).sum();
+        // The 30 done records of the topic's scope at least (their slice's other records too).
+        assert!(packed >= 30, "{run_bytes} B, batches of {size}: the plain records are in runs ({packed})");
+        drop(restoring);
+        drop(a);
+        let a = Store::open(a_dir.path(), &opts()).unwrap();
+        assert_eq!(contents(&a), contents(&b), "{run_bytes} B, batches of {size}, reopened");
     }
-    assert!(restoring.is_fresh(), "nobody else wrote: the fast path held to the end");
-    assert_eq!(applied, b.apply_one_by_one("t", &records, &mut Restoring::looking_up()).unwrap());
-    assert_eq!(contents(&a), contents(&b));
-    let (list, counts) = contents(&a);
-    assert_eq!(list.len(), 50, "every event once, without the expired ones");
-    assert_eq!(counts.iter().map(|(_, n)| *n).sum::<u64>(), 50);
-    assert!(list.iter().all(|r| r.state != State::Claimed), "no outcome was turned back into a claim");
+}
+
+/// A tombstone (a `store forget` made elsewhere) for a record that waits to be
+/// written as a run: the record is gone, the fast path goes on, and the run does
+/// not bring it back; the other records of the read are written.
+#[test]
+fn a_tombstone_for_a_record_that_waits_removes_it_before_it_is_written() {
+    let (gone, kept) = ("0190a3c4-5e6f-7a8b-9c0d-0000000000a1", "0190a3c4-5e6f-7a8b-9c0d-0000000000a2");
+    let first = [rec(0, gone, State::Done, 10, None), rec(1, kept, State::Done, 10, None)];
+    let tombstone = ChangelogRecord { offset: 2, key: first[0].key.clone(), value: None, mac: None };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    let mut restoring = store.start_restore("t", ALL);
+    store.apply_restoring("t", &first, &mut restoring).unwrap();
+    assert!(restoring.holds_unwritten());
+    assert_eq!(store.apply_restoring("t", &[tombstone], &mut restoring).unwrap(), 1, "the tombstone applied");
+    assert!(restoring.is_fresh(), "nothing stored was removed: the fast path goes on");
+    store.write_unwritten(&mut restoring).unwrap();
+    assert!(store.get(gone).unwrap().is_none(), "the forgotten record is not written");
+    assert_eq!(store.get(kept).unwrap().unwrap().state, State::Done);
+    assert_eq!(store.counts().iter().map(|(_, n)| *n).sum::<u64>(), 1);
+}
+
+/// A read stopped before its end (the partition was taken away, the service
+/// stops) drops what waits: nothing of it is in the store, and the records a
+/// batch wrote as runs before are.
+#[test]
+fn a_restore_stopped_early_drops_what_waits_and_keeps_what_it_wrote() {
+    let records = changelog();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts()).unwrap();
+    let mut restoring = store.start_restore("t", ALL);
+    read(&store, &mut restoring, &records, 7);
+    let kept = contents(&store);
+    let more: Vec<ChangelogRecord> =
+        (0..10).map(|i| rec(100 + i, &format!("0190a3c4-5e6f-7a8b-9c0d-1000000000{i:02x}"), State::Done, 10, None)).collect();
+    store.apply_restoring("t", &more, &mut restoring).unwrap();
+    assert!(restoring.holds_unwritten());
+    assert_eq!(contents(&store), kept, "nothing of the unwritten batch is in the store yet");
+    drop(restoring);
+    assert_eq!(contents(&store), kept);
 }
 
 #[test]
@@ -103,12 +183,10 @@ fn a_restore_into_a_store_with_records_of_the_topic_looks_each_one_up() {
         .collect();
     a.apply_one_by_one("t", &local, &mut Restoring::looking_up()).unwrap();
     b.apply_one_by_one("t", &local, &mut Restoring::looking_up()).unwrap();
-    let mut restoring = a.start_restore("t");
+    let mut restoring = a.start_restore("t", ALL);
     assert!(!restoring.is_fresh());
-    let mut applied = 0;
-    for batch in records.chunks(5) {
-        applied += a.apply_restoring("t", batch, &mut restoring).unwrap();
-    }
+    let applied = read(&a, &mut restoring, &records, 5);
+    assert!(!a.slices.all().iter().any(|s| s.packing().0 > 0), "every record looked up and written an entry each");
     assert_eq!(applied, b.apply_one_by_one("t", &records, &mut Restoring::looking_up()).unwrap());
     assert_eq!(contents(&a), contents(&b));
 }
@@ -118,11 +196,10 @@ async fn a_record_written_by_the_service_during_a_fresh_restore_ends_the_fast_pa
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts()).unwrap();
     let id = "0190a3c4-5e6f-7a8b-9c0d-00000000ffff";
-    let mut restoring = store.start_restore("t");
-    store
-        .apply_restoring("t", &[rec(0, "0190a3c4-5e6f-7a8b-9c0d-000000000001", State::Done, 1, None)], &mut restoring)
-        .unwrap();
-    assert!(restoring.is_fresh());
+    let first = "0190a3c4-5e6f-7a8b-9c0d-000000000001";
+    let mut restoring = store.start_restore("t", ALL);
+    store.apply_restoring("t", &[rec(0, first, State::Done, 1, None)], &mut restoring).unwrap();
+    assert!(restoring.is_fresh() && restoring.holds_unwritten());
     // Another partition of the topic handles the same event meanwhile.
     let event = OutboxEvent {
         id: id.into(),
@@ -138,7 +215,10 @@ async fn a_record_written_by_the_service_during_a_fresh_restore_ends_the_fast_pa
     // The changelog still says the event was claimed elsewhere.
     assert_eq!(store.apply_restoring("t", &[rec(1, id, State::Claimed, 1, None)], &mut restoring).unwrap(), 0);
     assert!(!restoring.is_fresh(), "the store's count moved by another writer");
+    assert!(!restoring.holds_unwritten(), "what waited was written as the fast path ended");
     assert_eq!(store.get(id).unwrap().unwrap().state, State::Done, "the outcome stays");
+    assert_eq!(store.get(first).unwrap().unwrap().state, State::Done, "the record that waited is in the store");
+    assert_eq!(store.counts().iter().map(|(_, n)| *n).sum::<u64>(), 2);
 }
 
 /// A record whose writer's clock ran ahead of the restorer's looks older than it
@@ -154,8 +234,8 @@ fn a_restore_allows_the_configured_clock_skew_before_it_expires_a_record() {
     let dir = tempfile::tempdir().unwrap();
     let skewed = StoreOptions { clock_skew: Duration::from_secs(300), ..opts() };
     let store = Store::open(dir.path(), &skewed).unwrap();
-    let mut restoring = store.start_restore("t");
-    assert_eq!(store.apply_restoring("t", &records, &mut restoring).unwrap(), 1);
+    let mut restoring = store.start_restore("t", ALL);
+    assert_eq!(read(&store, &mut restoring, &records, 2), 1);
     let kept: Vec<String> = store.list(None, 10).unwrap().into_iter().map(|r| r.event_id).collect();
     assert_eq!(
         kept,
@@ -166,8 +246,8 @@ fn a_restore_allows_the_configured_clock_skew_before_it_expires_a_record() {
     let dir = tempfile::tempdir().unwrap();
     let strict = StoreOptions { clock_skew: Duration::ZERO, ..opts() };
     let store = Store::open(dir.path(), &strict).unwrap();
-    let mut restoring = store.start_restore("t");
-    assert_eq!(store.apply_restoring("t", &records, &mut restoring).unwrap(), 0, "no skew allowed: both expired");
+    let mut restoring = store.start_restore("t", ALL);
+    assert_eq!(read(&store, &mut restoring, &records, 2), 0, "no skew allowed: both expired");
 }
 
 /// The lookup filters must know every record, whichever path wrote it: a claim
@@ -184,10 +264,11 @@ async fn every_record_written_is_found_through_the_lookup_filters() {
     let ids: Vec<String> = handled.iter().cloned().chain((0..300).map(|i| format!("r-{i}"))).collect();
     {
         let store = Store::open(dir.path(), &opts()).unwrap();
-        let mut restoring = store.start_restore("t");
+        let mut restoring = store.start_restore("t", ALL);
         for batch in restored.chunks(64) {
             store.apply_restoring("t", batch, &mut restoring).unwrap();
         }
+        write_unwritten(&store, &mut restoring);
         for (i, id) in handled.iter().enumerate() {
             let Claim::Claimed(c) = store.handling().claim(&event(id, i as i64), "t").await.unwrap() else {
                 panic!("{id} is new")
@@ -238,11 +319,8 @@ fn writes_then_replays() -> Vec<ChangelogRecord> {
 #[test]
 fn a_restore_in_offset_order_ends_with_the_newest_write_and_refuses_older_ones_written_again_after_it() {
     let records = writes_then_replays();
-    let whole = |s: &Store| s.apply_restoring("t", &records, &mut s.start_restore("t")).unwrap();
-    let one_by_one = |s: &Store| {
-        let mut restoring = s.start_restore("t");
-        records.chunks(1).map(|batch| s.apply_restoring("t", batch, &mut restoring).unwrap()).sum::<u64>()
-    };
+    let whole = |s: &Store| read(s, &mut s.start_restore("t", ALL), &records, records.len());
+    let one_by_one = |s: &Store| read(s, &mut s.start_restore("t", 1), &records, 1);
     let legacy = |s: &Store| s.apply_one_by_one("t", &records, &mut Restoring::looking_up()).unwrap();
     for (how, apply) in
         [("one batch", &whole as &dyn Fn(&Store) -> u64), ("a record a batch", &one_by_one), ("legacy", &legacy)]
@@ -387,10 +465,7 @@ fn a_record_written_again_is_counted_by_a_new_owner_even_when_the_newer_one_is_s
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), &opts()).unwrap();
         let (_, stale) = rejected_as_stale(|| {
-            let mut restoring = store.start_restore("t");
-            for batch in records.chunks(size) {
-                store.apply_restoring("t", batch, &mut restoring).unwrap();
-            }
+            read(&store, &mut store.start_restore("t", ALL), &records, size);
         });
         let r = store.get(X).unwrap().unwrap();
         assert_eq!((r.state, r.version, stale), (State::Done, 3, 1), "batches of {size}");

@@ -14,18 +14,19 @@
 //! are refused too, but only replays are reported ([`Refusals`]).
 
 use std::collections::btree_map::{BTreeMap, Entry as Slot};
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::mac::Rejected;
-use super::{split_key, ChangelogRecord};
+use super::{key_parts, split_key, ChangelogRecord};
 use crate::metrics::names;
-use crate::store::format;
+use crate::store::format::{self, NameIds};
 use crate::store::keys;
 use crate::store::messages::copy_key;
 use crate::store::filter::Hashed;
+use super::runs::Unwritten;
+use crate::store::chains::ChainId;
+use crate::store::problems::is_problem;
 use crate::store::slices::Slice;
 use crate::store::{now_us, Record, State, Store, StoreError};
 
@@ -47,10 +48,15 @@ const MAX_WAITING_REFUSALS: usize = 10_000;
 /// moves by anything but this restore's own writes (the service handled
 /// something meanwhile, a retention pass ran).
 ///
+/// On the fast path, records wait to be written as packed runs (`Unwritten`,
+/// store/changelog/runs.rs): the reader writes them ([`Restoring::holds_unwritten`])
+/// before it moves the checkpoint.
+///
 /// Records refused as older wait here until the read is over (`Refusals`): when
 /// it is dropped, those that were not history are counted and logged.
 pub struct Restoring {
     fresh: Option<Fresh>,
+    pub(super) unwritten: Unwritten,
     /// The scope the store held no record of when the read began (as for `fresh`, but
     /// for the whole read): every record of it that the store holds, this read wrote.
     new_scope: Option<String>,
@@ -59,8 +65,8 @@ pub struct Restoring {
 
 struct Fresh {
     scope: String,
+    /// The `Hashed` hash of each record key written.
     written: HashSet<u64>,
-    hasher: RandomState,
     /// The store's record count (all slices) if nobody else wrote since.
     expected: i64,
 }
@@ -68,7 +74,24 @@ struct Fresh {
 impl Restoring {
     /// Looks every record up (the general case).
     pub fn looking_up() -> Restoring {
-        Restoring { fresh: None, new_scope: None, refused: Refusals::default() }
+        Restoring { fresh: None, new_scope: None, unwritten: Unwritten::default(), refused: Refusals::default() }
+    }
+
+    /// Records wait to be written as runs: the checkpoint must not move past them.
+    pub fn holds_unwritten(&self) -> bool {
+        !self.unwritten.is_empty()
+    }
+
+    /// They have reached `store.changelog.restore_run_bytes`: write them now.
+    pub fn unwritten_full(&self) -> bool {
+        self.unwritten.is_full()
+    }
+
+    /// `n` records of this read were added to the store's counts.
+    pub(super) fn wrote(&mut self, n: i64) {
+        if let Some(f) = self.fresh.as_mut() {
+            f.expected += n;
+        }
     }
 
     /// Whether the fast path of a new scope is (still) on.
@@ -242,6 +265,34 @@ fn report(refused: &[Refused]) {
     }
 }
 
+/// A batch of changelog records decoded and collapsed (`Store::collapse`), to be
+/// written by `Store::apply_collapsed`.
+pub struct Collapsed {
+    parts: Vec<Part>,
+    /// Records older than a write of the same key before them in the batch.
+    refused: Vec<(Vec<u8>, Refused)>,
+    /// The batch as it came, for the record-by-record path (a store that may still
+    /// hold records under keys without a scope).
+    legacy: Option<Vec<ChangelogRecord>>,
+}
+
+/// One part of a collapsed batch, in the batch's order.
+enum Part {
+    /// Collapsed records up to the next tombstone, by record key.
+    Records(BTreeMap<Vec<u8>, Box<Pending>>),
+    /// A changelog key whose record is gone.
+    Tombstone(Vec<u8>),
+    /// An audit entry's key and value.
+    Audit(Vec<u8>, Vec<u8>),
+}
+
+/// Where the record a batch's write follows is.
+enum Held {
+    Slice(Arc<Slice>),
+    /// Waiting to be written as a run (this read's own).
+    Unwritten,
+}
+
 /// One write of a record in a batch: enough to replay the batch's writes of a key in order.
 #[derive(Debug, Clone, Copy)]
 struct Step {
@@ -273,74 +324,74 @@ fn total(store: &Store) -> i64 {
 }
 
 impl Store {
-    /// Begins restoring a changelog partition of `source_topic`: see [`Restoring`].
-    pub(in crate::store) fn start_restore(&self, source_topic: &str) -> Restoring {
+    /// Begins restoring a changelog partition of `source_topic`: see [`Restoring`];
+    /// on its fast path up to `run_bytes` of records wait to be written as runs.
+    pub(in crate::store) fn start_restore(&self, source_topic: &str, run_bytes: u64) -> Restoring {
         let fresh = (self.names.find(source_topic).is_none() && now_us() >= self.legacy_until).then(|| Fresh {
             scope: source_topic.to_owned(),
             written: HashSet::new(),
-            hasher: RandomState::new(),
             expected: total(self),
         });
         let new_scope = fresh.as_ref().map(|f| f.scope.clone());
-        Restoring { fresh, new_scope, refused: Refusals::default() }
+        Restoring { fresh, new_scope, unwritten: Unwritten::new(run_bytes), refused: Refusals::default() }
     }
 
     /// [`Store::apply_changelog`] within a restore: the same outcome, in one pass
-    /// per batch. Returns how many records were applied.
+    /// per batch ([`Store::collapse`], then [`Store::apply_collapsed`]). Returns how
+    /// many records were applied. (The store's tests; a read collapses on one thread
+    /// and applies on another.)
+    #[cfg(test)]
     pub(in crate::store) fn apply_restoring(
         &self,
         source_topic: &str,
         records: &[ChangelogRecord],
         restoring: &mut Restoring,
     ) -> Result<u64, StoreError> {
+        let collapsed = self.collapse(source_topic, records)?;
+        self.apply_collapsed(source_topic, collapsed, restoring)
+    }
+
+    /// The first half of a batch's apply: decoded, collapsed per record key (in key
+    /// order), without reading the store's records, so that a read-ahead thread can
+    /// make it while the batch before is written.
+    pub(in crate::store) fn collapse(
+        &self,
+        source_topic: &str,
+        records: &[ChangelogRecord],
+    ) -> Result<Collapsed, StoreError> {
         let now = now_us();
         if now < self.legacy_until {
             // Records may be kept under keys without a scope: the record-by-record path knows them.
-            restoring.fresh = None;
-            return self.apply_one_by_one(source_topic, records, restoring);
+            return Ok(Collapsed { parts: Vec::new(), refused: Vec::new(), legacy: Some(records.to_vec()) });
         }
-        if restoring.fresh.as_ref().is_some_and(|f| f.expected != total(self)) {
-            restoring.fresh = None;
-        }
+        let mut out = Collapsed { parts: Vec::new(), refused: Vec::new(), legacy: None };
         // In key order: consecutive writes land in the same nodes of sled's tree (a
         // large store does not fit its cache; random order reads a node back per record).
-        let mut pending: BTreeMap<Vec<u8>, Pending> = BTreeMap::new();
-        let mut applied = 0;
-        let mut last_scope: Option<(String, u32)> = None;
+        // Boxed: a record is a few hundred bytes, which the map's inserts would move.
+        let mut pending: BTreeMap<Vec<u8>, Box<Pending>> = BTreeMap::new();
+        let names = format::Remembered::new(&self.names);
         for rec in records {
             if crate::store::audit::is_audit_key(&rec.key) {
                 // An audit entry: its own tree, never a record (store/audit.rs).
                 if let Some(value) = &rec.value {
-                    applied += u64::from(self.apply_audit(&rec.key, value, now)?);
+                    out.parts.push(Part::Audit(rec.key.clone(), value.clone()));
                 }
                 continue;
             }
             let Some(value) = &rec.value else {
-                applied += self.write_pending(source_topic, std::mem::take(&mut pending), restoring)?;
-                if self.apply_tombstone(source_topic, &rec.key)? {
-                    applied += 1;
-                    // The count moved by a removal: simply look records up from now on.
-                    restoring.fresh = None;
-                }
+                out.parts.push(Part::Records(std::mem::take(&mut pending)));
+                out.parts.push(Part::Tombstone(rec.key.clone()));
                 continue;
             };
             let Some((r, copy)) = self.live_entry(source_topic, rec, value, now) else { continue };
-            let scope = r.scope.as_deref().unwrap_or(source_topic);
-            let scope_id = match &last_scope {
-                Some((name, id)) if name == scope => *id,
-                _ => {
-                    let id = self.names.id(scope)?;
-                    last_scope = Some((scope.to_owned(), id));
-                    id
-                }
-            };
-            let Some((event_key, ..)) = split_key(&rec.key) else { continue };
+            let scope_id = names.id(r.scope.as_deref().unwrap_or(source_topic))?;
+            let Some((event_key, _)) = key_parts(&rec.key) else { continue };
             match pending.entry(keys::record_key(event_key, scope_id)) {
                 Slot::Occupied(mut slot) => {
                     let before = Written::of(&slot.get().record);
                     if Written::of(&r).is_older(before, self.changelog.skew_us) {
                         let refused = Refused::new(source_topic, rec.offset, &r, Written::of(&r), before);
-                        restoring.refused.push(slot.key(), refused, true);
+                        out.refused.push((slot.key().clone(), refused));
                         continue;
                     }
                     let p = slot.get_mut();
@@ -354,11 +405,51 @@ impl Store {
                     p.offset = rec.offset;
                 }
                 Slot::Vacant(slot) => {
-                    slot.insert(Pending { record: r, copy, scope_id, offset: rec.offset, earlier: Vec::new() });
+                    slot.insert(Box::new(Pending { record: r, copy, scope_id, offset: rec.offset, earlier: Vec::new() }));
                 }
             }
         }
-        applied += self.write_pending(source_topic, pending, restoring)?;
+        out.parts.push(Part::Records(pending));
+        Ok(out)
+    }
+
+    /// The second half of a batch's apply: writes what [`Store::collapse`] made,
+    /// in order. Returns how many records were applied.
+    pub(in crate::store) fn apply_collapsed(
+        &self,
+        source_topic: &str,
+        collapsed: Collapsed,
+        restoring: &mut Restoring,
+    ) -> Result<u64, StoreError> {
+        let Collapsed { parts, refused, legacy } = collapsed;
+        if let Some(records) = legacy {
+            self.end_fast_path(restoring)?;
+            return self.apply_one_by_one(source_topic, &records, restoring);
+        }
+        if restoring.fresh.as_ref().is_some_and(|f| f.expected != total(self)) {
+            self.end_fast_path(restoring)?;
+        }
+        // Older than a write of the same batch before them: written again later (replays).
+        for (key, r) in refused {
+            restoring.refused.push(&key, r, true);
+        }
+        let mut applied = 0;
+        let now = now_us();
+        for part in parts {
+            match part {
+                Part::Audit(key, value) => applied += u64::from(self.apply_audit(&key, &value, now)?),
+                Part::Records(pending) => applied += self.write_pending(source_topic, pending, restoring)?,
+                Part::Tombstone(key) => {
+                    if self.unwritten_gone(source_topic, &key, restoring)? {
+                        applied += 1;
+                    } else if self.apply_tombstone(source_topic, &key)? {
+                        applied += 1;
+                        // The count moved by a removal: simply look records up from now on.
+                        self.end_fast_path(restoring)?;
+                    }
+                }
+            }
+        }
         restoring.refused.report_batch();
         Ok(applied)
     }
@@ -370,13 +461,14 @@ impl Store {
     fn write_pending(
         &self,
         source_topic: &str,
-        pending: BTreeMap<Vec<u8>, Pending>,
+        pending: BTreeMap<Vec<u8>, Box<Pending>>,
         restoring: &mut Restoring,
     ) -> Result<u64, StoreError> {
         if pending.is_empty() {
             return Ok(0);
         }
         let live = self.slices.live(now_us());
+        let names = format::Remembered::new(&self.names);
         let fresh_id = restoring.fresh.as_ref().and_then(|f| self.names.find(&f.scope));
         let new_scope_id = restoring.new_scope.as_deref().and_then(|s| self.names.find(s));
         let mut moves: Vec<(Arc<Slice>, Option<State>, Option<State>)> = Vec::with_capacity(pending.len());
@@ -384,13 +476,13 @@ impl Store {
         let mut to: Option<Arc<Slice>> = None;
         for (key, p) in pending {
             let last = p.step();
-            let Pending { mut record, copy, scope_id, offset: _, earlier } = p;
-            let hash = restoring.fresh.as_ref().map(|f| f.hasher.hash_one(&key));
-            let known = match (&restoring.fresh, hash) {
-                (Some(f), Some(h)) if Some(scope_id) == fresh_id => f.written.contains(&h),
+            let Pending { mut record, copy, scope_id, offset: _, earlier } = *p;
+            let hashed = Hashed::of(&key);
+            let known = match &restoring.fresh {
+                Some(f) if Some(scope_id) == fresh_id => f.written.contains(&hashed.hash),
                 _ => true,
             };
-            let found = if known { self.lookup(&live, &key)? } else { None };
+            let found = if known { self.lookup(&live, &hashed, &restoring.unwritten)? } else { None };
             // The batch's records in order, after the local one: the last is written
             // only if it takes the place of what came before it.
             let mut now = found.as_ref().map(|(_, r)| (r.state, Written::of(r)));
@@ -400,7 +492,7 @@ impl Store {
                 taken = match now {
                     Some((_, held)) if s.written.is_older(held, self.changelog.skew_us) => {
                         let refused = Refused::new(source_topic, s.offset, &record, s.written, held);
-                        restoring.refused.push(&key, refused, read_here);
+                        restoring.refused.push(hashed.key, refused, read_here);
                         false
                     }
                     Some((state, _)) if state.is_final() && s.state == State::Claimed => false,
@@ -408,7 +500,7 @@ impl Store {
                         applied += 1;
                         now = Some((s.state, s.written));
                         read_here = true;
-                        restoring.refused.applied(&key, s.written.version, s.offset);
+                        restoring.refused.applied(hashed.key, s.written.version, s.offset);
                         true
                     }
                 };
@@ -424,24 +516,42 @@ impl Store {
                 _ => self.slices.slice_for(record.updated_at_us)?,
             };
             to = Some(slice.clone());
-            let value = format::encode(&record, &self.names, slice.start)?;
+            let value = format::encode(&record, &names, slice.start)?;
+            if let Some((Held::Unwritten, _)) = &found {
+                // Not in the store yet, nor in its counts: written below as a new record.
+                restoring.unwritten.take_out(&hashed);
+            }
+            if let Some(f) = restoring.fresh.as_mut() {
+                f.written.insert(hashed.hash);
+            }
+            // Only the new scope's records wait: another scope's may be written by others
+            // meanwhile. A plain record: no message copy, no chain, not dead or parked, and
+            // the dead-and-parked index is built (a record not in the store, or waiting,
+            // is none of its members).
+            let ours = restoring.fresh.is_some()
+                && Some(scope_id) == fresh_id
+                && matches!(found, None | Some((Held::Unwritten, _)));
+            let plain = || {
+                copy.is_none() && ChainId::of(&record).is_none() && !is_problem(&record) && self.problems.ready()
+            };
+            if ours && plain() {
+                restoring.unwritten.put(&slice, &hashed, &value, record.state);
+                continue;
+            }
             match found {
-                Some((old, l)) if Arc::ptr_eq(&old, &slice) => {
+                Some((Held::Slice(old), l)) if Arc::ptr_eq(&old, &slice) => {
                     moves.push((slice.clone(), Some(l.state), Some(record.state)))
                 }
-                Some((old, l)) => {
+                Some((Held::Slice(old), l)) => {
                     self.messages.moved(&copy_key(old.start, &key), &copy_key(slice.start, &key))?;
                     old.remove(&key)?;
                     moves.push((old, Some(l.state), None));
                     moves.push((slice.clone(), None, Some(record.state)));
                 }
-                None => {
+                Some((Held::Unwritten, _)) | None => {
                     moves.push((slice.clone(), None, Some(record.state)));
                     added += 1;
                 }
-            }
-            if let (Some(f), Some(h)) = (restoring.fresh.as_mut(), hash) {
-                f.written.insert(h);
             }
             self.chained(&key, Some(&record), || Ok(slice.insert(&key, value)?))?;
             if let Some(copy) = copy {
@@ -457,14 +567,38 @@ impl Store {
         Ok(applied)
     }
 
-    /// The record stored under `key` in the first of `live` slices that has one.
-    fn lookup(&self, live: &[Arc<Slice>], key: &[u8]) -> Result<Option<(Arc<Slice>, Record)>, StoreError> {
-        let hashed = Hashed::of(key);
+    /// The record under `key`: waiting to be written, or stored in the first of
+    /// `live` slices that has one.
+    fn lookup(
+        &self,
+        live: &[Arc<Slice>],
+        key: &Hashed,
+        unwritten: &Unwritten,
+    ) -> Result<Option<(Held, Record)>, StoreError> {
+        if let Some((slice, raw)) = unwritten.get(key) {
+            return Ok(Some((Held::Unwritten, self.decode(slice, key.key, raw)?)));
+        }
         for slice in live {
-            if let Some(raw) = slice.find(&hashed)? {
-                return Ok(Some((slice.clone(), self.decode(slice, key, &raw)?)));
+            if let Some(raw) = slice.find(key)? {
+                return Ok(Some((Held::Slice(slice.clone()), self.decode(slice, key.key, &raw)?)));
             }
         }
         Ok(None)
+    }
+
+    /// The fast path of `restoring` ends: what waits is written now, an entry each.
+    fn end_fast_path(&self, restoring: &mut Restoring) -> Result<(), StoreError> {
+        self.spill_unwritten(restoring)?;
+        restoring.fresh = None;
+        Ok(())
+    }
+
+    /// A tombstone for a record that waits to be written: it is gone. Returns
+    /// whether one waited.
+    fn unwritten_gone(&self, source_topic: &str, key: &[u8], restoring: &mut Restoring) -> Result<bool, StoreError> {
+        let Some((event_key, _, scope)) = split_key(key) else { return Ok(false) };
+        let Some(scope_id) = self.names.find(scope.as_deref().unwrap_or(source_topic)) else { return Ok(false) };
+        let key = keys::record_key(event_key, scope_id);
+        Ok(restoring.unwritten.take_out(&Hashed::of(&key)))
     }
 }
