@@ -123,23 +123,38 @@ pub fn parse_cursor(cursor: &str) -> (Vec<u8>, Option<Option<String>>) {
 }
 
 /// The 16 bytes of a UUID in canonical text form, and whether it is upper case.
+/// Digits only is lower case; mixed case is neither (it would not come back as
+/// written). Every lookup of an event parses its id: no allocation here.
 pub fn parse_uuid(text: &str) -> Option<([u8; 16], bool)> {
     let t = text.as_bytes();
     if t.len() != 36 || [8, 13, 18, 23].iter().any(|&i| t[i] != b'-') {
         return None;
     }
-    let digits: Vec<u8> = t.iter().copied().filter(|&c| c != b'-').collect();
-    let lower = digits.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
-    let upper = digits.iter().all(|c| matches!(c, b'0'..=b'9' | b'A'..=b'F'));
-    // Digits only is both; mixed case is neither (it would not come back as written).
-    if digits.len() != 32 || !(lower || upper) {
+    let (mut out, mut n) = ([0u8; 16], 0);
+    let (mut lower, mut upper) = (false, false);
+    for (i, &c) in t.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            continue;
+        }
+        let v = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => {
+                lower = true;
+                c - b'a' + 10
+            }
+            b'A'..=b'F' => {
+                upper = true;
+                c - b'A' + 10
+            }
+            _ => return None,
+        };
+        out[n / 2] |= if n % 2 == 0 { v << 4 } else { v };
+        n += 1;
+    }
+    if lower && upper {
         return None;
     }
-    let mut out = [0u8; 16];
-    for (o, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
-        *o = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
-    }
-    Some((out, !lower))
+    Some((out, upper))
 }
 
 pub fn format_uuid(bytes: &[u8; 16], upper: bool) -> String {
@@ -170,6 +185,25 @@ mod tests {
         let mixed = "0190a3c4-5e6f-7a8b-9c0d-1E2F3A4B5C6D";
         assert_eq!(event_key(mixed)[0], TAG_BYTES, "mixed case would not round-trip as 16 bytes");
         assert_eq!(split(&record_key(&event_key(mixed), 1)), Some((mixed.to_owned(), 1)));
+    }
+
+    #[test]
+    fn only_a_canonical_uuid_of_one_case_is_parsed() {
+        let digits = "01900304-0506-0708-0900-010203040506";
+        assert_eq!(parse_uuid(digits).map(|(b, upper)| (b[0], b[15], upper)), Some((0x01, 0x06, false)));
+        let (bytes, upper) = parse_uuid("ABCDEF01-2345-6789-ABCD-EF0123456789").unwrap();
+        assert!(upper);
+        assert_eq!(format_uuid(&bytes, upper), "ABCDEF01-2345-6789-ABCD-EF0123456789");
+        for not in [
+            "abcdef01-2345-6789-ABCD-ef0123456789", // mixed case
+            "abcdef01-2345-6789-abcd-ef012345678g", // not hex
+            "abcdef01-2345-6789-abcd0ef0123456789", // a dash missing
+            "abcdef01-2345-6789-abcd-ef01234567-9", // a dash instead of a digit
+            "abcdef01-2345-6789-abcd-ef012345678",  // too short
+            "{bcdef01-2345-6789-abcd-ef0123456789",
+        ] {
+            assert_eq!(parse_uuid(not), None, "{not}");
+        }
     }
 
     #[test]
