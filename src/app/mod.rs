@@ -151,6 +151,7 @@ impl App {
         let gc_interval = config.store.gc_interval;
         let stall_timeout = config.stall_timeout();
         let admin_config = config.admin.clone();
+        let summary_interval = config.log.summary_interval;
         let exec = Arc::new(
             Executor::with_handlers(config, store.clone(), custom)
                 .map_err(|e| Error::new(ErrorKind::Config, "setting up handlers", e))?
@@ -194,6 +195,7 @@ impl App {
             tasks.spawn(tasks::metrics_upkeep(prometheus, background.clone()));
         }
         tasks.spawn(tasks::retention(store.clone(), gc_interval, background.clone()));
+        tasks.spawn(tasks::log_summary(exec.clone(), summary_interval, background.clone()));
         if let Some(setup) = restore {
             tasks.spawn(engine.restore_task(setup, token.clone()));
         }

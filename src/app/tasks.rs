@@ -8,6 +8,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::engine::Executor;
 use crate::kafka::Tracker;
 use crate::metrics::names;
 use crate::store::{now_us, Store};
@@ -80,6 +81,16 @@ pub async fn retention(store: Arc<Store>, interval: Duration, stop: Cancellation
 }
 
 /// Waits for the next tick (the first is at once): false once `stop` is cancelled.
+/// Each handler's summary line every `log.summary_interval`, and a last one (what
+/// the drain finished) once stopped.
+pub async fn log_summary(exec: Arc<Executor>, interval: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    while ticked(&mut tick, &stop).await {
+        exec.log_summary();
+    }
+    exec.log_summary();
+}
+
 async fn ticked(tick: &mut tokio::time::Interval, stop: &CancellationToken) -> bool {
     tokio::select! {
         () = stop.cancelled() => false,

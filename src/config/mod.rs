@@ -12,6 +12,7 @@
 //! - `schema_registry`: `[schema_registry]`, Avro schemas and decoding limits;
 //! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts;
 //! - `traces`: `[tracing.otlp]`, spans exported to an OpenTelemetry collector;
+//! - `logs`: `[log]`, the per-handler summary line;
 //! - `values`: durations, sizes and `${VAR}`, shared by all of them;
 //! - `error`: [`ConfigError`], what is wrong and in which field; `{:#}` prints it as the CLI shows it.
 //!
@@ -29,6 +30,7 @@ mod error;
 mod handler;
 mod http;
 mod kafka;
+mod logs;
 mod raw;
 mod retry;
 mod schema_registry;
@@ -52,6 +54,7 @@ pub use handler::{
 };
 pub use http::{HttpConfig, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::KafkaConfig;
+pub use logs::LogConfig;
 pub use retry::RetryConfig;
 pub use schema_registry::RegistryOptions;
 pub use store::StoreConfig;
@@ -64,6 +67,7 @@ pub use values::ExpandedUrl;
 internal_use!(admin::{RawAdmin, ADMIN_TOKEN_NAME, RUN_TOKEN_NAME});
 internal_use!(handler::RawHandler);
 internal_use!(kafka::RawKafka);
+internal_use!(logs::RawLog);
 internal_use!(raw::RawConfig);
 internal_use!(schema_registry::RawSchemaRegistry);
 internal_use!(store::RawStore);
@@ -92,6 +96,8 @@ pub struct Config {
     /// Where spans are exported (`[tracing.otlp]`); `None`: nowhere. The `outboxd`
     /// binary installs the exporter; a program embedding outboxd installs its own.
     pub otlp: Option<OtlpConfig>,
+    /// What the log sums up instead of naming each event (`[log]`).
+    pub log: LogConfig,
 }
 
 impl Config {

@@ -20,6 +20,8 @@ pub struct RawConfig {
     pub schema_registry: Option<RawSchemaRegistry>,
     /// `[tracing]`: span export (`[tracing.otlp]`); absent means none.
     pub tracing: Option<RawTracing>,
+    /// `[log]`: the per-handler summary line; absent means every default.
+    pub log: Option<RawLog>,
     /// `[[handlers]]`: one entry per set of topics; at least one is required.
     #[serde(default)]
     pub handlers: Vec<RawHandler>,
@@ -33,6 +35,7 @@ impl RawConfig {
         let admin = admin::validate(self.admin, env)?;
         let schema_registry = self.schema_registry.map(|r| r.validate(&store.path, env)).transpose()?;
         let otlp = self.tracing.map(|t| t.validate(env)).transpose()?.flatten();
+        let log = self.log.unwrap_or_default().validate()?;
 
         if self.handlers.is_empty() {
             return Err(ConfigError::NoHandlers);
@@ -55,6 +58,6 @@ impl RawConfig {
                 return Err(ConfigError::AvroWithoutRegistry { index: h.index });
             }
         }
-        Ok(Config { kafka, store, admin, schema_registry, handlers, otlp })
+        Ok(Config { kafka, store, admin, schema_registry, handlers, otlp, log })
     }
 }

@@ -5,7 +5,7 @@
 //! engine for consumed messages and by `outboxd store retry` for stored copies.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,13 +13,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn, Instrument, Span};
 
 use super::circuit::{Admit, Circuits, Health};
-use super::concurrency::{Limiter, Signal};
+use super::concurrency::Signal;
 use super::fatal::Fatal;
 use super::guards::{live_guard, LiveIds, Release};
 use super::retry::{backoff, next_delay};
+use super::slots::{Slot, TopicMetrics, TopicsMetrics};
 use super::spans;
 use crate::avro;
-use crate::codec::{DecodeError, Decoder, Layout};
+use crate::codec::{DecodeError, Decoder};
 use crate::config::{Config, HandlerConfig, OnUncertain};
 use crate::event::{OutboxEvent, RawMessage};
 use crate::handler::{self, Handler, HandlerError, Verified};
@@ -65,33 +66,49 @@ pub struct Counters {
 /// A lookup of an uncertain event that gave up: the reason the event is recorded dead with.
 struct Unverified(String);
 
+/// One decoded event on its way: what each step of its path needs.
+struct Job<'a> {
+    hc: &'a HandlerConfig,
+    slot: &'a Slot,
+    /// The slot's handler, or the one an embedding program gave for the topic.
+    handler: &'a dyn Handler,
+    event: &'a OutboxEvent,
+    msg: &'a RawMessage,
+    /// Asked before the claim and before each retry: is the partition still ours?
+    owned: &'a Ownership<'a>,
+    metrics: &'a TopicMetrics,
+}
+
+impl Job<'_> {
+    fn topic(&self) -> &str {
+        &self.event.position.topic
+    }
+}
+
 /// Takes each event through decode, durable claim, handler and durable record;
 /// shared by the engine's chains, the admin server and `outboxd store retry`.
 pub struct Executor {
     pub(crate) config: Config,
     pub(crate) store: Arc<Store>,
-    /// Parallel to `config.handlers`.
-    handlers: Vec<Arc<dyn Handler>>,
+    /// One per `config.handlers` entry, in its order.
+    slots: Vec<Slot>,
     /// Handlers given by an embedding program, by topic: they run instead of
     /// the configured kind; the topic's `[[handlers]]` entry still says how its
     /// events are read, retried and dead-lettered.
     custom: HashMap<String, Arc<dyn Handler>>,
     /// Present when some handler has a dead-letter topic.
     dead_letters: Option<DeadLetters>,
-    /// How each handler's messages are read; parallel to `config.handlers`.
-    layouts: Vec<Layout>,
     /// The one decoder (with the schema registry, when `[schema_registry]` is configured).
     decoder: Decoder,
     /// Event ids being worked on in this process: a second delivery of the
     /// same id (at another offset or key) waits instead of running twice.
     live: LiveIds,
     pub(crate) counters: Counters,
-    /// Calls and failed calls of each handler since start (parallel to `config.handlers`), for the console.
-    calls: Vec<HandlerCalls>,
+    /// Set at the first event handled since start, which has a line at `info`.
+    handled_once: AtomicBool,
+    metrics: TopicsMetrics,
     /// The receiver's health per handler: while one is open, none of its calls start.
     circuits: Arc<Circuits>,
-    /// Calls in flight per handler; parallel to `config.handlers`.
-    limiters: Vec<Limiter>,
     /// Set when the store fails (or another [`Fatal`] failure): nothing more runs
     /// and no offset moves.
     failure: std::sync::OnceLock<Fatal>,
@@ -114,37 +131,29 @@ impl Executor {
         custom: HashMap<String, Arc<dyn Handler>>,
     ) -> Result<Executor, SetupError> {
         check_custom_topics(&config, &custom)?;
-        let handlers = config.handlers.iter().map(handler::build).collect::<Result<Vec<_>, _>>()?;
+        let mut slots = Vec::with_capacity(config.handlers.len());
+        for hc in &config.handlers {
+            slots.push(Slot::new(hc, handler::build(hc)?, config.store.max_in_flight));
+        }
         let dead_letters = if config.handlers.iter().any(|h| h.dead_letter_topic.is_some()) {
             Some(DeadLetters::build(&config.kafka)?)
         } else {
             None
         };
         let registry = config.schema_registry.clone().map(avro::Registry::new).transpose()?;
-        let layouts = config.handlers.iter().map(Layout::from).collect();
         let circuits = Arc::new(Circuits::new(&config.handlers));
-        let limiters = config
-            .handlers
-            .iter()
-            .map(|h| {
-                let max = h.concurrency.max.unwrap_or(config.store.max_in_flight);
-                Limiter::new(&h.name, max, h.concurrency.adaptive)
-            })
-            .collect();
-        let calls = (0..config.handlers.len()).map(|_| HandlerCalls::default()).collect();
         Ok(Executor {
             config,
             store,
-            handlers,
+            slots,
             custom,
             dead_letters,
-            layouts,
             decoder: Decoder::new(registry),
             live: LiveIds::default(),
             counters: Counters::default(),
-            calls,
+            handled_once: AtomicBool::new(false),
+            metrics: TopicsMetrics::default(),
             circuits,
-            limiters,
             failure: std::sync::OnceLock::new(),
             shutdown: CancellationToken::new(),
         })
@@ -167,8 +176,20 @@ impl Executor {
     /// Each handler's name with its calls and failed calls since start, in config order.
     pub fn handler_calls(&self) -> Vec<(String, u64, u64)> {
         let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
-        let named = self.config.handlers.iter().zip(&self.calls);
-        named.map(|(hc, c)| (hc.name.clone(), load(&c.calls), load(&c.failed))).collect()
+        let named = self.config.handlers.iter().zip(&self.slots);
+        named.map(|(hc, s)| (hc.name.clone(), load(&s.calls.calls), load(&s.calls.failed))).collect()
+    }
+
+    /// Writes each handler's summary line at `info`: what it did since the last one
+    /// (`log.summary_interval`). A handler that did nothing meanwhile writes none.
+    pub fn log_summary(&self) {
+        for (hc, slot) in self.config.handlers.iter().zip(&self.slots) {
+            let Some(s) = slot.tally.take() else { continue };
+            let ms = |d: Option<Duration>| d.map_or(f64::NAN, |d| (d.as_secs_f64() * 1e4).round() / 10.0);
+            info!(handler = %hc.name, handled = s.handled, duplicates = s.duplicates, dead = s.dead, held = s.held,
+                calls = s.calls, call_p50_ms = ms(s.call_p50), call_p99_ms = ms(s.call_p99),
+                "handler summary since the last (log.summary_interval)");
+        }
     }
 
     /// The handlers' circuits (the engine pauses an open one's partitions; `/readyz` names them).
@@ -181,7 +202,7 @@ impl Executor {
     /// handler covers the topic any more.
     pub async fn decode_copy(&self, msg: &RawMessage) -> Option<Result<OutboxEvent, DecodeError>> {
         let hc = self.config.handler_for(&msg.topic)?;
-        Some(self.decoder.decode(msg, &self.layouts[hc.index]).await)
+        Some(self.decoder.decode(msg, &self.slots[hc.index].layout).await)
     }
 
     /// True once [`Executor::fail`] was called: nothing more runs and no offset moves.
@@ -237,8 +258,11 @@ impl Executor {
             Ok(event) => {
                 drop(decode);
                 spans::decoded(span, &hc.name, &event);
-                let handler = self.custom.get(&msg.topic).unwrap_or(&self.handlers[hc.index]);
-                let executed = self.handle(hc, handler.as_ref(), event, msg, owned).await;
+                let slot = &self.slots[hc.index];
+                let handler = self.custom.get(&msg.topic).unwrap_or(&slot.handler).as_ref();
+                let metrics = self.metrics.of(&msg.topic);
+                let job = Job { hc, slot, handler, event: &event, msg, owned, metrics: &metrics };
+                let executed = self.handle(&job).await;
                 if let Ok(Executed::Abandoned) = executed {
                     spans::ended(span, "abandoned");
                 }
@@ -286,7 +310,7 @@ impl Executor {
     /// `outboxd_schema_registry_errors_total{reason}`. Any other error is for
     /// the dead-letter path.
     async fn decode(&self, hc: &HandlerConfig, msg: &RawMessage) -> Result<OutboxEvent, DecodeError> {
-        let layout = &self.layouts[hc.index];
+        let layout = &self.slots[hc.index].layout;
         let mut pause = REGISTRY_RETRY_INITIAL;
         loop {
             match self.decoder.decode(msg, layout).await {
@@ -319,13 +343,19 @@ impl Executor {
         let hold = hc.is_some_and(|h| h.on_dead.holds());
         if self.store.handling().hold_message(&id, msg, hold).await? {
             spans::ended_here(State::Held);
+            if let Some(hc) = hc {
+                self.slots[hc.index].tally.held();
+            }
             return Ok(());
         }
         warn!(event_id = %id, topic = %msg.topic, partition = msg.partition, offset = msg.offset, %reason,
             "message cannot be decoded; dead-lettered");
         spans::failed_here(&reason);
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
+        self.metrics.of(&msg.topic).dead.increment(1);
+        if let Some(hc) = hc {
+            self.slots[hc.index].tally.dead();
+        }
         let dlq = self.dead_letter(hc, msg, &reason, 0).await;
         let record = spans::record(State::Dead, self.changelog());
         self.store.handling().record_undecodable(&id, msg, reason, dlq, hold).instrument(record).await
@@ -370,44 +400,32 @@ impl Executor {
 
     /// Waits while the same id is in flight here, then (if the partition is still
     /// ours) claims and runs it.
-    async fn handle(
-        &self,
-        hc: &HandlerConfig,
-        handler: &dyn Handler,
-        event: OutboxEvent,
-        msg: &RawMessage,
-        owned: &Ownership<'_>,
-    ) -> Result<Executed, StoreError> {
+    async fn handle(&self, job: &Job<'_>) -> Result<Executed, StoreError> {
+        let event = job.event;
         let _live = live_guard(&self.live, &event.id).await;
-        let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
-        if !owned() {
-            info!(event_id = %event.id, %topic, partition, offset,
+        if !(job.owned)() {
+            let p = &event.position;
+            info!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset,
                 "partition moved while the event waited; left to its new owner");
             return Ok(Executed::Abandoned);
         }
-        self.claim_and_run(hc, handler, &event, msg, owned).await
+        self.claim_and_run(job).await
     }
 
     /// Claim, run with retries, record. Returns once the event is durably final,
     /// or abandoned between attempts because its partition may have moved.
-    async fn claim_and_run(
-        &self,
-        hc: &HandlerConfig,
-        handler: &dyn Handler,
-        event: &OutboxEvent,
-        msg: &RawMessage,
-        owned: &Ownership<'_>,
-    ) -> Result<Executed, StoreError> {
+    async fn claim_and_run(&self, job: &Job<'_>) -> Result<Executed, StoreError> {
+        let (hc, event) = (job.hc, job.event);
         // Before the claim: an event that waits for its receiver is not claimed yet,
         // so a crash meanwhile leaves nothing uncertain behind.
-        let admitted = self.circuits.get(hc.index).admit(owned).await;
+        let admitted = self.circuits.get(hc.index).admit(job.owned).await;
         if let Admit::Moved = admitted {
             let p = &event.position;
             info!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset,
                 "partition moved while the event waited for its receiver; left to its new owner");
             return Ok(Executed::Abandoned);
         }
-        let scope = hc.dedup_scope.of(&event.position.topic);
+        let scope = hc.dedup_scope.of(job.topic());
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
         let durable = hc.on_uncertain != OnUncertain::Retry;
@@ -418,11 +436,12 @@ impl Executor {
         };
         let _release = Release { store: &self.store, id: &event.id, scope };
         // A key that waits behind a dead or parked event holds this one (`on_dead = "hold"`).
-        let Some(claim) = self.store.handling().hold_behind(claim, hc.on_dead.holds(), msg).await? else {
+        let Some(claim) = self.store.handling().hold_behind(claim, hc.on_dead.holds(), job.msg).await? else {
             spans::ended_here(State::Held);
+            job.slot.tally.held();
             return Ok(Executed::Final);
         };
-        let Some(claimed) = self.resolve_claim(hc, handler, event, msg, claim).await? else {
+        let Some(claimed) = self.resolve_claim(job, claim).await? else {
             return Ok(Executed::Final);
         };
         if claimed.is_durable() {
@@ -430,27 +449,25 @@ impl Executor {
             let ack = spans::changelog_ack("claim", self.changelog());
             self.store.handling().log_claim(&claimed).instrument(ack).await?;
         }
-        self.run_attempts(hc, handler, event, msg, claimed, owned, admitted).await
+        self.run_attempts(job, claimed, admitted).await
     }
 
     /// What a claim comes to before the handler runs: `None` when the event is
     /// final already (a duplicate suppressed; parked or verified as done under
     /// `on_uncertain`), else the claim to run it under (a re-execution logged).
-    async fn resolve_claim(
-        &self,
-        hc: &HandlerConfig,
-        handler: &dyn Handler,
-        event: &OutboxEvent,
-        msg: &RawMessage,
-        claim: Claim,
-    ) -> Result<Option<Claimed>, StoreError> {
-        let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
+    async fn resolve_claim(&self, job: &Job<'_>, claim: Claim) -> Result<Option<Claimed>, StoreError> {
+        let (hc, event) = (job.hc, job.event);
+        let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
         Ok(Some(match claim {
             Claim::Finished { state, same_offset } => {
                 self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                let cause = if same_offset { "redelivered_offset" } else { "new_offset" };
-                metrics::counter!(names::DUPLICATES, "topic" => topic.clone(), "cause" => cause).increment(1);
-                info!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
+                job.slot.tally.duplicate();
+                let (cause, counter) = match same_offset {
+                    true => ("redelivered_offset", &job.metrics.redelivered),
+                    false => ("new_offset", &job.metrics.new_offset),
+                };
+                counter.increment(1);
+                debug!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
                 spans::ended_here("duplicate");
                 return Ok(None);
             }
@@ -458,7 +475,7 @@ impl Executor {
             Claim::Claimed(c) => {
                 let attempt = c.attempt();
                 self.counters.reexecuted.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(names::REEXECUTED, "topic" => topic.clone()).increment(1);
+                job.metrics.reexecuted.increment(1);
                 match hc.on_uncertain {
                     OnUncertain::Retry => {
                         warn!(event_id = %event.id, %topic, partition, offset, attempt,
@@ -466,16 +483,17 @@ impl Executor {
                     }
                     OnUncertain::Park => {
                         let reason = "parked: an earlier attempt's outcome is unknown (on_uncertain = park); resolve with `outboxd store resolve`";
-                        self.failed(hc, event, msg, c, State::Parked, reason.to_owned()).await?;
+                        self.failed(job, c, State::Parked, reason.to_owned()).await?;
                         return Ok(None);
                     }
-                    OnUncertain::Verify => match self.verify(hc, handler, event).await {
+                    OnUncertain::Verify => match self.verify(job).await {
                         Ok(Verified::Happened(outcome)) => {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
-                            self.counters.handled.fetch_add(1, Ordering::Relaxed);
                             let record = spans::record(State::Done, self.changelog());
                             self.store.handling().finish(c, State::Done, outcome).instrument(record).await?;
+                            self.counters.handled.fetch_add(1, Ordering::Relaxed);
+                            job.slot.tally.handled();
                             return Ok(None);
                         }
                         Ok(Verified::Missing) => {
@@ -483,7 +501,7 @@ impl Executor {
                                 "re-executing: verify found no trace of the earlier attempt");
                         }
                         Err(Unverified(reason)) => {
-                            self.failed(hc, event, msg, c, State::Dead, reason).await?;
+                            self.failed(job, c, State::Dead, reason).await?;
                             return Ok(None);
                         }
                     },
@@ -503,20 +521,16 @@ impl Executor {
     /// circuit is open (or that opens it) is not charged to the event's budget, and
     /// an event that waited for the circuit starts its budget afresh: `max_attempts`
     /// and `max_elapsed` measure failures of the event, not an outage.
-    #[allow(clippy::too_many_arguments)]
     async fn run_attempts(
         &self,
-        hc: &HandlerConfig,
-        handler: &dyn Handler,
-        event: &OutboxEvent,
-        msg: &RawMessage,
+        job: &Job<'_>,
         mut claimed: Claimed,
-        owned: &Ownership<'_>,
         admitted: Admit<'_>,
     ) -> Result<Executed, StoreError> {
-        let (topic, partition, offset) = (&event.position.topic, event.position.partition, event.position.offset);
+        let (hc, event) = (job.hc, job.event);
+        let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
         let circuit = self.circuits.get(hc.index);
-        let limiter = &self.limiters[hc.index];
+        let limiter = &job.slot.limiter;
         let mut attempt = claimed.attempt();
         let mut started = Instant::now();
         let mut delays = backoff(&hc.retry);
@@ -527,7 +541,7 @@ impl Executor {
         loop {
             let pass = match admitted.take() {
                 Some(a) => a,
-                None => circuit.admit(owned).await,
+                None => circuit.admit(job.owned).await,
             };
             let pass = match pass {
                 Admit::Go(pass) => pass,
@@ -537,7 +551,7 @@ impl Executor {
                     return Ok(Executed::Abandoned);
                 }
                 Admit::GaveUp(reason) => {
-                    self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
+                    self.failed(job, claimed, State::Dead, reason).await?;
                     return Ok(Executed::Final);
                 }
             };
@@ -561,14 +575,16 @@ impl Executor {
             inject_panic(&event.id);
             let t = Instant::now();
             let span = spans::call(attempt);
-            let result = handler.handle(event).instrument(span.clone()).await;
+            let result = job.handler.handle(event).instrument(span.clone()).await;
             match &result {
                 Ok(outcome) => spans::answered(&span, &outcome.0),
                 Err(e) => spans::failed(&span, e),
             }
             drop(span);
-            self.calls[hc.index].count(result.is_ok());
-            metrics::histogram!(names::HANDLER_SECONDS, "topic" => topic.clone()).record(t.elapsed().as_secs_f64());
+            let took = t.elapsed();
+            job.slot.calls.count(result.is_ok());
+            job.slot.tally.call(took);
+            job.metrics.handler_seconds.record(took.as_secs_f64());
             let health = Health::of(&result);
             let last_chance = charged + 1 >= hc.retry.max_attempts
                 || started.elapsed().saturating_add(hc.retry.max_backoff) >= hc.retry.max_elapsed;
@@ -579,17 +595,11 @@ impl Executor {
                 Ok(outcome) => {
                     let record = spans::record(State::Done, self.changelog());
                     self.store.handling().finish(claimed, State::Done, outcome.0.clone()).instrument(record).await?;
-                    self.counters.handled.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!(names::HANDLED, "topic" => topic.clone()).increment(1);
-                    if let Some(ts) = event.timestamp_ms {
-                        let age = (crate::store::now_us() / 1000 - ts).max(0) as f64 / 1000.0;
-                        metrics::histogram!(names::AGE_SECONDS, "topic" => topic.clone()).record(age);
-                    }
-                    info!(event_id = %event.id, %topic, partition, offset, attempt, outcome = %outcome.0, "event handled");
+                    self.handled(job, attempt, &outcome.0);
                     return Ok(Executed::Final);
                 }
                 Err(HandlerError::Permanent(reason)) => {
-                    self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
+                    self.failed(job, claimed, State::Dead, reason).await?;
                     return Ok(Executed::Final);
                 }
                 Err(HandlerError::Unavailable { reason, .. }) if open => {
@@ -606,13 +616,13 @@ impl Executor {
             charged += 1;
             let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
                 let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
-                self.failed(hc, event, msg, claimed, State::Dead, reason).await?;
+                self.failed(job, claimed, State::Dead, reason).await?;
                 return Ok(Executed::Final);
             };
             warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
-            metrics::counter!(names::RETRIED, "topic" => topic.clone()).increment(1);
+            job.metrics.retried.increment(1);
             tokio::time::sleep(delay).await;
-            if !owned() {
+            if !(job.owned)() {
                 warn!(event_id = %event.id, %topic, partition, offset, attempt, idempotency_key = %event.id,
                     "partition moved between attempts; not retrying here (its new owner runs it with the same idempotency key)");
                 return Ok(Executed::Abandoned);
@@ -620,17 +630,33 @@ impl Executor {
         }
     }
 
+    /// Counts an event recorded done by its handler's call. Its line is at `debug`
+    /// (the summary counts it at `info`), but for the first since start.
+    fn handled(&self, job: &Job<'_>, attempt: u32, outcome: &str) {
+        self.counters.handled.fetch_add(1, Ordering::Relaxed);
+        job.slot.tally.handled();
+        job.metrics.handled.increment(1);
+        let event = job.event;
+        if let Some(ts) = event.timestamp_ms {
+            let age = (crate::store::now_us() / 1000 - ts).max(0) as f64 / 1000.0;
+            job.metrics.age_seconds.record(age);
+        }
+        let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
+        if self.handled_once.swap(true, Ordering::Relaxed) {
+            debug!(event_id = %event.id, %topic, partition, offset, attempt, %outcome, "event handled");
+        } else {
+            info!(event_id = %event.id, %topic, partition, offset, attempt, %outcome,
+                "first event handled since start (the next ones are summed up every log.summary_interval)");
+        }
+    }
+
     /// Asks the receiver about an uncertain event, retrying the lookup like the handler.
-    async fn verify(
-        &self,
-        hc: &HandlerConfig,
-        handler: &dyn Handler,
-        event: &OutboxEvent,
-    ) -> Result<Verified, Unverified> {
+    async fn verify(&self, job: &Job<'_>) -> Result<Verified, Unverified> {
+        let (hc, event) = (job.hc, job.event);
         let started = Instant::now();
         let mut delays = backoff(&hc.retry);
         loop {
-            match handler.verify(event).await {
+            match job.handler.verify(event).await {
                 Ok(v) => return Ok(v),
                 Err(HandlerError::Permanent(reason)) => return Err(Unverified(reason)),
                 Err(
@@ -656,48 +682,23 @@ impl Executor {
     }
 
     /// Dead or parked: dead-letter it (when configured), then record it with the message copy.
-    async fn failed(
-        &self,
-        hc: &HandlerConfig,
-        event: &OutboxEvent,
-        msg: &RawMessage,
-        claimed: Claimed,
-        state: State,
-        reason: String,
-    ) -> Result<(), StoreError> {
+    async fn failed(&self, job: &Job<'_>, claimed: Claimed, state: State, reason: String) -> Result<(), StoreError> {
+        let (hc, msg) = (job.hc, job.msg);
         let attempt = claimed.attempt();
-        let p = &event.position;
-        error!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, attempt, %state, %reason,
+        let p = &job.event.position;
+        error!(event_id = %job.event.id, topic = %p.topic, partition = p.partition, offset = p.offset, attempt, %state, %reason,
             "event failed");
         spans::failed_here(&reason);
         let dlq = self.dead_letter(Some(hc), msg, &reason, attempt).await;
         let claimed = claimed.holding(hc.on_dead.holds(), msg);
-        let topic = p.topic.clone();
         let record = spans::record(state, self.changelog());
         self.store.handling().finish_failed(claimed, state, reason, msg, dlq).instrument(record).await?;
         // Counted once recorded, like a handled event: the counters never run ahead of the store.
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
-        let metric = if state == State::Parked { names::PARKED } else { names::DEAD };
-        metrics::counter!(metric, "topic" => topic).increment(1);
+        job.slot.tally.dead();
+        let counter = if state == State::Parked { &job.metrics.parked } else { &job.metrics.dead };
+        counter.increment(1);
         Ok(())
-    }
-}
-
-/// One handler's calls since start.
-#[derive(Debug, Default)]
-pub struct HandlerCalls {
-    /// Calls made (each attempt, re-runs included).
-    pub calls: AtomicU64,
-    /// Of those, calls that failed (any error: the event's or the receiver's).
-    pub failed: AtomicU64,
-}
-
-impl HandlerCalls {
-    fn count(&self, ok: bool) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        if !ok {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-        }
     }
 }
 

@@ -18,8 +18,10 @@ mod poll_tests;
 mod reader;
 mod restore;
 mod retry;
+mod slots;
 pub mod spans;
 mod standby;
+mod summary;
 mod worker;
 
 pub use circuit::CircuitView;

@@ -89,6 +89,8 @@ async fn pair(name: &str, max_poll_ms: &str) -> (Scenario, Outboxd) {
     for od in [&mut s.od, &mut b] {
         od.config.kafka_options.insert("max.poll.interval.ms".into(), max_poll_ms.into());
         od.config.max_in_flight = 8;
+        // Each event's "event handled" line (at `debug`): when it became durably done.
+        od.config.env.insert("OUTBOXD_LOG".into(), "info,outboxd::engine::executor=debug".into());
     }
     (s, b)
 }

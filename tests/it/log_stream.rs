@@ -91,3 +91,38 @@ async fn a_closed_log_pipe_drops_lines_and_loses_no_event() {
         assert!(!text.contains("\"done\""), "{id} could not be printed, yet it is done: {text}");
     }
 }
+
+/// The `info` log names no event that was handled or suppressed, but the first: each
+/// handler's summary line counts them (`log.summary_interval`), so a busy service writes
+/// a few lines a minute instead of one per event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handled_events_are_summed_up_not_logged_one_by_one() {
+    let Scenario { topic, receiver, mut od, producer, .. } = Scenario::new("log-summary", 2).await;
+    od.config.retry_extra = "\n[log]\nsummary_interval = \"1s\"\n".to_owned();
+    od.start();
+    od.wait_for_assignment().await;
+    let events = send(&producer, &topic, 30).await;
+    od.wait_until("30 events handled", HANDLED_TIMEOUT, || receiver.count_answered_ok(&events) == 30).await;
+    // Five of them again, at new offsets: suppressed.
+    for (i, id) in events.iter().take(5).enumerate() {
+        producer.send_event(&topic, &format!("k-{}", i % 5), id, None, &json!({"i": i})).await;
+    }
+    let sum = |field: &str| -> u64 {
+        harness::logs::log_lines(&od, "handler summary")
+            .iter()
+            .filter_map(|l| l.split(&format!(" {field}=")).nth(1)?.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    };
+    wait_until("the summaries to count 30 handled and 5 duplicates", HANDLED_TIMEOUT, || {
+        sum("handled") == 30 && sum("duplicates") == 5
+    })
+    .await;
+    assert_eq!(sum("calls"), 30, "one call per event:\n{}", od.log());
+    let named = harness::logs::log_lines(&od, "event handled");
+    assert_eq!(named.len(), 1, "only the first event handled has its line at info: {named:#?}");
+    assert!(named[0].contains("first event handled"), "{named:#?}");
+    assert!(!logged(&od, "duplicate suppressed"), "duplicates are counted, not named:\n{}", od.log());
+    for id in &events {
+        assert_eq!(receiver.handler_call_count(id), 1, "event {id}");
+    }
+}
