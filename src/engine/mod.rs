@@ -4,6 +4,8 @@
 
 mod circuit;
 mod concurrency;
+#[cfg(feature = "internals")]
+pub mod cost;
 mod executor;
 mod fatal;
 mod follow;
