@@ -179,17 +179,23 @@ async fn process(shared: &Shared, job: &Job) {
     }
     let partition = PartitionId::new(&msg.topic, msg.partition);
     // No event of a partition begins before its changelog is restored (the
-    // consumer pauses it; this holds what was fetched before the pause).
-    while shared.tracker.lock().is_restoring(&partition, job.generation) {
-        if shared.exec.stopped() {
-            return;
+    // consumer pauses it; this holds what was fetched before the pause). A partition
+    // being revoked (or already reassigned) starts nothing new: its next owner reads
+    // from the last committed offset. One look at the tracker for both, as a rule.
+    loop {
+        let started = {
+            let mut tracker = shared.tracker.lock();
+            match tracker.is_restoring(&partition, job.generation) {
+                true => None,
+                false => Some(tracker.start_running(&partition, job.generation)),
+            }
+        };
+        match started {
+            Some(true) => break,
+            Some(false) => return,
+            None if shared.exec.stopped() => return,
+            None => tokio::time::sleep(RESTORE_WAIT).await,
         }
-        tokio::time::sleep(RESTORE_WAIT).await;
-    }
-    // A partition being revoked (or already reassigned) starts nothing new: its next
-    // owner reads from the last committed offset.
-    if !shared.tracker.lock().start_running(&partition, job.generation) {
-        return;
     }
     let owned = || shared.tracker.lock().owns(&partition, job.generation);
     // A bug (a panic) while handling one message must not take its key's chain and
