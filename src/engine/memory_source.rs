@@ -188,4 +188,6 @@ impl Source for MemorySource {
     fn restore_wakeup(&self) -> Arc<Notify> {
         self.restore_wakeup.clone()
     }
+
+    async fn leave(&self, _within: std::time::Duration) {}
 }

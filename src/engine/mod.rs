@@ -288,6 +288,8 @@ impl Engine {
         }
         let finished = tracker.lock().committable();
         self.shared.consumer.commit_now(&finished);
+        // Bounded like the drain; it takes a few milliseconds when the brokers answer.
+        self.shared.consumer.leave(self.drain_timeout).await;
         failure
     }
 

@@ -163,6 +163,9 @@ fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
     tpl
 }
 
+/// How long one poll of [`Source::leave`] waits for the revoke.
+const LEAVE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The subscribed consumer. Offsets are stored by us only after an event is
 /// durably finished; librdkafka commits what was stored.
 pub struct Consumer {
@@ -273,6 +276,35 @@ impl Source for Consumer {
 
     fn restore_wakeup(&self) -> Arc<tokio::sync::Notify> {
         self.inner.context().restore_wakeup.clone()
+    }
+
+    /// Unsubscribes and polls until the revoke has given every partition back. librdkafka
+    /// can hang in its close when an assignment arrives while it closes (seen here as a
+    /// process that logged `outboxd stopped` and never exited; librdkafka#4527 and
+    /// #4884 name the same close): with nothing assigned and no subscription, the close
+    /// that follows has nothing of the group left to do. A message fetched before the
+    /// unsubscribe is dropped unhandled: its offset was never stored, its next owner
+    /// reads it.
+    async fn leave(&self, within: std::time::Duration) {
+        self.inner.unsubscribe();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let assigned = self.inner.assignment().map_or(0, |a| a.count());
+            if assigned == 0 {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                warn!(assigned, ?within, "the group did not take the partitions back before the client closes");
+                return;
+            }
+            // The revoke runs inside the poll.
+            match tokio::time::timeout(LEAVE_POLL, self.inner.recv()).await {
+                // A failed client gives nothing back any more; its close is all there is.
+                Ok(Err(RdError::MessageConsumptionFatal(_))) => return,
+                Ok(Err(_)) => tokio::time::sleep(LEAVE_POLL).await,
+                Ok(Ok(_)) | Err(_) => {}
+            }
+        }
     }
 }
 

@@ -47,6 +47,9 @@ pub trait Source: Send + Sync {
     fn commit_now(&self, offsets: &[(PartitionId, i64)]);
     /// Notified when partitions were assigned that must be restored first.
     fn restore_wakeup(&self) -> Arc<Notify>;
+    /// Leaves the group at the end of the drain (its revoke served here, within
+    /// `within`), so that closing the client has no assignment left to give back.
+    async fn leave(&self, within: std::time::Duration);
 }
 
 /// Partitions were assigned: each gets a new generation in `tracker`. When they must
