@@ -80,7 +80,6 @@ pub async fn retention(store: Arc<Store>, interval: Duration, stop: Cancellation
     }
 }
 
-/// Waits for the next tick (the first is at once): false once `stop` is cancelled.
 /// Each handler's summary line every `log.summary_interval`, and a last one (what
 /// the drain finished) once stopped.
 pub async fn log_summary(exec: Arc<Executor>, interval: Duration, stop: CancellationToken) {
@@ -91,6 +90,7 @@ pub async fn log_summary(exec: Arc<Executor>, interval: Duration, stop: Cancella
     exec.log_summary();
 }
 
+/// Waits for the next tick (the first is at once): false once `stop` is cancelled.
 async fn ticked(tick: &mut tokio::time::Interval, stop: &CancellationToken) -> bool {
     tokio::select! {
         () = stop.cancelled() => false,

@@ -295,7 +295,7 @@ impl Executor {
             "handling failed unexpectedly; recorded dead so that its key and partition go on");
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::PANICS, "topic" => msg.topic.clone()).increment(1);
-        metrics::counter!(names::DEAD, "topic" => msg.topic.clone()).increment(1);
+        self.metrics.of(&msg.topic).dead.increment(1);
         let hc = self.config.handler_for(&msg.topic);
         let dlq = self.dead_letter(hc, msg, &reason, 0).await;
         let hold = hc.is_some_and(|h| h.on_dead.holds());
@@ -642,7 +642,8 @@ impl Executor {
             job.metrics.age_seconds.record(age);
         }
         let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
-        if self.handled_once.swap(true, Ordering::Relaxed) {
+        // Read first: a swap on every event would write the shared flag every time.
+        if self.handled_once.load(Ordering::Relaxed) || self.handled_once.swap(true, Ordering::Relaxed) {
             debug!(event_id = %event.id, %topic, partition, offset, attempt, %outcome, "event handled");
         } else {
             info!(event_id = %event.id, %topic, partition, offset, attempt, %outcome,
