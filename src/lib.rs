@@ -74,7 +74,8 @@
 //!   them held, and the steps of running them. `store::view`: records, stats, the audit and message copies as the
 //!   wire views.
 //!   `store::changelog`: with `[store.changelog]` the store is a cache of changelog partitions: final
-//!   records also go to Kafka (awaited with the group commit), restores apply them, checkpoints say how far;
+//!   records also go to Kafka (awaited with the group commit: `store::changelog::settling` wakes the writer once
+//!   both are in), restores apply them, checkpoints say how far;
 //!   with `key`, each carries a MAC (`store::changelog::mac`) and reads apply only records that check.
 //!   `store::publish`: records written while the changelog was off, copied into it (resumably) before
 //!   anything is handled, and the marker that says the changelog has them all.

@@ -14,8 +14,11 @@ use rdkafka::admin::{
 };
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaError as ClientError;
+use rdkafka::Message as _;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{debug, info, warn};
 
@@ -23,7 +26,7 @@ use super::health::{serving_events, BrokerHealth, ClientCtx};
 use super::KafkaError;
 use crate::config::{ChangelogConfig, Config, KafkaConfig};
 use crate::store::changelog::mac::{self, Keys};
-use crate::store::changelog::{Acked, Entry, SendError, SendFuture, Sink};
+use crate::store::changelog::{Acked, Delivered, Entry, SendError, SendFuture, Settling, Sink};
 
 /// How long a metadata request or a topic creation may take at start-up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -366,27 +369,119 @@ pub async fn ensure_one(
     ensure(kafka, changelog, retention, &plan).await
 }
 
+/// How long a send waits before it tries a full client queue again.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
+
 /// Writes changelog records, waiting for the broker's acknowledgement.
 pub struct ChangelogProducer {
-    producer: FutureProducer<ClientCtx>,
+    producer: Arc<ThreadedProducer<ChangelogCtx>>,
     /// Whether the brokers are reachable: while they are not, a resend is no news.
     health: Arc<BrokerHealth>,
     changelog: ChangelogConfig,
     /// Signs every record with `store.changelog.key` (when set).
-    keys: Keys,
+    keys: Arc<Keys>,
+}
+
+/// The changelog producer's client context: the client's health and log lines,
+/// and the delivery reports, which complete each entry's [`Settling`] on the
+/// producer's polling thread (no future, no channel, no task per record).
+struct ChangelogCtx {
+    client: ClientCtx,
+    health: Arc<BrokerHealth>,
+}
+
+impl ClientContext for ChangelogCtx {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.client.log(level, fac, log_message);
+    }
+
+    fn error(&self, error: ClientError, reason: &str) {
+        self.client.error(error, reason);
+    }
+}
+
+impl ProducerContext for ChangelogCtx {
+    type DeliveryOpaque = Arc<Settling>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, settling: Arc<Settling>) {
+        settling.delivered(match result {
+            Ok(m) => Delivered::Acked(Acked {
+                changelog_topic: m.topic().to_owned(),
+                partition: m.partition(),
+                offset: m.offset(),
+            }),
+            Err((error, m)) => judge(error, m.topic(), m.partition(), &self.health),
+        });
+    }
+}
+
+/// What a failed attempt means: the partition is gone, the brokers refuse the
+/// record for good, or it is worth sending again (said in the log once per attempt).
+fn judge(error: &ClientError, topic: &str, partition: i32, health: &BrokerHealth) -> Delivered {
+    if missing(error) {
+        return Delivered::Failed(gone(topic, partition));
+    }
+    if fatal(error) {
+        let changelog_topic = topic.to_owned();
+        return Delivered::Failed(SendError::Refused { changelog_topic, partition, error: error.clone().into() });
+    }
+    if health.reachable() {
+        warn!(%error, changelog_topic = %topic, partition,
+            "changelog write failed; sending it again (the event's offset waits)");
+    } else {
+        // The outage has its own lines; every waiting record would repeat them.
+        debug!(%error, changelog_topic = %topic, partition,
+            "changelog write failed while the brokers are unreachable; sending it again");
+    }
+    Delivered::Again
 }
 
 impl ChangelogProducer {
     /// An idempotent producer with acks=all for the changelog topics of
     /// `changelog`, signing what it writes with its key.
     pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<ChangelogProducer, KafkaError> {
-        let ctx = ClientCtx::new(kafka, "changelog");
+        let client = ClientCtx::new(kafka, "changelog");
+        let health = client.health().clone();
+        let ctx = ChangelogCtx { client, health: health.clone() };
         Ok(ChangelogProducer {
-            health: ctx.health().clone(),
-            producer: super::options::changelog_producer(kafka, changelog).create_with_context(ctx)?,
+            health,
+            producer: Arc::new(super::options::changelog_producer(kafka, changelog).create_with_context(ctx)?),
             changelog: changelog.clone(),
-            keys: Keys::new(changelog),
+            keys: Arc::new(Keys::new(changelog)),
         })
+    }
+
+}
+
+/// Hands `entry` to the client once; `settling` hears what became of it. A full
+/// client queue gives `settling` back untold (the caller waits and tries again).
+fn produce(
+    producer: &ThreadedProducer<ChangelogCtx>,
+    topic: &str,
+    entry: &Entry,
+    keys: &Keys,
+    settling: Arc<Settling>,
+    health: &BrokerHealth,
+) -> Result<(), Arc<Settling>> {
+    // The MAC covers the topic and partition it is sent to (set here, never left to a partitioner).
+    let mac = keys.sign(topic, entry.partition, &entry.key, entry.value.as_deref());
+    let mut record: BaseRecord<'_, [u8], [u8], Arc<Settling>> =
+        BaseRecord::with_opaque_to(topic, settling).partition(entry.partition).key(entry.key.as_slice());
+    if let Some(value) = &entry.value {
+        record = record.payload(value.as_slice());
+    }
+    if let Some(mac) = &mac {
+        record = record.headers(OwnedHeaders::new().insert(Header { key: mac::HEADER, value: Some(&mac[..]) }));
+    }
+    match producer.send(record) {
+        Ok(()) => Ok(()),
+        Err((error, record)) if error.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) => {
+            Err(record.delivery_opaque)
+        }
+        Err((error, record)) => {
+            record.delivery_opaque.delivered(judge(&error, topic, entry.partition, health));
+            Ok(())
+        }
     }
 }
 
@@ -396,42 +491,25 @@ impl Sink for ChangelogProducer {
     /// take it or the producer is unusable.
     fn send(&self, entry: Entry) -> SendFuture {
         let topic = self.changelog.topic_for(&entry.topic);
-        let (producer, health) = (self.producer.clone(), self.health.clone());
-        // The MAC covers the topic and partition it is sent to (set here, never left to a partitioner).
-        let mac = self.keys.sign(&topic, entry.partition, &entry.key, entry.value.as_deref());
+        let (producer, health, keys) = (self.producer.clone(), self.health.clone(), self.keys.clone());
         Box::pin(async move {
             let mut pause = RESEND_INITIAL;
             loop {
-                let mut record: FutureRecord<'_, [u8], [u8]> =
-                    FutureRecord::to(&topic).partition(entry.partition).key(entry.key.as_slice());
-                if let Some(value) = &entry.value {
-                    record = record.payload(value.as_slice());
+                let settling = Settling::delivery_only();
+                let mut handed = settling.clone();
+                while let Err(back) = produce(&producer, &topic, &entry, &keys, handed, &health) {
+                    handed = back;
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
                 }
-                if let Some(mac) = &mac {
-                    record =
-                        record.headers(OwnedHeaders::new().insert(Header { key: mac::HEADER, value: Some(&mac[..]) }));
-                }
-                match producer.send(record, rdkafka::util::Timeout::Never).await {
-                    Ok(d) => return Ok(Acked { changelog_topic: topic, partition: d.partition, offset: d.offset }),
-                    Err((error, _)) if missing(&error) => return Err(gone(&topic, entry.partition)),
-                    Err((error, _)) if fatal(&error) => {
-                        let (changelog_topic, partition) = (topic, entry.partition);
-                        return Err(SendError::Refused { changelog_topic, partition, error: error.into() });
-                    }
-                    Err((error, _)) => {
+                match settling.settled().await.1 {
+                    Delivered::Acked(acked) => return Ok(acked),
+                    Delivered::Failed(error) => return Err(error),
+                    Delivered::Again => {
                         // librdkafka may only time out on a topic deleted under it: ask, while the
                         // brokers can answer (unreachable ones could not say, and the question would
                         // hold a blocking thread for ADMIN_TIMEOUT after its caller gave up).
                         if health.reachable() && !exists(&producer, &topic, entry.partition).await {
                             return Err(gone(&topic, entry.partition));
-                        }
-                        if health.reachable() {
-                            warn!(%error, changelog_topic = %topic, partition = entry.partition, ?pause,
-                                "changelog write failed; sending it again (the event's offset waits)");
-                        } else {
-                            // The outage has its own lines; every waiting record would repeat them.
-                            debug!(%error, changelog_topic = %topic, partition = entry.partition, ?pause,
-                                "changelog write failed while the brokers are unreachable; sending it again");
                         }
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(RESEND_MAX);
@@ -440,6 +518,14 @@ impl Sink for ChangelogProducer {
             }
         })
     }
+
+    /// One attempt; a full client queue is told as one to make again.
+    fn send_settling(&self, entry: Entry, settling: Arc<Settling>) {
+        let topic = self.changelog.topic_for(&entry.topic);
+        if let Err(settling) = produce(&self.producer, &topic, &entry, &self.keys, settling, &self.health) {
+            settling.delivered(Delivered::Again);
+        }
+    }
 }
 
 fn gone(topic: &str, partition: i32) -> SendError {
@@ -447,7 +533,7 @@ fn gone(topic: &str, partition: i32) -> SendError {
 }
 
 /// Whether the broker still lists the changelog partition (true when it cannot be asked).
-async fn exists(producer: &FutureProducer<ClientCtx>, topic: &str, partition: i32) -> bool {
+async fn exists(producer: &Arc<ThreadedProducer<ChangelogCtx>>, topic: &str, partition: i32) -> bool {
     let (producer, topic) = (producer.clone(), topic.to_owned());
     let answer = tokio::task::spawn_blocking(move || {
         use rdkafka::producer::Producer as _;

@@ -109,7 +109,29 @@ impl BlobFiles {
     }
 }
 
-type Waiter = oneshot::Sender<SyncResult>;
+/// Told the outcome of the batch that covered a write, by the sync thread (a
+/// write that also waits for something else: see `changelog::settling`).
+pub trait OnDurable: Send + Sync {
+    /// Everything written before the wait began is durable (or why not).
+    fn on_durable(&self, result: SyncResult);
+}
+
+/// Who waits for a batch: a writer's channel, or a joined wait.
+enum Waiter {
+    Channel(oneshot::Sender<SyncResult>),
+    Joined(Arc<dyn OnDurable>),
+}
+
+impl Waiter {
+    fn answer(self, result: SyncResult) {
+        match self {
+            Waiter::Channel(tx) => {
+                let _ = tx.send(result);
+            }
+            Waiter::Joined(w) => w.on_durable(result),
+        }
+    }
+}
 
 /// The writers waiting for the next batch, and how the sync thread is to be woken.
 #[derive(Default)]
@@ -130,10 +152,21 @@ struct Queued {
     closed: bool,
 }
 
-/// Why a writer could not queue.
+/// Why a writer could not queue (its waiter given back).
 enum Refused {
     Full(Waiter),
-    Closed,
+    Closed(Waiter),
+}
+
+/// How long a writer waits before it tries a full queue again.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(1);
+
+fn closed() -> Arc<std::io::Error> {
+    Arc::new(std::io::Error::other("store is closed"))
+}
+
+fn stopped() -> Arc<std::io::Error> {
+    Arc::new(std::io::Error::other("store sync thread stopped"))
 }
 
 impl Queue {
@@ -144,7 +177,7 @@ impl Queue {
     fn push(&self, waiter: Waiter) -> Result<(), Refused> {
         let mut q = self.lock();
         if q.closed {
-            return Err(Refused::Closed);
+            return Err(Refused::Closed(waiter));
         }
         if q.waiters.len() >= QUEUE_CAPACITY {
             return Err(Refused::Full(waiter));
@@ -192,38 +225,49 @@ impl Syncer {
     /// Resolves once everything written before this call is durable.
     pub async fn durable(&self) -> SyncResult {
         let (done_tx, done_rx) = oneshot::channel();
-        // The queue is far larger than the writers in flight; a full queue only delays.
-        let mut pending = done_tx;
-        loop {
-            match self.queue.push(pending) {
-                Ok(()) => break,
-                Err(Refused::Full(back)) => {
-                    pending = back;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                Err(Refused::Closed) => return Err(Arc::new(std::io::Error::other("store is closed"))),
-            }
-        }
-        done_rx.await.unwrap_or_else(|_| Err(Arc::new(std::io::Error::other("store sync thread stopped"))))
+        self.queue_waiter(Waiter::Channel(done_tx)).await;
+        done_rx.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// Tells `waiter` once everything written before this call is durable
+    /// (or why not), from the sync thread: the caller is not woken for it.
+    pub async fn durable_then(&self, waiter: Arc<dyn OnDurable>) {
+        self.queue_waiter(Waiter::Joined(waiter)).await;
     }
 
     /// [`Syncer::durable`] for a thread outside the async runtime (a restore's):
     /// blocks it until everything written before this call is durable.
     pub fn durable_blocking(&self) -> SyncResult {
-        let stopped = || Arc::new(std::io::Error::other("store sync thread stopped"));
         let (done_tx, done_rx) = oneshot::channel();
-        let mut pending = done_tx;
-        loop {
-            match self.queue.push(pending) {
-                Ok(()) => break,
-                Err(Refused::Full(back)) => {
-                    pending = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(Refused::Closed) => return Err(Arc::new(std::io::Error::other("store is closed"))),
-            }
+        let mut pending = Waiter::Channel(done_tx);
+        while let Err(back) = self.try_queue(pending) {
+            pending = back;
+            std::thread::sleep(QUEUE_FULL_PAUSE);
         }
         done_rx.blocking_recv().unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// Queues `waiter` for the next batch. The queue is far larger than the
+    /// writers in flight: a full queue only delays.
+    async fn queue_waiter(&self, waiter: Waiter) {
+        let mut pending = waiter;
+        while let Err(back) = self.try_queue(pending) {
+            pending = back;
+            tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+        }
+    }
+
+    /// Queues `waiter`, or gives it back when the queue is full. A closed
+    /// store answers it at once.
+    fn try_queue(&self, waiter: Waiter) -> Result<(), Waiter> {
+        match self.queue.push(waiter) {
+            Ok(()) => Ok(()),
+            Err(Refused::Full(back)) => Err(back),
+            Err(Refused::Closed(back)) => {
+                back.answer(Err(closed()));
+                Ok(())
+            }
+        }
     }
 
     #[cfg(test)]
@@ -315,7 +359,7 @@ fn run(
             s.blob_files_synced += blobs;
         }
         for w in waiters {
-            let _ = w.send(result.clone().map(drop));
+            w.answer(result.clone().map(drop));
         }
     }
 }

@@ -117,6 +117,19 @@ pub enum SendError {
 pub trait Sink: Send + Sync {
     /// Sends `entry` to the changelog partition of its source partition.
     fn send(&self, entry: Entry) -> SendFuture;
+
+    /// Sends `entry` once and tells `settling` what became of it, without a
+    /// future of its own (a final record's path: see [`settling`]). By default
+    /// through [`Sink::send`] on a task of the runtime.
+    fn send_settling(&self, entry: Entry, settling: Arc<Settling>) {
+        let sent = self.send(entry);
+        tokio::spawn(async move {
+            settling.delivered(match sent.await {
+                Ok(acked) => Delivered::Acked(acked),
+                Err(e) => Delivered::Failed(e),
+            })
+        });
+    }
 }
 
 /// One record read from a changelog partition.
@@ -440,17 +453,25 @@ impl Store {
 
     /// Waits until `r`, just written, is durable here and, with a changelog,
     /// acknowledged there: both at once, so the broker's round trip and the
-    /// local flush overlap.
+    /// local flush overlap, and the writer is woken once, when both are in
+    /// ([`Settling`]). An attempt the client gave up on is sent again (and again)
+    /// until the broker takes it or never will.
     pub(super) async fn settle(&self, r: &Record) -> Result<(), StoreError> {
-        let sent = self.send_change(Change::Now(r))?;
-        let (local, acked) = tokio::join!(self.durable(), async {
-            match sent {
-                Some(sent) => sent.await.map(Some),
-                None => Ok(None),
-            }
-        });
-        local?;
-        self.acknowledged(acked.map_err(StoreError::Changelog)?);
+        let Some(sink) = self.changelog.sink() else {
+            self.written_without_changelog()?;
+            return self.durable().await;
+        };
+        let settling = Settling::new();
+        sink.send_settling(self.entry(Change::Now(r))?, settling.clone());
+        self.sync.durable_then(settling.clone()).await;
+        let (local, delivered) = settling.settled().await;
+        local.map_err(StoreError::Sync)?;
+        let acked = match delivered {
+            Delivered::Acked(acked) => acked,
+            Delivered::Failed(e) => return Err(StoreError::Changelog(e)),
+            Delivered::Again => sink.send(self.entry(Change::Now(r))?).await.map_err(StoreError::Changelog)?,
+        };
+        self.acknowledged(Some(acked));
         Ok(())
     }
 
@@ -485,6 +506,11 @@ impl Store {
             self.written_without_changelog()?;
             return Ok(None);
         };
+        Ok(Some(sink.send(self.entry(change)?)))
+    }
+
+    /// The changelog entry of `change`.
+    fn entry(&self, change: Change<'_>) -> Result<Entry, StoreError> {
         let (r, value) = match change {
             Change::Now(r) if r.in_chain() => {
                 (r, Some(entry_value_with_copy(r, self.copy_for_changelog(r)?.as_deref())?))
@@ -492,7 +518,7 @@ impl Store {
             Change::Now(r) => (r, Some(entry_value(r)?)),
             Change::Gone(r) => (r, None),
         };
-        Ok(Some(sink.send(Entry { topic: r.topic.clone(), partition: r.partition, key: entry_key(r), value })))
+        Ok(Entry { topic: r.topic.clone(), partition: r.partition, key: entry_key(r), value })
     }
 
     /// This instance's write is acknowledged (and durable here): the checkpoint may follow it.
@@ -660,6 +686,8 @@ mod runs;
 pub use apply::{Collapsed, Restoring};
 
 pub mod mac;
+pub mod settling;
+pub use settling::{Delivered, Settling};
 
 #[cfg(test)]
 pub(in crate::store) mod tests;
