@@ -11,7 +11,7 @@ use crate::event::{OutboxEvent, RawMessage};
 
 impl Store {
     /// The key of `r` (its scope gets an id if it has none yet).
-    pub(super) fn key_of(&self, r: &Record) -> Result<Vec<u8>, StoreError> {
+    pub(super) fn key_of(&self, r: &Record) -> Result<keys::KeyBuf, StoreError> {
         let scope = match &r.scope {
             Some(s) => self.names.id(s)?,
             None => keys::LEGACY_SCOPE,

@@ -16,7 +16,13 @@
 //! stay deduplicated until the records expire. The records of one id are
 //! neighbours: a prefix scan finds them for `outboxd store get ID`.
 
-use super::varint::{self, Reader};
+use smallvec::SmallVec;
+
+use super::varint::Reader;
+
+/// A key built on the stack: a UUID's record key (17 bytes and a scope varint)
+/// fits, so looking up or writing a record allocates nothing for its key.
+pub type KeyBuf = SmallVec<[u8; 24]>;
 
 /// The key space of messages that could not be decoded (and of those whose
 /// handling hit a bug): no topic can be named like this (Kafka allows
@@ -30,14 +36,14 @@ const TAG_UUID_UPPER: u8 = 2;
 const TAG_BYTES: u8 = 3;
 
 /// The event key of `id`: 17 bytes for a UUID, else about the id's length + 3.
-pub fn event_key(id: &str) -> Vec<u8> {
+pub fn event_key(id: &str) -> KeyBuf {
     if let Some((bytes, upper)) = parse_uuid(id) {
-        let mut k = Vec::with_capacity(17);
+        let mut k = KeyBuf::new();
         k.push(if upper { TAG_UUID_UPPER } else { TAG_UUID_LOWER });
         k.extend_from_slice(&bytes);
         return k;
     }
-    let mut k = Vec::with_capacity(id.len() + 3);
+    let mut k = KeyBuf::with_capacity(id.len() + 3);
     k.push(TAG_BYTES);
     for &b in id.as_bytes() {
         k.push(b);
@@ -50,10 +56,15 @@ pub fn event_key(id: &str) -> Vec<u8> {
 }
 
 /// The record key of an event key in a scope.
-pub fn record_key(event_key: &[u8], scope: u32) -> Vec<u8> {
-    let mut k = Vec::with_capacity(event_key.len() + 2);
-    k.extend_from_slice(event_key);
-    varint::put_u64(&mut k, u64::from(scope));
+pub fn record_key(event_key: &[u8], scope: u32) -> KeyBuf {
+    let mut k = KeyBuf::from_slice(event_key);
+    // The varint of `varint::put_u64`, into the inline buffer.
+    let mut v = scope;
+    while v >= 0x80 {
+        k.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    k.push(v as u8);
     k
 }
 
@@ -116,9 +127,9 @@ pub fn cursor(id: &str, scope: Option<&str>) -> String {
 /// page starts past every record of that id).
 pub fn parse_cursor(cursor: &str) -> (Vec<u8>, Option<Option<String>>) {
     match cursor.rsplit_once('\0') {
-        Some((id, LEGACY_CURSOR)) => (event_key(id), Some(None)),
-        Some((id, scope)) => (event_key(id), Some(Some(scope.to_owned()))),
-        None => (event_key(cursor), None),
+        Some((id, LEGACY_CURSOR)) => (event_key(id).to_vec(), Some(None)),
+        Some((id, scope)) => (event_key(id).to_vec(), Some(Some(scope.to_owned()))),
+        None => (event_key(cursor).to_vec(), None),
     }
 }
 
@@ -217,9 +228,16 @@ mod tests {
     }
 
     #[test]
+    fn a_uuids_record_key_is_built_without_the_heap() {
+        let key = record_key(&event_key("3f2504e0-4f89-41d3-9a0c-0305e82c3301"), u32::MAX);
+        assert_eq!(key.len(), 17 + 5);
+        assert!(!key.spilled(), "the key of the usual outbox id fits the inline buffer");
+    }
+
+    #[test]
     fn keys_sort_like_ids() {
         let ids = ["", "a", "a\0", "a\0b", "ab", "b", "e2", "e20", "e4x", "e5"];
-        let keys: Vec<Vec<u8>> = ids.iter().map(|id| record_key(&event_key(id), 9)).collect();
+        let keys: Vec<Vec<u8>> = ids.iter().map(|id| record_key(&event_key(id), 9).to_vec()).collect();
         assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
         let past_e4x = past(&event_key("e4x"));
         assert!(past_e4x > keys[8] && past_e4x < keys[9]);
@@ -229,9 +247,9 @@ mod tests {
     fn a_cursor_names_the_record_and_bare_ids_still_work() {
         let c = cursor("a\0b", Some("orders"));
         assert!(c.starts_with("a\0b"), "a cursor starts with the event id");
-        assert_eq!(parse_cursor(&c), (event_key("a\0b"), Some(Some("orders".to_owned()))));
+        assert_eq!(parse_cursor(&c), (event_key("a\0b").to_vec(), Some(Some("orders".to_owned()))));
         assert_eq!(parse_cursor(&cursor("42", Some(""))).1, Some(Some(String::new())));
-        assert_eq!(parse_cursor(&cursor("42", None)), (event_key("42"), Some(None)));
-        assert_eq!(parse_cursor("e2"), (event_key("e2"), None));
+        assert_eq!(parse_cursor(&cursor("42", None)), (event_key("42").to_vec(), Some(None)));
+        assert_eq!(parse_cursor("e2"), (event_key("e2").to_vec(), None));
     }
 }

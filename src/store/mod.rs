@@ -80,7 +80,7 @@ pub fn page_cursor(r: &Record) -> String {
 /// The key of an event's record outside this store (a changelog topic): 17
 /// bytes for a UUID id (see `keys`).
 pub fn event_key(id: &str) -> Vec<u8> {
-    keys::event_key(id)
+    keys::event_key(id).into_vec()
 }
 
 const META_TREE: &str = "meta";

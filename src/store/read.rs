@@ -278,7 +278,7 @@ impl Store {
                     Some(s) => self.names.find(&s),
                 };
                 match scope {
-                    Some(scope) => Bound::Excluded(keys::record_key(&event, scope)),
+                    Some(scope) => Bound::Excluded(keys::record_key(&event, scope).to_vec()),
                     // A scope this store never had: no record of it, start past the id.
                     None => Bound::Included(keys::past(&event)),
                 }
@@ -297,7 +297,7 @@ impl Store {
             .filter(|r| wanted(r))
             .filter_map(|r| {
                 let scope = self.names.find(r.scope.as_deref()?)?;
-                Some((keys::record_key(&keys::event_key(&r.event_id), scope), r))
+                Some((keys::record_key(&keys::event_key(&r.event_id), scope).to_vec(), r))
             })
             .filter(|(k, _)| match start {
                 Bound::Unbounded => true,

@@ -386,7 +386,7 @@ impl Store {
             let Some((r, copy)) = self.live_entry(source_topic, rec, value, now) else { continue };
             let scope_id = names.id(r.scope.as_deref().unwrap_or(source_topic))?;
             let Some((event_key, _)) = key_parts(&rec.key) else { continue };
-            match pending.entry(keys::record_key(event_key, scope_id)) {
+            match pending.entry(keys::record_key(event_key, scope_id).to_vec()) {
                 Slot::Occupied(mut slot) => {
                     let before = Written::of(&slot.get().record);
                     if Written::of(&r).is_older(before, self.changelog.skew_us) {

@@ -337,7 +337,7 @@ pub fn entry_key(r: &Record) -> Vec<u8> {
         key.push(SCOPE_TAG);
         key.extend_from_slice(scope.as_bytes());
     }
-    key
+    key.into_vec()
 }
 
 /// The changelog value of a record: self-contained, times absolute.

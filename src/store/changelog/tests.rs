@@ -109,7 +109,7 @@ fn a_changelog_record_is_self_contained_small_and_round_trips() {
     r.outcome = Some("http 201".into());
     r.duplicates = 4;
     let (key, value) = (entry_key(&r), entry_value(&r).unwrap());
-    assert_eq!(key, keys::event_key(uuid), "the scope is the topic: the key is the event key alone");
+    assert_eq!(key, keys::event_key(uuid).to_vec(), "the scope is the topic: the key is the event key alone");
     assert!(key.len() + value.len() <= 100, "{} + {} bytes", key.len(), value.len());
     let back = decode_entry(&position.topic, &key, &value).unwrap();
     assert_eq!(back, Record { duplicates: 0, ..r.clone() }, "the duplicate count stays local");
@@ -135,7 +135,7 @@ async fn a_final_record_goes_to_the_changelog_partition_of_its_source_partition(
     handle(&store, "e2", "t", 0, 11, "").await;
     let entries = sink.entries.lock().unwrap().clone();
     assert_eq!(entries.iter().map(|(_, e)| (e.topic.as_str(), e.partition)).collect::<Vec<_>>(), [("t", 2), ("t", 0)]);
-    assert_eq!(entries[0].1.key, keys::event_key("e1"));
+    assert_eq!(entries[0].1.key, keys::event_key("e1").to_vec());
     assert!(entries[1].1.key.ends_with(&[SCOPE_TAG]), "the shared scope (\"\") is named in the key");
 }
 
@@ -258,11 +258,11 @@ async fn every_repair_goes_to_the_changelog_partition_of_its_record() {
     assert_eq!(
         sent(&sink, "t", before),
         [
-            (1, keys::event_key("done"), None),
-            (3, keys::event_key("parked"), Some(State::Done)),
-            (2, keys::event_key("dead"), Some(State::Claimed)),
-            (0, keys::event_key("rerun"), Some(State::Claimed)),
-            (0, keys::event_key("rerun"), None),
+            (1, keys::event_key("done").to_vec(), None),
+            (3, keys::event_key("parked").to_vec(), Some(State::Done)),
+            (2, keys::event_key("dead").to_vec(), Some(State::Claimed)),
+            (0, keys::event_key("rerun").to_vec(), Some(State::Claimed)),
+            (0, keys::event_key("rerun").to_vec(), None),
         ]
     );
     let resolved = sink.entries.lock().unwrap()[before + 1].1.clone();
