@@ -61,6 +61,7 @@ impl Store {
 
     async fn mark_complete(&self) -> Result<(), StoreError> {
         self.meta.remove(CURSOR_KEY)?;
+        self.changelog.publishing.store(false, Ordering::Release);
         self.meta.insert(COMPLETE_KEY, &[1u8][..])?;
         self.durable().await?;
         self.changelog.complete.store(true, Ordering::Release);
@@ -71,7 +72,9 @@ impl Store {
     /// longer has everything. Before the write, in the same log, so both are durable
     /// together or the removal alone.
     pub(super) fn written_without_changelog(&self) -> Result<(), StoreError> {
-        if self.changelog.complete.swap(false, Ordering::AcqRel) || self.meta.contains_key(CURSOR_KEY)? {
+        // Both flags go (no short cut): either one means the meta tree has something to remove.
+        let complete = self.changelog.complete.swap(false, Ordering::AcqRel);
+        if complete | self.changelog.publishing.swap(false, Ordering::AcqRel) {
             self.meta.remove(COMPLETE_KEY)?;
             self.meta.remove(CURSOR_KEY)?;
         }
@@ -114,6 +117,7 @@ impl Store {
                 done.sent += 1;
             }
             self.meta.insert(CURSOR_KEY, last.as_slice())?;
+            self.changelog.publishing.store(true, Ordering::Release);
             self.durable().await?;
             cursor = Some(last);
             done.elapsed = started.elapsed();
@@ -141,6 +145,11 @@ impl Store {
 /// Whether the meta tree says the changelog has every record (read at open).
 pub(super) fn complete_at_open(meta: &sled::Tree) -> Result<bool, StoreError> {
     Ok(meta.contains_key(COMPLETE_KEY)?)
+}
+
+/// Whether a copy into the changelog was cut short and left its cursor.
+pub(super) fn publishing_at_open(meta: &sled::Tree) -> Result<bool, StoreError> {
+    Ok(meta.contains_key(CURSOR_KEY)?)
 }
 
 #[cfg(test)]

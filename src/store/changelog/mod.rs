@@ -293,6 +293,9 @@ pub struct Changelog {
     /// The changelog has every record of this store (`publish`): cleared at the
     /// first write made without a sink.
     pub(super) complete: AtomicBool,
+    /// A copy into the changelog (`publish`) left its cursor in the meta tree: a
+    /// write without a sink removes it (known here, so a write does not look).
+    pub(super) publishing: AtomicBool,
 }
 
 impl Changelog {
@@ -304,6 +307,7 @@ impl Changelog {
             retention_us: us(retention).saturating_add(us(skew)),
             skew_us: us(skew),
             complete: AtomicBool::new(super::publish::complete_at_open(meta)?),
+            publishing: AtomicBool::new(super::publish::publishing_at_open(meta)?),
         })
     }
 
