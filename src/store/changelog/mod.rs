@@ -178,7 +178,8 @@ struct Checkpoint {
 /// Checkpoints of the changelog partitions this store holds records of.
 #[derive(Default)]
 pub struct Checkpoints {
-    parts: Mutex<HashMap<(String, i32), Checkpoint>>,
+    /// By changelog topic, then partition (looked up by `&str`: no key is built per acknowledgement).
+    parts: Mutex<HashMap<String, HashMap<i32, Checkpoint>>>,
 }
 
 fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
@@ -200,29 +201,31 @@ impl Checkpoints {
                 continue;
             };
             let cp = Checkpoint { next: i64::from_be_bytes(next), ..Checkpoint::default() };
-            parts.insert((topic.to_owned(), i32::from_be_bytes(p)), cp);
+            parts.entry(topic.to_owned()).or_insert_with(HashMap::new).insert(i32::from_be_bytes(p), cp);
         }
         Ok(Checkpoints { parts: Mutex::new(parts) })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i32), Checkpoint>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<i32, Checkpoint>>> {
         self.parts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn get(&self, topic: &str, partition: i32) -> Option<i64> {
-        self.lock().get(&(topic.to_owned(), partition)).map(|c| c.next)
+        self.lock().get(topic).and_then(|t| t.get(&partition)).map(|c| c.next)
     }
 
     fn set(&self, topic: &str, partition: i32, next: i64, following: bool) {
         let mut parts = self.lock();
-        let cp = parts.entry((topic.to_owned(), partition)).or_default();
+        let cp = parts.entry(topic.to_owned()).or_default().entry(partition).or_default();
         *cp = Checkpoint { next, following, acked: BTreeSet::new(), dirty: true };
     }
 
     /// This instance's write landed at `offset`.
     fn acked(&self, topic: &str, partition: i32, offset: i64) {
         let mut parts = self.lock();
-        let Some(cp) = parts.get_mut(&(topic.to_owned(), partition)).filter(|c| c.following) else { return };
+        let Some(cp) = parts.get_mut(topic).and_then(|t| t.get_mut(&partition)).filter(|c| c.following) else {
+            return;
+        };
         if offset < cp.next {
             return;
         }
@@ -245,14 +248,16 @@ impl Checkpoints {
     /// instance wrote.
     fn followed(&self, topic: &str, partition: i32) -> Option<(i64, BTreeSet<i64>)> {
         let parts = self.lock();
-        parts.get(&(topic.to_owned(), partition)).filter(|c| c.following).map(|c| (c.next, c.acked.clone()))
+        parts.get(topic).and_then(|t| t.get(&partition)).filter(|c| c.following).map(|c| (c.next, c.acked.clone()))
     }
 
     /// Everything below `next` is applied (others' writes read, this instance's
     /// own acknowledged): the checkpoint moves there, and on over own writes above.
     fn caught_up(&self, topic: &str, partition: i32, next: i64) {
         let mut parts = self.lock();
-        let Some(cp) = parts.get_mut(&(topic.to_owned(), partition)).filter(|c| c.following) else { return };
+        let Some(cp) = parts.get_mut(topic).and_then(|t| t.get_mut(&partition)).filter(|c| c.following) else {
+            return;
+        };
         if next > cp.next {
             cp.next = next;
             cp.acked = cp.acked.split_off(&next);
@@ -269,7 +274,9 @@ impl Checkpoints {
     /// every record they cover was written before).
     pub fn persist(&self, meta: &sled::Tree) -> Result<(), sled::Error> {
         let mut parts = self.lock();
-        for ((topic, partition), cp) in parts.iter_mut().filter(|(_, c)| c.dirty) {
+        for (topic, partition, cp) in
+            parts.iter_mut().flat_map(|(t, ps)| ps.iter_mut().map(move |(p, c)| (t, p, c))).filter(|(_, _, c)| c.dirty)
+        {
             meta.insert(checkpoint_key(topic, *partition), &cp.next.to_be_bytes()[..])?;
             cp.dirty = false;
         }
