@@ -39,6 +39,11 @@ const DLQ_RETRY_MAX: Duration = Duration::from_secs(30);
 /// Asked right before an event is claimed: is its partition still ours?
 pub type Ownership<'a> = dyn Fn() -> bool + Send + Sync + 'a;
 
+/// Told when an event's call is over and it only waits for its record to be
+/// durable (and acknowledged): the worker gives its read-ahead place to the next
+/// message (`worker::call_over`).
+pub type CallOver<'a> = dyn Fn() + Send + Sync + 'a;
+
 /// How [`Executor::execute`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Executed {
@@ -76,6 +81,8 @@ struct Job<'a> {
     msg: &'a RawMessage,
     /// Asked before the claim and before each retry: is the partition still ours?
     owned: &'a Ownership<'a>,
+    /// Called once the handler answered and only the final record is left.
+    call_over: &'a CallOver<'a>,
     metrics: &'a TopicMetrics,
 }
 
@@ -217,14 +224,20 @@ impl Executor {
 
     /// Runs one message until its event is durably final (or the store fails).
     pub async fn execute(&self, msg: &RawMessage) -> Result<Executed, StoreError> {
-        self.execute_owned(msg, &|| true).await
+        self.execute_owned(msg, &|| true, &|| {}).await
     }
 
     /// Like [`Executor::execute`] for a consumed message: `owned` is asked right
     /// before the event is claimed, after any wait (registry, the same id in
     /// flight), so that an event whose partition moved meanwhile is left to its
     /// new owner instead of running here too.
-    pub async fn execute_owned(&self, msg: &RawMessage, owned: &Ownership<'_>) -> Result<Executed, StoreError> {
+    /// `call_over` is told when the handler answered and only its record is left.
+    pub async fn execute_owned(
+        &self,
+        msg: &RawMessage,
+        owned: &Ownership<'_>,
+        call_over: &CallOver<'_>,
+    ) -> Result<Executed, StoreError> {
         if self.config.store.changelog.as_ref().is_some_and(|c| c.is_changelog(&msg.topic)) {
             // A handler's topic_pattern matched a changelog topic: its records are
             // outboxd's own state, not events (read by restores, never handled).
@@ -232,7 +245,7 @@ impl Executor {
             return Ok(Executed::Final);
         }
         let span = spans::event(msg);
-        self.execute_in_span(msg, owned, &span).instrument(span.clone()).await
+        self.execute_in_span(msg, owned, call_over, &span).instrument(span.clone()).await
     }
 
     /// [`Executor::execute_owned`] for an event, inside its `span`.
@@ -240,6 +253,7 @@ impl Executor {
         &self,
         msg: &RawMessage,
         owned: &Ownership<'_>,
+        call_over: &CallOver<'_>,
         span: &Span,
     ) -> Result<Executed, StoreError> {
         let Some(hc) = self.config.handler_for(&msg.topic) else {
@@ -261,7 +275,7 @@ impl Executor {
                 let slot = &self.slots[hc.index];
                 let handler = self.custom.get(&msg.topic).unwrap_or(&slot.handler).as_ref();
                 let metrics = self.metrics.of(&msg.topic);
-                let job = Job { hc, slot, handler, event: &event, msg, owned, metrics: &metrics };
+                let job = Job { hc, slot, handler, event: &event, msg, owned, call_over, metrics: &metrics };
                 let executed = self.handle(&job).await;
                 if let Ok(Executed::Abandoned) = executed {
                     spans::ended(span, "abandoned");
@@ -593,6 +607,7 @@ impl Executor {
             limiter.done(call, signal);
             let (reason, retry_after) = match result {
                 Ok(outcome) => {
+                    (job.call_over)();
                     let record = spans::record(State::Done, self.changelog());
                     self.store.handling().finish(claimed, State::Done, outcome.0.clone()).instrument(record).await?;
                     self.handled(job, attempt, &outcome.0);

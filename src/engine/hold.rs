@@ -149,7 +149,7 @@ async fn release(shared: Arc<Shared>, chain: ChainId, stop: CancellationToken) -
             key = %chain.key_text(), "running a held event: its key's chain is released");
         let owns = || shared.tracker.lock().owns(&partition, generation);
         // A bug while running it is contained as on the consumed path: recorded dead, the chain waits behind it.
-        let result = match AssertUnwindSafe(shared.exec.execute_owned(&message, &owns)).catch_unwind().await {
+        let result = match AssertUnwindSafe(shared.exec.execute_owned(&message, &owns, &|| {})).catch_unwind().await {
             Ok(result) => result,
             Err(panic) => {
                 shared.exec.record_panic(&message, &panic_text(panic.as_ref())).await.map(|()| Executed::Final)

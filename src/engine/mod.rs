@@ -67,7 +67,13 @@ impl Engine {
         let max_bytes = exec.config.store.max_in_flight_bytes;
         let drain_timeout = exec.config.kafka.drain_timeout;
         Engine {
-            shared: Arc::new(Shared { exec, tracker, consumer, chains: Mutex::new(HashMap::new()) }),
+            shared: Arc::new(Shared {
+                exec,
+                tracker,
+                consumer,
+                chains: Mutex::new(HashMap::new()),
+                settling: Arc::new(Semaphore::new(max_in_flight)),
+            }),
             permits: Arc::new(Semaphore::new(max_in_flight)),
             bytes: Arc::new(Semaphore::new(max_bytes as usize)),
             max_in_flight,
@@ -256,7 +262,7 @@ impl Engine {
     fn try_permits(&self, size: u32) -> Option<worker::Permits> {
         let events = self.permits.clone().try_acquire_owned().ok()?;
         let bytes = self.bytes.clone().try_acquire_many_owned(size).ok()?;
-        Some(worker::Permits { _events: events, _bytes: bytes })
+        Some(worker::Permits { events: Some(events), settling: None, _bytes: bytes })
     }
 
     /// Room for one more event of `size` bytes, once there is (cancel-safe: what
@@ -264,7 +270,7 @@ impl Engine {
     async fn permits_for(&self, size: u32) -> worker::Permits {
         let events = self.permits.clone().acquire_owned().await.expect("the permit semaphore is never closed");
         let bytes = self.bytes.clone().acquire_many_owned(size).await.expect("the bytes semaphore is never closed");
-        worker::Permits { _events: events, _bytes: bytes }
+        worker::Permits { events: Some(events), settling: None, _bytes: bytes }
     }
 
     async fn drain(&self) -> Option<Fatal> {
@@ -293,11 +299,15 @@ impl Engine {
         failure
     }
 
-    /// Waits until `all` event permits are free (every event in flight ended),
-    /// confirming ownership meanwhile: librdkafka keeps the membership while
-    /// the service drains, and the events that finish may still commit.
+    /// Waits until `all` event permits and as many settling ones are free (every
+    /// event in flight ended), confirming ownership meanwhile: librdkafka keeps the
+    /// membership while the service drains, and the events that finish may still commit.
     async fn wait_for_permits(&self, all: u32) {
-        let freed = self.permits.acquire_many(all);
+        let freed = async {
+            let places = self.permits.acquire_many(all).await;
+            let settling = self.shared.settling.acquire_many(all).await;
+            (places, settling)
+        };
         tokio::pin!(freed);
         let mut beat = tokio::time::interval(BEAT);
         loop {

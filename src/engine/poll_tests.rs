@@ -17,6 +17,7 @@ use crate::event::OutboxEvent;
 use crate::handler::{async_trait, Handler, HandlerError, Outcome};
 use crate::kafka::Tracker;
 use crate::offsets::{OffsetTracker, PartitionId};
+use crate::store::changelog::{Acked, Entry, SendFuture, Sink};
 use crate::store::{Role, Store, StoreOptions};
 
 /// A call the receiver got.
@@ -136,6 +137,11 @@ const TOPICS: [&str; 2] = ["t", "u"];
 /// The loop with `store.max_in_flight = max_in_flight`; `handler` is added to each
 /// `[[handlers]]` entry. Partitions 0 and 1 of every topic are assigned.
 fn start(max_in_flight: usize, handler: &str) -> Loop {
+    start_with(max_in_flight, handler, None)
+}
+
+/// [`start`] with `sink` attached to the store as its changelog.
+fn start_with(max_in_flight: usize, handler: &str, sink: Option<Arc<dyn Sink>>) -> Loop {
     let dir = tempfile::tempdir().unwrap();
     let mut toml = format!(
         "[kafka]\nbrokers = \"127.0.0.1:9\"\ngroup_id = \"g\"\n\
@@ -158,6 +164,9 @@ fn start(max_in_flight: usize, handler: &str) -> Loop {
         clock_skew: Duration::ZERO,
     };
     let store = Arc::new(Store::open(&config.store.path, &opts).unwrap());
+    if let Some(sink) = sink {
+        store.attach_changelog(sink);
+    }
     let receiver = Arc::new(Receiver::default());
     let custom = TOPICS.iter().map(|t| ((*t).to_owned(), receiver.clone() as Arc<dyn Handler>)).collect();
     let stop = CancellationToken::new();
@@ -236,6 +245,47 @@ async fn a_full_read_ahead_pauses_the_partitions_and_resumes_them_once_events_fi
     );
     assert!(!l.source.is_paused(&p("t", 0)) && !l.source.is_paused(&p("t", 1)));
     assert_eq!(l.receiver.most_running.load(Ordering::SeqCst), 2, "never more than max_in_flight");
+    let (failure, _, receiver) = l.finish().await;
+    assert!(failure.is_none());
+    assert_eq!(receiver.calls().len(), ids.len(), "each event called once");
+}
+
+/// A changelog whose broker acknowledges a record only once the test lets it.
+struct HeldAcks(Arc<Semaphore>);
+
+impl Sink for HeldAcks {
+    fn send(&self, entry: Entry) -> SendFuture {
+        let gate = self.0.clone();
+        Box::pin(async move {
+            gate.acquire().await.expect("gate open").forget();
+            Ok(Acked { changelog_topic: format!("{}.cl", entry.topic), partition: entry.partition, offset: 0 })
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_that_only_wait_for_their_acknowledgement_give_their_place_to_the_next_up_to_a_bound() {
+    let acks = Arc::new(Semaphore::new(0));
+    let l = start_with(2, "", Some(Arc::new(HeldAcks(acks.clone()))));
+    let ids: Vec<String> = (0..8).map(|i| format!("e{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        l.source.produce("t", (i % 2) as i32, &format!("k{i}"), id);
+    }
+    let answered = |l: &Loop| ids.iter().filter(|id| l.receiver.answered(id)).count();
+    wait_until("four calls answered", || answered(&l) == 4).await;
+    let_pass(Duration::from_secs(2)).await;
+    // Two places in flight, two among the settling: the third and fourth answered
+    // events keep their places, so nothing more starts until an acknowledgement comes.
+    assert_eq!(l.receiver.calls().len(), 4, "{:?}", l.receiver.calls());
+    assert_eq!(l.receiver.most_running.load(Ordering::SeqCst), 2, "never more than max_in_flight calls at once");
+    assert_eq!((l.source.stored(&p("t", 0)), l.source.stored(&p("t", 1))), (None, None), "no offset moves unacknowledged");
+
+    acks.add_permits(ids.len());
+    wait_until("every event answered", || answered(&l) == ids.len()).await;
+    wait_until("offsets stored to the end", || {
+        l.source.stored(&p("t", 0)) == Some(4) && l.source.stored(&p("t", 1)) == Some(4)
+    })
+    .await;
     let (failure, _, receiver) = l.finish().await;
     assert!(failure.is_none());
     assert_eq!(receiver.calls().len(), ids.len(), "each event called once");

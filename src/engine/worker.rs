@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::error;
 
 use super::executor::{Executed, Executor};
@@ -27,9 +27,13 @@ pub struct KeyId {
 }
 
 /// What a consumed message holds until it is finished: one of `max_in_flight`
-/// events and its size of `max_in_flight_bytes`. Holding them bounds read-ahead.
+/// places and its size of `max_in_flight_bytes`. Holding them bounds read-ahead.
+/// Once its call is over and it only waits for its record to be durable (and
+/// acknowledged by the changelog), it gives its place to the next message for one
+/// of as many places among the settling ([`call_over`]); its bytes stay counted.
 pub struct Permits {
-    pub _events: OwnedSemaphorePermit,
+    pub events: Option<OwnedSemaphorePermit>,
+    pub settling: Option<OwnedSemaphorePermit>,
     pub _bytes: OwnedSemaphorePermit,
 }
 
@@ -58,6 +62,9 @@ pub struct Shared {
     pub consumer: Arc<dyn Source>,
     /// Active chains: a key present here has a task working through its queue.
     pub chains: Mutex<HashMap<KeyId, Chain>>,
+    /// Places of events whose call is over and that wait for their record to be
+    /// durable and acknowledged (`max_in_flight` of them): see [`call_over`].
+    pub settling: Arc<Semaphore>,
 }
 
 /// A message was consumed: its offset is tracked from now on, in the
@@ -102,7 +109,7 @@ async fn run_chain(shared: Arc<Shared>, key: KeyId, first: Job) {
     let mut chain = ChainGuard { shared: shared.clone(), key: Some(key) };
     let mut job = first;
     loop {
-        process(&shared, &job).await;
+        process(&shared, chain.key.as_ref().expect("a running chain has its key"), &job).await;
         drop(job);
         match chain.next() {
             Some(j) => job = j,
@@ -170,7 +177,25 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn process(shared: &Shared, job: &Job) {
+/// The running event of `key` has had its call and now only waits for its record
+/// to be durable and acknowledged (the changelog's linger and round trip, the
+/// group commit): its place among `max_in_flight` goes to the next message, for
+/// one among as many settling places. Without one free, it keeps its place: the
+/// settling are bounded too, and their messages' bytes stay counted.
+pub fn call_over(shared: &Shared, key: &KeyId) {
+    let mut chains = lock(&shared.chains);
+    let Some(permits) = chains.get_mut(key).and_then(|c| c.running.as_mut()) else { return };
+    if permits.events.is_none() {
+        return;
+    }
+    let Ok(settling) = shared.settling.clone().try_acquire_owned() else { return };
+    permits.settling = Some(settling);
+    let place = permits.events.take();
+    drop(chains);
+    drop(place);
+}
+
+async fn process(shared: &Shared, key: &KeyId, job: &Job) {
     let msg = &job.msg;
     // After a store failure nothing more runs: a later event of this key must not
     // overtake the one whose record could not be written.
@@ -198,9 +223,10 @@ async fn process(shared: &Shared, job: &Job) {
         }
     }
     let owned = || shared.tracker.lock().owns(&partition, job.generation);
+    let settling = || call_over(shared, key);
     // A bug (a panic) while handling one message must not take its key's chain and
     // its partition with it: the message is recorded dead instead.
-    let result = match AssertUnwindSafe(shared.exec.execute_owned(msg, &owned)).catch_unwind().await {
+    let result = match AssertUnwindSafe(shared.exec.execute_owned(msg, &owned, &settling)).catch_unwind().await {
         Ok(result) => result,
         Err(panic) => shared.exec.record_panic(msg, &panic_text(panic.as_ref())).await.map(|()| Executed::Final),
     };
