@@ -1,7 +1,9 @@
 //! Guards of one event's handling: the id held while it is worked on in this
 //! process, and its in-memory claim, both let go however the handling ends.
 
+use std::collections::hash_map::{Entry, RandomState};
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
@@ -24,39 +26,60 @@ impl Drop for Release<'_> {
 
 /// Event ids being worked on in this process: a second delivery of the same id
 /// (at another offset or key) waits for the first instead of running twice.
-/// Each id's gate is a semaphore that is never granted, only closed when its
-/// holder finishes.
+///
+/// Kept by a hash of the id, with a gate made only when a second delivery comes
+/// (a semaphore that is never granted, only closed when the holder finishes), so
+/// that holding an id allocates nothing. Two ids with the same 64-bit hash would
+/// only make the second wait for the first.
 #[derive(Default)]
-pub(super) struct LiveIds(Mutex<HashMap<String, Arc<Semaphore>>>);
+pub(super) struct LiveIds {
+    held: Mutex<HashMap<u64, Option<Arc<Semaphore>>>>,
+    hasher: RandomState,
+}
 
 /// Releases the id when dropped; waiters then look at the store again.
 pub(super) struct LiveGuard<'a> {
     live: &'a LiveIds,
-    id: String,
-    gate: Arc<Semaphore>,
+    hash: u64,
 }
 
 impl Drop for LiveGuard<'_> {
     fn drop(&mut self) {
-        self.live.0.lock().expect("live ids lock").remove(&self.id);
-        self.gate.close();
+        let gate = self.live.held.lock().expect("live ids lock").remove(&self.hash).flatten();
+        if let Some(gate) = gate {
+            gate.close();
+        }
     }
 }
 
 pub(super) async fn live_guard<'a>(ids: &'a LiveIds, id: &str) -> LiveGuard<'a> {
+    let hash = ids.hasher.hash_one(id);
     loop {
-        let busy = {
-            let mut live = ids.0.lock().expect("live ids lock");
-            match live.get(id) {
-                Some(gate) => gate.clone(),
-                None => {
-                    let gate = Arc::new(Semaphore::new(0));
-                    live.insert(id.to_owned(), gate.clone());
-                    return LiveGuard { live: ids, id: id.to_owned(), gate };
-                }
+        let busy = match ids.held.lock().expect("live ids lock").entry(hash) {
+            Entry::Vacant(free) => {
+                free.insert(None);
+                return LiveGuard { live: ids, hash };
             }
+            Entry::Occupied(mut held) => held.get_mut().get_or_insert_with(|| Arc::new(Semaphore::new(0))).clone(),
         };
         // Closed (never granted) when the holder finishes.
         let _ = busy.acquire().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_second_holder_of_an_id_waits_for_the_first_and_other_ids_do_not() {
+        let ids = LiveIds::default();
+        let first = live_guard(&ids, "e1").await;
+        let _other = live_guard(&ids, "e2").await;
+        let mut second = Box::pin(live_guard(&ids, "e1"));
+        assert!(futures::poll!(second.as_mut()).is_pending(), "e1 is held");
+        drop(first);
+        let _second = second.await;
+        assert_eq!(ids.held.lock().unwrap().len(), 2, "e1 (held again) and e2");
     }
 }
