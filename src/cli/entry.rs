@@ -51,7 +51,15 @@ async fn dispatch(command: Command, format: LogFormat) -> anyhow::Result<()> {
             // whether the subscriber also exports spans.
             let config = Config::load(&args.config)?;
             let exporter = init_logging(format, config.otlp.as_ref())?;
-            let outcome = crate::app::run(config, shutdown).await;
+            // On a worker of the runtime, not on the main thread: the poll loop spawns
+            // each key's chain, and a task spawned from a worker waits in that worker's
+            // queue (run next, on the same core), where one spawned from outside goes
+            // through the shared queue and wakes a sleeping worker, event after event.
+            let outcome = match tokio::spawn(crate::app::run(config, shutdown)).await {
+                Ok(outcome) => outcome,
+                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                Err(join) => return Err(join.into()),
+            };
             // After the drain: the last spans get `telemetry::FLUSH_TIMEOUT` at most.
             if let Some(exporter) = exporter {
                 exporter.shutdown().await;
