@@ -485,16 +485,28 @@ fn produce(
     }
 }
 
-impl Sink for ChangelogProducer {
+impl ChangelogProducer {
     /// Sends until the broker acknowledges (a transient failure is sent again after
     /// a pause: the event's offset waits); fails only when the broker will never
-    /// take it or the producer is unusable.
-    fn send(&self, entry: Entry) -> SendFuture {
+    /// take it or the producer is unusable. `failed_before`: an attempt already came
+    /// back to be made again, so the partition is looked for and the pause taken first.
+    fn resend(&self, entry: Entry, failed_before: bool) -> SendFuture {
         let topic = self.changelog.topic_for(&entry.topic);
         let (producer, health, keys) = (self.producer.clone(), self.health.clone(), self.keys.clone());
         Box::pin(async move {
             let mut pause = RESEND_INITIAL;
+            let mut failed = failed_before;
             loop {
+                if failed {
+                    // librdkafka may only time out on a topic deleted under it: ask, while the
+                    // brokers can answer (unreachable ones could not say, and the question would
+                    // hold a blocking thread for ADMIN_TIMEOUT after its caller gave up).
+                    if health.reachable() && !exists(&producer, &topic, entry.partition).await {
+                        return Err(gone(&topic, entry.partition));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RESEND_MAX);
+                }
                 let settling = Settling::delivery_only();
                 let mut handed = settling.clone();
                 while let Err(back) = produce(&producer, &topic, &entry, &keys, handed, &health) {
@@ -504,19 +516,16 @@ impl Sink for ChangelogProducer {
                 match settling.settled().await.1 {
                     Delivered::Acked(acked) => return Ok(acked),
                     Delivered::Failed(error) => return Err(error),
-                    Delivered::Again => {
-                        // librdkafka may only time out on a topic deleted under it: ask, while the
-                        // brokers can answer (unreachable ones could not say, and the question would
-                        // hold a blocking thread for ADMIN_TIMEOUT after its caller gave up).
-                        if health.reachable() && !exists(&producer, &topic, entry.partition).await {
-                            return Err(gone(&topic, entry.partition));
-                        }
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(RESEND_MAX);
-                    }
+                    Delivered::Again => failed = true,
                 }
             }
         })
+    }
+}
+
+impl Sink for ChangelogProducer {
+    fn send(&self, entry: Entry) -> SendFuture {
+        self.resend(entry, false)
     }
 
     /// One attempt; a full client queue is told as one to make again.
@@ -525,6 +534,11 @@ impl Sink for ChangelogProducer {
         if let Err(settling) = produce(&self.producer, &topic, &entry, &self.keys, settling, &self.health) {
             settling.delivered(Delivered::Again);
         }
+    }
+
+    /// After a failed attempt: the partition is looked for, and the pause taken, first.
+    fn send_again(&self, entry: Entry) -> SendFuture {
+        self.resend(entry, true)
     }
 }
 

@@ -119,7 +119,20 @@ pub trait OnDurable: Send + Sync {
 /// Who waits for a batch: a writer's channel, or a joined wait.
 enum Waiter {
     Channel(oneshot::Sender<SyncResult>),
-    Joined(Arc<dyn OnDurable>),
+    Joined(Joined),
+}
+
+/// A joined wait, told "stopped" if it is dropped unanswered (the sync thread
+/// panicked, or the queue went away): a dropped channel tells its writer by
+/// itself, a joined wait would otherwise wait for ever.
+struct Joined(Option<Arc<dyn OnDurable>>);
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.take() {
+            w.on_durable(Err(stopped()));
+        }
+    }
 }
 
 impl Waiter {
@@ -128,7 +141,11 @@ impl Waiter {
             Waiter::Channel(tx) => {
                 let _ = tx.send(result);
             }
-            Waiter::Joined(w) => w.on_durable(result),
+            Waiter::Joined(mut joined) => {
+                if let Some(w) = joined.0.take() {
+                    w.on_durable(result);
+                }
+            }
         }
     }
 }
@@ -232,7 +249,7 @@ impl Syncer {
     /// Tells `waiter` once everything written before this call is durable
     /// (or why not), from the sync thread: the caller is not woken for it.
     pub async fn durable_then(&self, waiter: Arc<dyn OnDurable>) {
-        self.queue_waiter(Waiter::Joined(waiter)).await;
+        self.queue_waiter(Waiter::Joined(Joined(Some(waiter)))).await;
     }
 
     /// [`Syncer::durable`] for a thread outside the async runtime (a restore's):
@@ -419,6 +436,23 @@ mod tests {
         assert!(first.to_string().contains("disk went away"), "{first}");
         let later = syncer.durable().await.unwrap_err();
         assert!(later.to_string().contains("disk went away"), "the first failure answers later waits: {later}");
+    }
+
+    #[test]
+    fn a_joined_wait_dropped_unanswered_is_told_the_sync_stopped() {
+        struct Told(Mutex<Option<SyncResult>>);
+        impl OnDurable for Told {
+            fn on_durable(&self, result: SyncResult) {
+                *self.0.lock().unwrap() = Some(result);
+            }
+        }
+        let told = Arc::new(Told(Mutex::new(None)));
+        drop(Waiter::Joined(Joined(Some(told.clone()))));
+        let result = told.0.lock().unwrap().take().expect("told when dropped");
+        assert!(result.unwrap_err().to_string().contains("stopped"));
+        let answered = Arc::new(Told(Mutex::new(None)));
+        Waiter::Joined(Joined(Some(answered.clone()))).answer(Ok(()));
+        assert!(answered.0.lock().unwrap().take().expect("answered").is_ok(), "answered once, not told again");
     }
 
     #[tokio::test]

@@ -110,6 +110,9 @@ pub enum SendError {
         /// The bound (`store.changelog.delivery_timeout`).
         within: Duration,
     },
+    /// The send ended without an answer (it panicked, or the runtime stopped it).
+    #[error("the changelog send ended without an answer from the brokers")]
+    Abandoned,
 }
 
 /// Writes changelog entries. Answers once the broker acknowledged the entry, or
@@ -123,12 +126,21 @@ pub trait Sink: Send + Sync {
     /// through [`Sink::send`] on a task of the runtime.
     fn send_settling(&self, entry: Entry, settling: Arc<Settling>) {
         let sent = self.send(entry);
+        // However the task ends (a panic in the send, the runtime dropping it), the
+        // writer hears of it: a send that never answers would hold its event for ever.
+        let mut unanswered = settling::Unanswered::new(settling);
         tokio::spawn(async move {
-            settling.delivered(match sent.await {
+            unanswered.deliver(match sent.await {
                 Ok(acked) => Delivered::Acked(acked),
                 Err(e) => Delivered::Failed(e),
             })
         });
+    }
+
+    /// Sends `entry` again after an attempt of [`Sink::send_settling`] came back
+    /// [`Delivered::Again`]. By default [`Sink::send`].
+    fn send_again(&self, entry: Entry) -> SendFuture {
+        self.send(entry)
     }
 }
 
@@ -480,7 +492,7 @@ impl Store {
         let acked = match delivered {
             Delivered::Acked(acked) => acked,
             Delivered::Failed(e) => return Err(StoreError::Changelog(e)),
-            Delivered::Again => sink.send(self.entry(Change::Now(r))?).await.map_err(StoreError::Changelog)?,
+            Delivered::Again => sink.send_again(self.entry(Change::Now(r))?).await.map_err(StoreError::Changelog)?,
         };
         self.acknowledged(Some(acked));
         Ok(())

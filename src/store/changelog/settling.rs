@@ -91,6 +91,29 @@ impl OnDurable for Settling {
     }
 }
 
+/// A [`Settling`] whose delivery is still to be told: dropped untold (the send
+/// panicked or was dropped), it tells [`SendError::Abandoned`].
+pub struct Unanswered(Option<Arc<Settling>>);
+
+impl Unanswered {
+    pub fn new(settling: Arc<Settling>) -> Unanswered {
+        Unanswered(Some(settling))
+    }
+
+    /// Tells the send's outcome.
+    pub fn deliver(&mut self, delivered: Delivered) {
+        if let Some(s) = self.0.take() {
+            s.delivered(delivered);
+        }
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        self.deliver(Delivered::Failed(SendError::Abandoned));
+    }
+}
+
 struct Settled(Arc<Settling>);
 
 impl Future for Settled {
@@ -139,6 +162,21 @@ mod tests {
             assert!(local.is_ok());
             assert!(matches!(delivered, Delivered::Acked(Acked { offset: 7, .. })), "{delivered:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_send_dropped_before_it_answered_is_told_as_abandoned() {
+        let s = Settling::delivery_only();
+        let task = tokio::spawn({
+            let mut unanswered = Unanswered::new(s.clone());
+            async move {
+                let _held = &mut unanswered;
+                panic!("the send failed unexpectedly");
+            }
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        let (_, delivered) = s.settled().await;
+        assert!(matches!(delivered, Delivered::Failed(SendError::Abandoned)), "{delivered:?}");
     }
 
     #[tokio::test]
