@@ -108,7 +108,12 @@ impl App {
         let App { config, custom, install_metrics } = self;
         crate::engine::check_custom_topics(&config, &custom)
             .map_err(|e| Error::new(ErrorKind::Config, "checking the handlers given to App::handler", e))?;
-        let store = open_store(&config)?;
+        // Opening may wait for another process's lock and reads the store's indexes:
+        // not on a runtime worker (the service runs on one).
+        let opening = config.clone();
+        let store = tokio::task::spawn_blocking(move || open_store(&opening))
+            .await
+            .map_err(|e| Error::new(ErrorKind::Store, "opening the store", e))??;
         // Before the first client: what they count while start-up waits for the brokers is kept.
         let prometheus = if install_metrics {
             Some(crate::metrics::install().map_err(|e| Error::new(ErrorKind::Metrics, "setting up metrics", e))?)

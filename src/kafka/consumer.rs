@@ -101,12 +101,7 @@ impl ConsumerContext for Ctx {
             // librdkafka calls this from the poll, on a runtime worker: waiting for the
             // running events there would block that worker (with one worker, every
             // event it should let finish), so the wait moves off the runtime's workers.
-            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
-                    tokio::task::block_in_place(|| self.revoke(consumer, tpl));
-                }
-                _ => self.revoke(consumer, tpl),
-            }
+            off_the_workers(|| self.revoke(consumer, tpl));
         }
     }
 
@@ -139,6 +134,16 @@ impl Ctx {
             }
         };
         super::source::revoked(&self.tracker, &partitions(tpl), consumer.assignment_lost(), self.drain_timeout, commit);
+    }
+}
+
+/// Runs `wait`, a call that blocks, so that it does not hold a runtime worker
+/// (the poll loop runs on one): the worker's other tasks move to another thread
+/// meanwhile. Outside a multi-threaded runtime it simply runs.
+fn off_the_workers<T>(wait: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+        _ => wait(),
     }
 }
 
@@ -268,7 +273,8 @@ impl Source for Consumer {
         if offsets.is_empty() {
             return;
         }
-        match self.inner.commit(&to_tpl(offsets), CommitMode::Sync) {
+        // A synchronous commit waits for the coordinator: not on a runtime worker.
+        match off_the_workers(|| self.inner.commit(&to_tpl(offsets), CommitMode::Sync)) {
             Ok(()) => info!(partitions = offsets.len(), "final offsets committed"),
             Err(error) => warn!(%error, "final commit failed; finished events will be redelivered and suppressed"),
         }
