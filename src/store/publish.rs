@@ -72,11 +72,14 @@ impl Store {
     /// longer has everything. Before the write, in the same log, so both are durable
     /// together or the removal alone.
     pub(super) fn written_without_changelog(&self) -> Result<(), StoreError> {
-        // Both flags go (no short cut): either one means the meta tree has something to remove.
-        let complete = self.changelog.complete.swap(false, Ordering::AcqRel);
-        if complete | self.changelog.publishing.swap(false, Ordering::AcqRel) {
+        // The flags go once the meta tree no longer has what they stand for: a
+        // removal that fails leaves them, and the next write tries again.
+        let complete = self.changelog.complete.load(Ordering::Acquire);
+        if complete || self.changelog.publishing.load(Ordering::Acquire) {
             self.meta.remove(COMPLETE_KEY)?;
             self.meta.remove(CURSOR_KEY)?;
+            self.changelog.complete.store(false, Ordering::Release);
+            self.changelog.publishing.store(false, Ordering::Release);
         }
         Ok(())
     }
