@@ -262,7 +262,7 @@ impl Engine {
     fn try_permits(&self, size: u32) -> Option<worker::Permits> {
         let events = self.permits.clone().try_acquire_owned().ok()?;
         let bytes = self.bytes.clone().try_acquire_many_owned(size).ok()?;
-        Some(worker::Permits { events: Some(events), settling: None, _bytes: bytes })
+        Some(worker::Permits::new(events, bytes))
     }
 
     /// Room for one more event of `size` bytes, once there is (cancel-safe: what
@@ -270,7 +270,7 @@ impl Engine {
     async fn permits_for(&self, size: u32) -> worker::Permits {
         let events = self.permits.clone().acquire_owned().await.expect("the permit semaphore is never closed");
         let bytes = self.bytes.clone().acquire_many_owned(size).await.expect("the bytes semaphore is never closed");
-        worker::Permits { events: Some(events), settling: None, _bytes: bytes }
+        worker::Permits::new(events, bytes)
     }
 
     async fn drain(&self) -> Option<Fatal> {

@@ -32,9 +32,16 @@ pub struct KeyId {
 /// acknowledged by the changelog), it gives its place to the next message for one
 /// of as many places among the settling ([`call_over`]); its bytes stay counted.
 pub struct Permits {
-    pub events: Option<OwnedSemaphorePermit>,
-    pub settling: Option<OwnedSemaphorePermit>,
-    pub _bytes: OwnedSemaphorePermit,
+    events: Option<OwnedSemaphorePermit>,
+    settling: Option<OwnedSemaphorePermit>,
+    _bytes: OwnedSemaphorePermit,
+}
+
+impl Permits {
+    /// A message's place and bytes, as the poll loop takes them.
+    pub fn new(events: OwnedSemaphorePermit, bytes: OwnedSemaphorePermit) -> Permits {
+        Permits { events: Some(events), settling: None, _bytes: bytes }
+    }
 }
 
 /// A consumed message waiting for or in its key's chain. Its permits are given
@@ -223,10 +230,10 @@ async fn process(shared: &Shared, key: &KeyId, job: &Job) {
         }
     }
     let owned = || shared.tracker.lock().owns(&partition, job.generation);
-    let settling = || call_over(shared, key);
+    let give_place = || call_over(shared, key);
     // A bug (a panic) while handling one message must not take its key's chain and
     // its partition with it: the message is recorded dead instead.
-    let result = match AssertUnwindSafe(shared.exec.execute_owned(msg, &owned, &settling)).catch_unwind().await {
+    let result = match AssertUnwindSafe(shared.exec.execute_owned(msg, &owned, &give_place)).catch_unwind().await {
         Ok(result) => result,
         Err(panic) => shared.exec.record_panic(msg, &panic_text(panic.as_ref())).await.map(|()| Executed::Final),
     };

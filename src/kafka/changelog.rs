@@ -375,8 +375,6 @@ const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
 /// Writes changelog records, waiting for the broker's acknowledgement.
 pub struct ChangelogProducer {
     producer: Arc<ThreadedProducer<ChangelogCtx>>,
-    /// Whether the brokers are reachable: while they are not, a resend is no news.
-    health: Arc<BrokerHealth>,
     changelog: ChangelogConfig,
     /// Signs every record with `store.changelog.key` (when set).
     keys: Arc<Keys>,
@@ -387,7 +385,6 @@ pub struct ChangelogProducer {
 /// producer's polling thread (no future, no channel, no task per record).
 struct ChangelogCtx {
     client: ClientCtx,
-    health: Arc<BrokerHealth>,
 }
 
 impl ClientContext for ChangelogCtx {
@@ -410,7 +407,7 @@ impl ProducerContext for ChangelogCtx {
                 partition: m.partition(),
                 offset: m.offset(),
             }),
-            Err((error, m)) => judge(error, m.topic(), m.partition(), &self.health),
+            Err((error, m)) => judge(error, m.topic(), m.partition(), self.client.health()),
         });
     }
 }
@@ -441,16 +438,58 @@ impl ChangelogProducer {
     /// `changelog`, signing what it writes with its key.
     pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<ChangelogProducer, KafkaError> {
         let client = ClientCtx::new(kafka, "changelog");
-        let health = client.health().clone();
-        let ctx = ChangelogCtx { client, health: health.clone() };
         Ok(ChangelogProducer {
-            health,
-            producer: Arc::new(super::options::changelog_producer(kafka, changelog).create_with_context(ctx)?),
+            producer: Arc::new(
+                super::options::changelog_producer(kafka, changelog).create_with_context(ChangelogCtx { client })?,
+            ),
             changelog: changelog.clone(),
             keys: Arc::new(Keys::new(changelog)),
         })
     }
 
+    /// Sends until the broker acknowledges (a transient failure is sent again after
+    /// a pause: the event's offset waits); fails only when the broker will never
+    /// take it or the producer is unusable. `failed_before`: an attempt already came
+    /// back to be made again, so the partition is looked for and the pause taken first.
+    fn resend(&self, entry: Entry, failed_before: bool) -> SendFuture {
+        let topic = self.changelog.topic_for(&entry.topic);
+        let (producer, keys) = (self.producer.clone(), self.keys.clone());
+        Box::pin(async move {
+            // Whether the brokers are reachable: while they are not, a resend is no news.
+            let health = health(&producer);
+            let mut pause = RESEND_INITIAL;
+            let mut failed = failed_before;
+            loop {
+                if failed {
+                    // librdkafka may only time out on a topic deleted under it: ask, while the
+                    // brokers can answer (unreachable ones could not say, and the question would
+                    // hold a blocking thread for ADMIN_TIMEOUT after its caller gave up).
+                    if health.reachable() && !exists(&producer, &topic, entry.partition).await {
+                        return Err(gone(&topic, entry.partition));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RESEND_MAX);
+                }
+                let settling = Settling::delivery_only();
+                let mut handed = settling.clone();
+                while let Err(back) = produce(&producer, &topic, &entry, &keys, handed) {
+                    handed = back;
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                match settling.settled().await.1 {
+                    Delivered::Acked(acked) => return Ok(acked),
+                    Delivered::Failed(error) => return Err(error),
+                    Delivered::Again => failed = true,
+                }
+            }
+        })
+    }
+}
+
+/// The changelog client's view of the brokers.
+fn health(producer: &ThreadedProducer<ChangelogCtx>) -> &BrokerHealth {
+    use rdkafka::producer::Producer as _;
+    producer.context().client.health()
 }
 
 /// Hands `entry` to the client once; `settling` hears what became of it. A full
@@ -461,7 +500,6 @@ fn produce(
     entry: &Entry,
     keys: &Keys,
     settling: Arc<Settling>,
-    health: &BrokerHealth,
 ) -> Result<(), Arc<Settling>> {
     // The MAC covers the topic and partition it is sent to (set here, never left to a partitioner).
     let mac = keys.sign(topic, entry.partition, &entry.key, entry.value.as_deref());
@@ -479,47 +517,9 @@ fn produce(
             Err(record.delivery_opaque)
         }
         Err((error, record)) => {
-            record.delivery_opaque.delivered(judge(&error, topic, entry.partition, health));
+            record.delivery_opaque.delivered(judge(&error, topic, entry.partition, health(producer)));
             Ok(())
         }
-    }
-}
-
-impl ChangelogProducer {
-    /// Sends until the broker acknowledges (a transient failure is sent again after
-    /// a pause: the event's offset waits); fails only when the broker will never
-    /// take it or the producer is unusable. `failed_before`: an attempt already came
-    /// back to be made again, so the partition is looked for and the pause taken first.
-    fn resend(&self, entry: Entry, failed_before: bool) -> SendFuture {
-        let topic = self.changelog.topic_for(&entry.topic);
-        let (producer, health, keys) = (self.producer.clone(), self.health.clone(), self.keys.clone());
-        Box::pin(async move {
-            let mut pause = RESEND_INITIAL;
-            let mut failed = failed_before;
-            loop {
-                if failed {
-                    // librdkafka may only time out on a topic deleted under it: ask, while the
-                    // brokers can answer (unreachable ones could not say, and the question would
-                    // hold a blocking thread for ADMIN_TIMEOUT after its caller gave up).
-                    if health.reachable() && !exists(&producer, &topic, entry.partition).await {
-                        return Err(gone(&topic, entry.partition));
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RESEND_MAX);
-                }
-                let settling = Settling::delivery_only();
-                let mut handed = settling.clone();
-                while let Err(back) = produce(&producer, &topic, &entry, &keys, handed, &health) {
-                    handed = back;
-                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                }
-                match settling.settled().await.1 {
-                    Delivered::Acked(acked) => return Ok(acked),
-                    Delivered::Failed(error) => return Err(error),
-                    Delivered::Again => failed = true,
-                }
-            }
-        })
     }
 }
 
@@ -531,7 +531,7 @@ impl Sink for ChangelogProducer {
     /// One attempt; a full client queue is told as one to make again.
     fn send_settling(&self, entry: Entry, settling: Arc<Settling>) {
         let topic = self.changelog.topic_for(&entry.topic);
-        if let Err(settling) = produce(&self.producer, &topic, &entry, &self.keys, settling, &self.health) {
+        if let Err(settling) = produce(&self.producer, &topic, &entry, &self.keys, settling) {
             settling.delivered(Delivered::Again);
         }
     }

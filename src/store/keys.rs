@@ -18,7 +18,7 @@
 
 use smallvec::SmallVec;
 
-use super::varint::Reader;
+use super::varint::{self, Reader};
 
 /// A key built on the stack: a UUID's record key (17 bytes and a scope varint)
 /// fits, so looking up or writing a record allocates nothing for its key.
@@ -58,13 +58,7 @@ pub fn event_key(id: &str) -> KeyBuf {
 /// The record key of an event key in a scope.
 pub fn record_key(event_key: &[u8], scope: u32) -> KeyBuf {
     let mut k = KeyBuf::from_slice(event_key);
-    // The varint of `varint::put_u64`, into the inline buffer.
-    let mut v = scope;
-    while v >= 0x80 {
-        k.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    k.push(v as u8);
+    varint::put_u64(&mut k, u64::from(scope));
     k
 }
 

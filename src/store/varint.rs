@@ -1,12 +1,13 @@
 //! LEB128 varints, zigzag for signed values, and length-prefixed bytes: the
 //! pieces of the compact record format (`format`) and of record keys (`keys`).
 
-pub fn put_u64(out: &mut Vec<u8>, mut v: u64) {
+/// Appends `v` to `out`: a `Vec`, or a key's inline buffer (`keys::KeyBuf`).
+pub fn put_u64(out: &mut impl Extend<u8>, mut v: u64) {
     while v >= 0x80 {
-        out.push((v as u8) | 0x80);
+        out.extend([(v as u8) | 0x80]);
         v >>= 7;
     }
-    out.push(v as u8);
+    out.extend([v as u8]);
 }
 
 pub fn put_i64(out: &mut Vec<u8>, v: i64) {

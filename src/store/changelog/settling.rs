@@ -64,9 +64,14 @@ impl Settling {
 
     /// The sink's side: what became of the entry's send.
     pub fn delivered(&self, delivered: Delivered) {
+        self.report(|parts| parts.delivered = Some(delivered));
+    }
+
+    /// One side's report: the writer is woken when it completes the pair.
+    fn report(&self, set: impl FnOnce(&mut Parts)) {
         let mut parts = self.lock();
-        parts.delivered = Some(delivered);
-        let wake = parts.local.is_some().then(|| parts.waker.take()).flatten();
+        set(&mut parts);
+        let wake = if parts.complete() { parts.waker.take() } else { None };
         drop(parts);
         if let Some(w) = wake {
             w.wake();
@@ -81,13 +86,7 @@ impl Settling {
 
 impl OnDurable for Settling {
     fn on_durable(&self, result: SyncResult) {
-        let mut parts = self.lock();
-        parts.local = Some(result);
-        let wake = parts.delivered.is_some().then(|| parts.waker.take()).flatten();
-        drop(parts);
-        if let Some(w) = wake {
-            w.wake();
-        }
+        self.report(|parts| parts.local = Some(result));
     }
 }
 
