@@ -62,5 +62,11 @@ fuzz_target!(|input: Input<'_>| {
         // What the handler does with it must not panic either.
         let _ = event.payload.to_body();
         let _ = serde_json::to_vec(&event.payload);
+        // JSON kept as text is JSON on one line, and it is the value handlers read.
+        if let outboxd::event::Payload::Json(json) = &event.payload {
+            let reparsed: serde_json::Value = serde_json::from_str(json.text()).expect("the kept text is JSON");
+            assert_eq!(&reparsed, json.value(), "the kept text and the value disagree");
+            assert!(!json.text().contains('\n'), "the kept text spans lines");
+        }
     }
 });

@@ -160,7 +160,7 @@ impl Decoder {
             Format::Raw => value.map_or(Payload::Null, |v| Payload::Bytes(v.to_vec())),
             Format::Avro if !framed => return Err(DecodeError::NotAvro),
             Format::Avro | Format::Auto if framed => {
-                Payload::Json(self.avro_json(value.unwrap_or_default(), &msg.topic, Part::Value).await?)
+                Payload::Json(self.avro_json(value.unwrap_or_default(), &msg.topic, Part::Value).await?.into())
             }
             _ => decode_value(value)?,
         };
@@ -255,7 +255,7 @@ fn id_from_field(payload: &Payload, path: &str) -> Result<String, DecodeError> {
     let Payload::Json(root) = payload else {
         return Err(DecodeError::ValueNotJson);
     };
-    let mut at = root;
+    let mut at = root.value();
     // A raw change event may still carry Debezium's {"before","after",…} under "payload".
     for segment in path.split('.') {
         at = at.get(segment).ok_or_else(|| DecodeError::MissingIdField(path.to_owned()))?;

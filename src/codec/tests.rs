@@ -31,25 +31,25 @@ fn payload_of(value: &str) -> Payload {
 
 #[test]
 fn string_converter_json_text() {
-    assert_eq!(payload_of(r#"{"total": 10}"#), Payload::Json(json!({"total": 10})));
+    assert_eq!(payload_of(r#"{"total": 10}"#), Payload::Json(json!({"total": 10}).into()));
 }
 
 #[test]
 fn json_converter_schema_envelope_with_debezium_json_string() {
     let v = r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"total\": 10}"}"#;
-    assert_eq!(payload_of(v), Payload::Json(json!({"total": 10})));
+    assert_eq!(payload_of(v), Payload::Json(json!({"total": 10}).into()));
 }
 
 #[test]
 fn json_converter_without_schemas_gives_json_string() {
-    assert_eq!(payload_of(r#""{\"total\": 10}""#), Payload::Json(json!({"total": 10})));
+    assert_eq!(payload_of(r#""{\"total\": 10}""#), Payload::Json(json!({"total": 10}).into()));
 }
 
 #[test]
 fn expanded_json_payload_object() {
     let v = r#"{"schema":{"type":"struct","fields":[]},"payload":{"total":10}}"#;
-    assert_eq!(payload_of(v), Payload::Json(json!({"total": 10})));
-    assert_eq!(payload_of(r#"{"total":10,"items":[1,2]}"#), Payload::Json(json!({"total": 10, "items": [1, 2]})));
+    assert_eq!(payload_of(v), Payload::Json(json!({"total": 10}).into()));
+    assert_eq!(payload_of(r#"{"total":10,"items":[1,2]}"#), Payload::Json(json!({"total": 10, "items": [1, 2]}).into()));
 }
 
 #[test]
@@ -59,14 +59,14 @@ fn plain_text_and_raw_bytes_and_null() {
     assert_eq!(bytes.payload, Payload::Bytes(vec![0xff, 0x00, 0xfe]));
     let null = decode(&msg(None, &[("id", b"e")]), &header_id(), "eventType").unwrap();
     assert_eq!(null.payload, Payload::Null);
-    assert_eq!(payload_of(r#"{"schema":{"type":"string"},"payload":null}"#), Payload::Json(Value::Null));
-    assert_eq!(payload_of("null"), Payload::Json(Value::Null));
+    assert_eq!(payload_of(r#"{"schema":{"type":"string"},"payload":null}"#), Payload::Json(Value::Null.into()));
+    assert_eq!(payload_of("null"), Payload::Json(Value::Null.into()));
 }
 
 #[test]
 fn payload_shaped_like_an_envelope_stays_whole() {
     let v = r#"{"schema":"order.v2","payload":{"id":1}}"#;
-    assert_eq!(payload_of(v), Payload::Json(json!({"schema": "order.v2", "payload": {"id": 1}})));
+    assert_eq!(payload_of(v), Payload::Json(json!({"schema": "order.v2", "payload": {"id": 1}}).into()));
 }
 
 #[test]
@@ -141,4 +141,74 @@ fn trace_context_is_taken_from_traceparent_or_debezium_span_context() {
 fn deeply_nested_json_does_not_crash() {
     let deep = "[".repeat(10_000) + &"]".repeat(10_000);
     assert!(matches!(payload_of(&deep), Payload::Text(_)));
+}
+
+/// Messages a `Value` holds as written, in every shape the converters give.
+const PLAIN: &[&str] = &[
+    r#"{"total": 10, "items": [1, 2.5, -3], "note": "a \"quoted\" \\ word\ttab"}"#,
+    r#"  {"total":10}  "#,
+    r#"[1, {"a": null}, true, false]"#,
+    r#""{\"total\": 10, \"lines\": [{\"sku\": \"a-1\"}]}""#,
+    r#"" [1, 2] ""#,
+    r#""12""#,
+    r#""\"quoted\"""#,
+    r#""not json""#,
+    r#"{"schema":{"type":"string","name":"io.debezium.data.Json"},"payload":"{\"total\":10}"}"#,
+    r#"{"schema":{"type":"string","name":"io.debezium.data.Json"},"payload":"12"}"#,
+    r#"{"schema":{"type":"string","name":"io.debezium.data.Json"},"payload":"{not json"}"#,
+    r#"{"schema":{"type":"string"},"payload":"plain text"}"#,
+    r#"{"schema":null,"payload":{"id":1}}"#,
+    r#"{"payload":{"id":1},"schema":{"type":"struct"}}"#,
+    r#"{"schema":{"type":"string"},"payload":null}"#,
+    r#"{"schema":"order.v2","payload":{"id":1}}"#,
+    r#"{"schema":{"type":"string"},"payload":"x","extra":1}"#,
+    r#"{"schema":{"type":"string"},"schema":null,"payload":{"id":1}}"#,
+    r#"{"a":1,"a":2}"#,
+    r#"{"a\"b":1}"#,
+    "null",
+    "12",
+    r#""""#,
+    "",
+    "   ",
+    r#"{"a":}"#,
+    r#"{"a":1} trailing"#,
+    "not json at all",
+];
+
+#[test]
+fn json_kept_as_text_decodes_as_parsing_it_would() {
+    for text in PLAIN {
+        assert!(json::plain(text), "{text:?} is plain");
+        let (checked, parsed) = (json::decode_checked(text), json::decode_parsed(text));
+        assert_eq!(checked, parsed, "{text:?}");
+        if let Ok(Payload::Json(j)) = &checked {
+            // The text is JSON on one line, and it is the value.
+            let reparsed: Value = serde_json::from_str(j.text()).unwrap();
+            assert_eq!(&reparsed, j.value(), "{text:?}");
+            assert!(!j.text().contains('\n') && j.text().trim() == j.text(), "{text:?}");
+        }
+    }
+}
+
+#[test]
+fn json_a_value_cannot_hold_as_written_takes_the_parsing_path() {
+    let deep = |n: usize| "[".repeat(n) + &"]".repeat(n);
+    for text in ["1e5", "[1E3]", "[-2.5e-3]", "\"\\u00e9\"", "{\"a\":\n1}", "\r\n{}", &deep(65), &"9".repeat(301)] {
+        assert!(!json::plain(text), "{text:?} is parsed");
+    }
+    for text in ["true", "false", "{\"e\":1,\"E\":[true]}", "\"1e5\"", "\"a\\nb\"", &deep(64), &"9".repeat(300)] {
+        assert!(json::plain(text), "{text:?} is kept as text");
+    }
+    // What a `Value` refuses stays text, as before.
+    assert_eq!(payload_of("1e999999"), Payload::Text("1e999999".into()));
+    assert_eq!(payload_of("\"\\ud800\""), Payload::Text("\"\\ud800\"".into()));
+}
+
+#[test]
+fn json_is_sent_as_it_came_spacing_and_member_order_kept() {
+    let body = |value: &str| String::from_utf8(payload_of(value).to_body().0).unwrap();
+    assert_eq!(body(r#" {"b": 1, "a": [1, 2]} "#), r#"{"b": 1, "a": [1, 2]}"#);
+    assert_eq!(body(r#""{\"b\": 1, \"a\": [1, 2]}""#), r#"{"b": 1, "a": [1, 2]}"#);
+    // Parsed JSON is sent in its compact rendering.
+    assert_eq!(body("{\"b\": 1,\n \"a\": 2}"), r#"{"a":2,"b":1}"#);
 }

@@ -1,10 +1,10 @@
 //! The decoded outbox event and where it came from: what a handler is given.
 //! (The message it was decoded from, `RawMessage`, is the crate's own.)
 
+mod json;
 mod message;
 
-use serde_json::Value;
-
+pub use json::Json;
 internal_use!(message::{RawMessage, TraceContext});
 
 /// Where a message sits in Kafka.
@@ -36,8 +36,9 @@ impl std::fmt::Display for Position {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Payload {
-    /// JSON (objects, arrays, scalars), after unwrapping converter envelopes.
-    Json(Value),
+    /// JSON (objects, arrays, scalars), after unwrapping converter envelopes:
+    /// its text as it came and its value on demand.
+    Json(Json),
     /// Text that is not JSON.
     Text(String),
     /// Bytes that are not UTF-8.
@@ -50,7 +51,7 @@ impl Payload {
     /// The body to send and its content type.
     pub fn to_body(&self) -> (Vec<u8>, Option<&'static str>) {
         match self {
-            Payload::Json(v) => (serde_json::to_vec(v).unwrap_or_default(), Some("application/json")),
+            Payload::Json(j) => (j.text().as_bytes().to_vec(), Some("application/json")),
             Payload::Text(s) => (s.clone().into_bytes(), Some("text/plain; charset=utf-8")),
             Payload::Bytes(b) => (b.clone(), Some("application/octet-stream")),
             Payload::Null => (Vec::new(), None),
@@ -63,7 +64,7 @@ impl Payload {
 impl serde::Serialize for Payload {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Payload::Json(v) => v.serialize(s),
+            Payload::Json(j) => j.serialize(s),
             Payload::Text(t) => s.serialize_str(t),
             Payload::Bytes(b) => s.collect_str(&format_args!("<{} bytes>", b.len())),
             Payload::Null => s.serialize_unit(),

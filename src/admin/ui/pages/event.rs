@@ -65,7 +65,7 @@ async fn message_copy(c: &Shared, id: &str) -> Option<MessageCopy> {
     let (payload, payload_kind, decode_error, event_id) = match decoded {
         Some(Ok(event)) => {
             let (text, kind) = match &event.payload {
-                Payload::Json(v) => (serde_json::to_string_pretty(v).unwrap_or_default(), "JSON"),
+                Payload::Json(j) => (serde_json::to_string_pretty(j.value()).unwrap_or_default(), "JSON"),
                 Payload::Text(t) => (t.clone(), "text"),
                 Payload::Bytes(b) => (format!("{} bytes that are not UTF-8", b.len()), "bytes"),
                 Payload::Null => (String::new(), "null"),
