@@ -32,6 +32,15 @@ const DEFAULT_MAX_IN_FLIGHT_BYTES: u32 = 256 * 1024 * 1024;
 const DEFAULT_MAX_MESSAGE_COPY_BYTES: u64 = 1024 * 1024 * 1024;
 /// Upper bound on `max_in_flight`: each in-flight event holds its payload in memory.
 const MAX_IN_FLIGHT_LIMIT: usize = 65_536;
+/// Events whose handler answered and that wait only for their record to be durable
+/// and acknowledged by the changelog. Each waits about the changelog's linger and a
+/// broker round trip (~12 ms with the 10 ms default), so this many bound the rate at
+/// this many per wait: 2,048 is ~170,000 events/s, beyond what a pair of cores
+/// handles, where the 256 of `max_in_flight` allow ~21,000, which a log drain
+/// reached (bench/findings.md, "settling"). What one costs beyond its message's bytes
+/// (counted in `max_in_flight_bytes`): its record and its key's chain, well under
+/// 2 KB, so a few MB at most.
+const DEFAULT_MAX_SETTLING: usize = 2048;
 
 /// `[store]` as written.
 #[derive(Clone, Deserialize)]
@@ -49,6 +58,9 @@ pub struct RawStore {
     pub max_in_flight: Option<usize>,
     /// Bytes of consumed messages (key, value, headers) held in flight, e.g. "256MiB".
     pub max_in_flight_bytes: Option<String>,
+    /// `[store] max_settling`: events whose handler answered and that wait only for
+    /// their record; 0 to 65,536, default 2,048.
+    pub max_settling: Option<usize>,
     /// Disk kept for message copies of failed events, e.g. "1GiB".
     pub max_message_copy_bytes: Option<String>,
     /// `[store] gc_interval`: how often expired records are removed, e.g. "10m" (the default).
@@ -80,6 +92,10 @@ pub struct StoreConfig {
     pub max_in_flight: usize,
     /// At most this many message bytes in flight (a larger message runs alone).
     pub max_in_flight_bytes: u32,
+    /// Events whose handler answered and that wait only for their record to be
+    /// durable and acknowledged, beside `max_in_flight` (default 2,048; 0: such an
+    /// event keeps its place among `max_in_flight`).
+    pub max_settling: usize,
     /// Past this, failed events are recorded without their message copy.
     pub max_message_copy_bytes: u64,
     /// How often expired records are removed (default 10 min).
@@ -106,6 +122,13 @@ impl RawStore {
             return Err(ConfigError::field(
                 "store.max_in_flight",
                 format!("must be between 1 and {MAX_IN_FLIGHT_LIMIT}, got {max_in_flight}"),
+            ));
+        }
+        let max_settling = self.max_settling.unwrap_or(DEFAULT_MAX_SETTLING);
+        if max_settling > MAX_IN_FLIGHT_LIMIT {
+            return Err(ConfigError::field(
+                "store.max_settling",
+                format!("must be between 0 and {MAX_IN_FLIGHT_LIMIT}, got {max_settling}"),
             ));
         }
         let max_in_flight_bytes = match self.max_in_flight_bytes.as_deref() {
@@ -143,6 +166,7 @@ impl RawStore {
             )?,
             max_in_flight,
             max_in_flight_bytes,
+            max_settling,
             max_message_copy_bytes,
             gc_interval: duration("store.gc_interval", self.gc_interval.as_deref(), DEFAULT_GC_INTERVAL)?,
             fsync: self.fsync.unwrap_or(true),

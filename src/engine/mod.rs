@@ -53,6 +53,8 @@ pub struct Engine {
     /// One permit per message byte in flight (`store.max_in_flight_bytes`).
     bytes: Arc<Semaphore>,
     max_in_flight: usize,
+    /// Places for events that only wait for their record (`store.max_settling`).
+    max_settling: usize,
     max_bytes: u32,
     /// How long the drain waits for events in flight (`kafka.drain_timeout`).
     drain_timeout: Duration,
@@ -64,6 +66,7 @@ impl Engine {
     /// Limits come from `exec`'s config.
     pub fn new(exec: Arc<Executor>, consumer: Arc<dyn Source>, tracker: Tracker) -> Engine {
         let max_in_flight = exec.config.store.max_in_flight;
+        let max_settling = exec.config.store.max_settling;
         let max_bytes = exec.config.store.max_in_flight_bytes;
         let drain_timeout = exec.config.kafka.drain_timeout;
         Engine {
@@ -72,11 +75,12 @@ impl Engine {
                 tracker,
                 consumer,
                 chains: Mutex::new(HashMap::new()),
-                settling: Arc::new(Semaphore::new(max_in_flight)),
+                settling: Arc::new(Semaphore::new(max_settling)),
             }),
             permits: Arc::new(Semaphore::new(max_in_flight)),
             bytes: Arc::new(Semaphore::new(max_bytes as usize)),
             max_in_flight,
+            max_settling,
             max_bytes,
             drain_timeout,
             draining: Arc::new(AtomicBool::new(false)),
@@ -277,7 +281,8 @@ impl Engine {
         self.draining.store(true, Ordering::Relaxed);
         let tracker = &self.shared.tracker;
         let failure = self.shared.exec.failure();
-        let all = u32::try_from(self.max_in_flight).unwrap_or(u32::MAX);
+        let all = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let (places, settling) = (all(self.max_in_flight), all(self.max_settling));
         if failure.is_some() {
             // No in-flight event can record its outcome any more: waiting would only delay the exit.
             let unfinished = tracker.lock().unfinished();
@@ -286,7 +291,7 @@ impl Engine {
         } else {
             info!("draining: no new events; waiting for in-flight ones");
             let drain_timeout = self.drain_timeout;
-            if tokio::time::timeout(drain_timeout, self.wait_for_permits(all)).await.is_err() {
+            if tokio::time::timeout(drain_timeout, self.wait_for_permits(places, settling)).await.is_err() {
                 let unfinished = tracker.lock().unfinished();
                 warn!(unfinished, ?drain_timeout,
                     "drain timeout: unfinished events stay uncommitted and are redelivered (claimed ones re-execute with the same idempotency key)");
@@ -299,13 +304,13 @@ impl Engine {
         failure
     }
 
-    /// Waits until `all` event permits and as many settling ones are free (every
-    /// event in flight ended), confirming ownership meanwhile: librdkafka keeps the
+    /// Waits until every event place and every settling place is free (every event
+    /// in flight ended), confirming ownership meanwhile: librdkafka keeps the
     /// membership while the service drains, and the events that finish may still commit.
-    async fn wait_for_permits(&self, all: u32) {
+    async fn wait_for_permits(&self, places: u32, settling: u32) {
         let freed = async {
-            let places = self.permits.acquire_many(all).await;
-            let settling = self.shared.settling.acquire_many(all).await;
+            let places = self.permits.acquire_many(places).await;
+            let settling = self.shared.settling.acquire_many(settling).await;
             (places, settling)
         };
         tokio::pin!(freed);

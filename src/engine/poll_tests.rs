@@ -137,15 +137,16 @@ const TOPICS: [&str; 2] = ["t", "u"];
 /// The loop with `store.max_in_flight = max_in_flight`; `handler` is added to each
 /// `[[handlers]]` entry. Partitions 0 and 1 of every topic are assigned.
 fn start(max_in_flight: usize, handler: &str) -> Loop {
-    start_with(max_in_flight, handler, None)
+    start_with(&format!("max_in_flight = {max_in_flight}"), handler, None)
 }
 
 /// [`start`] with `sink` attached to the store as its changelog.
-fn start_with(max_in_flight: usize, handler: &str, sink: Option<Arc<dyn Sink>>) -> Loop {
+/// `store`: the `[store]` settings besides its path.
+fn start_with(store: &str, handler: &str, sink: Option<Arc<dyn Sink>>) -> Loop {
     let dir = tempfile::tempdir().unwrap();
     let mut toml = format!(
         "[kafka]\nbrokers = \"127.0.0.1:9\"\ngroup_id = \"g\"\n\
-         [store]\npath = {:?}\nmax_in_flight = {max_in_flight}\n[store.changelog]\nenabled = false\n",
+         [store]\npath = {:?}\n{store}\n[store.changelog]\nenabled = false\n",
         dir.path().join("store"),
     );
     for topic in TOPICS {
@@ -265,18 +266,28 @@ impl Sink for HeldAcks {
 
 #[tokio::test(start_paused = true)]
 async fn events_that_only_wait_for_their_acknowledgement_give_their_place_to_the_next_up_to_a_bound() {
+    // Two places in flight, two among the settling: the third and fourth answered
+    // events keep their places, so nothing more starts until an acknowledgement comes.
+    settling_bound("max_in_flight = 2\nmax_settling = 2", 4).await;
+    // As many settling places as events: every call is made before any acknowledgement.
+    settling_bound("max_in_flight = 2\nmax_settling = 6", 8).await;
+    // None: each answered event keeps its place until its record is acknowledged.
+    settling_bound("max_in_flight = 2\nmax_settling = 0", 2).await;
+}
+
+/// Eight events of eight keys, acknowledgements held back: `calls` calls are made,
+/// and no more, until the acknowledgements come.
+async fn settling_bound(store: &str, calls: usize) {
     let acks = Arc::new(Semaphore::new(0));
-    let l = start_with(2, "", Some(Arc::new(HeldAcks(acks.clone()))));
+    let l = start_with(store, "", Some(Arc::new(HeldAcks(acks.clone()))));
     let ids: Vec<String> = (0..8).map(|i| format!("e{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
         l.source.produce("t", (i % 2) as i32, &format!("k{i}"), id);
     }
     let answered = |l: &Loop| ids.iter().filter(|id| l.receiver.answered(id)).count();
-    wait_until("four calls answered", || answered(&l) == 4).await;
+    wait_until("the calls the bounds allow answered", || answered(&l) == calls).await;
     let_pass(Duration::from_secs(2)).await;
-    // Two places in flight, two among the settling: the third and fourth answered
-    // events keep their places, so nothing more starts until an acknowledgement comes.
-    assert_eq!(l.receiver.calls().len(), 4, "{:?}", l.receiver.calls());
+    assert_eq!(l.receiver.calls().len(), calls, "{store}: {:?}", l.receiver.calls());
     assert_eq!(l.receiver.most_running.load(Ordering::SeqCst), 2, "never more than max_in_flight calls at once");
     assert_eq!((l.source.stored(&p("t", 0)), l.source.stored(&p("t", 1))), (None, None), "no offset moves unacknowledged");
 

@@ -30,7 +30,7 @@ pub struct KeyId {
 /// places and its size of `max_in_flight_bytes`. Holding them bounds read-ahead.
 /// Once its call is over and it only waits for its record to be durable (and
 /// acknowledged by the changelog), it gives its place to the next message for one
-/// of as many places among the settling ([`call_over`]); its bytes stay counted.
+/// of the `max_settling` places ([`call_over`]); its bytes stay counted.
 pub struct Permits {
     events: Option<OwnedSemaphorePermit>,
     settling: Option<OwnedSemaphorePermit>,
@@ -187,7 +187,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The running event of `key` has had its call and now only waits for its record
 /// to be durable and acknowledged (the changelog's linger and round trip, the
 /// group commit): its place among `max_in_flight` goes to the next message, for
-/// one among as many settling places. Without one free, it keeps its place: the
+/// one of the `max_settling` places. Without one free, it keeps its place: the
 /// settling are bounded too, and their messages' bytes stay counted.
 pub fn call_over(shared: &Shared, key: &KeyId) {
     let mut chains = lock(&shared.chains);
