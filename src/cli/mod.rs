@@ -598,7 +598,11 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
                 } else {
                     format!("\nheaders: {} (values hidden)", names.join(", "))
                 };
-                ("http", format!("{} {}{headers}", http.method, http.url.as_str()))
+                let signed = match &http.sign {
+                    Some(sign) => format!("\nsigned: standard-webhooks, {} secret(s)", sign.keys().len()),
+                    None => String::new(),
+                };
+                ("http", format!("{} {}{headers}{signed}", http.method, http.url.as_str()))
             }
             HandlerSpec::Log => ("log", "stdout, one JSON line per event".to_owned()),
         };

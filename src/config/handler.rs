@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
 use super::http::{HttpConfig, RawVerify, StatusMatch};
 use super::retry::{RawRetry, RetryConfig};
+use super::sign::RawSign;
 use super::topics::TopicMatch;
 use super::ConfigError;
 
@@ -84,6 +85,8 @@ pub struct RawHandler {
     /// `[handlers.verify]` (`http` only): the lookup for `on_uncertain = "verify"`,
     /// and only allowed with it.
     pub verify: Option<RawVerify>,
+    /// `[handlers.sign]` (`http` only): Standard Webhooks signatures on each call.
+    pub sign: Option<RawSign>,
     /// `handlers[].format`: how values are read, default `auto`.
     pub format: Option<Format>,
     /// `handlers[].body`: what the handler sends, default `json`.
@@ -315,6 +318,7 @@ impl RawHandler {
             ("fail_on", !self.fail_on.is_empty()),
             ("retry_on", !self.retry_on.is_empty()),
             ("verify", self.verify.is_some()),
+            ("sign", self.sign.is_some()),
         ];
         match set.iter().find(|(_, set)| *set) {
             Some((name, _)) => Err(ConfigError::field(format!("{at}.{name}"), "only valid for kind = \"http\"")),

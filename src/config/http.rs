@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::values::{duration, expand_env, without_userinfo, HeaderNames};
-use super::{ConfigError, RawHandler};
+use super::{ConfigError, RawHandler, SignConfig};
 use crate::template::UrlTemplate;
 
 /// An HTTP receiver that has not answered by then is treated as failed (retried).
@@ -91,12 +91,14 @@ pub struct HttpConfig {
     pub classify: StatusRules,
     /// The lookup for `on_uncertain = "verify"`.
     pub verify: Option<VerifyConfig>,
+    /// `[handlers.sign]`: how each call is signed; `None`: unsigned.
+    pub sign: Option<SignConfig>,
 }
 
 impl std::fmt::Debug for HttpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Every field named: one added later is shown or hidden on purpose, not by default.
-        let HttpConfig { url, method, headers, idempotency_header, timeout, classify, verify } = self;
+        let HttpConfig { url, method, headers, idempotency_header, timeout, classify, verify, sign } = self;
         f.debug_struct("HttpConfig")
             .field("url", url)
             .field("method", method)
@@ -105,6 +107,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("timeout", timeout)
             .field("classify", classify)
             .field("verify", verify)
+            .field("sign", sign)
             .finish()
     }
 }
@@ -152,7 +155,8 @@ impl HttpConfig {
         let classify =
             StatusRules { success_on: h.success_on.clone(), fail_on: h.fail_on.clone(), retry_on: h.retry_on.clone() };
         let verify = h.verify.as_ref().map(|v| VerifyConfig::from_raw(at, v, env)).transpose()?;
-        Ok(HttpConfig { url, method, headers, idempotency_header, timeout, classify, verify })
+        let sign = h.sign.as_ref().map(|s| s.validate(at, env)).transpose()?;
+        Ok(HttpConfig { url, method, headers, idempotency_header, timeout, classify, verify, sign })
     }
 }
 

@@ -73,6 +73,9 @@ impl Handler for HttpHandler {
         if let Some(a) = &event.aggregate_id {
             insert_text(&mut headers, "Outbox-Aggregate-Id", a);
         }
+        if let Some(sign) = &self.config.sign {
+            insert_signature(&mut headers, sign, event, &body)?;
+        }
         // The call's own span when spans are exported, so the receiver's trace continues
         // from this call; else the event's traceparent as it came.
         if let Some(trace) = crate::telemetry::outgoing(event.traceparent.as_deref()) {
@@ -190,6 +193,31 @@ fn retry_after(headers: &HeaderMap) -> Option<std::time::Duration> {
 }
 
 /// Event data that is not a valid header value (e.g. contains CR/LF) is left out.
+/// `webhook-id`, `webhook-timestamp` (now: each attempt its own) and
+/// `webhook-signature` over the exact body sent.
+fn insert_signature(
+    headers: &mut HeaderMap,
+    sign: &crate::config::SignConfig,
+    event: &OutboxEvent,
+    body: &[u8],
+) -> Result<(), HandlerError> {
+    let id = super::sign::webhook_id(&event.id);
+    let id_value = HeaderValue::from_str(&id).map_err(|_| {
+        HandlerError::Permanent(format!(
+            "the event id {:?} contains characters an HTTP header cannot carry, so it cannot be sent as webhook-id",
+            event.id
+        ))
+    })?;
+    let timestamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let signatures = super::sign::signatures(sign, &id, timestamp, body);
+    headers.insert(HeaderName::from_static("webhook-id"), id_value);
+    headers.insert(HeaderName::from_static("webhook-timestamp"), HeaderValue::from(timestamp));
+    let mut signature = HeaderValue::from_str(&signatures).expect("base64 and `v1,` are header text");
+    signature.set_sensitive(true);
+    headers.insert(HeaderName::from_static("webhook-signature"), signature);
+    Ok(())
+}
+
 fn insert_text(headers: &mut HeaderMap, name: &str, value: &str) {
     if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
         headers.insert(n, v);

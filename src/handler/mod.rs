@@ -7,6 +7,7 @@
 mod configured;
 mod http;
 mod log;
+mod sign;
 
 use std::future::Future;
 use std::sync::Arc;

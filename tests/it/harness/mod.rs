@@ -48,6 +48,7 @@ pub mod scenario;
 pub mod store;
 pub mod tmpfs;
 pub mod turns;
+pub mod verifier;
 pub mod wait;
 
 pub use daemon::{Outboxd, Record};

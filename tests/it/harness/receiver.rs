@@ -175,6 +175,9 @@ pub struct Call {
     pub body: Value,
     /// A hash of the whole body, to compare bodies without keeping them.
     pub body_hash: u64,
+    /// The body's bytes as they came, up to 64 KiB (empty past that): what a
+    /// signature was made over.
+    pub raw: Vec<u8>,
     pub started: SystemTime,
     pub started_at: Instant,
     /// The status the script chose when the call arrived (the side effect happened
@@ -543,6 +546,7 @@ async fn handle(State(shared): State<Shared>, method: Method, uri: Uri, headers:
             body_len: body.len(),
             body: kept,
             body_hash: fnv(&body),
+            raw: if body.len() <= KEEP_BODY_UP_TO { body.to_vec() } else { Vec::new() },
             started,
             started_at,
             status: reply.status,
