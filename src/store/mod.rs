@@ -416,6 +416,18 @@ impl Store {
     /// one at a time, on a blocking thread; see `slices` for the steps and why
     /// a crash between any two loses nothing. Returns the records packed.
     async fn seal(&self, now_us: i64) -> Result<u64, StoreError> {
+        // A seal cut short between its install and its settle left the slice's records
+        // in its overlay as well as in its run: settled once after each open.
+        for slice in self.slices.to_settle() {
+            let Some(_packing) = slice.try_packing() else { continue };
+            let (slices, s) = (self.slices.clone(), slice.clone());
+            let removed = blocking(move || slices.settle(&s)).await?;
+            slice.settled();
+            if removed > 0 {
+                tracing::info!(slice_start_us = slice.start, overlay_entries_removed = removed,
+                    "a slice's overlay settled against its run (the last seal stopped before it)");
+            }
+        }
         let mut packed = 0;
         for slice in self.slices.to_seal(now_us)? {
             // A restore is writing its records into this slice: the next pass seals it.
@@ -425,9 +437,12 @@ impl Store {
             // The packing right comes back with the run: held until the run is settled.
             let ((run, writes), _packing) = blocking(move || Ok((slices.pack(&s, &packing)?, packing))).await?;
             let records = run.records;
+            crash_point("packed");
             self.durable().await?;
             self.slices.install(&slice, run, writes)?;
+            crash_point("installed");
             self.durable().await?;
+            crash_point("durable");
             let (slices, s) = (self.slices.clone(), slice.clone());
             let settled = blocking(move || slices.settle(&s)).await?;
             tracing::info!(
@@ -448,6 +463,21 @@ impl Store {
         self.durable().await
     }
 }
+
+/// Debug builds only (compiled out of release builds): the process ends at `step` of
+/// a seal as a SIGKILL would leave it (no destructor, nothing flushed on the way
+/// out), for the tests that a crash between any two steps loses nothing and runs no
+/// `done` event again (tests/it/seal_crashes.rs).
+#[cfg(debug_assertions)]
+fn crash_point(step: &str) {
+    if std::env::var("OUTBOXD_DEBUG_CRASH_IN_SEAL").is_ok_and(|s| s == step) {
+        eprintln!("crashing at the seal step {step:?} (OUTBOXD_DEBUG_CRASH_IN_SEAL)");
+        std::process::abort();
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn crash_point(_step: &str) {}
 
 /// Runs store work that reads or writes many records off the async threads.
 async fn blocking<T: Send + 'static>(

@@ -70,6 +70,10 @@ pub struct Slice {
     filter: KeyFilter,
     /// Held by whoever is packing the slice, from its pack to its settle ([`Packing`]).
     packing: AtomicBool,
+    /// Opened with a run and an overlay that may repeat it: the last seal may have
+    /// stopped (a crash) between its install and its settle. Until a settle, the
+    /// overlay would keep one entry per record of the slice for as long as it is kept.
+    unsettled: AtomicBool,
     /// Records per state in this slice; persisted with each group commit.
     pub counts: Counts,
     /// The counts changed since they were last persisted.
@@ -79,6 +83,7 @@ pub struct Slice {
 impl Slice {
     fn new(start: i64, width: i64, tree: sled::Tree, run: Option<Run>, filter: KeyFilter, counts: Counts) -> Slice {
         let sealed = run.is_some();
+        let unsettled = sealed && !tree.is_empty();
         Slice {
             start,
             width,
@@ -88,9 +93,21 @@ impl Slice {
             overlay_writes: AtomicU64::new(0),
             filter,
             packing: AtomicBool::new(false),
+            unsettled: AtomicBool::new(unsettled),
             counts,
             dirty: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the slice was opened with a run and an overlay not known to be
+    /// settled; cleared by [`Slice::settled`].
+    pub fn unsettled(&self) -> bool {
+        self.unsettled.load(Ordering::Relaxed)
+    }
+
+    /// Its overlay was settled against its run since it was opened.
+    pub fn settled(&self) {
+        self.unsettled.store(false, Ordering::Relaxed);
     }
 
     /// The right to pack this slice until the answer is dropped; `None` while
@@ -576,6 +593,12 @@ fn decode_run_entry(v: &[u8]) -> Option<(u64, u64)> {
 /// shadows it with the same values); once that is durable, [`Slices::settle`]
 /// removes from the overlay what the run answers the same for.
 impl Slices {
+    /// Sealed slices opened with an overlay that may repeat their run, oldest first
+    /// ([`Slice::unsettled`]): [`Slices::settle`] them before anything else.
+    pub fn to_settle(&self) -> Vec<Arc<Slice>> {
+        self.all().into_iter().filter(|s| s.unsettled()).collect()
+    }
+
     /// Slices with records to pack, oldest first: one whose time has passed once
     /// its overlay holds anything (again once it took [`RESEAL_WRITES`] and an
     /// eighth of its run), and the current one each time its overlay holds

@@ -37,6 +37,7 @@ mod scale_repairs;
 mod scale_repartition;
 mod scale_standby;
 mod scale_topics;
+mod seal_crashes;
 mod signatures;
 mod store_failure;
 mod tls_config;

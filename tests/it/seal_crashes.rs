@@ -1,0 +1,79 @@
+//! outboxd dies in the middle of sealing a slice into a packed run (at each step of
+//! `Store::seal`, through the debug builds' `OUTBOXD_DEBUG_CRASH_IN_SEAL`, which
+//! aborts as a SIGKILL would leave the process), is started again, and Debezium
+//! replays every event: each event was called once, none is lost, and the next seal
+//! completes.
+
+use std::collections::HashSet;
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use crate::harness::{self, Scenario};
+use serde_json::json;
+
+const EVENTS: usize = 200;
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+async fn crash_in_seal_then_replay(step: &str) {
+    let mut s = Scenario::new(&format!("seal-crash-{step}"), 2).await;
+    // Slices of 7.5 s (an eighth of the retention) and a gc pass each second: the
+    // first slice is sealed seconds after it stops taking writes, while every record
+    // is kept for at least a minute, longer than the test.
+    s.od.config.retention = "60s".into();
+    s.od.config.store_extra = "gc_interval = \"1s\"\n".into();
+    s.od.config.env.insert("OUTBOXD_DEBUG_CRASH_IN_SEAL".into(), step.into());
+    s.run().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
+
+    let ids: Vec<String> = (0..EVENTS).map(|_| harness::new_event_id()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        producer.send_event(&topic, &format!("agg-{}", i % 20), id, Some("Tick"), &json!({"i": i})).await;
+    }
+    od.wait_until("every event answered", TIMEOUT, || ids.iter().all(|id| receiver.answered(id))).await;
+    let status = od.wait_exit(TIMEOUT);
+    assert_eq!(status.signal(), Some(libc_sigabrt()), "outboxd should die at the seal step {step}: {status}");
+    assert!(od.log().contains(&format!("crashing at the seal step {step:?}")), "{}", od.log_tails(40, 0));
+
+    // Started again as it was, without the crash; Debezium sends every event again.
+    od.config.env.remove("OUTBOXD_DEBUG_CRASH_IN_SEAL");
+    od.start();
+    od.wait_for_assignment().await;
+    for (i, id) in ids.iter().enumerate() {
+        producer.send_event(&topic, &format!("agg-{}", i % 20), id, Some("Tick"), &json!({"i": i})).await;
+    }
+    od.wait_until(format!("committed offsets at the end ({})", offsets.describe()), TIMEOUT, || offsets.reached_end())
+        .await;
+    // The slice is packed again, or its run (durable before the crash) is settled.
+    harness::wait_until("the seal to complete after the restart", TIMEOUT, || {
+        let log = od.log();
+        log.contains("a slice's records packed into a run") || log.contains("a slice's overlay settled against its run")
+    })
+    .await;
+
+    od.stop();
+    let repeated: Vec<&String> = ids.iter().filter(|id| receiver.calls_for(id).len() != 1).collect();
+    assert!(repeated.is_empty(), "{step}: events called other than once: {repeated:?}");
+    let done: HashSet<String> = od.store_list(Some("done"), 10 * EVENTS).into_iter().map(|r| r.event_id).collect();
+    let missing: Vec<&String> = ids.iter().filter(|id| !done.contains(*id)).collect();
+    assert!(missing.is_empty(), "{step}: events without their done record: {missing:?}");
+}
+
+/// SIGABRT, what `std::process::abort` ends the process with.
+fn libc_sigabrt() -> i32 {
+    6
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_run_is_written_and_before_it_is_durable_loses_nothing() {
+    crash_in_seal_then_replay("packed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_run_is_installed_and_before_it_is_durable_loses_nothing() {
+    crash_in_seal_then_replay("installed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_run_is_durable_and_before_the_entries_it_replaces_go_loses_nothing() {
+    crash_in_seal_then_replay("durable").await;
+}
