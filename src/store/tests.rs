@@ -535,6 +535,67 @@ fn run_trees(store: &Store) -> usize {
     store.db.tree_names().iter().filter(|n| runs::is_run_tree(n)).count()
 }
 
+/// A slice whose packing right another holds (a restore writing its records as a run,
+/// store/changelog/runs.rs) is left alone by gc's seal and packed at its next pass:
+/// two packs at once would each install a run without the other's records.
+#[tokio::test]
+async fn gc_leaves_a_slice_alone_while_another_holds_its_packing_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3_600))).unwrap();
+    let ids: Vec<String> = (0..50).map(|i| format!("e{i:02}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let c = claimed(&store, id, i as i64).await;
+        store.finish(c, State::Done, "ok".into()).await.unwrap();
+    }
+    let slices = store.slices.all();
+    let end = slices.last().unwrap().end();
+    let held: Vec<_> = slices.iter().map(|s| s.try_packing().expect("nobody packs it yet")).collect();
+    assert_eq!(store.gc(end + 1).await.unwrap(), 0);
+    assert_eq!(run_trees(&store), 0, "nothing is packed while another holds the right");
+    drop(held);
+    assert_eq!(store.gc(end + 1).await.unwrap(), 0);
+    assert_eq!(run_trees(&store), slices.len(), "packed at the next pass");
+    assert_eq!(slices.iter().map(|s| s.packing().0).sum::<u64>(), 50);
+    for id in &ids {
+        assert_eq!(store.get(id).unwrap().unwrap().state, State::Done, "{id}");
+    }
+}
+
+/// A seal cut short after its run was installed and durable, before its settle: the
+/// slice's records are in its run and, once each, in its overlay. Opened again, the
+/// slice is settled at the next gc pass (it would never be due for a seal again).
+#[tokio::test]
+async fn a_slice_opened_between_a_seals_install_and_its_settle_is_settled_at_the_next_gc() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Duration::from_secs(3_600);
+    let ids: Vec<String> = (0..50).map(|i| format!("e{i:02}")).collect();
+    let overlay = |store: &Store| store.slices.all().iter().map(|s| s.overlay_len()).sum::<usize>();
+    {
+        let store = Store::open(dir.path(), &opts(retention)).unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            let c = claimed(&store, id, i as i64).await;
+            store.finish(c, State::Done, "ok".into()).await.unwrap();
+        }
+        for s in store.slices.all() {
+            let packing = s.try_packing().unwrap();
+            let (run, writes) = store.slices.pack(&s, &packing).unwrap();
+            store.durable().await.unwrap();
+            store.slices.install(&s, run, writes).unwrap();
+            store.durable().await.unwrap();
+        }
+        assert_eq!(overlay(&store), 50, "not settled");
+    }
+    let store = Store::open(dir.path(), &opts(retention)).unwrap();
+    assert!(store.slices.all().iter().all(|s| s.unsettled()));
+    assert_eq!(overlay(&store), 50);
+    assert_eq!(store.gc(now_us()).await.unwrap(), 0);
+    assert_eq!(overlay(&store), 0, "the overlay's copies of the run are gone");
+    assert!(store.slices.all().iter().all(|s| !s.unsettled()));
+    for id in &ids {
+        assert_eq!(store.get(id).unwrap().unwrap().state, State::Done, "{id}");
+    }
+}
+
 /// Once a slice stops taking live writes, gc packs it into a run; its records
 /// are found, deduplicated, repaired, counted and listed as before, and after a reopen.
 #[tokio::test]
