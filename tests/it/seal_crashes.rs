@@ -6,21 +6,22 @@
 
 use std::collections::HashSet;
 use std::os::unix::process::ExitStatusExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::harness::{self, Scenario};
 use serde_json::json;
 
 const EVENTS: usize = 200;
 const TIMEOUT: Duration = Duration::from_secs(60);
+const GC_EVERY: Duration = Duration::from_millis(500);
 
 async fn crash_in_seal_then_replay(step: &str) {
     let mut s = Scenario::new(&format!("seal-crash-{step}"), 2).await;
-    // Slices of 7.5 s (an eighth of the retention) and a gc pass each second: the
-    // first slice is sealed seconds after it stops taking writes, while every record
-    // is kept for at least a minute, longer than the test.
+    // Slices of 7.5 s (an eighth of the retention), every record kept for at least a
+    // minute, longer than the test. gc runs when the test asks (`store gc`), not on
+    // its own: the seal comes once every event is done, however slow the machine.
     s.od.config.retention = "60s".into();
-    s.od.config.store_extra = "gc_interval = \"1s\"\n".into();
+    s.od.config.store_extra = "gc_interval = \"1h\"\n".into();
     s.od.config.env.insert("OUTBOXD_DEBUG_CRASH_IN_SEAL".into(), step.into());
     s.run().await;
     let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
@@ -30,8 +31,13 @@ async fn crash_in_seal_then_replay(step: &str) {
         producer.send_event(&topic, &format!("agg-{}", i % 20), id, Some("Tick"), &json!({"i": i})).await;
     }
     od.wait_until("every event answered", TIMEOUT, || ids.iter().all(|id| receiver.answered(id))).await;
+    od.wait_until(format!("committed offsets at the end ({})", offsets.describe()), TIMEOUT, || offsets.reached_end())
+        .await;
+    // gc, again and again, until the slice of the events has ended and its seal dies.
+    let pid = od.pid();
+    gc_until(&od, "outboxd to die in the seal", || exited(pid)).await;
     let status = od.wait_exit(TIMEOUT);
-    assert_eq!(status.signal(), Some(libc_sigabrt()), "outboxd should die at the seal step {step}: {status}");
+    assert_eq!(status.signal(), Some(SIGABRT), "outboxd should die at the seal step {step}: {status}");
     assert!(od.log().contains(&format!("crashing at the seal step {step:?}")), "{}", od.log_tails(40, 0));
 
     // Started again as it was, without the crash; Debezium sends every event again.
@@ -44,7 +50,7 @@ async fn crash_in_seal_then_replay(step: &str) {
     od.wait_until(format!("committed offsets at the end ({})", offsets.describe()), TIMEOUT, || offsets.reached_end())
         .await;
     // The slice is packed again, or its run (durable before the crash) is settled.
-    harness::wait_until("the seal to complete after the restart", TIMEOUT, || {
+    gc_until(&od, "the seal to complete after the restart", || {
         let log = od.log();
         log.contains("a slice's records packed into a run") || log.contains("a slice's overlay settled against its run")
     })
@@ -58,10 +64,31 @@ async fn crash_in_seal_then_replay(step: &str) {
     assert!(missing.is_empty(), "{step}: events without their done record: {missing:?}");
 }
 
-/// SIGABRT, what `std::process::abort` ends the process with.
-fn libc_sigabrt() -> i32 {
-    6
+/// Runs `outboxd store gc` through the running service every half second until `done`.
+async fn gc_until(od: &harness::Outboxd, what: &str, mut done: impl FnMut() -> bool) {
+    let mut last: Option<Instant> = None;
+    harness::wait_until(what, TIMEOUT, || {
+        if done() {
+            return true;
+        }
+        if last.is_none_or(|t| t.elapsed() >= GC_EVERY) {
+            // Its answer does not matter: the process may die during the call.
+            let _ = od.command(&["store", "gc", "--reason", "seal the slice now"]);
+            last = Some(Instant::now());
+        }
+        done()
+    })
+    .await;
 }
+
+/// Whether process `pid` has ended (a zombie until it is reaped).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z')))
+}
+
+/// What `std::process::abort` ends the process with.
+const SIGABRT: i32 = 6;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_the_run_is_written_and_before_it_is_durable_loses_nothing() {
