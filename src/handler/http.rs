@@ -129,18 +129,10 @@ impl Handler for HttpHandler {
 }
 
 impl HttpHandler {
-    /// The event id as the idempotency header. An id that a header cannot carry
-    /// (control characters such as CR or LF) is refused: sent without the key, a
-    /// re-execution would not be idempotent at the receiver.
+    /// The event id as the idempotency header ([`id_header`]).
     fn insert_idempotency_key(&self, headers: &mut HeaderMap, event: &OutboxEvent) -> Result<(), HandlerError> {
         let Some(name) = &self.config.idempotency_header else { return Ok(()) };
-        let value = HeaderValue::from_str(&event.id).map_err(|_| {
-            HandlerError::Permanent(format!(
-                "the event id {:?} contains characters an HTTP header cannot carry (control characters such as CR or LF), \
-                 so it cannot be sent as {name}; without it a re-execution would not be idempotent, so it is not sent",
-                event.id
-            ))
-        })?;
+        let value = id_header(&event.id, &event.id, name)?;
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|e| HandlerError::Permanent(format!("idempotency header name {name:?}: {e}")))?;
         headers.insert(name, value);
@@ -192,7 +184,18 @@ fn retry_after(headers: &HeaderMap) -> Option<std::time::Duration> {
     Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())
 }
 
-/// Event data that is not a valid header value (e.g. contains CR/LF) is left out.
+/// `value`, the form of event id `id` that header `name` carries, as a header value.
+/// An id that a header cannot carry (control characters such as CR or LF) is
+/// refused: sent without it, a re-execution would not be idempotent at the receiver.
+fn id_header(value: &str, id: &str, name: &str) -> Result<HeaderValue, HandlerError> {
+    HeaderValue::from_str(value).map_err(|_| {
+        HandlerError::Permanent(format!(
+            "the event id {id:?} contains characters an HTTP header cannot carry (control characters such as CR or LF), \
+             so it cannot be sent as {name}; without it a re-execution would not be idempotent, so it is not sent"
+        ))
+    })
+}
+
 /// `webhook-id`, `webhook-timestamp` (now: each attempt its own) and
 /// `webhook-signature` over the exact body sent.
 fn insert_signature(
@@ -202,12 +205,7 @@ fn insert_signature(
     body: &[u8],
 ) -> Result<(), HandlerError> {
     let id = super::sign::webhook_id(&event.id);
-    let id_value = HeaderValue::from_str(&id).map_err(|_| {
-        HandlerError::Permanent(format!(
-            "the event id {:?} contains characters an HTTP header cannot carry, so it cannot be sent as webhook-id",
-            event.id
-        ))
-    })?;
+    let id_value = id_header(&id, &event.id, "webhook-id")?;
     let timestamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let signatures = super::sign::signatures(sign, &id, timestamp, body);
     headers.insert(HeaderName::from_static("webhook-id"), id_value);
@@ -218,6 +216,7 @@ fn insert_signature(
     Ok(())
 }
 
+/// Event data that is not a valid header value (e.g. contains CR/LF) is left out.
 fn insert_text(headers: &mut HeaderMap, name: &str, value: &str) {
     if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
         headers.insert(n, v);
