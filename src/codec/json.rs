@@ -119,9 +119,12 @@ fn inner_payload(inner: &RawValue, schema_name: Option<String>) -> Result<Payloa
 }
 
 /// [`unwrap_envelope`] on text: the JSON inside a JsonConverter envelope and the
-/// schema's name, or the whole text; `None` when it is not JSON.
+/// schema's name, or the whole text; `None` when it is not JSON. Only an object
+/// with a `"schema"` member is read for its members: in text without `\u` escapes
+/// (`plain`) that name is written out as it is, and any other object is checked
+/// once, as a whole.
 fn unwrap_plain(text: &str) -> Option<(&RawValue, Option<String>)> {
-    if text.trim_start().starts_with('{') {
+    if text.trim_start().starts_with('{') && text.contains("\"schema\"") {
         let top: Members<'_> = serde_json::from_str(text).ok()?;
         if let (false, Some(schema), Some(payload)) = (top.others, top.schema, top.payload) {
             let schema: Value = serde_json::from_str(schema.get()).ok()?;

@@ -164,6 +164,8 @@ const PLAIN: &[&str] = &[
     r#"{"schema":{"type":"string"},"payload":"x","extra":1}"#,
     r#"{"schema":{"type":"string"},"schema":null,"payload":{"id":1}}"#,
     r#"{"a":1,"a":2}"#,
+    r#"{"payload":{"id":1}}"#,
+    r#"{"note":"the \"schema\" member","payload":{"id":1}}"#,
     r#"{"a\"b":1}"#,
     "null",
     "12",
