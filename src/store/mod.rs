@@ -420,9 +420,7 @@ impl Store {
         // in its overlay as well as in its run: settled once after each open.
         for slice in self.slices.to_settle() {
             let Some(_packing) = slice.try_packing() else { continue };
-            let (slices, s) = (self.slices.clone(), slice.clone());
-            let removed = blocking(move || slices.settle(&s)).await?;
-            slice.settled();
+            let removed = self.settle_overlay(&slice).await?;
             if removed > 0 {
                 tracing::info!(slice_start_us = slice.start, overlay_entries_removed = removed,
                     "a slice's overlay settled against its run (the last seal stopped before it)");
@@ -443,8 +441,7 @@ impl Store {
             crash_point("installed");
             self.durable().await?;
             crash_point("durable");
-            let (slices, s) = (self.slices.clone(), slice.clone());
-            let settled = blocking(move || slices.settle(&s)).await?;
+            let settled = self.settle_overlay(&slice).await?;
             tracing::info!(
                 slice_start_us = slice.start,
                 records,
@@ -456,6 +453,13 @@ impl Store {
         }
         self.slices.drop_retired()?;
         Ok(packed)
+    }
+
+    /// [`slices::Slices::settle`] of `slice` on a blocking thread (it reads the whole
+    /// overlay); the caller holds its packing right.
+    async fn settle_overlay(&self, slice: &Arc<Slice>) -> Result<u64, StoreError> {
+        let (slices, s) = (self.slices.clone(), slice.clone());
+        blocking(move || slices.settle(&s)).await
     }
 
     /// Flushes everything (durably) before the process ends.

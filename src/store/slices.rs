@@ -100,14 +100,9 @@ impl Slice {
     }
 
     /// Whether the slice was opened with a run and an overlay not known to be
-    /// settled; cleared by [`Slice::settled`].
+    /// settled; cleared by [`Slices::settle`].
     pub fn unsettled(&self) -> bool {
         self.unsettled.load(Ordering::Relaxed)
-    }
-
-    /// Its overlay was settled against its run since it was opened.
-    pub fn settled(&self) {
-        self.unsettled.store(false, Ordering::Relaxed);
     }
 
     /// The right to pack this slice until the answer is dropped; `None` while
@@ -692,6 +687,7 @@ impl Slices {
                 removed += 1;
             }
         }
+        slice.unsettled.store(false, Ordering::Relaxed);
         Ok(removed)
     }
 

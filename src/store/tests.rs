@@ -535,6 +535,16 @@ fn run_trees(store: &Store) -> usize {
     store.db.tree_names().iter().filter(|n| runs::is_run_tree(n)).count()
 }
 
+/// Fifty events `e00`..`e49` claimed and recorded done, one a µs apart; their ids.
+async fn fifty_done(store: &Store) -> Vec<String> {
+    let ids: Vec<String> = (0..50).map(|i| format!("e{i:02}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let c = claimed(store, id, i as i64).await;
+        store.finish(c, State::Done, "ok".into()).await.unwrap();
+    }
+    ids
+}
+
 /// A slice whose packing right another holds (a restore writing its records as a run,
 /// store/changelog/runs.rs) is left alone by gc's seal and packed at its next pass:
 /// two packs at once would each install a run without the other's records.
@@ -542,11 +552,7 @@ fn run_trees(store: &Store) -> usize {
 async fn gc_leaves_a_slice_alone_while_another_holds_its_packing_right() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), &opts(Duration::from_secs(3_600))).unwrap();
-    let ids: Vec<String> = (0..50).map(|i| format!("e{i:02}")).collect();
-    for (i, id) in ids.iter().enumerate() {
-        let c = claimed(&store, id, i as i64).await;
-        store.finish(c, State::Done, "ok".into()).await.unwrap();
-    }
+    let ids = fifty_done(&store).await;
     let slices = store.slices.all();
     let end = slices.last().unwrap().end();
     let held: Vec<_> = slices.iter().map(|s| s.try_packing().expect("nobody packs it yet")).collect();
@@ -568,14 +574,10 @@ async fn gc_leaves_a_slice_alone_while_another_holds_its_packing_right() {
 async fn a_slice_opened_between_a_seals_install_and_its_settle_is_settled_at_the_next_gc() {
     let dir = tempfile::tempdir().unwrap();
     let retention = Duration::from_secs(3_600);
-    let ids: Vec<String> = (0..50).map(|i| format!("e{i:02}")).collect();
     let overlay = |store: &Store| store.slices.all().iter().map(|s| s.overlay_len()).sum::<usize>();
-    {
+    let ids = {
         let store = Store::open(dir.path(), &opts(retention)).unwrap();
-        for (i, id) in ids.iter().enumerate() {
-            let c = claimed(&store, id, i as i64).await;
-            store.finish(c, State::Done, "ok".into()).await.unwrap();
-        }
+        let ids = fifty_done(&store).await;
         for s in store.slices.all() {
             let packing = s.try_packing().unwrap();
             let (run, writes) = store.slices.pack(&s, &packing).unwrap();
@@ -584,7 +586,8 @@ async fn a_slice_opened_between_a_seals_install_and_its_settle_is_settled_at_the
             store.durable().await.unwrap();
         }
         assert_eq!(overlay(&store), 50, "not settled");
-    }
+        ids
+    };
     let store = Store::open(dir.path(), &opts(retention)).unwrap();
     assert!(store.slices.all().iter().all(|s| s.unsettled()));
     assert_eq!(overlay(&store), 50);
