@@ -166,6 +166,10 @@ pub struct RecordView {
     /// Why the event is dead or parked.
     #[serde(deserialize_with = "Option::deserialize")]
     pub reason: Option<String>,
+    /// The dedup scope of the record: its topic (or `""`, shared), and for a
+    /// topic's later routes `#` and the route's name. `null` from older versions.
+    #[serde(default)]
+    pub scope: Option<String>,
     /// `claimed`, `done`, `dead`, `parked` or `held`.
     pub state: State,
     /// The topic of that message.

@@ -173,6 +173,7 @@ pub fn record_rows(r: &RecordView) -> Vec<(&'static str, String)> {
         ("outcome", cell(&r.outcome)),
         ("partition", r.partition.to_string()),
         ("reason", cell(&r.reason)),
+        ("scope", cell(&r.scope)),
         ("state", r.state.to_string()),
         ("topic", text(&r.topic)),
         ("updated_at", text(&r.updated_at)),

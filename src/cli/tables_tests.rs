@@ -12,7 +12,7 @@ use crate::wire::{AuditPage, ExportLine, GcView, PageView, RedecodedView, RetryV
 fn record() -> Record {
     Record {
         event_id: "e1".into(),
-        scope: None,
+        scope: Some("orders".into()),
         state: State::Dead,
         attempts: 3,
         topic: "orders".into(),
@@ -60,9 +60,9 @@ fn message() -> RawMessage {
     }
 }
 
-const RECORD: &str = r#"{"attempts":3,"chain":null,"claimed_at":"2023-11-14T22:13:20.500000Z","dead_letter":"dlq/0@7","done_at":null,"duplicates":1,"event_id":"e1","event_type":null,"expires_at":"2023-11-15T22:13:20.000000Z","first_seen":"2023-11-14T22:13:20.000001Z","key":"order-1","offset":41,"outcome":null,"partition":2,"reason":"http 422","state":"dead","topic":"orders","updated_at":"2023-11-14T22:13:21.000000Z"}"#;
+const RECORD: &str = r#"{"attempts":3,"chain":null,"claimed_at":"2023-11-14T22:13:20.500000Z","dead_letter":"dlq/0@7","done_at":null,"duplicates":1,"event_id":"e1","event_type":null,"expires_at":"2023-11-15T22:13:20.000000Z","first_seen":"2023-11-14T22:13:20.000001Z","key":"order-1","offset":41,"outcome":null,"partition":2,"reason":"http 422","scope":"orders","state":"dead","topic":"orders","updated_at":"2023-11-14T22:13:21.000000Z"}"#;
 const STATS: &str = r#"{"bytes_on_disk":6,"claimed":1,"dead":3,"done":2,"duplicates_suppressed":5,"held":7,"newest":null,"oldest":"1970-01-01T00:00:00.000001Z","parked":4}"#;
-const EXPORT: &str = r#"{"attempts":3,"chain":null,"claimed_at":"2023-11-14T22:13:20.500000Z","dead_letter":"dlq/0@7","done_at":null,"duplicates":1,"event_id":"e1","event_type":null,"expires_at":"2023-11-15T22:13:20.000000Z","first_seen":"2023-11-14T22:13:20.000001Z","key":"order-1","message":{"headers":[["id","e1"],["n",null]],"key":"k","offset":41,"partition":2,"topic":"orders","value":{"bytes":[255,1]}},"offset":41,"outcome":null,"partition":2,"reason":"http 422","state":"dead","topic":"orders","updated_at":"2023-11-14T22:13:21.000000Z"}"#;
+const EXPORT: &str = r#"{"attempts":3,"chain":null,"claimed_at":"2023-11-14T22:13:20.500000Z","dead_letter":"dlq/0@7","done_at":null,"duplicates":1,"event_id":"e1","event_type":null,"expires_at":"2023-11-15T22:13:20.000000Z","first_seen":"2023-11-14T22:13:20.000001Z","key":"order-1","message":{"headers":[["id","e1"],["n",null]],"key":"k","offset":41,"partition":2,"topic":"orders","value":{"bytes":[255,1]}},"offset":41,"outcome":null,"partition":2,"reason":"http 422","scope":"orders","state":"dead","topic":"orders","updated_at":"2023-11-14T22:13:21.000000Z"}"#;
 
 const RECORD_TABLE: &str = "\
 ┌─────────────┬─────────────────────────────┐
@@ -83,6 +83,7 @@ const RECORD_TABLE: &str = "\
 │ outcome     ┆ -                           │
 │ partition   ┆ 2                           │
 │ reason      ┆ http 422                    │
+│ scope       ┆ orders                      │
 │ state       ┆ dead                        │
 │ topic       ┆ orders                      │
 │ updated_at  ┆ 2023-11-14T22:13:21.000000Z │
@@ -143,6 +144,7 @@ fn a_record_view_serializes_to_the_json_of_today() {
             "outcome",
             "partition",
             "reason",
+            "scope",
             "state",
             "topic",
             "updated_at"

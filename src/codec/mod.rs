@@ -219,6 +219,7 @@ fn event(
         position: msg.position(),
         timestamp_ms: msg.timestamp_ms,
         traceparent,
+        route_key: None,
     })
 }
 

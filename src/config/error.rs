@@ -59,26 +59,6 @@ pub enum ConfigError {
     /// The file has no `[[handlers]]` entry.
     #[error("handlers: at least one [[handlers]] entry is required")]
     NoHandlers,
-    /// A topic matches two handlers.
-    #[error(
-        "handlers[{index}].topics: topic {topic:?} is also claimed by handlers[{other}]; each topic needs exactly one handler"
-    )]
-    TopicClaimedTwice {
-        /// The later handler.
-        index: usize,
-        /// A topic both take.
-        topic: String,
-        /// The earlier handler.
-        other: usize,
-    },
-    /// Two handlers have the same `topic_pattern`.
-    #[error("handlers[{index}].topic_pattern: same pattern as handlers[{other}]")]
-    SamePattern {
-        /// The later handler.
-        index: usize,
-        /// The earlier handler.
-        other: usize,
-    },
     /// A handler with `format = "avro"` and no `[schema_registry]` section.
     #[error("handlers[{index}].format: \"avro\" needs a [schema_registry] section (url or schemas_dir)")]
     AvroWithoutRegistry {

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
 use super::http::{HttpConfig, RawVerify, StatusMatch};
 use super::retry::{RawRetry, RetryConfig};
+use super::routes::EventTypes;
 use super::sign::RawSign;
 use super::topics::TopicMatch;
 use super::ConfigError;
@@ -58,6 +59,8 @@ pub struct RawHandler {
     pub event_id: Option<EventIdSource>,
     /// Kafka header holding the event type (Debezium: `table.fields.additional.placement`).
     pub event_type_header: Option<String>,
+    /// `handlers[].event_types`: only events of these types (exact names or globs) run here.
+    pub event_types: Option<Vec<String>>,
     /// `[handlers.retry]`: the retry schedule; every key has a default.
     pub retry: Option<RawRetry>,
     /// `[handlers.circuit]`: backing off as a whole while the receiver fails for everyone.
@@ -238,6 +241,8 @@ pub struct HandlerConfig {
     pub event_id: EventIdSource,
     /// The Kafka header with the event type (default `eventType`).
     pub event_type_header: String,
+    /// The event types it selects (`None`: every event of its topics).
+    pub event_types: Option<EventTypes>,
     /// The retry schedule of a failing delivery.
     pub retry: RetryConfig,
     /// The circuit breaker over the receiver's health.
@@ -274,6 +279,7 @@ impl RawHandler {
             HandlerKind::Http => HandlerSpec::Http(Box::new(HttpConfig::from_raw(&at, &self, env)?)),
         };
         let event_id = event_id(&at, self.event_id)?;
+        let event_types = self.event_types.map(|t| EventTypes::from_raw(&at, t)).transpose()?;
         let retry = self.retry.unwrap_or_default().validate(&at)?;
         let circuit = self.circuit.unwrap_or_default().validate(&at, retry.max_attempts, env)?;
         let concurrency = self.concurrency.unwrap_or_default().validate(&at)?;
@@ -291,6 +297,7 @@ impl RawHandler {
             spec,
             event_id,
             event_type_header: self.event_type_header.unwrap_or_else(|| DEFAULT_EVENT_TYPE_HEADER.to_owned()),
+            event_types,
             retry,
             circuit,
             concurrency,

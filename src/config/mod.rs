@@ -10,7 +10,8 @@
 //! - `admin`: `[admin]`, the admin server's address, tokens (named, with their access) and allowed `Host`s;
 //!   `ui`: `[admin.ui]`, the console's sessions and login limits;
 //! - `schema_registry`: `[schema_registry]`, Avro schemas and decoding limits;
-//! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts;
+//! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts; `routes`: the handlers
+//!   that share a topic, what each selects (`event_types`), and each one's scope and idempotency key;
 //! - `traces`: `[tracing.otlp]`, spans exported to an OpenTelemetry collector;
 //! - `logs`: `[log]`, the per-handler summary line;
 //! - `values`: durations, sizes and `${VAR}`, shared by all of them;
@@ -33,6 +34,7 @@ mod kafka;
 mod logs;
 mod raw;
 mod retry;
+mod routes;
 mod schema_registry;
 mod sign;
 mod store;
@@ -57,6 +59,7 @@ pub use http::{HttpConfig, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::KafkaConfig;
 pub use logs::LogConfig;
 pub use retry::RetryConfig;
+pub use routes::{EventTypes, Route};
 pub use schema_registry::RegistryOptions;
 pub use sign::{SignConfig, SignScheme};
 pub use store::StoreConfig;
@@ -117,9 +120,15 @@ impl Config {
         raw.validate(env)
     }
 
-    /// The handler for a topic, if any.
+    /// The topic's first route (the handler that reads and dead-letters what no
+    /// route decodes), if any handler takes it.
     pub fn handler_for(&self, topic: &str) -> Option<&HandlerConfig> {
         self.handlers.iter().find(|h| h.topics.matches(topic))
+    }
+
+    /// Every handler that takes `topic`, as its routes in the file's order (see `routes`).
+    pub fn routes_for<'a>(&'a self, topic: &'a str) -> impl Iterator<Item = Route<'a>> + 'a {
+        routes::of(&self.handlers, topic)
     }
 
     /// How long a partition may wait without its offset moving before it is reported

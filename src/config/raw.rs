@@ -44,7 +44,7 @@ impl RawConfig {
         for (index, h) in self.handlers.into_iter().enumerate() {
             handlers.push(h.validate(index, env)?);
         }
-        topics::check_overlaps(&handlers)?;
+        routes::check(&handlers)?;
         for (i, h) in handlers.iter().enumerate() {
             if let Some(other) = handlers[..i].iter().find(|o| o.name == h.name) {
                 return Err(ConfigError::field(

@@ -1,9 +1,9 @@
-//! Which topics a handler takes (`topics` or `topic_pattern`), and the rule that
-//! each topic has exactly one handler.
+//! Which topics a handler takes (`topics` or `topic_pattern`); the handlers that
+//! take one topic are its routes (`routes`).
 
 use regex::Regex;
 
-use super::{ConfigError, HandlerConfig};
+use super::ConfigError;
 
 /// The topics a handler takes.
 #[derive(Debug, Clone)]
@@ -90,37 +90,9 @@ impl std::fmt::Display for TopicMatch {
     }
 }
 
-/// A topic claimed by two handlers is ambiguous: refuse it.
-pub(super) fn check_overlaps(handlers: &[HandlerConfig]) -> Result<(), ConfigError> {
-    for (i, a) in handlers.iter().enumerate() {
-        for b in &handlers[i + 1..] {
-            let clash = match (&a.topics, &b.topics) {
-                (TopicMatch::Exact(ta), _) => ta.iter().find(|t| b.topics.matches(t)),
-                (_, TopicMatch::Exact(tb)) => tb.iter().find(|t| a.topics.matches(t)),
-                (TopicMatch::Pattern(pa), TopicMatch::Pattern(pb)) => {
-                    if pa.as_str() == pb.as_str() {
-                        return Err(ConfigError::SamePattern { index: b.index, other: a.index });
-                    }
-                    None
-                }
-            };
-            if let Some(topic) = clash {
-                return Err(ConfigError::TopicClaimedTwice { index: b.index, topic: topic.clone(), other: a.index });
-            }
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::testing::err;
-
-    #[test]
-    fn topic_claimed_twice_names_both_handlers() {
-        let e = err("[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n[[handlers]]\ntopic_pattern=\"^a$\"\nkind=\"log\"\n");
-        assert!(e.contains("handlers[1].topics") && e.contains("handlers[0]"), "{e}");
-    }
 
     #[test]
     fn pattern_that_librdkafka_cannot_compile_is_rejected() {

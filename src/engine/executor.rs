@@ -79,6 +79,8 @@ struct Job<'a> {
     handler: &'a dyn Handler,
     event: &'a OutboxEvent,
     msg: &'a RawMessage,
+    /// The store's scope of its record: the route's (`config::Route::scope`).
+    scope: &'a str,
     /// Asked before the claim and before each retry: is the partition still ours?
     owned: &'a Ownership<'a>,
     /// Called once the handler answered and only the final record is left.
@@ -272,17 +274,61 @@ impl Executor {
             Ok(event) => {
                 drop(decode);
                 spans::decoded(span, &hc.name, &event);
-                let slot = &self.slots[hc.index];
-                let handler = self.custom.get(&msg.topic).unwrap_or(&slot.handler).as_ref();
-                let metrics = self.metrics.of(&msg.topic);
-                let job = Job { hc, slot, handler, event: &event, msg, owned, call_over, metrics: &metrics };
-                let executed = self.handle(&job).await;
+                let executed = self.run_routes(event, msg, owned, call_over).await;
                 if let Ok(Executed::Abandoned) = executed {
                     spans::ended(span, "abandoned");
                 }
                 executed
             }
         }
+    }
+
+    /// Runs the event through each route of its topic that selects it, in the
+    /// file's order, each to a durable final state of its own (its record, in its
+    /// scope). A route that does not select it is counted as filtered. The event
+    /// is final once every route is; it is abandoned (and left to the partition's
+    /// new owner, which finds the finished routes' records) as soon as one is.
+    async fn run_routes(
+        &self,
+        mut event: OutboxEvent,
+        msg: &RawMessage,
+        owned: &Ownership<'_>,
+        call_over: &CallOver<'_>,
+    ) -> Result<Executed, StoreError> {
+        let topic = msg.topic.as_str();
+        let metrics = self.metrics.of(topic);
+        let selected = |r: &crate::config::Route<'_>| r.selects(event.event_type.as_deref());
+        // The read-ahead place is given back once the last selected route's call is over.
+        let last = self.config.routes_for(topic).filter(selected).last().map(|r| r.handler.index);
+        let routes: smallvec::SmallVec<[crate::config::Route<'_>; 2]> = self.config.routes_for(topic).collect();
+        for route in routes {
+            let hc = route.handler;
+            if !route.selects(event.event_type.as_deref()) {
+                self.filtered(hc, topic, &event);
+                continue;
+            }
+            event.route_key = route.key(&event.id);
+            let scope = route.scope(topic);
+            let slot = &self.slots[hc.index];
+            let handler = match route.first {
+                true => self.custom.get(topic).unwrap_or(&slot.handler).as_ref(),
+                false => slot.handler.as_ref(),
+            };
+            let no_call_over = || {};
+            let call_over: &CallOver<'_> = if last == Some(hc.index) { call_over } else { &no_call_over };
+            let job = Job { hc, slot, handler, event: &event, msg, scope: &scope, owned, call_over, metrics: &metrics };
+            if self.handle(&job).await? == Executed::Abandoned {
+                return Ok(Executed::Abandoned);
+            }
+        }
+        Ok(Executed::Final)
+    }
+
+    /// A route passed the event by (`event_types`): nothing is recorded for it there.
+    fn filtered(&self, hc: &HandlerConfig, topic: &str, event: &OutboxEvent) {
+        metrics::counter!(names::FILTERED, "topic" => topic.to_owned(), "handler" => hc.name.clone()).increment(1);
+        debug!(event_id = %event.id, %topic, handler = %hc.name, event_type = event.event_type.as_deref(),
+            "not selected by this route (event_types)");
     }
 
     /// Runs a dead or parked event again from its stored copy (`outboxd store
@@ -439,7 +485,7 @@ impl Executor {
                 "partition moved while the event waited for its receiver; left to its new owner");
             return Ok(Executed::Abandoned);
         }
-        let scope = hc.dedup_scope.of(job.topic());
+        let scope = job.scope;
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
         let durable = hc.on_uncertain != OnUncertain::Retry;

@@ -162,8 +162,8 @@ impl Engine {
                         metrics::counter!(names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
                         let generation = worker::consumed(&self.shared, &raw);
                         let size = self.size_of(&raw);
-                        if let Some(h) = self.handler_of(&raw.topic).filter(|h| open.is_open(*h)) {
-                            // Its handler's circuit is open: none of its events waits in `full`
+                        if let Some(h) = self.open_route_of(&raw.topic, &open) {
+                            // A route's circuit is open: none of its events waits in `full`
                             // (they left it when it opened), so this one cannot overtake one of
                             // its key. It waits in its chain without read-ahead; its partition pauses.
                             open.pause(consumer, h, PartitionId::new(&raw.topic, raw.partition));
@@ -207,9 +207,15 @@ impl Engine {
         }
     }
 
-    /// The index of the handler of `topic`.
-    fn handler_of(&self, topic: &str) -> Option<usize> {
-        self.shared.exec.config.handler_for(topic).map(|h| h.index)
+    /// The index of a route of `topic` whose circuit is open, if one is: the topic's
+    /// events run through each of its routes in turn, so one route's outage holds them all.
+    fn open_route_of(&self, topic: &str, open: &OpenCircuits) -> Option<usize> {
+        self.shared.exec.config.routes_for(topic).map(|r| r.handler.index).find(|h| open.is_open(*h))
+    }
+
+    /// Whether handler `h` is a route of `topic`.
+    fn takes(&self, h: usize, topic: &str) -> bool {
+        self.shared.exec.config.handlers[h].topics.matches(topic)
     }
 
     /// A circuit opened or closed. Open: the handler's assigned partitions pause, its
@@ -223,7 +229,7 @@ impl Engine {
             if now_open == open.is_open(h) {
                 continue;
             }
-            let of_h = |topic: &str| self.handler_of(topic) == Some(h);
+            let of_h = |topic: &str| self.takes(h, topic);
             if now_open {
                 open.open[h] = true;
                 let assigned: Vec<PartitionId> =
@@ -242,7 +248,8 @@ impl Engine {
                 let paused = std::mem::take(&mut open.paused[h]);
                 let resume: Vec<PartitionId> = {
                     let tracker = self.shared.tracker.lock();
-                    paused.into_iter().filter(|p| tracker.may_fetch(p) && !full.holds(p)).collect()
+                    // A partition of a topic another open route takes stays paused for that one.
+                    paused.into_iter().filter(|p| tracker.may_fetch(p) && !full.holds(p) && !open.holds(p)).collect()
                 };
                 if !resume.is_empty() {
                     if circuit.is_open() {

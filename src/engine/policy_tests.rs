@@ -137,6 +137,7 @@ impl Fixture {
             position: msg.position(),
             timestamp_ms: None,
             traceparent: None,
+            route_key: None,
         };
         assert!(matches!(self.exec.store.handling().claim(&event, TOPIC).await.unwrap(), Claim::Claimed(_)));
     }

@@ -90,6 +90,10 @@ pub struct OutboxEvent {
     pub timestamp_ms: Option<i64>,
     /// W3C trace context of the transaction that wrote the event, when the pipeline carries it.
     pub traceparent: Option<String>,
+    /// Set for a topic's second and later routes: the idempotency key this route
+    /// sends instead of the event id (the id, `#`, the route's name). Read it with
+    /// [`OutboxEvent::idempotency_key`].
+    pub route_key: Option<String>,
 }
 
 impl OutboxEvent {
@@ -104,6 +108,13 @@ impl OutboxEvent {
             position,
             timestamp_ms: None,
             traceparent: None,
+            route_key: None,
         }
+    }
+
+    /// What the receiver is given to recognise a repeated delivery: the event id, or on
+    /// a topic's later routes the id with the route's name ([`OutboxEvent::route_key`]).
+    pub fn idempotency_key(&self) -> &str {
+        self.route_key.as_deref().unwrap_or(&self.id)
     }
 }

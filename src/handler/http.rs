@@ -129,10 +129,12 @@ impl Handler for HttpHandler {
 }
 
 impl HttpHandler {
-    /// The event id as the idempotency header ([`id_header`]).
+    /// The route's idempotency key (the event id on a topic's first route) as the
+    /// idempotency header ([`id_header`]).
     fn insert_idempotency_key(&self, headers: &mut HeaderMap, event: &OutboxEvent) -> Result<(), HandlerError> {
         let Some(name) = &self.config.idempotency_header else { return Ok(()) };
-        let value = id_header(&event.id, &event.id, name)?;
+        let key = event.idempotency_key();
+        let value = id_header(key, key, name)?;
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|e| HandlerError::Permanent(format!("idempotency header name {name:?}: {e}")))?;
         headers.insert(name, value);
@@ -204,8 +206,9 @@ fn insert_signature(
     event: &OutboxEvent,
     body: &[u8],
 ) -> Result<(), HandlerError> {
-    let id = super::sign::webhook_id(&event.id);
-    let id_value = id_header(&id, &event.id, "webhook-id")?;
+    let key = event.idempotency_key();
+    let id = super::sign::webhook_id(key);
+    let id_value = id_header(&id, key, "webhook-id")?;
     let timestamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let signatures = super::sign::signatures(sign, &id, timestamp, body);
     headers.insert(HeaderName::from_static("webhook-id"), id_value);
@@ -339,6 +342,7 @@ mod tests {
             position: crate::event::Position { topic: "t".into(), partition: 0, offset: 0 },
             timestamp_ms: None,
             traceparent: None,
+            route_key: None,
         };
         let mut h = HeaderMap::new();
         handler.insert_idempotency_key(&mut h, &event("order-1/événement")).unwrap();

@@ -94,6 +94,7 @@ mod tests {
             position: Position { topic: "orders".into(), partition: 2, offset: 41 },
             timestamp_ms: None,
             traceparent: None,
+            route_key: None,
         }
     }
 

@@ -26,6 +26,7 @@ async fn store_with_done(dir: &Path, ids: &[&str]) -> Arc<Store> {
             position: Position { topic: "t".into(), partition: 0, offset: offset as i64 },
             timestamp_ms: None,
             traceparent: None,
+            route_key: None,
         };
         let Claim::Claimed(c) = store.handling().claim(&event, "t").await.unwrap() else { panic!("{id} claimed") };
         store.handling().finish(c, State::Done, "http 200".into()).await.unwrap();

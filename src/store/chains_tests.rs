@@ -37,6 +37,7 @@ fn event(m: &RawMessage) -> OutboxEvent {
         position: Position { topic: m.topic.clone(), partition: m.partition, offset: m.offset },
         timestamp_ms: None,
         traceparent: None,
+        route_key: None,
     }
 }
 

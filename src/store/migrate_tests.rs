@@ -116,6 +116,7 @@ async fn a_store_of_the_earlier_format_is_converted_on_open_with_every_record_an
         position: Position { topic: "orders".into(), partition: 2, offset: 99 },
         timestamp_ms: None,
         traceparent: None,
+        route_key: None,
     };
     assert_eq!(store.claim(&e, "orders").await.unwrap(), Claim::Finished { state: State::Done, same_offset: false });
     let e = crate::event::OutboxEvent { id: "42".into(), ..e };

@@ -20,6 +20,7 @@ fn event(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {
         position: Position { topic: topic.into(), partition, offset },
         timestamp_ms: None,
         traceparent: None,
+        route_key: None,
     }
 }
 

@@ -74,13 +74,24 @@ impl Iterator for Merged {
 }
 
 impl Store {
-    /// The record of `id` in any scope, newest slice first (expired slices not yet dropped included).
+    /// The record of `id` in any scope, newest slice first (expired slices not yet
+    /// dropped included). An event that several routes of its topic took has a record
+    /// in each route's scope: the one that waits for a person (dead, parked, or taken
+    /// back for a re-run) is the one found, so that the repairs by id reach it.
     pub(super) fn find_any(&self, id: &str) -> Result<Option<Found>, StoreError> {
         let prefix = keys::event_key(id);
         for slice in self.slices.all().into_iter().rev() {
-            if let Some(item) = slice.scan_prefix(&prefix).next() {
+            let mut first = None;
+            for item in slice.scan_prefix(&prefix) {
                 let (key, raw) = item?;
-                return self.found(slice, key.to_vec(), raw).map(Some);
+                let found = self.found(slice.clone(), key.to_vec(), raw)?;
+                if matches!(found.record.state, State::Dead | State::Parked | State::Claimed) {
+                    return Ok(Some(found));
+                }
+                first.get_or_insert(found);
+            }
+            if first.is_some() {
+                return Ok(first);
             }
         }
         Ok(None)

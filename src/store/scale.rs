@@ -153,6 +153,7 @@ impl Probe {
                 position: Position { topic: topic.to_owned(), partition: 0, offset: i as i64 },
                 timestamp_ms: None,
                 traceparent: None,
+                route_key: None,
             };
             match self.store.handling().claim(&event, topic).await? {
                 super::Claim::Claimed(c) => self.store.handling().finish(c, State::Done, "logged".into()).await?,

@@ -23,6 +23,7 @@ pub(in crate::store) fn event(id: &str, offset: i64) -> OutboxEvent {
         position: Position { topic: "t".into(), partition: 0, offset },
         timestamp_ms: None,
         traceparent: None,
+        route_key: None,
     }
 }
 

@@ -26,6 +26,7 @@ impl From<&Record> for RecordView {
             outcome: r.outcome.clone(),
             partition: r.partition,
             reason: r.reason.clone(),
+            scope: r.scope.clone(),
             state: r.state,
             topic: r.topic.clone(),
             updated_at: rfc3339(r.updated_at_us),

@@ -31,6 +31,7 @@ mod kubernetes;
 mod log_stream;
 mod resilience;
 mod restore_bounds;
+mod routes;
 mod scale;
 mod scale_churn;
 mod scale_repairs;

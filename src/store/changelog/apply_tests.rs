@@ -209,6 +209,7 @@ async fn a_record_written_by_the_service_during_a_fresh_restore_ends_the_fast_pa
         position: Position { topic: "t".into(), partition: 3, offset: 9 },
         timestamp_ms: None,
         traceparent: None,
+        route_key: None,
     };
     let Claim::Claimed(c) = store.claim(&event, "t").await.unwrap() else { panic!("not claimed") };
     store.finish(c, State::Done, "http 200".into()).await.unwrap();

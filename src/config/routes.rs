@@ -1,0 +1,217 @@
+//! Routes: every `[[handlers]]` entry that takes a topic is one of its routes, in
+//! the file's order, and may select only some of its events (`event_types`).
+//!
+//! Each (event, route) is a side effect of its own, with its own record. The
+//! topic's **first** route keeps what a handler alone on the topic has always had:
+//! records in its `dedup_scope` and the event id as idempotency key, so that adding a
+//! route after an existing handler changes nothing for it. A later route's scope is
+//! the first's with `#` and its name, and its idempotency key the event id with `#`
+//! and its name: two routes to the same receiver do not collide.
+
+use std::borrow::Cow;
+
+use super::{ConfigError, HandlerConfig};
+
+/// `handlers[].event_types`: the event types a route selects, exact names or
+/// globs (`Order*`, `Order?aid`, `[A-Z]*`). An event without a type matches none.
+#[derive(Debug, Clone)]
+pub struct EventTypes {
+    patterns: Vec<glob::Pattern>,
+}
+
+impl EventTypes {
+    pub(super) fn from_raw(at: &str, raw: Vec<String>) -> Result<EventTypes, ConfigError> {
+        let field = format!("{at}.event_types");
+        if raw.is_empty() {
+            return Err(ConfigError::field(
+                field,
+                "must list at least one event type (leave it out to take every event)",
+            ));
+        }
+        let mut patterns = Vec::with_capacity(raw.len());
+        for t in raw {
+            if t.trim().is_empty() {
+                return Err(ConfigError::field(field, "an event type must not be empty"));
+            }
+            let p = glob::Pattern::new(&t).map_err(|e| ConfigError::field(&field, format!("{t:?}: {e}")))?;
+            patterns.push(p);
+        }
+        Ok(EventTypes { patterns })
+    }
+
+    /// Whether an event of type `event_type` is selected.
+    pub fn matches(&self, event_type: Option<&str>) -> bool {
+        event_type.is_some_and(|t| self.patterns.iter().any(|p| p.matches(t)))
+    }
+}
+
+impl std::fmt::Display for EventTypes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.patterns.iter().map(glob::Pattern::as_str).collect();
+        write!(f, "{}", names.join(", "))
+    }
+}
+
+/// One handler as a route of one topic.
+#[derive(Debug, Clone, Copy)]
+pub struct Route<'a> {
+    /// The handler.
+    pub handler: &'a HandlerConfig,
+    /// Whether it is the topic's first route (the one that keeps the plain scope and key).
+    pub first: bool,
+}
+
+impl<'a> Route<'a> {
+    /// The store's scope of this route's records of an event of `topic`.
+    pub fn scope(&self, topic: &'a str) -> Cow<'a, str> {
+        let base = self.handler.dedup_scope.of(topic);
+        match self.first {
+            true => Cow::Borrowed(base),
+            false => Cow::Owned(format!("{base}#{}", self.handler.name)),
+        }
+    }
+
+    /// The idempotency key this route sends for event `id`: the id itself on
+    /// the first route, else the id with `#` and the route's name.
+    pub fn key(&self, id: &str) -> Option<String> {
+        (!self.first).then(|| format!("{id}#{}", self.handler.name))
+    }
+
+    /// Whether this route takes an event of type `event_type`.
+    pub fn selects(&self, event_type: Option<&str>) -> bool {
+        self.handler.event_types.as_ref().is_none_or(|t| t.matches(event_type))
+    }
+}
+
+/// A topic's routes, in the file's order.
+pub(super) fn of<'a>(handlers: &'a [HandlerConfig], topic: &'a str) -> impl Iterator<Item = Route<'a>> + 'a {
+    handlers
+        .iter()
+        .filter(move |h| h.topics.matches(topic))
+        .enumerate()
+        .map(|(n, handler)| Route { handler, first: n == 0 })
+}
+
+/// Handlers that share a topic read it alike (the event is decoded once, as its
+/// first route reads it), and a name that goes into idempotency keys must fit a
+/// header. Checked where the file shows the overlap: a topic named by one handler and
+/// named or matched by another. Two patterns that both match a topic are only known
+/// once it exists; its later routes then read it as its first does.
+pub(super) fn check(handlers: &[HandlerConfig]) -> Result<(), ConfigError> {
+    for (i, a) in handlers.iter().enumerate() {
+        for b in &handlers[i + 1..] {
+            let shared = match (&a.topics, &b.topics) {
+                (super::TopicMatch::Exact(ta), _) => ta.iter().find(|t| b.topics.matches(t)),
+                (_, super::TopicMatch::Exact(tb)) => tb.iter().find(|t| a.topics.matches(t)),
+                _ => None,
+            };
+            let Some(topic) = shared else { continue };
+            if let Some(setting) = differs(a, b) {
+                return Err(ConfigError::field(
+                    format!("handlers[{}].{setting}", b.index),
+                    format!(
+                        "topic {topic:?} is also taken by handlers[{}], which reads it with another {setting}; \
+                         the routes of a topic read it alike (the event is decoded once)",
+                        a.index
+                    ),
+                ));
+            }
+            if b.name.chars().any(char::is_control) {
+                return Err(ConfigError::field(
+                    format!("handlers[{}].name", b.index),
+                    format!(
+                        "{:?} is a later route of topic {topic:?}: its name goes into the idempotency key, \
+                         so it must have no control characters",
+                        b.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first setting in which `a` and `b` read messages differently.
+fn differs(a: &HandlerConfig, b: &HandlerConfig) -> Option<&'static str> {
+    if a.format != b.format {
+        Some("format")
+    } else if a.body != b.body {
+        Some("body")
+    } else if a.event_id != b.event_id {
+        Some("event_id")
+    } else if a.event_type_header != b.event_type_header {
+        Some("event_type_header")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{err, parse};
+
+    const THREE: &str = "[[handlers]]\nname=\"all\"\ntopics=[\"o\"]\nkind=\"log\"\n\
+                         [[handlers]]\nname=\"mailer\"\ntopics=[\"o\"]\nkind=\"log\"\nevent_types=[\"OrderPaid\"]\n\
+                         [[handlers]]\nname=\"ship\"\ntopic_pattern=\"^o$\"\nkind=\"log\"\nevent_types=[\"Order*ed\"]\n";
+
+    #[test]
+    fn the_first_route_keeps_the_plain_scope_and_key_and_later_ones_add_their_name() {
+        let c = parse(THREE).unwrap();
+        let routes: Vec<_> = c.routes_for("o").collect();
+        assert_eq!(routes.len(), 3);
+        assert_eq!((routes[0].scope("o"), routes[0].key("e1")), ("o".into(), None));
+        assert_eq!((routes[1].scope("o"), routes[1].key("e1")), ("o#mailer".into(), Some("e1#mailer".into())));
+        assert_eq!(routes[2].scope("o"), "o#ship");
+        assert_eq!(c.routes_for("other").count(), 0);
+    }
+
+    #[test]
+    fn event_types_select_exact_names_and_globs_and_an_untyped_event_goes_only_to_unfiltered_routes() {
+        let c = parse(THREE).unwrap();
+        let takes = |t: Option<&str>| -> Vec<String> {
+            c.routes_for("o").filter(|r| r.selects(t)).map(|r| r.handler.name.clone()).collect()
+        };
+        assert_eq!(takes(Some("OrderPaid")), ["all", "mailer"]);
+        assert_eq!(takes(Some("OrderShipped")), ["all", "ship"]);
+        assert_eq!(takes(Some("orderpaid")), ["all"], "names are case-sensitive");
+        assert_eq!(takes(None), ["all"]);
+    }
+
+    #[test]
+    fn a_shared_scope_keeps_its_later_routes_apart_too() {
+        let c = parse(
+            "[[handlers]]\nname=\"a\"\ntopics=[\"o\"]\nkind=\"log\"\ndedup_scope=\"shared\"\n\
+             [[handlers]]\nname=\"b\"\ntopics=[\"o\"]\nkind=\"log\"\ndedup_scope=\"shared\"\n",
+        )
+        .unwrap();
+        let scopes: Vec<_> = c.routes_for("o").map(|r| r.scope("o").into_owned()).collect();
+        assert_eq!(scopes, ["", "#b"]);
+    }
+
+    #[test]
+    fn routes_of_a_topic_must_read_it_alike_and_need_distinct_names() {
+        let e = err("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n[[handlers]]\nname=\"b\"\ntopics=[\"o\"]\nkind=\"log\"\nformat=\"raw\"\n");
+        assert!(e.contains("handlers[1].format") && e.contains("handlers[0]") && e.contains("alike"), "{e}");
+        let e = err("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n");
+        assert!(e.contains("handlers[1].name") && e.contains("distinct"), "{e}");
+        let e = err("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n[[handlers]]\nname=\"a\\u0007\"\ntopics=[\"o\"]\nkind=\"log\"\n");
+        assert!(e.contains("handlers[1].name") && e.contains("control characters"), "{e}");
+    }
+
+    #[test]
+    fn the_routes_example_is_valid() {
+        let text = include_str!("../../examples/outboxd-routes.toml");
+        let env = |name: &str| (name == "PARTNER_WHSEC").then(|| "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned());
+        let c = super::super::Config::parse(text, &env).unwrap();
+        let names: Vec<_> = c.routes_for("outbox.event.order").map(|r| r.handler.name.clone()).collect();
+        assert_eq!(names, ["partner", "mailer", "shipping-log"]);
+    }
+
+    #[test]
+    fn bad_event_types_name_the_field() {
+        let e = err("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\nevent_types=[]\n");
+        assert!(e.contains("handlers[0].event_types: must list"), "{e}");
+        let e = err("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\nevent_types=[\"[a\"]\n");
+        assert!(e.contains("handlers[0].event_types: \"[a\""), "{e}");
+    }
+}

@@ -1,0 +1,122 @@
+//! Routes: several `[[handlers]]` on one topic, two selecting event types, each a
+//! side effect of its own (its record, its idempotency key), in per-key order; a
+//! Debezium-style replay is suppressed on every route.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::harness::receiver::Reply;
+use crate::harness::{self, metrics, Scenario};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+const TYPES: [&str; 3] = ["OrderCreated", "OrderPaid", "OrderShipped"];
+const KEYS: usize = 8;
+const PER_KEY: usize = 6;
+
+/// The second and third routes of the scenario's topic, to the same receiver: the
+/// mailer on `OrderPaid` (its dead events do not hold the key), shipping on `OrderShip*`.
+fn routes(topic: &str, url: &str) -> String {
+    let (t, u) = (serde_json::to_string(topic).unwrap(), serde_json::to_string(url).unwrap());
+    let route = |name: &str, types: &str, extra: &str| {
+        format!(
+            "\n[[handlers]]\nname = \"{name}\"\ntopics = [{t}]\nevent_types = [{types}]\nkind = \"http\"\nurl = {u}\n\
+             idempotency_header = \"Idempotency-Key\"\nheaders = {{ X-Route = \"{name}\" }}\n{extra}\
+             [handlers.retry]\nmax_attempts = 2\ninitial_backoff = \"50ms\"\nmax_backoff = \"100ms\"\n"
+        )
+    };
+    route("mailer", "\"OrderPaid\"", "on_dead = \"continue\"\n") + &route("shipping", "\"OrderShip*\"", "")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_suppressed_on_every_route() {
+    let mut s = Scenario::new("routes", 2).await;
+    s.od.config.handler_extra = "headers = { X-Route = \"all\" }\n".to_owned();
+    s.od.config.extra_toml = routes(&s.topic, &s.receiver.events_url());
+    s.run().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
+
+    // (id, key, type) in the order sent: per key, the offset order.
+    let mut sent = Vec::new();
+    for i in 0..KEYS * PER_KEY {
+        sent.push((harness::new_event_id(), format!("order-{}", i % KEYS), TYPES[i % TYPES.len()]));
+    }
+    // The mailer refuses one OrderPaid event for good: dead on that route only.
+    let refused = sent.iter().find(|e| e.2 == "OrderPaid").unwrap().0.clone();
+    let refused_key = format!("{refused}#mailer");
+    receiver.set_script(move |req| match req.event_id.as_deref() {
+        Some(k) if k == refused_key => Reply::status(422),
+        _ => Reply::ok(),
+    });
+    for (id, key, t) in &sent {
+        producer.send_event(&topic, key, id, Some(t), &json!({"id": id, "type": t})).await;
+    }
+    let key_of = |id: &str, t: &str, route: &str| match (route, t) {
+        ("all", _) => Some(id.to_owned()),
+        ("mailer", "OrderPaid") => Some(format!("{id}#mailer")),
+        ("shipping", "OrderShipped") => Some(format!("{id}#shipping")),
+        _ => None,
+    };
+    let expected: Vec<(String, &str)> = ["all", "mailer", "shipping"]
+        .into_iter()
+        .flat_map(|route| sent.iter().filter_map(move |(id, _, t)| Some((key_of(id, t, route)?, route))))
+        .collect();
+    od.wait_until("every route's calls answered", TIMEOUT, || expected.iter().all(|(k, _)| receiver.answered(k))).await;
+    od.wait_until("committed offsets at the end", TIMEOUT, || offsets.reached_end()).await;
+    let scraped = metrics::try_scrape(&od).await.expect("metrics");
+    let calls_before = receiver.calls().len();
+
+    // Each route got exactly its events, once each (a 422 is final: the refused one too),
+    // with its own idempotency key, and per key in offset order.
+    for (key, route) in &expected {
+        let calls = receiver.handler_calls(key);
+        assert_eq!(calls.len(), 1, "{route} calls of {key}: {calls:#?}");
+        assert!(calls.iter().all(|c| c.header("x-route") == Some(route)), "{key} reached another route: {calls:#?}");
+    }
+    assert_eq!(receiver.calls().iter().filter(|c| c.is_handler_call()).count(), expected.len());
+    let mut by_route_and_key: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let mut calls = receiver.calls();
+    calls.sort_by_key(|c| c.seq);
+    for c in calls.iter().filter(|c| c.is_handler_call()) {
+        let aggregate = c.path.split('/').nth(2).unwrap_or_default().to_owned();
+        let route = c.header("x-route").unwrap_or_default().to_owned();
+        by_route_and_key.entry((route, aggregate)).or_default().push(c.event_id.clone().unwrap_or_default());
+    }
+    for ((route, aggregate), got) in &by_route_and_key {
+        let want: Vec<String> =
+            sent.iter().filter(|(_, key, _)| key == aggregate).filter_map(|(id, _, t)| key_of(id, t, route)).collect();
+        assert_eq!(got, &want, "route {route}, key {aggregate}: calls out of offset order");
+    }
+    // What a route does not select is counted, not recorded.
+    let filtered = |h: &str| metrics::sample(&scraped, "outboxd_events_filtered_total", &[("handler", h)]);
+    assert_eq!(filtered("mailer"), (KEYS * PER_KEY * 2 / 3) as f64);
+    assert_eq!(filtered("shipping"), (KEYS * PER_KEY * 2 / 3) as f64);
+
+    // A Debezium-style replay (the same events at new offsets): suppressed on every route.
+    for (id, key, t) in &sent {
+        producer.send_event(&topic, key, id, Some(t), &json!({"id": id, "type": t})).await;
+    }
+    od.wait_until("committed offsets at the end of the replay", TIMEOUT, || offsets.reached_end()).await;
+    assert_eq!(receiver.calls().len(), calls_before, "a replayed event was called again");
+    let scraped = metrics::try_scrape(&od).await.expect("metrics");
+    let suppressed = metrics::sample(&scraped, "outboxd_duplicates_suppressed_total", &[("cause", "new_offset")]);
+    assert_eq!(suppressed, expected.len() as f64, "one duplicate per (event, route) that had a record");
+    od.stop();
+
+    // One record per (event, route) that selected it, in the route's scope; the repair
+    // commands by id find the one that waits for a person.
+    let records = od.store_json(&["list", "--limit", "1000"]);
+    let mut scopes: BTreeMap<String, usize> = BTreeMap::new();
+    for r in records.as_array().expect("a list") {
+        *scopes.entry(r["scope"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
+    }
+    let n = KEYS * PER_KEY;
+    let want =
+        BTreeMap::from([(topic.clone(), n), (format!("{topic}#mailer"), n / 3), (format!("{topic}#shipping"), n / 3)]);
+    assert_eq!(scopes, want);
+    let dead = od.store_json(&["get", &refused]);
+    assert_eq!(
+        (dead["state"].as_str(), dead["scope"].as_str()),
+        (Some("dead"), Some(format!("{topic}#mailer").as_str()))
+    );
+}
