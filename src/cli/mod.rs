@@ -564,6 +564,16 @@ fn print_admin(admin: &crate::config::AdminConfig) {
     println!("admin: listen={listen} credentials: {}", credentials.join(", "));
 }
 
+/// What a route selects, said in a cell: its event types and `when` conditions.
+fn selects(h: &crate::config::HandlerConfig) -> String {
+    let mut parts: Vec<String> = h.event_types.iter().map(|e| format!("types {e}")).collect();
+    parts.extend(h.when.iter().map(|c| format!("when {c}")));
+    if parts.is_empty() {
+        return "every event".to_owned();
+    }
+    parts.join("\n")
+}
+
 /// Each topic's routes in the order they run, what each selects, and the scope and
 /// idempotency key of its records. Topics named in the file are listed with every
 /// handler that takes them; a pattern's topics are known only once they exist.
@@ -581,7 +591,7 @@ fn print_routes(config: &Config) {
     let mut t = table(&["topic", "route", "handler", "selects", "record scope", "idempotency key"]);
     for topic in &named {
         for (n, r) in config.routes_for(topic).enumerate() {
-            let selects = r.handler.event_types.as_ref().map_or_else(|| "every event".to_owned(), |e| format!("types {e}"));
+            let selects = selects(r.handler);
             let scope = match r.scope(topic) {
                 s if s.is_empty() => "(shared)".to_owned(),
                 s => s.into_owned(),
@@ -592,7 +602,7 @@ fn print_routes(config: &Config) {
         }
     }
     for h in config.handlers.iter().filter(|h| matches!(h.topics, crate::config::TopicMatch::Pattern(_))) {
-        let selects = h.event_types.as_ref().map_or_else(|| "every event".to_owned(), |e| format!("types {e}"));
+        let selects = selects(h);
         let place = "by its place in the file";
         t.add_row(vec![h.topics.to_string(), place.to_owned(), h.name.clone(), selects, String::new(), String::new()]);
     }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
 use super::http::{HttpConfig, RawVerify, StatusMatch};
 use super::retry::{RawRetry, RetryConfig};
-use super::routes::EventTypes;
+use super::routes::{Condition, EventTypes, RawCondition};
 use super::sign::RawSign;
 use super::topics::TopicMatch;
 use super::ConfigError;
@@ -61,6 +61,9 @@ pub struct RawHandler {
     pub event_type_header: Option<String>,
     /// `handlers[].event_types`: only events of these types (exact names or globs) run here.
     pub event_types: Option<Vec<String>>,
+    /// `[[handlers.when]]`: only events whose header or payload field has one of the values run here.
+    #[serde(default)]
+    pub when: Vec<RawCondition>,
     /// `[handlers.retry]`: the retry schedule; every key has a default.
     pub retry: Option<RawRetry>,
     /// `[handlers.circuit]`: backing off as a whole while the receiver fails for everyone.
@@ -243,6 +246,8 @@ pub struct HandlerConfig {
     pub event_type_header: String,
     /// The event types it selects (`None`: every event of its topics).
     pub event_types: Option<EventTypes>,
+    /// Conditions on a header or a payload field, all of which must hold (`[[handlers.when]]`).
+    pub when: Vec<Condition>,
     /// The retry schedule of a failing delivery.
     pub retry: RetryConfig,
     /// The circuit breaker over the receiver's health.
@@ -280,6 +285,11 @@ impl RawHandler {
         };
         let event_id = event_id(&at, self.event_id)?;
         let event_types = self.event_types.map(|t| EventTypes::from_raw(&at, t)).transpose()?;
+        let mut when = Vec::with_capacity(self.when.len());
+        for (i, c) in self.when.into_iter().enumerate() {
+            let c = c.validate(&format!("{at}.when[{i}]")).map_err(|e| ConfigError::field(e.0, e.1))?;
+            when.push(c);
+        }
         let retry = self.retry.unwrap_or_default().validate(&at)?;
         let circuit = self.circuit.unwrap_or_default().validate(&at, retry.max_attempts, env)?;
         let concurrency = self.concurrency.unwrap_or_default().validate(&at)?;
@@ -298,6 +308,7 @@ impl RawHandler {
             event_id,
             event_type_header: self.event_type_header.unwrap_or_else(|| DEFAULT_EVENT_TYPE_HEADER.to_owned()),
             event_types,
+            when,
             retry,
             circuit,
             concurrency,

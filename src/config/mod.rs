@@ -59,7 +59,7 @@ pub use http::{HttpConfig, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::KafkaConfig;
 pub use logs::LogConfig;
 pub use retry::RetryConfig;
-pub use routes::{EventTypes, Route};
+pub use routes::{Condition, ConditionOn, EventTypes, Route};
 pub use schema_registry::RegistryOptions;
 pub use sign::{SignConfig, SignScheme};
 pub use store::StoreConfig;
@@ -164,7 +164,7 @@ impl Config {
 
 /// What the tests of every section start from.
 #[cfg(test)]
-mod testing {
+pub(crate) mod testing {
     use super::{Config, ConfigError};
 
     pub fn env(name: &str) -> Option<String> {

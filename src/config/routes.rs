@@ -52,6 +52,121 @@ impl std::fmt::Display for EventTypes {
     }
 }
 
+/// `[[handlers.when]]` as written: one condition on a header or a payload field.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCondition {
+    /// A Kafka header's name.
+    pub header: Option<String>,
+    /// A dotted path into the JSON payload (`status`, `customer.tier`).
+    pub field: Option<String>,
+    /// The value it must have: one text, or a list of which it must have one.
+    pub equals: OneOrMany,
+}
+
+/// `equals`: a value or a list of values, each a text, a number or a boolean (compared
+/// as its text: `3` and `"3"` are the same condition).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(try_from = "toml::Value")]
+pub enum OneOrMany {
+    /// `equals = "paid"`.
+    One(String),
+    /// `equals = ["paid", "refunded"]`.
+    Many(Vec<String>),
+}
+
+impl TryFrom<toml::Value> for OneOrMany {
+    type Error = String;
+
+    fn try_from(v: toml::Value) -> Result<OneOrMany, String> {
+        fn text(v: toml::Value) -> Result<String, String> {
+            match v {
+                toml::Value::String(s) => Ok(s),
+                toml::Value::Integer(i) => Ok(i.to_string()),
+                toml::Value::Float(f) => Ok(f.to_string()),
+                toml::Value::Boolean(b) => Ok(b.to_string()),
+                other => Err(format!("expected a text, a number or a boolean, found {}", other.type_str())),
+            }
+        }
+        match v {
+            toml::Value::Array(values) => values.into_iter().map(text).collect::<Result<_, _>>().map(OneOrMany::Many),
+            v => text(v).map(OneOrMany::One),
+        }
+    }
+}
+
+/// One condition of `[[handlers.when]]`; a route selects an event only when every
+/// condition holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// What is compared.
+    pub on: ConditionOn,
+    /// The values of which it must have one.
+    pub equals: Vec<String>,
+}
+
+/// What a [`Condition`] compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConditionOn {
+    /// A Kafka header (its bytes as UTF-8 text); a message without it fails the condition.
+    Header(String),
+    /// A payload field: the dotted path as written, and as a JSON pointer (`/customer/tier`).
+    /// A string compares as its text, a number or boolean as its JSON text; a payload
+    /// that is not JSON, a missing field, `null`, an object or an array fail it.
+    Field {
+        /// As written.
+        path: String,
+        /// For `serde_json::Value::pointer`.
+        pointer: String,
+    },
+}
+
+impl RawCondition {
+    pub(super) fn validate(self, at: &str) -> Result<Condition, ConditionError> {
+        let equals = match self.equals {
+            OneOrMany::One(v) => vec![v],
+            OneOrMany::Many(v) if v.is_empty() => {
+                return Err(ConditionError(format!("{at}.equals"), "must list at least one value"))
+            }
+            OneOrMany::Many(v) => v,
+        };
+        let on = match (self.header, self.field) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(ConditionError(at.to_owned(), "set one of header or field"))
+            }
+            (Some(h), None) if h.trim().is_empty() => {
+                return Err(ConditionError(format!("{at}.header"), "must not be empty"))
+            }
+            (Some(h), None) => ConditionOn::Header(h),
+            (None, Some(f)) if f.split('.').any(|p| p.is_empty()) => {
+                return Err(ConditionError(
+                    format!("{at}.field"),
+                    "must be a dotted path of non-empty names (status, customer.tier)",
+                ))
+            }
+            (None, Some(f)) => {
+                let pointer = f.split('.').map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1"))).collect();
+                ConditionOn::Field { path: f, pointer }
+            }
+        };
+        Ok(Condition { on, equals })
+    }
+}
+
+/// A condition that is not well formed: the field, and what is wrong.
+pub(super) struct ConditionError(pub String, pub &'static str);
+
+impl std::fmt::Display for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match &self.on {
+            ConditionOn::Header(h) => format!("header {h}"),
+            ConditionOn::Field { path, .. } => format!("field {path}"),
+        };
+        write!(f, "{what} = {}", self.equals.join(" | "))
+    }
+}
+
 /// One handler as a route of one topic.
 #[derive(Debug, Clone, Copy)]
 pub struct Route<'a> {
@@ -205,6 +320,29 @@ mod tests {
         let c = super::super::Config::parse(text, &env).unwrap();
         let names: Vec<_> = c.routes_for("outbox.event.order").map(|r| r.handler.name.clone()).collect();
         assert_eq!(names, ["partner", "mailer", "shipping-log"]);
+    }
+
+    #[test]
+    fn when_conditions_parse_and_bad_ones_name_the_field() {
+        let c = parse(
+            "[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n[[handlers.when]]\nheader=\"tenant\"\nequals=\"acme\"\n\
+             [[handlers.when]]\nfield=\"customer.tier\"\nequals=[\"gold\",\"a/b~\"]\n",
+        )
+        .unwrap();
+        let when: Vec<String> = c.handlers[0].when.iter().map(ToString::to_string).collect();
+        assert_eq!(when, ["header tenant = acme", "field customer.tier = gold | a/b~"]);
+        let super::ConditionOn::Field { pointer, .. } = &c.handlers[0].when[1].on else { panic!("a field") };
+        assert_eq!(pointer, "/customer/tier");
+        let bad = |w: &str| err(&format!("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n[[handlers.when]]\n{w}\n"));
+        assert!(bad("equals=\"x\"").contains("handlers[0].when[0]: set one of header or field"));
+        assert!(bad("header=\"h\"\nfield=\"f\"\nequals=\"x\"").contains("set one of"));
+        assert!(bad("field=\"a..b\"\nequals=\"x\"").contains("handlers[0].when[0].field"));
+        assert!(bad("header=\"h\"\nequals=[]").contains("handlers[0].when[0].equals"));
+        assert!(bad("header=\"h\"").contains("equals"), "{}", bad("header=\"h\""));
+        assert!(bad("header=\"h\"\nequals={a=1}").contains("expected a text, a number or a boolean"));
+        let c = parse("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n[[handlers.when]]\nfield=\"n\"\nequals=[3, true]\n")
+            .unwrap();
+        assert_eq!(c.handlers[0].when[0].equals, ["3", "true"]);
     }
 
     #[test]

@@ -296,14 +296,13 @@ impl Executor {
         call_over: &CallOver<'_>,
     ) -> Result<Executed, StoreError> {
         let topic = msg.topic.as_str();
-        let metrics = self.metrics.of(topic);
-        let selected = |r: &crate::config::Route<'_>| r.selects(event.event_type.as_deref());
+        let routes: smallvec::SmallVec<[(crate::config::Route<'_>, bool); 2]> =
+            self.config.routes_for(topic).map(|r| (r, selects(&r, &event, msg))).collect();
         // The read-ahead place is given back once the last selected route's call is over.
-        let last = self.config.routes_for(topic).filter(selected).last().map(|r| r.handler.index);
-        let routes: smallvec::SmallVec<[crate::config::Route<'_>; 2]> = self.config.routes_for(topic).collect();
-        for route in routes {
+        let last = routes.iter().rev().find(|(_, s)| *s).map(|(r, _)| r.handler.index);
+        for (route, selected) in routes {
             let hc = route.handler;
-            if !route.selects(event.event_type.as_deref()) {
+            if !selected {
                 self.filtered(hc, topic, &event);
                 continue;
             }
@@ -316,6 +315,7 @@ impl Executor {
             };
             let no_call_over = || {};
             let call_over: &CallOver<'_> = if last == Some(hc.index) { call_over } else { &no_call_over };
+            let metrics = self.metrics.of(topic, Some(hc));
             let job = Job { hc, slot, handler, event: &event, msg, scope: &scope, owned, call_over, metrics: &metrics };
             if self.handle(&job).await? == Executed::Abandoned {
                 return Ok(Executed::Abandoned);
@@ -324,11 +324,11 @@ impl Executor {
         Ok(Executed::Final)
     }
 
-    /// A route passed the event by (`event_types`): nothing is recorded for it there.
+    /// A route passed the event by (`event_types`, `when`): nothing is recorded for it there.
     fn filtered(&self, hc: &HandlerConfig, topic: &str, event: &OutboxEvent) {
         metrics::counter!(names::FILTERED, "topic" => topic.to_owned(), "handler" => hc.name.clone()).increment(1);
         debug!(event_id = %event.id, %topic, handler = %hc.name, event_type = event.event_type.as_deref(),
-            "not selected by this route (event_types)");
+            "not selected by this route (event_types, when)");
     }
 
     /// Runs a dead or parked event again from its stored copy (`outboxd store
@@ -355,8 +355,8 @@ impl Executor {
             "handling failed unexpectedly; recorded dead so that its key and partition go on");
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(names::PANICS, "topic" => msg.topic.clone()).increment(1);
-        self.metrics.of(&msg.topic).dead.increment(1);
         let hc = self.config.handler_for(&msg.topic);
+        self.metrics.of(&msg.topic, hc).dead.increment(1);
         let dlq = self.dead_letter(hc, msg, &reason, 0).await;
         let hold = hc.is_some_and(|h| h.on_dead.holds());
         self.store.handling().record_undecodable(&id, msg, reason, dlq, hold).await
@@ -412,7 +412,7 @@ impl Executor {
             "message cannot be decoded; dead-lettered");
         spans::failed_here(&reason);
         self.counters.dead.fetch_add(1, Ordering::Relaxed);
-        self.metrics.of(&msg.topic).dead.increment(1);
+        self.metrics.of(&msg.topic, hc).dead.increment(1);
         if let Some(hc) = hc {
             self.slots[hc.index].tally.dead();
         }
@@ -634,7 +634,7 @@ impl Executor {
             #[cfg(debug_assertions)]
             inject_panic(&event.id);
             let t = Instant::now();
-            let span = spans::call(attempt);
+            let span = spans::call(&hc.name, attempt);
             let result = job.handler.handle(event).instrument(span.clone()).await;
             match &result {
                 Ok(outcome) => spans::answered(&span, &outcome.0),
@@ -764,6 +764,34 @@ impl Executor {
     }
 }
 
+/// Whether `route` takes `event`: its `event_types`, and every `[[handlers.when]]` condition.
+fn selects(route: &crate::config::Route<'_>, event: &OutboxEvent, msg: &RawMessage) -> bool {
+    route.selects(event.event_type.as_deref()) && route.handler.when.iter().all(|c| holds(c, event, msg))
+}
+
+/// A header's text, or a payload field's (a string as it is, a number or boolean as
+/// its JSON text), is one of the condition's values.
+fn holds(c: &crate::config::Condition, event: &OutboxEvent, msg: &RawMessage) -> bool {
+    use crate::config::ConditionOn;
+    let is_one = |v: &str| c.equals.iter().any(|e| e == v);
+    match &c.on {
+        ConditionOn::Header(name) => msg
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| std::str::from_utf8(v.as_deref()?).ok())
+            .is_some_and(is_one),
+        ConditionOn::Field { pointer, .. } => {
+            let crate::event::Payload::Json(json) = &event.payload else { return false };
+            match json.value().pointer(pointer) {
+                Some(serde_json::Value::String(s)) => is_one(s),
+                Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => is_one(&v.to_string()),
+                _ => false,
+            }
+        }
+    }
+}
+
 /// Every topic given its own handler must be covered by a `[[handlers]]` entry.
 pub fn check_custom_topics(config: &Config, custom: &HashMap<String, Arc<dyn Handler>>) -> Result<(), SetupError> {
     match custom.keys().find(|topic| config.handler_for(topic).is_none()) {
@@ -798,5 +826,49 @@ pub enum SetupError {
 fn inject_panic(event_id: &str) {
     if std::env::var("OUTBOXD_DEBUG_PANIC_ON_EVENT").is_ok_and(|id| id == event_id) {
         panic!("injected for event {event_id} (OUTBOXD_DEBUG_PANIC_ON_EVENT)");
+    }
+}
+
+#[cfg(test)]
+mod when_tests {
+    use super::{holds, OutboxEvent, RawMessage};
+    use crate::config::testing::parse;
+    use crate::event::{Json, Payload, Position};
+
+    fn event(payload: &str) -> (OutboxEvent, RawMessage) {
+        let position = Position { topic: "o".into(), partition: 0, offset: 0 };
+        let payload = Payload::Json(Json::from(serde_json::from_str::<serde_json::Value>(payload).unwrap()));
+        let msg = RawMessage {
+            topic: "o".into(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            value: None,
+            headers: vec![("tenant".into(), Some(b"acme".to_vec())), ("empty".into(), None)],
+            timestamp_ms: None,
+        };
+        (OutboxEvent::new("e1", payload, position), msg)
+    }
+
+    fn holds_for(when: &str, payload: &str) -> bool {
+        let c = parse(&format!("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n[[handlers.when]]\n{when}\n")).unwrap();
+        let (e, m) = event(payload);
+        holds(&c.handlers[0].when[0], &e, &m)
+    }
+
+    #[test]
+    fn a_condition_compares_a_header_or_a_field_with_one_of_its_values() {
+        let p = r#"{"status":"paid","n":3,"ok":true,"customer":{"tier":"gold"},"none":null,"list":[1]}"#;
+        assert!(holds_for("header = \"tenant\"\nequals = \"acme\"", p));
+        assert!(!holds_for("header = \"tenant\"\nequals = \"other\"", p));
+        assert!(!holds_for("header = \"empty\"\nequals = \"\"", p), "a header without a value has no text");
+        assert!(!holds_for("header = \"missing\"\nequals = \"acme\"", p));
+        assert!(holds_for("field = \"status\"\nequals = [\"refunded\", \"paid\"]", p));
+        assert!(holds_for("field = \"customer.tier\"\nequals = \"gold\"", p));
+        assert!(holds_for("field = \"n\"\nequals = \"3\"", p), "a number as its JSON text");
+        assert!(holds_for("field = \"ok\"\nequals = \"true\"", p));
+        for path in ["none", "list", "customer", "absent", "status.deeper"] {
+            assert!(!holds_for(&format!("field = \"{path}\"\nequals = \"null\""), p), "{path}");
+        }
     }
 }

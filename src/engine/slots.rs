@@ -57,8 +57,8 @@ impl HandlerCalls {
     }
 }
 
-/// A topic's metric handles (the `topic` label's), the same registry entries the
-/// `metrics` macros would find.
+/// A route's metric handles (the `topic` and `handler` labels'), the same registry
+/// entries the `metrics` macros would find.
 pub(super) struct TopicMetrics {
     pub(super) handled: Counter,
     pub(super) redelivered: Counter,
@@ -72,33 +72,38 @@ pub(super) struct TopicMetrics {
 }
 
 impl TopicMetrics {
-    fn new(topic: &str) -> TopicMetrics {
-        let t = || topic.to_owned();
+    fn new(topic: &str, handler: &str) -> TopicMetrics {
+        let (t, h) = (|| topic.to_owned(), || handler.to_owned());
         TopicMetrics {
-            handled: metrics::counter!(names::HANDLED, "topic" => t()),
-            redelivered: metrics::counter!(names::DUPLICATES, "topic" => t(), "cause" => "redelivered_offset"),
-            new_offset: metrics::counter!(names::DUPLICATES, "topic" => t(), "cause" => "new_offset"),
-            reexecuted: metrics::counter!(names::REEXECUTED, "topic" => t()),
-            retried: metrics::counter!(names::RETRIED, "topic" => t()),
-            dead: metrics::counter!(names::DEAD, "topic" => t()),
-            parked: metrics::counter!(names::PARKED, "topic" => t()),
-            handler_seconds: metrics::histogram!(names::HANDLER_SECONDS, "topic" => t()),
-            age_seconds: metrics::histogram!(names::AGE_SECONDS, "topic" => t()),
+            handled: metrics::counter!(names::HANDLED, "topic" => t(), "handler" => h()),
+            redelivered: metrics::counter!(names::DUPLICATES, "topic" => t(), "handler" => h(), "cause" => "redelivered_offset"),
+            new_offset: metrics::counter!(names::DUPLICATES, "topic" => t(), "handler" => h(), "cause" => "new_offset"),
+            reexecuted: metrics::counter!(names::REEXECUTED, "topic" => t(), "handler" => h()),
+            retried: metrics::counter!(names::RETRIED, "topic" => t(), "handler" => h()),
+            dead: metrics::counter!(names::DEAD, "topic" => t(), "handler" => h()),
+            parked: metrics::counter!(names::PARKED, "topic" => t(), "handler" => h()),
+            handler_seconds: metrics::histogram!(names::HANDLER_SECONDS, "topic" => t(), "handler" => h()),
+            age_seconds: metrics::histogram!(names::AGE_SECONDS, "topic" => t(), "handler" => h()),
         }
     }
 }
 
-/// Each topic's [`TopicMetrics`], made at its first event. Topics are few (a pattern
-/// matches new ones rarely), so entries are never removed.
+/// Each route's [`TopicMetrics`] by topic and handler, made at its first event. Topics
+/// are few (a pattern matches new ones rarely), so entries are never removed.
 #[derive(Default)]
-pub(super) struct TopicsMetrics(RwLock<HashMap<String, Arc<TopicMetrics>>>);
+pub(super) struct TopicsMetrics(RwLock<HashMap<String, HashMap<usize, Arc<TopicMetrics>>>>);
 
 impl TopicsMetrics {
-    pub(super) fn of(&self, topic: &str) -> Arc<TopicMetrics> {
-        if let Some(m) = self.0.read().expect("topic metrics lock").get(topic) {
+    /// The handles of `handler`'s events of `topic` (`None`: a message no handler
+    /// took, with an empty `handler` label).
+    pub(super) fn of(&self, topic: &str, handler: Option<&HandlerConfig>) -> Arc<TopicMetrics> {
+        let index = handler.map_or(usize::MAX, |h| h.index);
+        if let Some(m) = self.0.read().expect("topic metrics lock").get(topic).and_then(|h| h.get(&index)) {
             return m.clone();
         }
         let mut all = self.0.write().expect("topic metrics lock");
-        all.entry(topic.to_owned()).or_insert_with(|| Arc::new(TopicMetrics::new(topic))).clone()
+        let name = handler.map_or("", |h| h.name.as_str());
+        let of_topic = all.entry(topic.to_owned()).or_default();
+        of_topic.entry(index).or_insert_with(|| Arc::new(TopicMetrics::new(topic, name))).clone()
     }
 }

@@ -59,6 +59,7 @@ fn write_line(out: &mut impl Write, event: &OutboxEvent) -> std::io::Result<()> 
         aggregate_id: event.aggregate_id.as_deref(),
         event_id: &event.id,
         event_type: event.event_type.as_deref(),
+        idempotency_key: event.route_key.as_deref(),
         offset: event.position.offset,
         partition: event.position.partition,
         payload: &event.payload,
@@ -74,6 +75,9 @@ struct Line<'a> {
     aggregate_id: Option<&'a str>,
     event_id: &'a str,
     event_type: Option<&'a str>,
+    /// Only on a topic's later routes (`OutboxEvent::route_key`): tells their lines apart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idempotency_key: Option<&'a str>,
     offset: i64,
     partition: i32,
     payload: &'a Payload,
@@ -134,6 +138,16 @@ mod tests {
             line(Payload::Json(serde_json::json!({"total": 12.5, "items": [1, 2]}).into())),
             r#"{"aggregate_id":"order-7","event_id":"e-1","event_type":null,"offset":41,"partition":2,"payload":{"items":[1,2],"total":12.5},"topic":"orders"}"#.to_owned() + "\n"
         );
+    }
+
+    #[test]
+    fn a_later_route_s_line_carries_its_idempotency_key() {
+        let mut e = event(Payload::Null);
+        e.route_key = Some("e-1#audit".into());
+        let mut out = Vec::new();
+        write_line(&mut out, &e).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!((v["event_id"].as_str(), v["idempotency_key"].as_str()), (Some("e-1"), Some("e-1#audit")));
     }
 
     #[test]

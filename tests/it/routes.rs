@@ -1,6 +1,6 @@
-//! Routes: several `[[handlers]]` on one topic, two selecting event types, each a
-//! side effect of its own (its record, its idempotency key), in per-key order; a
-//! Debezium-style replay is suppressed on every route.
+//! Routes: several `[[handlers]]` on one topic, two selecting event types and one a
+//! payload field, each a side effect of its own (its record, its idempotency key), in
+//! per-key order; a Debezium-style replay is suppressed on every route.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,8 +14,9 @@ const TYPES: [&str; 3] = ["OrderCreated", "OrderPaid", "OrderShipped"];
 const KEYS: usize = 8;
 const PER_KEY: usize = 6;
 
-/// The second and third routes of the scenario's topic, to the same receiver: the
-/// mailer on `OrderPaid` (its dead events do not hold the key), shipping on `OrderShip*`.
+/// The later routes of the scenario's topic, to the same receiver: the mailer on
+/// `OrderPaid` (its dead events do not hold the key), shipping on `OrderShip*`, the
+/// CRM on the gold customers' events.
 fn routes(topic: &str, url: &str) -> String {
     let (t, u) = (serde_json::to_string(topic).unwrap(), serde_json::to_string(url).unwrap());
     let route = |name: &str, types: &str, extra: &str| {
@@ -25,7 +26,11 @@ fn routes(topic: &str, url: &str) -> String {
              [handlers.retry]\nmax_attempts = 2\ninitial_backoff = \"50ms\"\nmax_backoff = \"100ms\"\n"
         )
     };
-    route("mailer", "\"OrderPaid\"", "on_dead = \"continue\"\n") + &route("shipping", "\"OrderShip*\"", "")
+    let crm = route("crm", "\"Order*\"", "").replace(
+        "[handlers.retry]",
+        "[[handlers.when]]\nfield = \"customer.tier\"\nequals = [\"gold\", \"platinum\"]\n[handlers.retry]",
+    );
+    route("mailer", "\"OrderPaid\"", "on_dead = \"continue\"\n") + &route("shipping", "\"OrderShip*\"", "") + &crm
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,8 +43,9 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
 
     // (id, key, type) in the order sent: per key, the offset order.
     let mut sent = Vec::new();
+    let tiers = ["gold", "silver", "platinum", "bronze"];
     for i in 0..KEYS * PER_KEY {
-        sent.push((harness::new_event_id(), format!("order-{}", i % KEYS), TYPES[i % TYPES.len()]));
+        sent.push((harness::new_event_id(), format!("order-{}", i % KEYS), TYPES[i % TYPES.len()], tiers[i % 4]));
     }
     // The mailer refuses one OrderPaid event for good: dead on that route only.
     let refused = sent.iter().find(|e| e.2 == "OrderPaid").unwrap().0.clone();
@@ -48,18 +54,20 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
         Some(k) if k == refused_key => Reply::status(422),
         _ => Reply::ok(),
     });
-    for (id, key, t) in &sent {
-        producer.send_event(&topic, key, id, Some(t), &json!({"id": id, "type": t})).await;
+    let payload = |id: &str, t: &str, tier: &str| json!({"id": id, "type": t, "customer": {"tier": tier}});
+    for (id, key, t, tier) in &sent {
+        producer.send_event(&topic, key, id, Some(t), &payload(id, t, tier)).await;
     }
-    let key_of = |id: &str, t: &str, route: &str| match (route, t) {
-        ("all", _) => Some(id.to_owned()),
-        ("mailer", "OrderPaid") => Some(format!("{id}#mailer")),
-        ("shipping", "OrderShipped") => Some(format!("{id}#shipping")),
+    let key_of = |id: &str, t: &str, tier: &str, route: &str| match (route, t, tier) {
+        ("all", _, _) => Some(id.to_owned()),
+        ("mailer", "OrderPaid", _) => Some(format!("{id}#mailer")),
+        ("shipping", "OrderShipped", _) => Some(format!("{id}#shipping")),
+        ("crm", _, "gold" | "platinum") => Some(format!("{id}#crm")),
         _ => None,
     };
-    let expected: Vec<(String, &str)> = ["all", "mailer", "shipping"]
+    let expected: Vec<(String, &str)> = ["all", "mailer", "shipping", "crm"]
         .into_iter()
-        .flat_map(|route| sent.iter().filter_map(move |(id, _, t)| Some((key_of(id, t, route)?, route))))
+        .flat_map(|route| sent.iter().filter_map(move |(id, _, t, tier)| Some((key_of(id, t, tier, route)?, route))))
         .collect();
     od.wait_until("every route's calls answered", TIMEOUT, || expected.iter().all(|(k, _)| receiver.answered(k))).await;
     od.wait_until("committed offsets at the end", TIMEOUT, || offsets.reached_end()).await;
@@ -83,18 +91,22 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
         by_route_and_key.entry((route, aggregate)).or_default().push(c.event_id.clone().unwrap_or_default());
     }
     for ((route, aggregate), got) in &by_route_and_key {
-        let want: Vec<String> =
-            sent.iter().filter(|(_, key, _)| key == aggregate).filter_map(|(id, _, t)| key_of(id, t, route)).collect();
+        let want: Vec<String> = sent
+            .iter()
+            .filter(|(_, key, _, _)| key == aggregate)
+            .filter_map(|(id, _, t, tier)| key_of(id, t, tier, route))
+            .collect();
         assert_eq!(got, &want, "route {route}, key {aggregate}: calls out of offset order");
     }
     // What a route does not select is counted, not recorded.
     let filtered = |h: &str| metrics::sample(&scraped, "outboxd_events_filtered_total", &[("handler", h)]);
     assert_eq!(filtered("mailer"), (KEYS * PER_KEY * 2 / 3) as f64);
     assert_eq!(filtered("shipping"), (KEYS * PER_KEY * 2 / 3) as f64);
+    assert_eq!(filtered("crm"), (KEYS * PER_KEY / 2) as f64);
 
     // A Debezium-style replay (the same events at new offsets): suppressed on every route.
-    for (id, key, t) in &sent {
-        producer.send_event(&topic, key, id, Some(t), &json!({"id": id, "type": t})).await;
+    for (id, key, t, tier) in &sent {
+        producer.send_event(&topic, key, id, Some(t), &payload(id, t, tier)).await;
     }
     od.wait_until("committed offsets at the end of the replay", TIMEOUT, || offsets.reached_end()).await;
     assert_eq!(receiver.calls().len(), calls_before, "a replayed event was called again");
@@ -111,8 +123,12 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
         *scopes.entry(r["scope"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
     }
     let n = KEYS * PER_KEY;
-    let want =
-        BTreeMap::from([(topic.clone(), n), (format!("{topic}#mailer"), n / 3), (format!("{topic}#shipping"), n / 3)]);
+    let want = BTreeMap::from([
+        (topic.clone(), n),
+        (format!("{topic}#mailer"), n / 3),
+        (format!("{topic}#shipping"), n / 3),
+        (format!("{topic}#crm"), n / 2),
+    ]);
     assert_eq!(scopes, want);
     let dead = od.store_json(&["get", &refused]);
     assert_eq!(

@@ -18,7 +18,7 @@ fn one(msg: &RawMessage, event: &OutboxEvent) {
     decoded(&span, "h", event);
     let c = claim(false);
     drop(c);
-    let call = call(1);
+    let call = call("bench", 1);
     answered(&call, "http 200");
     drop(call);
     let r = record(State::Done, true);

@@ -81,13 +81,15 @@ pub(super) fn changelog_ack(record: &'static str, changelog: bool) -> Span {
     }
 }
 
-/// One attempt of the handler; `http.response.status_code` is the http handler's to fill in.
-pub(super) fn call(attempt: u32) -> Span {
+/// One attempt of `handler` (the route: a topic's routes are calls of their own in the
+/// event's trace); `http.response.status_code` is the http handler's to fill in.
+pub(super) fn call(handler: &str, attempt: u32) -> Span {
     debug_span!(
         "handler call",
         otel.kind = "client",
         otel.status_code = Empty,
         otel.status_description = Empty,
+        outboxd.handler = handler,
         outboxd.attempt = i64::from(attempt),
         outboxd.outcome = Empty,
         http.response.status_code = Empty,
