@@ -3,8 +3,12 @@
 //! and does nothing) and prints one line per request, so you can watch side
 //! effects arrive once.
 //!
+//! `POST /orders/{aggregate_id}/events` is the order webhook, `POST /mail/{aggregate_id}`
+//! the mailer (the demo's second route); each key does its side effect once.
+//!
 //! `cargo run --example receiver -- [ADDR]` (default 127.0.0.1:18080).
-//! `GET /stats` returns `{"requests":N,"effects":N,"replays":N}`.
+//! `GET /stats` returns `{"requests":N,"effects":N,"replays":N,"mails":N}` (`effects`
+//! counts the mails too).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,6 +30,7 @@ struct Receiver {
     requests: u64,
     effects: u64,
     replays: u64,
+    mails: u64,
 }
 
 type Shared = Arc<Mutex<Receiver>>;
@@ -34,8 +39,11 @@ type Shared = Arc<Mutex<Receiver>>;
 async fn main() -> anyhow::Result<()> {
     let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:18080".to_owned());
     let state: Shared = Arc::default();
-    let app =
-        Router::new().route("/orders/{aggregate_id}/events", post(event)).route("/stats", get(stats)).with_state(state);
+    let app = Router::new()
+        .route("/orders/{aggregate_id}/events", post(event))
+        .route("/mail/{aggregate_id}", post(mail))
+        .route("/stats", get(stats))
+        .with_state(state);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("receiver listening on http://{addr}");
     axum::serve(listener, app).await?;
@@ -48,10 +56,34 @@ async fn event(
     headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, Json<Value>) {
+    effect("EFFECT", &state, &aggregate_id, &headers, &body)
+}
+
+async fn mail(
+    State(state): State<Shared>,
+    Path(aggregate_id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, Json<Value>) {
+    let answer = effect("MAIL  ", &state, &aggregate_id, &headers, &body);
+    if answer.1 .0.get("done").is_some() {
+        state.lock().expect("receiver state").mails += 1;
+    }
+    answer
+}
+
+/// Does the side effect of a key once (`what` names it in the line printed).
+fn effect(
+    what: &str,
+    state: &Shared,
+    aggregate_id: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> (StatusCode, Json<Value>) {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
     let key = header("idempotency-key");
     let event_type = header("outbox-event-type");
-    let body_text = String::from_utf8_lossy(&body);
+    let body_text = String::from_utf8_lossy(body);
     let mut r = state.lock().expect("receiver state");
     r.requests += 1;
     if let Some(status) = r.keys.get(&key).copied() {
@@ -64,11 +96,11 @@ async fn event(
     }
     r.keys.insert(key.clone(), 200);
     r.effects += 1;
-    println!("EFFECT  order={aggregate_id} type={event_type} key={key} body={body_text}");
+    println!("{what}  order={aggregate_id} type={event_type} key={key} body={body_text}");
     (StatusCode::OK, Json(json!({"done": true})))
 }
 
 async fn stats(State(state): State<Shared>) -> Json<Value> {
     let r = state.lock().expect("receiver state");
-    Json(json!({"requests": r.requests, "effects": r.effects, "replays": r.replays}))
+    Json(json!({"requests": r.requests, "effects": r.effects, "replays": r.replays, "mails": r.mails}))
 }
