@@ -3,7 +3,9 @@
 //! "Held chains").
 //!
 //! A chain is named by a [`ChainId`]: the source topic, partition and Kafka key,
-//! the same key the engine's per-key chains use. Its *members* are the records
+//! the same key the engine's per-key chains use, and the route (a topic's later
+//! routes have chains of their own: their records' scope names them, so a dead event
+//! holds its key on its route only). Its *members* are the records
 //! that carry the key in [`Record::chain`] and are not done ([`Record::in_chain`]):
 //! - the **head**, the dead or parked event the chain waits for (or that event
 //!   while a person runs it again: `claimed`);
@@ -36,7 +38,8 @@ use super::{Record, State, Store, StoreError};
 
 const CHAINS_TREE: &str = "chains";
 
-/// A Kafka key within its partition: the events whose order a chain keeps.
+/// A Kafka key within its partition, on one route of its topic: the events whose
+/// order a chain keeps.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChainId {
     /// The source topic.
@@ -45,13 +48,24 @@ pub struct ChainId {
     pub partition: i32,
     /// The message key, as Kafka has it.
     pub key: Vec<u8>,
+    /// The route, for a topic's later routes (the name their scope ends with after
+    /// `#`); `None` for its first route, and for messages that never decoded. A dead
+    /// event holds the later events of its key on its own route only.
+    pub route: Option<String>,
 }
 
 impl ChainId {
     /// The chain `r` is in, if it is in one.
     pub fn of(r: &Record) -> Option<ChainId> {
         let key = r.chain.clone().filter(|_| r.in_chain())?;
-        Some(ChainId { topic: r.topic.clone(), partition: r.partition, key })
+        let route = route_of(r.scope.as_deref());
+        Some(ChainId { topic: r.topic.clone(), partition: r.partition, key, route })
+    }
+
+    /// The same Kafka key on another route: what the tree's entries say (their
+    /// record key says the route).
+    fn same_key(&self, other: &ChainId) -> bool {
+        self.topic == other.topic && self.partition == other.partition && self.key == other.key
     }
 
     /// The key as text, for logs and views (lossy when it is not UTF-8).
@@ -75,11 +89,18 @@ impl ChainId {
         let partition = i32::from_be_bytes(k.get(..4)?.try_into().ok()?);
         let mut r = varint::Reader(&k[4..]);
         let key = r.bytes()?.to_vec();
-        Some((ChainId { topic, partition, key }, r.0))
+        Some((ChainId { topic, partition, key, route: None }, r.0))
     }
 }
 
-/// The tree key of a member: its chain, its offset (order-preserving), its record key.
+/// The route a record's scope names: after `#` on a topic's later routes (topic names
+/// cannot hold a `#`), none on its first route.
+pub(super) fn route_of(scope: Option<&str>) -> Option<String> {
+    scope?.split_once('#').map(|(_, route)| route.to_owned())
+}
+
+/// The tree key of a member: its chain's topic, partition and Kafka key, its offset
+/// (order-preserving), its record key (whose scope says the route).
 fn tree_key(chain: &ChainId, offset: i64, record_key: &[u8]) -> Vec<u8> {
     let mut k = chain.prefix();
     k.extend_from_slice(&((offset as u64) ^ (1 << 63)).to_be_bytes());
@@ -330,9 +351,10 @@ impl Store {
                 None => None,
             };
             match (entry, record) {
-                (Some((chain, offset, record_key)), Some(r))
-                    if ChainId::of(&r).as_ref() == Some(&chain) && r.offset == offset =>
+                (Some((entry, offset, record_key)), Some(r))
+                    if ChainId::of(&r).is_some_and(|c| c.same_key(&entry)) && r.offset == offset =>
                 {
+                    let chain = ChainId::of(&r).expect("checked above");
                     index.insert(&record_key, chain, offset, Member { id: r.event_id.clone(), state: r.state });
                 }
                 _ => stale.push(k),

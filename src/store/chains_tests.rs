@@ -78,7 +78,7 @@ fn chain_of(store: &Store, id: &str) -> ChainInfo {
 }
 
 fn order_key() -> ChainId {
-    ChainId { topic: TOPIC.into(), partition: 2, key: b"order-7".to_vec() }
+    ChainId { topic: TOPIC.into(), partition: 2, key: b"order-7".to_vec(), route: None }
 }
 
 /// The releaser's step: the chain's next held event, run to `outcome`.
@@ -130,6 +130,43 @@ async fn later_events_of_a_dead_events_key_are_held_with_their_copies_and_others
     // An older dead event of the key, run again by a person, is before the chain: it is not held.
     let older = message(5, Some("order-7"));
     assert!(!arrives(&store, &older).await, "an event before the head runs");
+}
+
+/// The event at `m` on a topic's later route `route` (its own scope): `true` when held.
+async fn arrives_on(store: &Store, m: &RawMessage, scope: &str, dies: bool) -> bool {
+    let c = store.claim_in_memory(&event(m), scope).await.unwrap();
+    match store.hold_behind(c, true, m).await.unwrap() {
+        None => true,
+        Some(c) if dies => {
+            store.finish_failed(claimed(c).holding(true, m), State::Dead, "http 400".into(), m, None).await.unwrap();
+            false
+        }
+        Some(c) => {
+            store.finish(claimed(c), State::Done, "http 200".into()).await.unwrap();
+            false
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_dead_event_holds_its_key_on_its_own_route_only_and_a_reopened_store_keeps_the_routes_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mailer = format!("{TOPIC}#mailer");
+    {
+        let store = open(dir.path());
+        assert!(!arrives_on(&store, &message(10, Some("order-7")), &mailer, true).await, "dead on the mailer");
+        assert!(arrives_on(&store, &message(11, Some("order-7")), &mailer, false).await, "held on the mailer");
+        assert!(!arrives(&store, &message(11, Some("order-7"))).await, "the first route runs it");
+        let chains = store.released_chains();
+        assert!(chains.is_empty(), "{chains:?}");
+        assert_eq!(store.held_keys(), 1);
+    }
+    let store = open(dir.path());
+    assert!(arrives_on(&store, &message(12, Some("order-7")), &mailer, false).await, "still held on the mailer");
+    assert!(!arrives(&store, &message(12, Some("order-7"))).await, "still free on the first route");
+    let chain = ChainId { route: Some("mailer".into()), ..order_key() };
+    let dead = store.find_in(&mailer, "e10").unwrap().unwrap().record;
+    assert_eq!(store.chain_view(&dead, 10).map(|c| (c.chain, c.held)), Some((chain, ids(&[11, 12]))));
 }
 
 fn ids(offsets: &[i64]) -> Vec<String> {

@@ -30,7 +30,8 @@ impl Store {
         if c.record.chain.is_some() || !self.chains.any() {
             return Ok(Some(claim));
         }
-        let Some(chain) = held_chain(hold, message) else { return Ok(Some(claim)) };
+        let route = super::chains::route_of(c.record.scope.as_deref());
+        let Some(chain) = held_chain(hold, message, route) else { return Ok(Some(claim)) };
         if !self.chains.holds(&chain, message.offset) {
             return Ok(Some(claim));
         }
@@ -63,7 +64,7 @@ impl Store {
         if !self.chains.any() {
             return Ok(false);
         }
-        let Some(chain) = held_chain(hold, message) else { return Ok(false) };
+        let Some(chain) = held_chain(hold, message, None) else { return Ok(false) };
         if !self.chains.holds(&chain, message.offset) {
             return Ok(false);
         }
@@ -228,9 +229,9 @@ impl Store {
     }
 }
 
-/// The chain a message would be held in: with `hold`, and only when it has a key
-/// (without one there is no order of a key to keep).
-fn held_chain(hold: bool, message: &RawMessage) -> Option<ChainId> {
+/// The chain a message would be held in on `route` (`None`: the topic's first): with
+/// `hold`, and only when it has a key (without one there is no order of a key to keep).
+fn held_chain(hold: bool, message: &RawMessage, route: Option<String>) -> Option<ChainId> {
     let key = message.key.clone().filter(|_| hold)?;
-    Some(ChainId { topic: message.topic.clone(), partition: message.partition, key })
+    Some(ChainId { topic: message.topic.clone(), partition: message.partition, key, route })
 }

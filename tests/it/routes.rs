@@ -136,3 +136,57 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
         (Some("dead"), Some(format!("{topic}#mailer").as_str()))
     );
 }
+
+/// `outboxd store ARGS` through the running service; it must succeed. Its stdout.
+fn store(od: &crate::harness::Outboxd, args: &[&str]) -> String {
+    let mut full = vec!["store"];
+    full.extend_from_slice(args);
+    let out = od.command(&full);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{full:?} failed: {stdout}\n{stderr}");
+    stdout.into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_event_holds_its_key_on_its_own_route_only_and_its_retry_runs_the_held_ones_in_order() {
+    let mut s = Scenario::new("routes-hold", 1).await;
+    s.od.config.handler_extra = "headers = { X-Route = \"all\" }\n".to_owned();
+    // The mailer keeps `on_dead = "hold"` (the default) here.
+    s.od.config.extra_toml = routes(&s.topic, &s.receiver.events_url()).replace("on_dead = \"continue\"\n", "");
+    s.run().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
+
+    // The mailer refuses the key's first OrderPaid once (400), then takes it.
+    let ids: Vec<String> = (0..4).map(|_| harness::new_event_id()).collect();
+    let dead_key = format!("{}#mailer", ids[0]);
+    let refused = dead_key.clone();
+    receiver.set_script(move |req| match (req.event_id.as_deref(), req.nth) {
+        (Some(k), 1) if k == refused => Reply::status(400),
+        _ => Reply::ok(),
+    });
+    for id in &ids {
+        producer.send_event(&topic, "order-7", id, Some("OrderPaid"), &json!({"id": id})).await;
+    }
+    // The first route runs every event of the key; the mailer holds the three behind its dead one.
+    od.wait_until("the first route's calls", TIMEOUT, || ids.iter().all(|id| receiver.answered_ok(id))).await;
+    od.wait_until("committed offsets at the end", TIMEOUT, || offsets.reached_end()).await;
+    for id in &ids[1..] {
+        assert_eq!(receiver.call_count(&format!("{id}#mailer")), 0, "{id} ran on the mailer past its dead event");
+    }
+    let said = store(&od, &["retry", &ids[0], "--reason", "the mailer is fixed"]);
+    assert!(said.contains("done"), "{said}");
+    let mails: Vec<String> = ids.iter().map(|id| format!("{id}#mailer")).collect();
+    od.wait_until("the held mails", TIMEOUT, || mails.iter().all(|k| receiver.answered_ok(k))).await;
+    let mut calls: Vec<_> = receiver.calls().into_iter().filter(|c| c.header("x-route") == Some("mailer")).collect();
+    calls.sort_by_key(|c| c.seq);
+    let order: Vec<(String, u16)> = calls.iter().map(|c| (c.event_id.clone().unwrap_or_default(), c.status)).collect();
+    let want: Vec<(String, u16)> = [(dead_key.clone(), 400), (dead_key.clone(), 200)]
+        .into_iter()
+        .chain(mails[1..].iter().map(|k| (k.clone(), 200)))
+        .collect();
+    assert_eq!(order, want, "the mailer's dead event, then its held ones in offset order, once each");
+    for id in &ids {
+        assert_eq!(receiver.handler_call_count(id), 1, "{id} on the first route");
+    }
+    od.stop();
+}
