@@ -19,6 +19,12 @@ const DEFAULT_PROBE_AFTER: Duration = Duration::from_secs(1);
 /// its first event, and an hour's outage costs it about 720 probe calls per
 /// instance and handler (one call every 5 s is nothing to a receiver that is up).
 const DEFAULT_PROBE_MAX: Duration = Duration::from_secs(5);
+/// How long a route of a topic with other routes waits for its receiver with its
+/// events in memory (its partitions paused, the other routes waiting too) before it
+/// records them held and lets the partitions go on. A restarting receiver or a
+/// deploy is back within it (nothing is written for a short blip); past it, the
+/// outage is real and the other routes' events would wait on for nothing.
+const DEFAULT_HOLD_AFTER: Duration = Duration::from_secs(60);
 
 /// `[handlers.circuit]` as written.
 #[derive(Clone, Default, Deserialize)]
@@ -37,6 +43,10 @@ pub struct RawCircuit {
     pub health_url: Option<String>,
     /// `handlers[].circuit.give_up_after`: dead-letter waiting events once it has been open this long (default: never).
     pub give_up_after: Option<String>,
+    /// `handlers[].circuit.hold_after`: on a topic with several routes, record this
+    /// route's waiting events held (in order, with their copies) once it has been open
+    /// this long, so that the others go on (default "60s").
+    pub hold_after: Option<String>,
 }
 
 /// A handler's circuit breaker, validated.
@@ -57,6 +67,10 @@ pub struct CircuitConfig {
     pub health_url: Option<ExpandedUrl>,
     /// Once open this long, waiting events are recorded dead instead of waiting on.
     pub give_up_after: Option<Duration>,
+    /// On a topic with several routes: once open this long, this route's events are
+    /// recorded held with their message copies (they run in order once it closes)
+    /// instead of waiting in memory with the topic's partitions paused.
+    pub hold_after: Duration,
 }
 
 impl Default for CircuitConfig {
@@ -68,6 +82,7 @@ impl Default for CircuitConfig {
             probe_max: DEFAULT_PROBE_MAX,
             health_url: None,
             give_up_after: None,
+            hold_after: DEFAULT_HOLD_AFTER,
         }
     }
 }
@@ -97,6 +112,7 @@ impl RawCircuit {
                 .give_up_after
                 .map(|v| duration(&format!("{at}.circuit.give_up_after"), Some(&v), Duration::ZERO))
                 .transpose()?,
+            hold_after: duration(&format!("{at}.circuit.hold_after"), self.hold_after.as_deref(), d.hold_after)?,
         };
         if failures == 0 {
             return Err(ConfigError::field(format!("{at}.circuit.failures"), "must be at least 1"));
@@ -128,6 +144,9 @@ impl RawCircuit {
                 format!("{at}.circuit.give_up_after"),
                 "must be more than 0 (leave it out to wait for the receiver as long as it takes)",
             ));
+        }
+        if c.hold_after.is_zero() {
+            return Err(ConfigError::field(format!("{at}.circuit.hold_after"), "must be more than 0"));
         }
         Ok(c)
     }

@@ -59,7 +59,7 @@ pub use http::{HttpConfig, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::KafkaConfig;
 pub use logs::LogConfig;
 pub use retry::RetryConfig;
-pub use routes::{Condition, ConditionOn, EventTypes, Route};
+pub use routes::{shares_a_topic, Condition, ConditionOn, EventTypes, Route};
 pub use schema_registry::RegistryOptions;
 pub use sign::{SignConfig, SignScheme};
 pub use store::StoreConfig;

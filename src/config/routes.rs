@@ -215,12 +215,7 @@ pub(super) fn of<'a>(handlers: &'a [HandlerConfig], topic: &'a str) -> impl Iter
 pub(super) fn check(handlers: &[HandlerConfig]) -> Result<(), ConfigError> {
     for (i, a) in handlers.iter().enumerate() {
         for b in &handlers[i + 1..] {
-            let shared = match (&a.topics, &b.topics) {
-                (super::TopicMatch::Exact(ta), _) => ta.iter().find(|t| b.topics.matches(t)),
-                (_, super::TopicMatch::Exact(tb)) => tb.iter().find(|t| a.topics.matches(t)),
-                _ => None,
-            };
-            let Some(topic) = shared else { continue };
+            let Some(topic) = shared_topic(a, b) else { continue };
             if let Some(setting) = differs(a, b) {
                 return Err(ConfigError::field(
                     format!("handlers[{}].{setting}", b.index),
@@ -244,6 +239,23 @@ pub(super) fn check(handlers: &[HandlerConfig]) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// A topic both handlers take, where the file shows it: one names it, the other names
+/// or matches it (two patterns that match one topic are only known once it exists).
+fn shared_topic<'a>(a: &'a HandlerConfig, b: &'a HandlerConfig) -> Option<&'a String> {
+    match (&a.topics, &b.topics) {
+        (super::TopicMatch::Exact(ta), _) => ta.iter().find(|t| b.topics.matches(t)),
+        (_, super::TopicMatch::Exact(tb)) => tb.iter().find(|t| a.topics.matches(t)),
+        _ => None,
+    }
+}
+
+/// Whether `h` shares a topic with another handler (as the file shows it): its
+/// waiting events are then held once its circuit has been open `circuit.hold_after`,
+/// so that the topic's other routes go on.
+pub fn shares_a_topic(handlers: &[HandlerConfig], h: &HandlerConfig) -> bool {
+    handlers.iter().any(|o| o.index != h.index && shared_topic(h, o).is_some())
 }
 
 /// The first setting in which `a` and `b` read messages differently.

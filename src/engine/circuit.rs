@@ -43,7 +43,14 @@ pub struct Circuits {
 impl Circuits {
     pub fn new(handlers: &[HandlerConfig]) -> Circuits {
         let changed = Arc::new(watch::Sender::new(0));
-        let by_handler = handlers.iter().map(|h| Arc::new(Circuit::new(h, changed.clone()))).collect();
+        let by_handler = handlers
+            .iter()
+            .map(|h| {
+                let mut c = Circuit::new(h, changed.clone());
+                c.holds = crate::config::shares_a_topic(handlers, h);
+                Arc::new(c)
+            })
+            .collect();
         Circuits { by_handler, changed }
     }
 
@@ -192,6 +199,9 @@ pub enum Admit<'a> {
     Moved,
     /// Open for longer than `give_up_after`: record the event dead with this reason.
     GaveUp(String),
+    /// Open for longer than `hold_after`, on a route of a topic with other routes (and
+    /// the caller may hold): record the event held, waiting for its receiver, with this reason.
+    Hold(String),
 }
 
 /// Leave to make one call. A probe's pass that is dropped unused (the event
@@ -233,6 +243,9 @@ pub struct Circuit {
     changed: Arc<watch::Sender<u64>>,
     /// The `GET` of `health_url`, when configured: probes instead of an event's call.
     health: Option<HealthProbe>,
+    /// A route of a topic with other routes: past `hold_after` its waiting events are
+    /// held ([`Admit::Hold`]) and its partitions no longer pause.
+    pub(super) holds: bool,
 }
 
 #[derive(Debug)]
@@ -255,6 +268,8 @@ struct Inner {
     /// `give_up_after` passed in this open period and the engine was told (so that
     /// it stops holding the handler's partitions paused); cleared when it closes.
     gave_up: bool,
+    /// The same for `hold_after`.
+    holding: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -306,10 +321,12 @@ impl Circuit {
                 closes: 0,
                 last_answer: None,
                 gave_up: false,
+                holding: false,
             }),
             wake: Notify::new(),
             changed,
             health,
+            holds: false,
         };
         c.gauge(State::Closed);
         c
@@ -329,7 +346,12 @@ impl Circuit {
     /// dead-lettered as they come ([`Admit::GaveUp`]), so fetching them again lets
     /// every one of them through to that end instead of leaving later ones unread.
     pub fn pauses(&self) -> bool {
-        self.is_open() && self.given_up().is_none()
+        self.is_open() && self.given_up().is_none() && self.held_up().is_none()
+    }
+
+    /// Open, and its waiting events are held now (`hold_after` passed: see [`Admit::Hold`]).
+    pub fn holding(&self) -> bool {
+        self.is_open() && self.held_up().is_some()
     }
 
     /// How often it closed again after being open: the concurrency limit ramps up anew after each.
@@ -370,7 +392,7 @@ impl Circuit {
     /// Waits until a call may start: at once while closed; while open, until this
     /// event may probe or another's probe closed it. `owned` is asked every
     /// [`OWNERSHIP_TICK`] while waiting.
-    pub async fn admit(&self, owned: &(dyn Fn() -> bool + Send + Sync + '_)) -> Admit<'_> {
+    pub async fn admit(&self, owned: &(dyn Fn() -> bool + Send + Sync + '_), may_hold: bool) -> Admit<'_> {
         if !self.config.enabled {
             return Admit::Go(Pass { circuit: self, probe: false, waited: false });
         }
@@ -411,6 +433,9 @@ impl Circuit {
             if let Some(reason) = self.given_up() {
                 return Admit::GaveUp(reason);
             }
+            if let Some(reason) = self.held_up().filter(|_| may_hold) {
+                return Admit::Hold(reason);
+            }
             let tick = (now + OWNERSHIP_TICK).min(until);
             tokio::select! {
                 () = &mut woken => {}
@@ -440,6 +465,33 @@ impl Circuit {
         }
         Some(format!(
             "the receiver was unavailable for {open_for:?}, longer than circuit.give_up_after ({limit:?}); last failure: {}",
+            i.last_failure.as_deref().unwrap_or("unknown")
+        ))
+    }
+
+    /// `hold_after` has passed since the circuit opened, on a route of a topic with
+    /// other routes. The first time in an open period, the engine is told: it resumes
+    /// the topic's partitions ([`Circuit::pauses`]).
+    fn held_up(&self) -> Option<String> {
+        if !self.holds {
+            return None;
+        }
+        let limit = self.config.hold_after;
+        let mut i = self.lock();
+        if i.phase == Phase::Closed {
+            return None;
+        }
+        let open_for = i.left_closed?.elapsed();
+        if open_for < limit {
+            return None;
+        }
+        if !i.holding {
+            i.holding = true;
+            self.changed.send_modify(|n| *n += 1);
+        }
+        Some(format!(
+            "held: waiting for its receiver, unavailable for {open_for:.0?} (longer than circuit.hold_after, {limit:?}; \
+             last failure: {}); it runs in order once the receiver answers",
             i.last_failure.as_deref().unwrap_or("unknown")
         ))
     }
@@ -549,6 +601,7 @@ impl Circuit {
         match to {
             State::Closed => {
                 i.gave_up = false;
+                i.holding = false;
                 let open_for = i.left_closed.take().map(|t| t.elapsed()).unwrap_or_default();
                 i.open_total += open_for;
                 i.failures = 0;
@@ -620,7 +673,7 @@ mod tests {
     }
 
     async fn go(c: &Circuit) -> Pass<'_> {
-        match c.admit(&|| true).await {
+        match c.admit(&|| true, false).await {
             Admit::Go(p) => p,
             _ => panic!("expected a pass"),
         }
@@ -660,7 +713,7 @@ mod tests {
         assert!(probe.probe && probe.waited());
         assert_eq!(c.state(), State::HalfOpen);
         // A second waiter does not get through while the probe is out.
-        let second = tokio::time::timeout(Duration::from_millis(300), c.admit(&|| true)).await;
+        let second = tokio::time::timeout(Duration::from_millis(300), c.admit(&|| true, false)).await;
         assert!(second.is_err(), "only one probe while half-open");
         assert!(!c.record(probe, &Health::Answered, false));
         assert_eq!(c.state(), State::Closed);
@@ -724,7 +777,7 @@ mod tests {
         assert!(c.record(go(&c).await, &down(), false));
         // The probe's answer is a 307: the circuit stays open, and the waiter with it.
         // Waits for the probe's outcome itself, however long the machine takes to get there.
-        let admit = c.admit(&|| true);
+        let admit = c.admit(&|| true, false);
         tokio::pin!(admit);
         let probed = async {
             while c.view().last_failure.as_deref() != Some("health_url: http 307") {
@@ -753,6 +806,29 @@ mod tests {
         let c = circuit(1);
         c.record(go(&c).await, &down(), false);
         let _probe = go(&c).await;
-        assert!(matches!(c.admit(&|| false).await, Admit::Moved));
+        assert!(matches!(c.admit(&|| false, false).await, Admit::Moved));
+    }
+
+    #[tokio::test]
+    async fn past_hold_after_a_route_of_a_shared_topic_holds_its_waiters_and_stops_pausing() {
+        let mut c = with_keys("failures = 1\nhold_after = \"100ms\"");
+        c.holds = true;
+        c.record(go(&c).await, &down(), false);
+        let _probe = go(&c).await;
+        assert!(c.pauses(), "open, not yet for hold_after");
+        match c.admit(&|| true, true).await {
+            Admit::Hold(reason) => assert!(reason.contains("circuit.hold_after"), "{reason}"),
+            _ => panic!("a waiter that may hold is told to, once hold_after has passed"),
+        }
+        assert!(!c.pauses() && c.holding(), "its partitions go on");
+        // The releaser's run of a held event (may not hold) waits for the receiver instead.
+        let waits = tokio::time::timeout(Duration::from_millis(300), c.admit(&|| true, false)).await;
+        assert!(waits.is_err(), "it waits while the probe is out");
+        // A handler alone on its topic never holds: it pauses as before.
+        let alone = with_keys("failures = 1\nhold_after = \"100ms\"");
+        alone.record(go(&alone).await, &down(), false);
+        let _probe = go(&alone).await;
+        let waits = tokio::time::timeout(Duration::from_millis(300), alone.admit(&|| true, true)).await;
+        assert!(waits.is_err() && alone.pauses(), "alone on its topic it waits with its partitions paused");
     }
 }

@@ -81,6 +81,9 @@ struct Job<'a> {
     msg: &'a RawMessage,
     /// The store's scope of its record: the route's (`config::Route::scope`).
     scope: &'a str,
+    /// Whether it may be held while its route's receiver is away (`circuit.hold_after`):
+    /// not when the releaser runs a held event.
+    may_hold: bool,
     /// Asked before the claim and before each retry: is the partition still ours?
     owned: &'a Ownership<'a>,
     /// Called once the handler answered and only the final record is left.
@@ -226,7 +229,14 @@ impl Executor {
 
     /// Runs one message until its event is durably final (or the store fails).
     pub async fn execute(&self, msg: &RawMessage) -> Result<Executed, StoreError> {
-        self.execute_owned(msg, &|| true, &|| {}).await
+        self.execute_as(msg, &|| true, &|| {}, false).await
+    }
+
+    /// Runs a held event for its released chain (`engine::hold`): like
+    /// [`Executor::execute_owned`], but a route whose receiver is away waits for it
+    /// instead of holding the event again.
+    pub async fn execute_held(&self, msg: &RawMessage, owned: &Ownership<'_>) -> Result<Executed, StoreError> {
+        self.execute_as(msg, owned, &|| {}, false).await
     }
 
     /// Like [`Executor::execute`] for a consumed message: `owned` is asked right
@@ -240,6 +250,18 @@ impl Executor {
         owned: &Ownership<'_>,
         call_over: &CallOver<'_>,
     ) -> Result<Executed, StoreError> {
+        self.execute_as(msg, owned, call_over, true).await
+    }
+
+    /// [`Executor::execute_owned`]; `may_hold`: a route whose receiver has been away
+    /// longer than `circuit.hold_after` records the event held.
+    async fn execute_as(
+        &self,
+        msg: &RawMessage,
+        owned: &Ownership<'_>,
+        call_over: &CallOver<'_>,
+        may_hold: bool,
+    ) -> Result<Executed, StoreError> {
         if self.config.store.changelog.as_ref().is_some_and(|c| c.is_changelog(&msg.topic)) {
             // A handler's topic_pattern matched a changelog topic: its records are
             // outboxd's own state, not events (read by restores, never handled).
@@ -247,7 +269,7 @@ impl Executor {
             return Ok(Executed::Final);
         }
         let span = spans::event(msg);
-        self.execute_in_span(msg, owned, call_over, &span).instrument(span.clone()).await
+        self.execute_in_span(msg, owned, call_over, may_hold, &span).instrument(span.clone()).await
     }
 
     /// [`Executor::execute_owned`] for an event, inside its `span`.
@@ -256,6 +278,7 @@ impl Executor {
         msg: &RawMessage,
         owned: &Ownership<'_>,
         call_over: &CallOver<'_>,
+        may_hold: bool,
         span: &Span,
     ) -> Result<Executed, StoreError> {
         let Some(hc) = self.config.handler_for(&msg.topic) else {
@@ -274,7 +297,7 @@ impl Executor {
             Ok(event) => {
                 drop(decode);
                 spans::decoded(span, &hc.name, &event);
-                let executed = self.run_routes(event, msg, owned, call_over).await;
+                let executed = self.run_routes(event, msg, owned, call_over, may_hold).await;
                 if let Ok(Executed::Abandoned) = executed {
                     spans::ended(span, "abandoned");
                 }
@@ -294,6 +317,7 @@ impl Executor {
         msg: &RawMessage,
         owned: &Ownership<'_>,
         call_over: &CallOver<'_>,
+        may_hold: bool,
     ) -> Result<Executed, StoreError> {
         let topic = msg.topic.as_str();
         let routes: smallvec::SmallVec<[(crate::config::Route<'_>, bool); 2]> =
@@ -316,7 +340,8 @@ impl Executor {
             let no_call_over = || {};
             let call_over: &CallOver<'_> = if last == Some(hc.index) { call_over } else { &no_call_over };
             let metrics = self.metrics.of(topic, Some(hc));
-            let job = Job { hc, slot, handler, event: &event, msg, scope: &scope, owned, call_over, metrics: &metrics };
+            let job =
+                Job { hc, slot, handler, event: &event, msg, scope: &scope, may_hold, owned, call_over, metrics: &metrics };
             if self.handle(&job).await? == Executed::Abandoned {
                 return Ok(Executed::Abandoned);
             }
@@ -478,7 +503,7 @@ impl Executor {
         let (hc, event) = (job.hc, job.event);
         // Before the claim: an event that waits for its receiver is not claimed yet,
         // so a crash meanwhile leaves nothing uncertain behind.
-        let admitted = self.circuits.get(hc.index).admit(job.owned).await;
+        let admitted = self.circuits.get(hc.index).admit(job.owned, job.may_hold).await;
         if let Admit::Moved = admitted {
             let p = &event.position;
             info!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset,
@@ -503,6 +528,14 @@ impl Executor {
         };
         let Some(claimed) = self.resolve_claim(job, claim).await? else {
             return Ok(Executed::Final);
+        };
+        let (claimed, admitted) = match admitted {
+            Admit::Hold(reason) => match self.hold_for_receiver(job, claimed, &reason, false).await? {
+                None => return Ok(Executed::Final),
+                // Its copy does not fit: it waits in memory after all.
+                Some(claimed) => (claimed, self.circuits.get(hc.index).admit(job.owned, false).await),
+            },
+            admitted => (claimed, admitted),
         };
         if claimed.is_durable() {
             // A new owner of the partition must find the outcome uncertain, not absent.
@@ -601,7 +634,7 @@ impl Executor {
         loop {
             let pass = match admitted.take() {
                 Some(a) => a,
-                None => circuit.admit(job.owned).await,
+                None => circuit.admit(job.owned, job.may_hold).await,
             };
             let pass = match pass {
                 Admit::Go(pass) => pass,
@@ -614,6 +647,14 @@ impl Executor {
                     self.failed(job, claimed, State::Dead, reason).await?;
                     return Ok(Executed::Final);
                 }
+                Admit::Hold(reason) => match self.hold_for_receiver(job, claimed, &reason, called).await? {
+                    None => return Ok(Executed::Final),
+                    Some(c) => {
+                        claimed = c;
+                        admitted = Some(circuit.admit(job.owned, false).await);
+                        continue;
+                    }
+                },
             };
             if pass.waited() {
                 // What failed before the wait was the outage's.
@@ -710,6 +751,23 @@ impl Executor {
             info!(event_id = %event.id, %topic, partition, offset, attempt, %outcome,
                 "first event handled since start (the next ones are summed up every log.summary_interval)");
         }
+    }
+
+    /// Records the event held while its route's receiver is away (`None`: it is final),
+    /// or hands the claim back when its message copy does not fit.
+    async fn hold_for_receiver(
+        &self,
+        job: &Job<'_>,
+        claimed: Claimed,
+        reason: &str,
+        called: bool,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let record = spans::record(State::Held, self.changelog());
+        let back = self.store.handling().hold_for_receiver(claimed, job.msg, reason, called).instrument(record).await?;
+        if back.is_none() {
+            job.slot.tally.held();
+        }
+        Ok(back)
     }
 
     /// Asks the receiver about an uncertain event, retrying the lookup like the handler.

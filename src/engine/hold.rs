@@ -61,6 +61,11 @@ pub(super) async fn run(shared: Arc<Shared>, drain: Duration, stop: Cancellation
             if busy.contains(&chain) || owned(&shared, &partition_of(&chain)).is_none() {
                 continue;
             }
+            if receiver_away(&shared, &chain) && busy.iter().any(|b| same_route(&shared, b, &chain)) {
+                // Its route's receiver is away: one chain of the route runs (its first
+                // event waits for the circuit, and probes it); the rest wait for it.
+                continue;
+            }
             busy.insert(chain.clone());
             running.spawn(release(shared.clone(), chain, stop.clone()));
         }
@@ -115,6 +120,28 @@ async fn keep(shared: &Shared) {
     }
 }
 
+/// The handler of `chain`'s route: the topic's first route, or the later one it names.
+fn handler_of<'a>(shared: &'a Shared, chain: &ChainId) -> Option<&'a crate::config::HandlerConfig> {
+    let config = &shared.exec.config;
+    match &chain.route {
+        None => config.handler_for(&chain.topic),
+        Some(name) => config.handlers.iter().find(|h| &h.name == name),
+    }
+}
+
+/// Whether the circuit of `chain`'s route is open (its receiver is away).
+fn receiver_away(shared: &Shared, chain: &ChainId) -> bool {
+    handler_of(shared, chain).is_some_and(|h| shared.exec.circuits().get(h.index).is_open())
+}
+
+/// Whether two chains run through the same handler.
+fn same_route(shared: &Shared, a: &ChainId, b: &ChainId) -> bool {
+    match (handler_of(shared, a), handler_of(shared, b)) {
+        (Some(x), Some(y)) => x.index == y.index,
+        _ => false,
+    }
+}
+
 fn partition_of(chain: &ChainId) -> PartitionId {
     PartitionId::new(&chain.topic, chain.partition)
 }
@@ -149,7 +176,7 @@ async fn release(shared: Arc<Shared>, chain: ChainId, stop: CancellationToken) -
             key = %chain.key_text(), "running a held event: its key's chain is released");
         let owns = || shared.tracker.lock().owns(&partition, generation);
         // A bug while running it is contained as on the consumed path: recorded dead, the chain waits behind it.
-        let result = match AssertUnwindSafe(shared.exec.execute_owned(&message, &owns, &|| {})).catch_unwind().await {
+        let result = match AssertUnwindSafe(shared.exec.execute_held(&message, &owns)).catch_unwind().await {
             Ok(result) => result,
             Err(panic) => {
                 shared.exec.record_panic(&message, &panic_text(panic.as_ref())).await.map(|()| Executed::Final)

@@ -252,7 +252,10 @@ impl Engine {
                     paused.into_iter().filter(|p| tracker.may_fetch(p) && !full.holds(p) && !open.holds(p)).collect()
                 };
                 if !resume.is_empty() {
-                    if circuit.is_open() {
+                    if circuit.holding() {
+                        warn!(handler = %circuit.name, partitions = %describe(&resume),
+                            "circuit open longer than circuit.hold_after: resuming its partitions; this route's events are held until its receiver answers, the topic's other routes go on");
+                    } else if circuit.is_open() {
                         warn!(handler = %circuit.name, partitions = %describe(&resume),
                             "circuit open longer than circuit.give_up_after: resuming its partitions (their events are dead-lettered)");
                     } else {

@@ -198,6 +198,12 @@ impl Chains {
         index.chains.get(chain).and_then(|m| m.keys().next()).is_some_and(|(first, _)| *first < offset)
     }
 
+    /// Whether `chain` has a dead, parked or claimed member (else it is released, or
+    /// waits for its route's receiver).
+    pub(super) fn blocked(&self, chain: &ChainId) -> bool {
+        self.lock().chains.get(chain).is_some_and(|m| m.values().any(|m| blocks(m.state)))
+    }
+
     /// Whether the releaser runs the held member under `record_key` now.
     pub(super) fn is_running(&self, record_key: &[u8]) -> bool {
         self.any() && self.lock().running.contains(record_key)

@@ -6,13 +6,17 @@
 
 use super::chains::{ChainId, Running};
 use super::messages::copy_key;
-use super::{now_us, Claim, Record, State, Store, StoreError, UNDECODABLE_SCOPE};
+use super::{now_us, Claim, Claimed, Record, State, Store, StoreError, UNDECODABLE_SCOPE};
 use crate::event::RawMessage;
 use crate::metrics::names;
 
 /// The reason a held record gives, for people (`store get` shows what it waits for).
 const HELD: &str = "held: an earlier event of its key is dead or parked (on_dead = \"hold\"); it runs once that \
                     event is retried to done, resolved or forgotten";
+
+/// The reason of an event held behind earlier ones of its key that wait for their receiver.
+const WAITING: &str = "held: earlier events of its key on this route wait for its receiver (circuit.hold_after); \
+                       it runs after them, in order";
 
 impl Store {
     /// With `hold` (`on_dead = "hold"`), a claimed event whose key's chain has a
@@ -31,8 +35,14 @@ impl Store {
             return Ok(Some(claim));
         }
         let route = super::chains::route_of(c.record.scope.as_deref());
-        let Some(chain) = held_chain(hold, message, route) else { return Ok(Some(claim)) };
+        // Without `hold` only a chain that waits for its receiver holds (no dead head):
+        // the key's events must not overtake the ones held there.
+        let Some(chain) = held_chain(true, message, route) else { return Ok(Some(claim)) };
         if !self.chains.holds(&chain, message.offset) {
+            return Ok(Some(claim));
+        }
+        let behind_head = self.chains.blocked(&chain);
+        if !hold && behind_head {
             return Ok(Some(claim));
         }
         let Claim::Claimed(c) = claim else { unreachable!("matched above") };
@@ -43,10 +53,52 @@ impl Store {
         r.attempts = 0;
         r.claimed_at_us = None;
         let to = self.slices.current(now_us())?;
-        let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, HELD.to_owned())?;
+        let why = if behind_head { HELD } else { WAITING };
+        let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, why.to_owned())?;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, c.stored)), Some(to), State::Held, reason)?;
         self.release_written(&r);
         self.held_now(&r, &chain);
+        self.settle(&r).await?;
+        Ok(None)
+    }
+
+    /// A claimed event whose route's receiver has been away longer than
+    /// `circuit.hold_after`: recorded held in its key's chain on its route (without a
+    /// Kafka key, in the partition's chain of keyless events), with its message copy,
+    /// durably and in the changelog, so that its offset may move and the topic's other
+    /// routes go on. The releaser runs the chain once the receiver answers again (one
+    /// chain of the route at a time while it is away: its first event is the probe);
+    /// the key's later events are held behind it meanwhile. A copy that does not fit
+    /// `store.max_message_copy_bytes` hands the claim back: the event waits in memory.
+    /// `called`: whether a call was made under this claim (else the claim's own
+    /// attempt is taken back: it never ran, and its run must not look uncertain).
+    pub(in crate::store) async fn hold_for_receiver(
+        &self,
+        c: Claimed,
+        message: &RawMessage,
+        reason: &str,
+        called: bool,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let route = super::chains::route_of(c.record.scope.as_deref());
+        let key = message.key.clone().unwrap_or_default();
+        let chain = ChainId { topic: message.topic.clone(), partition: message.partition, key, route };
+        let mut r = (*c.record).clone();
+        r.chain = Some(chain.key.clone());
+        r.claimed_at_us = None;
+        if !called {
+            r.attempts = r.attempts.saturating_sub(1);
+        }
+        let to = self.slices.current(now_us())?;
+        if !self.messages.put(&copy_key(to.start, &self.key_of(&r)?), message)? {
+            metrics::counter!(names::COPIES_NOT_KEPT).increment(1);
+            return Ok(Some(c));
+        }
+        let from = c.slice.and_then(|s| self.slices.get(s));
+        self.finish_record(&mut r, from.as_ref().map(|s| (s, c.stored)), Some(to), State::Held, reason.to_owned())?;
+        self.release_written(&r);
+        metrics::counter!(names::HELD, "topic" => r.topic.clone()).increment(1);
+        tracing::debug!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
+            key = %chain.key_text(), "event held: its route's receiver is away");
         self.settle(&r).await?;
         Ok(None)
     }
@@ -95,9 +147,14 @@ impl Store {
 
     fn held_now(&self, r: &Record, chain: &ChainId) {
         metrics::counter!(names::HELD, "topic" => r.topic.clone()).increment(1);
-        let head = self.chain_view(r, 0).and_then(|c| c.head).unwrap_or_default();
-        tracing::info!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
-            key = %chain.key_text(), held_behind = %head, "event held: an earlier event of its key is dead or parked");
+        match self.chain_view(r, 0).and_then(|c| c.head) {
+            Some(head) => tracing::info!(event_id = %r.event_id, topic = %r.topic, partition = r.partition,
+                offset = r.offset, key = %chain.key_text(), held_behind = %head,
+                "event held: an earlier event of its key is dead or parked"),
+            // Behind events that wait for their receiver: many while it is away, said once by the engine.
+            None => tracing::debug!(event_id = %r.event_id, topic = %r.topic, partition = r.partition,
+                offset = r.offset, key = %chain.key_text(), "event held: earlier events of its key wait for their receiver"),
+        }
     }
 
     /// Released chains (no dead, parked or claimed member), in key order.

@@ -154,6 +154,19 @@ impl Handling<'_> {
         self.0.hold_behind(claim, hold, message).await
     }
 
+    /// A claimed event whose route's receiver has been away longer than
+    /// `circuit.hold_after` is recorded held in its key's chain on its route, with its
+    /// message copy (`None`: it is final); handed back when its copy does not fit.
+    pub async fn hold_for_receiver(
+        &self,
+        claimed: Claimed,
+        message: &RawMessage,
+        reason: &str,
+        called: bool,
+    ) -> Result<Option<Claimed>, StoreError> {
+        self.0.hold_for_receiver(claimed, message, reason, called).await
+    }
+
     /// With `hold`: an undecodable message (`id`) of a held key is recorded held
     /// (true) instead of dead.
     pub async fn hold_message(&self, id: &str, message: &RawMessage, hold: bool) -> Result<bool, StoreError> {
