@@ -191,16 +191,11 @@ async fn a_dead_event_holds_its_key_on_its_own_route_only_and_its_retry_runs_the
     od.stop();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_runs_them_in_order_when_it_is_back() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
-    const KEYS: usize = 10;
-    const EVENTS: usize = 300;
-    let mut s = Scenario::new("routes-away", 2).await;
-    // Read-ahead far smaller than the backlog: without holding, the away route would
-    // keep the partitions paused and the first route's events unread.
+/// The scenario's handler as route "all", and a second route "b" to the same receiver
+/// that holds its events 2 s after its circuit opens. Read-ahead far smaller than the
+/// backlogs sent: without holding, b's outage would keep the partitions paused and the
+/// first route's events unread.
+fn with_route_b(s: &mut Scenario) {
     s.od.config.max_in_flight = 8;
     s.od.config.handler_extra = "headers = { X-Route = \"all\" }\n".to_owned();
     let (t, u) = (serde_json::to_string(&s.topic).unwrap(), serde_json::to_string(&s.receiver.events_url()).unwrap());
@@ -210,6 +205,49 @@ async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_
          [handlers.retry]\nmax_attempts = 5\ninitial_backoff = \"50ms\"\nmax_backoff = \"200ms\"\n\
          [handlers.circuit]\nprobe_after = \"200ms\"\nprobe_max = \"500ms\"\nhold_after = \"2s\"\n"
     );
+}
+
+/// b's calls that did their side effect, in the order they came.
+fn effective_b_calls(receiver: &crate::harness::receiver::Receiver) -> Vec<crate::harness::receiver::Call> {
+    let mut calls: Vec<_> =
+        receiver.calls().into_iter().filter(|c| c.header("x-route") == Some("b") && c.effective()).collect();
+    calls.sort_by_key(|c| c.seq);
+    calls
+}
+
+/// Each of `sent` was done once on b, and per key in the order sent.
+fn once_each_in_key_order_on_b(calls: &[crate::harness::receiver::Call], sent: &[(String, String)]) {
+    for (id, _) in sent {
+        let k = format!("{id}#b");
+        assert_eq!(calls.iter().filter(|c| c.event_id.as_deref() == Some(k.as_str())).count(), 1, "{k} done once on b");
+    }
+    let keys: std::collections::BTreeSet<&String> = sent.iter().map(|(_, k)| k).collect();
+    for key in keys {
+        let got: Vec<&str> = calls
+            .iter()
+            .filter(|c| c.path.split('/').nth(2) == Some(key.as_str()))
+            .filter_map(|c| c.event_id.as_deref())
+            .collect();
+        let want: Vec<String> = sent.iter().filter(|(_, k)| k == key).map(|(id, _)| format!("{id}#b")).collect();
+        assert_eq!(got, want, "b's calls of {key} out of offset order");
+    }
+}
+
+/// The held records, as `store stats` (through the running service) counts them.
+fn held(od: &crate::harness::Outboxd) -> u64 {
+    let stats = store(od, &["stats", "--json"]);
+    serde_json::from_str::<serde_json::Value>(&stats).ok().and_then(|v| v["held"].as_u64()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_runs_them_in_order_when_it_is_back() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const KEYS: usize = 10;
+    const EVENTS: usize = 300;
+    let mut s = Scenario::new("routes-away", 2).await;
+    with_route_b(&mut s);
     s.run().await;
     let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
 
@@ -232,41 +270,23 @@ async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_
     .await;
     od.wait_until("committed offsets at the end, with b away", TIMEOUT, || offsets.reached_end()).await;
     assert!(away.load(Ordering::SeqCst));
-    let held = |od: &crate::harness::Outboxd| -> u64 {
-        let stats = store(od, &["stats", "--json"]);
-        serde_json::from_str::<serde_json::Value>(&stats).ok().and_then(|v| v["held"].as_u64()).unwrap_or(0)
-    };
-    wait_held(&mut od, &held, EVENTS as u64).await;
+    wait_held(&mut od, EVENTS as u64).await;
     assert_eq!(receiver.calls().iter().filter(|c| c.header("x-route") == Some("b") && c.effective()).count(), 0);
 
     // b is back: its held events run, once each, in per-key order.
     away.store(false, Ordering::SeqCst);
     let keys: Vec<String> = sent.iter().map(|(id, _)| format!("{id}#b")).collect();
     od.wait_until("b's events after it came back", TIMEOUT, || keys.iter().all(|k| receiver.answered_ok(k))).await;
-    let mut calls: Vec<_> =
-        receiver.calls().into_iter().filter(|c| c.header("x-route") == Some("b") && c.effective()).collect();
-    calls.sort_by_key(|c| c.seq);
-    for k in &keys {
-        assert_eq!(calls.iter().filter(|c| c.event_id.as_deref() == Some(k)).count(), 1, "{k} done once on b");
-    }
-    for key in (0..KEYS).map(|i| format!("order-{i}")) {
-        let got: Vec<&str> = calls
-            .iter()
-            .filter(|c| c.path.split('/').nth(2) == Some(key.as_str()))
-            .filter_map(|c| c.event_id.as_deref())
-            .collect();
-        let want: Vec<String> = sent.iter().filter(|(_, k)| *k == key).map(|(id, _)| format!("{id}#b")).collect();
-        assert_eq!(got, want, "b's calls of {key} out of offset order");
-    }
+    once_each_in_key_order_on_b(&effective_b_calls(&receiver), &sent);
     for (id, _) in &sent {
         assert_eq!(receiver.handler_calls(id).len(), 1, "{id} once on the first route");
     }
-    wait_held(&mut od, &held, 0).await;
+    wait_held(&mut od, 0).await;
     od.stop();
 }
 
 /// Waits until `held` (the held records, as `store stats` counts them) says `n`.
-async fn wait_held(od: &mut crate::harness::Outboxd, held: &dyn Fn(&crate::harness::Outboxd) -> u64, n: u64) {
+async fn wait_held(od: &mut crate::harness::Outboxd, n: u64) {
     let deadline = std::time::Instant::now() + TIMEOUT;
     loop {
         od.assert_alive();
@@ -277,4 +297,55 @@ async fn wait_held(od: &mut crate::harness::Outboxd, held: &dyn Fn(&crate::harne
         assert!(std::time::Instant::now() < deadline, "{now} held records, not {n}, after {TIMEOUT:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_held_for_an_away_receiver_survive_a_sigkill_and_a_move_to_an_empty_instance() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let mut s = Scenario::new("routes-away-kill", 2).await;
+    with_route_b(&mut s);
+    s.run().await;
+    let Scenario { kafka, topic, receiver, mut od, offsets, producer } = s;
+    let away = Arc::new(AtomicBool::new(true));
+    let flag = away.clone();
+    receiver.set_script(move |req| match req.event_id.as_deref() {
+        Some(k) if k.ends_with("#b") && flag.load(Ordering::SeqCst) => Reply::status(503),
+        _ => Reply::ok(),
+    });
+    let sent: Vec<(String, String)> = (0..120).map(|i| (harness::new_event_id(), format!("order-{}", i % 7))).collect();
+    for (id, key) in &sent {
+        producer.send_event(&topic, key, id, Some("OrderPaid"), &json!({"id": id})).await;
+    }
+    od.wait_until("the first route's events, with b away", TIMEOUT, || {
+        sent.iter().all(|(id, _)| receiver.answered_ok(id))
+    })
+    .await;
+    od.wait_until("committed offsets at the end, with b away", TIMEOUT, || offsets.reached_end()).await;
+    wait_held(&mut od, sent.len() as u64).await;
+
+    // SIGKILL, then the partitions go to an instance with an empty store: it restores
+    // the held events from the changelog and runs them once b is back.
+    od.kill();
+    let mut next = crate::harness::Outboxd::new(&kafka, &[&topic], &receiver);
+    let store_path = next.config.store_path.clone();
+    next.config = od.config.clone();
+    next.config.store_path = store_path;
+    next.start();
+    next.wait_for_assignment().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    away.store(false, Ordering::SeqCst);
+    let keys: Vec<String> = sent.iter().map(|(id, _)| format!("{id}#b")).collect();
+    next.wait_until("b's events on the new instance", TIMEOUT, || keys.iter().all(|k| receiver.answered_ok(k))).await;
+    once_each_in_key_order_on_b(&effective_b_calls(&receiver), &sent);
+    for (id, _) in &sent {
+        assert_eq!(
+            receiver.handler_calls(id).iter().filter(|c| c.effective()).count(),
+            1,
+            "{id} once on the first route"
+        );
+    }
+    wait_held(&mut next, 0).await;
+    next.stop();
 }
