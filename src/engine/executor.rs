@@ -306,11 +306,11 @@ impl Executor {
         }
     }
 
-    /// Runs the event through each route of its topic that selects it, in the
-    /// file's order, each to a durable final state of its own (its record, in its
-    /// scope). A route that does not select it is counted as filtered. The event
-    /// is final once every route is; it is abandoned (and left to the partition's
-    /// new owner, which finds the finished routes' records) as soon as one is.
+    /// Runs the event through each route of its topic that selects it, side by side,
+    /// each to a durable final state of its own (its record, in its scope). A route
+    /// that does not select it is counted as filtered. The event is final once every
+    /// route is; it is abandoned (and left to the partition's new owner, which finds
+    /// the finished routes' records) when one is.
     async fn run_routes(
         &self,
         mut event: OutboxEvent,
@@ -320,33 +320,64 @@ impl Executor {
         may_hold: bool,
     ) -> Result<Executed, StoreError> {
         let topic = msg.topic.as_str();
-        let routes: smallvec::SmallVec<[(crate::config::Route<'_>, bool); 2]> =
-            self.config.routes_for(topic).map(|r| (r, selects(&r, &event, msg))).collect();
-        // The read-ahead place is given back once the last selected route's call is over.
-        let last = routes.iter().rev().find(|(_, s)| *s).map(|(r, _)| r.handler.index);
-        for (route, selected) in routes {
-            let hc = route.handler;
-            if !selected {
-                self.filtered(hc, topic, &event);
-                continue;
-            }
-            event.route_key = route.key(&event.id);
-            let scope = route.scope(topic);
-            let slot = &self.slots[hc.index];
-            let handler = match route.first {
-                true => self.custom.get(topic).unwrap_or(&slot.handler).as_ref(),
-                false => slot.handler.as_ref(),
-            };
-            let no_call_over = || {};
-            let call_over: &CallOver<'_> = if last == Some(hc.index) { call_over } else { &no_call_over };
-            let metrics = self.metrics.of(topic, Some(hc));
-            let job =
-                Job { hc, slot, handler, event: &event, msg, scope: &scope, may_hold, owned, call_over, metrics: &metrics };
-            if self.handle(&job).await? == Executed::Abandoned {
-                return Ok(Executed::Abandoned);
+        let mut selected: smallvec::SmallVec<[crate::config::Route<'_>; 2]> = smallvec::SmallVec::new();
+        for route in self.config.routes_for(topic) {
+            match selects(&route, &event, msg) {
+                true => selected.push(route),
+                false => self.filtered(route.handler, topic, &event),
             }
         }
-        Ok(Executed::Final)
+        match selected.as_slice() {
+            [] => Ok(Executed::Final),
+            [route] => {
+                event.route_key = route.key(&event.id);
+                self.run_route(route, &event, msg, owned, call_over, may_hold).await
+            }
+            routes => {
+                // Each route its own copy (its own idempotency key). The read-ahead place
+                // is given back once every route's call is over.
+                let events: Vec<OutboxEvent> = routes
+                    .iter()
+                    .map(|r| OutboxEvent { route_key: r.key(&event.id), ..event.clone() })
+                    .collect();
+                let calls = std::sync::atomic::AtomicUsize::new(routes.len());
+                let over = || {
+                    if calls.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        call_over();
+                    }
+                };
+                let runs = routes.iter().zip(&events).map(|(r, e)| self.run_route(r, e, msg, owned, &over, may_hold));
+                let mut executed = Executed::Final;
+                for result in futures::future::join_all(runs).await {
+                    if result? == Executed::Abandoned {
+                        executed = Executed::Abandoned;
+                    }
+                }
+                Ok(executed)
+            }
+        }
+    }
+
+    /// One route of the event: its scope, handler and metrics, then claim, run, record.
+    async fn run_route(
+        &self,
+        route: &crate::config::Route<'_>,
+        event: &OutboxEvent,
+        msg: &RawMessage,
+        owned: &Ownership<'_>,
+        call_over: &CallOver<'_>,
+        may_hold: bool,
+    ) -> Result<Executed, StoreError> {
+        let (hc, topic) = (route.handler, msg.topic.as_str());
+        let scope = route.scope(topic);
+        let slot = &self.slots[hc.index];
+        let handler = match route.first {
+            true => self.custom.get(topic).unwrap_or(&slot.handler).as_ref(),
+            false => slot.handler.as_ref(),
+        };
+        let metrics = self.metrics.of(topic, Some(hc));
+        let job = Job { hc, slot, handler, event, msg, scope: &scope, may_hold, owned, call_over, metrics: &metrics };
+        self.handle(&job).await
     }
 
     /// A route passed the event by (`event_types`, `when`): nothing is recorded for it there.
@@ -487,7 +518,7 @@ impl Executor {
     /// ours) claims and runs it.
     async fn handle(&self, job: &Job<'_>) -> Result<Executed, StoreError> {
         let event = job.event;
-        let _live = live_guard(&self.live, &event.id).await;
+        let _live = live_guard(&self.live, job.scope, &event.id).await;
         if !(job.owned)() {
             let p = &event.position;
             info!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset,
@@ -797,8 +828,8 @@ impl Executor {
 
     /// Holds event `id` as the handling path does (a delivery of it waits meanwhile),
     /// for work on its record outside that path (the releaser of held chains).
-    pub(super) async fn hold_id(&self, id: &str) -> super::guards::LiveGuard<'_> {
-        live_guard(&self.live, id).await
+    pub(super) async fn hold_id(&self, scope: &str, id: &str) -> super::guards::LiveGuard<'_> {
+        live_guard(&self.live, scope, id).await
     }
 
     /// Dead or parked: dead-letter it (when configured), then record it with the message copy.

@@ -24,8 +24,9 @@ impl Drop for Release<'_> {
     }
 }
 
-/// Event ids being worked on in this process: a second delivery of the same id
-/// (at another offset or key) waits for the first instead of running twice.
+/// Event ids being worked on in this process, per dedup scope: a second delivery
+/// of the same id (at another offset or key) waits for the first instead of running
+/// twice; the routes of one event (each its own scope) run side by side.
 ///
 /// Kept by a hash of the id, with a gate made only when a second delivery comes
 /// (a semaphore that is never granted, only closed when the holder finishes), so
@@ -52,8 +53,8 @@ impl Drop for LiveGuard<'_> {
     }
 }
 
-pub(super) async fn live_guard<'a>(ids: &'a LiveIds, id: &str) -> LiveGuard<'a> {
-    let hash = ids.hasher.hash_one(id);
+pub(super) async fn live_guard<'a>(ids: &'a LiveIds, scope: &str, id: &str) -> LiveGuard<'a> {
+    let hash = ids.hasher.hash_one((scope, id));
     loop {
         let busy = match ids.held.lock().expect("live ids lock").entry(hash) {
             Entry::Vacant(free) => {
@@ -74,12 +75,13 @@ mod tests {
     #[tokio::test]
     async fn a_second_holder_of_an_id_waits_for_the_first_and_other_ids_do_not() {
         let ids = LiveIds::default();
-        let first = live_guard(&ids, "e1").await;
-        let _other = live_guard(&ids, "e2").await;
-        let mut second = Box::pin(live_guard(&ids, "e1"));
+        let first = live_guard(&ids, "t", "e1").await;
+        let _other = live_guard(&ids, "t", "e2").await;
+        let _other_route = live_guard(&ids, "t#mailer", "e1").await;
+        let mut second = Box::pin(live_guard(&ids, "t", "e1"));
         assert!(futures::poll!(second.as_mut()).is_pending(), "e1 is held");
         drop(first);
         let _second = second.await;
-        assert_eq!(ids.held.lock().unwrap().len(), 2, "e1 (held again) and e2");
+        assert_eq!(ids.held.lock().unwrap().len(), 3, "e1 (held again), e2, and e1 on the other route");
     }
 }

@@ -110,7 +110,7 @@ async fn keep(shared: &Shared) {
         if owned(shared, &PartitionId::new(&r.topic, r.partition)).is_none() {
             continue;
         }
-        let _id = shared.exec.hold_id(&r.event_id).await;
+        let _id = shared.exec.hold_id(r.scope.as_deref().unwrap_or_default(), &r.event_id).await;
         match store.holds().refresh(&r).await {
             Ok(true) => info!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
                 state = %r.state, "held chain's record written again: it waits past store.retention"),

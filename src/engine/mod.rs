@@ -207,8 +207,9 @@ impl Engine {
         }
     }
 
-    /// The index of a route of `topic` whose circuit is open, if one is: the topic's
-    /// events run through each of its routes in turn, so one route's outage holds them all.
+    /// The index of a route of `topic` whose circuit pauses, if one does: an event is
+    /// final once every route is, so one route's outage holds the topic's events until
+    /// its circuit holds them instead (`circuit.hold_after`) and stops pausing.
     fn open_route_of(&self, topic: &str, open: &OpenCircuits) -> Option<usize> {
         self.shared.exec.config.routes_for(topic).map(|r| r.handler.index).find(|h| open.is_open(*h))
     }

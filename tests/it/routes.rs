@@ -245,7 +245,6 @@ async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_
     use std::sync::Arc;
 
     const KEYS: usize = 10;
-    const EVENTS: usize = 300;
     let mut s = Scenario::new("routes-away", 2).await;
     with_route_b(&mut s);
     s.run().await;
@@ -257,11 +256,20 @@ async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_
         Some(k) if k.ends_with("#b") && flag.load(Ordering::SeqCst) => Reply::status(503),
         _ => Reply::ok(),
     });
-    let sent: Vec<(String, String)> =
-        (0..EVENTS).map(|i| (harness::new_event_id(), format!("order-{}", i % KEYS))).collect();
-    for (id, key) in &sent {
-        producer.send_event(&topic, key, id, Some("OrderPaid"), &json!({"id": id})).await;
+    // Under load for the whole outage (`OUTBOXD_OUTAGE_SECS`, 20 s; 60 is the full
+    // size): about 100 events a second, far more than read-ahead (8).
+    let outage = Duration::from_secs(harness::env_usize("OUTBOXD_OUTAGE_SECS", 20) as u64);
+    let started = std::time::Instant::now();
+    let mut sent: Vec<(String, String)> = Vec::new();
+    while started.elapsed() < outage {
+        for _ in 0..10 {
+            let (id, key) = (harness::new_event_id(), format!("order-{}", sent.len() % KEYS));
+            producer.send_event(&topic, &key, &id, Some("OrderPaid"), &json!({"id": id})).await;
+            sent.push((id, key));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let events = sent.len();
 
     // The first route's events are all done and every offset moved while b is away.
     od.wait_until("the first route's events, with b away", TIMEOUT, || {
@@ -270,7 +278,7 @@ async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_
     .await;
     od.wait_until("committed offsets at the end, with b away", TIMEOUT, || offsets.reached_end()).await;
     assert!(away.load(Ordering::SeqCst));
-    wait_held(&mut od, EVENTS as u64).await;
+    wait_held(&mut od, events as u64).await;
     assert_eq!(receiver.calls().iter().filter(|c| c.header("x-route") == Some("b") && c.effective()).count(), 0);
 
     // b is back: its held events run, once each, in per-key order.
