@@ -93,6 +93,14 @@ fn fields(mut t: Table, rows: Vec<(&'static str, String)>) -> Table {
     t
 }
 
+/// ` (route NAME)` for a record of a topic's later route (its scope ends with `#NAME`).
+fn route_of(r: &RecordView) -> String {
+    match r.scope.as_deref().and_then(|s| s.split_once('#')) {
+        Some((_, name)) => format!(" (route {})", shown(name)),
+        None => String::new(),
+    }
+}
+
 /// `store list`: one row per record.
 pub fn records_table(records: &[RecordView]) -> Table {
     let mut t = table(&["event_id", "state", "attempts", "topic/partition@offset", "updated_at", "outcome / reason"]);
@@ -110,7 +118,7 @@ pub fn records_table(records: &[RecordView]) -> Table {
             text(&r.event_id),
             r.state.to_string(),
             r.attempts.to_string(),
-            format!("{}/{}@{}", shown(&r.topic), r.partition, r.offset),
+            format!("{}/{}@{}{}", shown(&r.topic), r.partition, r.offset, route_of(r)),
             text(&r.updated_at),
             outcome,
         ]);

@@ -254,6 +254,13 @@ fn a_record_in_a_held_chain_shows_what_it_waits_for_and_the_head_what_it_holds()
 }
 
 #[test]
+fn a_record_of_a_later_route_names_its_route_in_the_list() {
+    let routed = RecordView { scope: Some("orders#mailer".into()), ..RecordView::from(&record()) };
+    let list = records_table(&[RecordView::from(&record()), routed]).to_string();
+    assert_eq!(list.matches("(route mailer)").count(), 1, "{list}");
+}
+
+#[test]
 fn an_audit_entry_reads_back_from_its_json_and_a_missing_field_is_named() {
     use crate::store::{AuditAction, AuditEntry, AuditEvent};
     let entry = AuditEntry {

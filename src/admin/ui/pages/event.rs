@@ -36,6 +36,8 @@ pub struct EventPage {
     pub chrome: Chrome,
     pub id: String,
     pub r: RecordView,
+    /// The route of the record, on a topic's later route (`None`: its first).
+    pub route: Option<String>,
     pub times: Vec<(&'static str, When)>,
     pub message: Option<MessageCopy>,
     /// Its key's held chain, said in a line.
@@ -57,7 +59,8 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-async fn message_copy(c: &Shared, id: &str) -> Option<MessageCopy> {
+/// The message copy of `id`'s record on `route` (a topic's later route; `None`: its first).
+async fn message_copy(c: &Shared, id: &str, route: Option<&str>) -> Option<MessageCopy> {
     let (store, key) = (c.exec.store.clone(), id.to_owned());
     let msg = c.reads.run(move || store.reads().message(&key)).await.ok()?.ok().flatten()?;
     let now = SystemTime::now();
@@ -80,9 +83,18 @@ async fn message_copy(c: &Shared, id: &str) -> Option<MessageCopy> {
             None,
         ),
     };
-    let idempotency = c.exec.config.handler_for(&msg.topic).and_then(|hc| match &hc.spec {
+    let handler = match route {
+        None => c.exec.config.handler_for(&msg.topic),
+        Some(name) => c.exec.config.handlers.iter().find(|h| h.name == name),
+    };
+    let idempotency = handler.and_then(|hc| match &hc.spec {
         crate::config::HandlerSpec::Http(http) => {
-            Some((http.idempotency_header.clone()?, event_id.clone().unwrap_or_else(|| id.to_owned())))
+            let id = event_id.clone().unwrap_or_else(|| id.to_owned());
+            let key = match route {
+                Some(name) => format!("{id}#{name}"),
+                None => id,
+            };
+            Some((http.idempotency_header.clone()?, key))
         }
         crate::config::HandlerSpec::Log => None,
     });
@@ -117,7 +129,9 @@ pub async fn event(State(c): State<Shared>, viewer: Viewer, Path(id): Path<Strin
         }
     }
     times.push(("last written", format::when(&r.updated_at, now)));
-    let message = message_copy(&c, &id).await;
+    // A topic's later route: its scope ends with `#` and the route's name.
+    let route = r.scope.as_deref().and_then(|s| s.split_once('#')).map(|(_, name)| name.to_owned());
+    let message = message_copy(&c, &id, route.as_deref()).await;
     let can_rerun = matches!(r.state, RecordState::Dead | RecordState::Parked);
     let query = url::form_urlencoded::Serializer::new(String::new()).append_pair("id", &id).finish();
     let chain = r.chain.as_ref().filter(|ch| ch.held_total > 0).map(|ch| match &ch.head {
@@ -128,5 +142,5 @@ pub async fn event(State(c): State<Shared>, viewer: Viewer, Path(id): Path<Strin
     let (local, key) = (c.local.clone(), id.clone());
     let audit = c.reads.run(move || local.audit_of(&key)).await.ok().and_then(Result::ok).unwrap_or_default();
     let audit = audit.iter().map(|v| AuditRow::of(v, now)).collect();
-    EventPage { chrome, id, r, times, message, chain, audit, can_rerun, query }.into_response()
+    EventPage { chrome, id, r, route, times, message, chain, audit, can_rerun, query }.into_response()
 }
