@@ -206,6 +206,9 @@ impl App {
         }
         tasks.spawn(engine.release_task(token.clone()));
         info!(topics = %subscriptions.join(","), store = %store.path().display(), max_in_flight, "outboxd running");
+        for warning in exec.config.route_warnings() {
+            warn!("{warning}");
+        }
 
         let run = engine.run(&token);
         tokio::pin!(run);

@@ -607,6 +607,9 @@ fn print_routes(config: &Config) {
         t.add_row(vec![h.topics.to_string(), place.to_owned(), h.name.clone(), selects, String::new(), String::new()]);
     }
     println!("routes (a topic's first route keeps the plain scope and sends the event id as its key):\n{t}");
+    for warning in config.route_warnings() {
+        println!("routes: WARNING {warning}");
+    }
 }
 
 /// `outboxd check-config`: validates the config, lets librdkafka check

@@ -126,6 +126,11 @@ impl Config {
         self.handlers.iter().find(|h| h.topics.matches(topic))
     }
 
+    /// Routes that can never select an event (a warning each, for `check-config` and the log).
+    pub fn route_warnings(&self) -> Vec<String> {
+        routes::never_selecting(&self.handlers)
+    }
+
     /// Every handler that takes `topic`, as its routes in the file's order (see `routes`).
     pub fn routes_for<'a>(&'a self, topic: &'a str) -> impl Iterator<Item = Route<'a>> + 'a {
         routes::of(&self.handlers, topic)

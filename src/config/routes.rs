@@ -258,6 +258,25 @@ pub fn shares_a_topic(handlers: &[HandlerConfig], h: &HandlerConfig) -> bool {
     handlers.iter().any(|o| o.index != h.index && shared_topic(h, o).is_some())
 }
 
+/// Routes that can never select an event, said for `check-config` and the start-up
+/// log: a `[[handlers.when]]` field condition on a payload that is not read as JSON
+/// (`format` or `body` = `raw`).
+pub(super) fn never_selecting(handlers: &[HandlerConfig]) -> Vec<String> {
+    use super::{Body, Format};
+    let fields = |h: &HandlerConfig| h.when.iter().any(|c| matches!(c.on, ConditionOn::Field { .. }));
+    handlers
+        .iter()
+        .filter(|h| fields(h) && (h.format == Format::Raw || h.body == Body::Raw))
+        .map(|h| {
+            format!(
+                "handlers[{}] ({}) can never select an event: its [[handlers.when]] field conditions read the JSON \
+                 payload, which format or body = \"raw\" keeps as bytes",
+                h.index, h.name
+            )
+        })
+        .collect()
+}
+
 /// The first setting in which `a` and `b` read messages differently.
 fn differs(a: &HandlerConfig, b: &HandlerConfig) -> Option<&'static str> {
     if a.format != b.format {
@@ -355,6 +374,16 @@ mod tests {
         let c = parse("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n[[handlers.when]]\nfield=\"n\"\nequals=[3, true]\n")
             .unwrap();
         assert_eq!(c.handlers[0].when[0].equals, ["3", "true"]);
+    }
+
+    #[test]
+    fn a_field_condition_on_a_raw_payload_is_said_to_never_select() {
+        let when = "[[handlers.when]]\nfield=\"status\"\nequals=\"paid\"\n";
+        let raw = parse(&format!("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\nbody=\"raw\"\n{when}")).unwrap();
+        let said = raw.route_warnings();
+        assert!(said.len() == 1 && said[0].contains("handlers[0]") && said[0].contains("never"), "{said:?}");
+        let json = parse(&format!("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\n{when}")).unwrap();
+        assert!(json.route_warnings().is_empty());
     }
 
     #[test]
