@@ -653,6 +653,17 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
                 ("http", format!("{} {}{headers}{signed}", http.method, http.url.as_str()))
             }
             HandlerSpec::Log => ("log", "stdout, one JSON line per event".to_owned()),
+            HandlerSpec::Postgres(pg) => (
+                "postgres",
+                format!(
+                    "{}\n{} statement(s); inbox {}.{}; pool {}",
+                    pg.shown,
+                    pg.statements.len(),
+                    pg.inbox_table,
+                    pg.id_column,
+                    pg.pool_size
+                ),
+            ),
         };
         let id = match &h.event_id {
             EventIdSource::Header(n) => format!("header {n}"),

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::circuit::{CircuitConfig, ConcurrencyConfig, RawCircuit, RawConcurrency};
 use super::http::{HttpConfig, RawVerify, StatusMatch};
+use super::postgres::{PostgresConfig, RawInbox, RawStatement};
 use super::retry::{RawRetry, RetryConfig};
 use super::routes::{Condition, EventTypes, RawCondition};
 use super::sign::RawSign;
@@ -28,6 +29,9 @@ pub enum HandlerKind {
     Http,
     /// Writes one JSON line per event on stdout.
     Log,
+    /// Runs SQL statements in the receiver's PostgreSQL database, with an inbox row
+    /// keyed by the event in the same transaction (`url`, `statements`, `[handlers.inbox]`).
+    Postgres,
 }
 
 /// One `[[handlers]]` entry as written.
@@ -93,6 +97,13 @@ pub struct RawHandler {
     pub verify: Option<RawVerify>,
     /// `[handlers.sign]` (`http` only): Standard Webhooks signatures on each call.
     pub sign: Option<RawSign>,
+    /// `handlers[].statements` (`postgres` only): the SQL run for each event, in one transaction.
+    #[serde(default)]
+    pub statements: Vec<RawStatement>,
+    /// `[handlers.inbox]` (`postgres` only): the table of idempotency keys written in that transaction.
+    pub inbox: Option<RawInbox>,
+    /// `handlers[].pool_size` (`postgres` only): connections to the database, at most.
+    pub pool_size: Option<usize>,
     /// `handlers[].format`: how values are read, default `auto`.
     pub format: Option<Format>,
     /// `handlers[].body`: what the handler sends, default `json`.
@@ -225,6 +236,8 @@ pub enum HandlerSpec {
     Http(Box<HttpConfig>),
     /// `kind = "log"`: one JSON line per event on stdout.
     Log,
+    /// `kind = "postgres"`: statements and an inbox row in the receiver's database.
+    Postgres(Box<PostgresConfig>),
 }
 
 /// One `[[handlers]]` entry validated: which topics, what runs, where the event id
@@ -281,6 +294,7 @@ impl RawHandler {
         let dead_letter_topic = self.dead_letter_topic(&at)?;
         let spec = match self.kind {
             HandlerKind::Log => HandlerSpec::Log,
+            HandlerKind::Postgres => HandlerSpec::Postgres(Box::new(PostgresConfig::from_raw(&at, &self, env)?)),
             HandlerKind::Http => HandlerSpec::Http(Box::new(HttpConfig::from_raw(&at, &self, env)?)),
         };
         let event_id = event_id(&at, self.event_id)?;
@@ -321,17 +335,29 @@ impl RawHandler {
         })
     }
 
-    /// The http fields mean nothing to another kind: setting one is a mistake.
+    /// A kind's own fields mean nothing to another kind: setting one is a mistake.
     fn check_http_only_fields(&self, at: &str) -> Result<(), ConfigError> {
+        let postgres_only = [
+            ("statements", !self.statements.is_empty()),
+            ("inbox", self.inbox.is_some()),
+            ("pool_size", self.pool_size.is_some()),
+        ];
+        if self.kind != HandlerKind::Postgres {
+            if let Some((name, _)) = postgres_only.iter().find(|(_, set)| *set) {
+                return Err(ConfigError::field(format!("{at}.{name}"), "only valid for kind = \"postgres\""));
+            }
+        }
         if self.kind == HandlerKind::Http {
             return Ok(());
         }
+        // `url` and `timeout` are a postgres handler's too.
+        let both = self.kind == HandlerKind::Postgres;
         let set = [
-            ("url", self.url.is_some()),
+            ("url", self.url.is_some() && !both),
             ("method", self.method.is_some()),
             ("headers", !self.headers.is_empty()),
             ("idempotency_header", self.idempotency_header.is_some()),
-            ("timeout", self.timeout.is_some()),
+            ("timeout", self.timeout.is_some() && !both),
             ("success_on", !self.success_on.is_empty()),
             ("fail_on", !self.fail_on.is_empty()),
             ("retry_on", !self.retry_on.is_empty()),
@@ -344,8 +370,12 @@ impl RawHandler {
         }
     }
 
-    /// `verify` goes with `on_uncertain = "verify"`, both ways.
+    /// `verify` goes with `on_uncertain = "verify"`, both ways; a postgres handler's
+    /// lookup is its inbox row (exact), so `verify` is its default and needs no table.
     fn uncertain_policy(&self, at: &str) -> Result<OnUncertain, ConfigError> {
+        if self.kind == HandlerKind::Postgres {
+            return Ok(self.on_uncertain.unwrap_or(OnUncertain::Verify));
+        }
         let on_uncertain = self.on_uncertain.unwrap_or_default();
         if on_uncertain == OnUncertain::Verify && self.verify.is_none() {
             return Err(ConfigError::field(

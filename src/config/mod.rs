@@ -13,6 +13,7 @@
 //! - `handler`: `[[handlers]]`, with `topics`, `http` and `retry` for its parts; `routes`: the handlers
 //!   that share a topic, what each selects (`event_types`), and each one's scope and idempotency key;
 //! - `traces`: `[tracing.otlp]`, spans exported to an OpenTelemetry collector;
+//! - `postgres`: the `kind = "postgres"` part of a handler: the database, statements, inbox;
 //! - `logs`: `[log]`, the per-handler summary line;
 //! - `values`: durations, sizes and `${VAR}`, shared by all of them;
 //! - `error`: [`ConfigError`], what is wrong and in which field; `{:#}` prints it as the CLI shows it.
@@ -32,6 +33,7 @@ mod handler;
 mod http;
 mod kafka;
 mod logs;
+mod postgres;
 mod raw;
 mod retry;
 mod routes;
@@ -58,6 +60,7 @@ pub use handler::{
 pub use http::{HttpConfig, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::KafkaConfig;
 pub use logs::LogConfig;
+pub use postgres::{Param, PostgresConfig, Statement};
 pub use retry::RetryConfig;
 pub use routes::{shares_a_topic, Condition, ConditionOn, EventTypes, Route};
 pub use schema_registry::RegistryOptions;
@@ -149,6 +152,7 @@ impl Config {
                     let attempt = match &h.spec {
                         HandlerSpec::Http(http) => http.timeout,
                         HandlerSpec::Log => Duration::ZERO,
+                        HandlerSpec::Postgres(pg) => pg.timeout,
                     };
                     h.retry.max_elapsed.saturating_add(attempt)
                 })

@@ -299,6 +299,7 @@ impl Circuit {
         let timeout = match &h.spec {
             crate::config::HandlerSpec::Http(http) => http.timeout,
             crate::config::HandlerSpec::Log => Duration::from_secs(10),
+            crate::config::HandlerSpec::Postgres(pg) => pg.timeout,
         };
         let health = h.circuit.health_url.as_ref().and_then(|url| match HealthProbe::new(url.expose(), timeout) {
             Ok(probe) => Some(probe),

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::http::{BuildError, HttpHandler};
 use super::log::LogHandler;
+use super::postgres::PostgresHandler;
 use super::Handler;
 use crate::config::{HandlerConfig, HandlerSpec};
 
@@ -12,5 +13,6 @@ pub fn build(config: &HandlerConfig) -> Result<Arc<dyn Handler>, BuildError> {
     Ok(match &config.spec {
         HandlerSpec::Http(http) => Arc::new(HttpHandler::new((**http).clone())?),
         HandlerSpec::Log => Arc::new(LogHandler),
+        HandlerSpec::Postgres(pg) => Arc::new(PostgresHandler::new((**pg).clone())?),
     })
 }

@@ -24,6 +24,9 @@ pub enum BuildError {
     /// A static header value that cannot be sent (the config's validation refuses these first).
     #[error(transparent)]
     HeaderValue(#[from] InvalidHeaderValue),
+    /// A postgres handler's connection pool could not be built.
+    #[error(transparent)]
+    Postgres(#[from] super::postgres::PostgresBuildError),
 }
 
 /// `kind = "http"`: one request per event to the rendered URL, the event id in the

@@ -1,5 +1,5 @@
 //! Handlers run an event's side effect: one attempt in, its result out. The
-//! kind is chosen per topic in the config (`http`, `log`), or given by a
+//! kind is chosen per topic in the config (`http`, `log`, `postgres`), or given by a
 //! program that embeds outboxd ([`from_fn`], or any type that implements
 //! [`Handler`]). The engine decides retry, dead-letter or done from the result
 //! and runs the retry, verify and park policies around it.
@@ -7,6 +7,7 @@
 mod configured;
 mod http;
 mod log;
+mod postgres;
 mod sign;
 
 use std::future::Future;

@@ -29,6 +29,7 @@ mod hostile;
 mod kill_loop;
 mod kubernetes;
 mod log_stream;
+mod postgres_inbox;
 mod resilience;
 mod restore_bounds;
 mod routes;

@@ -96,7 +96,7 @@ async fn message_copy(c: &Shared, id: &str, route: Option<&str>) -> Option<Messa
             };
             Some((http.idempotency_header.clone()?, key))
         }
-        crate::config::HandlerSpec::Log => None,
+        crate::config::HandlerSpec::Log | crate::config::HandlerSpec::Postgres(_) => None,
     });
     Some(MessageCopy {
         position: format!("{}/{}@{}", msg.topic, msg.partition, msg.offset),
