@@ -62,6 +62,9 @@ impl PostgresHandler {
         let key = event.idempotency_key();
         if tx.execute(self.insert.as_str(), &[&key]).await.map_err(classify)? == 0 {
             tx.rollback().await.map_err(classify)?;
+            metrics::counter!(crate::metrics::names::DUPLICATES, "topic" => event.position.topic.clone(),
+                "cause" => "receiver_inbox")
+            .increment(1);
             return Ok(Outcome::new("duplicate: its inbox row is there (committed by an earlier delivery)"));
         }
         for statement in &self.config.statements {
