@@ -61,7 +61,8 @@
 //! Imports flow one way, from `cli` and `app` down to the leaves (`event`, `template`, `wire`,
 //! `metrics`, `offsets`; `config` uses only `template`); `scripts/module-dag` fails CI on a
 //! loop. `docs/architecture.md` §5 says what each module owns, §6 lists the imports.
-//! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field.
+//! - [`config`]: the TOML file as serde data, defaults, `validate()` naming the field; `config::routes`: the handlers
+//!   that share a topic (its routes), what each selects, its record scope and idempotency key.
 //! - `template`: URL templates; event data only in path and query, percent-encoded.
 //! - [`event`] / `codec`: the one decoder, Kafka message → `event::OutboxEvent` (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
 //! - `avro`: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
@@ -92,7 +93,8 @@
 //!   handler's receiver health: while open nothing of it starts and its partitions pause),
 //!   `engine::concurrency` (its adaptive limit of calls in flight) and `engine::hold`, which runs
 //!   the held events of a released chain on the partition's owner.
-//! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest calls to the receivers), `log`, closures.
+//! - [`handler`]: the `Handler` trait (one attempt in, its result out); `http` (reqwest calls to the receivers), `log`,
+//!   `postgres` (statements and an inbox row in one transaction in the receiver's database), closures.
 //! - `metrics`: metric names and the Prometheus recorder (a leaf).
 //! - `log_writer`: the binary's stderr writer, which drops (and counts) a line it cannot write instead of failing.
 //! - `telemetry`: the one user of OpenTelemetry: with `[tracing.otlp]`, the binary's layer that exports the
