@@ -46,9 +46,9 @@ pub struct RawHandler {
     /// `handlers[].topic_pattern`: a regular expression in librdkafka's syntax
     /// (no `(?...)`), subscribed as `^...`.
     pub topic_pattern: Option<String>,
-    /// `handlers[].kind`: `http` or `log`.
+    /// `handlers[].kind`: `http`, `log` or `postgres`.
     pub kind: HandlerKind,
-    /// `handlers[].url` (`http` only, required there): the URL template, `${VAR}` allowed.
+    /// `handlers[].url` (`http` and `postgres`, required there): the URL template, or the database URL; `${VAR}` allowed.
     pub url: Option<String>,
     /// `handlers[].method` (`http` only): the HTTP method, default `POST`.
     pub method: Option<String>,
@@ -57,7 +57,7 @@ pub struct RawHandler {
     pub headers: BTreeMap<String, String>,
     /// Header carrying the event id to the receiver; `""` turns it off.
     pub idempotency_header: Option<String>,
-    /// `handlers[].timeout` (`http` only): per request, e.g. "10s" (the default).
+    /// `handlers[].timeout` (`http` and `postgres`): per request or transaction, e.g. "10s" (the default).
     pub timeout: Option<String>,
     /// `handlers[].event_id`: `{ header = "..." }` or `{ field = "..." }`, default header `id`.
     pub event_id: Option<EventIdSource>,
