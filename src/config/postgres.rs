@@ -102,8 +102,9 @@ pub struct Statement {
     pub params: Vec<Param>,
 }
 
-/// A `kind = "postgres"` handler, validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A `kind = "postgres"` handler, validated. Its `Debug` shows the URL as written,
+/// user info replaced: the password never reaches a log.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PostgresConfig {
     /// The connection URL with `${VAR}` expanded (never shown).
@@ -120,6 +121,19 @@ pub struct PostgresConfig {
     pub inbox_table: String,
     /// Its column of idempotency keys, quoted for SQL.
     pub id_column: String,
+}
+
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &self.shown)
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("statements", &self.statements)
+            .field("inbox_table", &self.inbox_table)
+            .field("id_column", &self.id_column)
+            .finish()
+    }
 }
 
 impl PostgresConfig {
@@ -228,6 +242,7 @@ mod tests {
         assert_eq!((pg.inbox_table.as_str(), pg.id_column.as_str()), ("\"app\".\"message_log\"", "\"id\""));
         assert_eq!(pg.statements[1].params, [Param::IdempotencyKey, Param::Payload, Param::Field("/a/b".into())]);
         assert_eq!(pg.shown, "postgresql://<redacted>@127.0.0.1:5432/db");
+        assert!(!format!("{:?}", c.handlers[0]).contains("u:p@"), "the password stays out of Debug");
         assert_eq!(
             c.handlers[0].on_uncertain,
             crate::config::OnUncertain::Verify,
