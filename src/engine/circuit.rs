@@ -452,21 +452,9 @@ impl Circuit {
     /// period, the engine is told: it resumes the handler's partitions ([`Circuit::pauses`]).
     fn given_up(&self) -> Option<String> {
         let limit = self.config.give_up_after?;
-        let mut i = self.lock();
-        if i.phase == Phase::Closed {
-            return None;
-        }
-        let open_for = i.left_closed?.elapsed();
-        if open_for < limit {
-            return None;
-        }
-        if !i.gave_up {
-            i.gave_up = true;
-            self.changed.send_modify(|n| *n += 1);
-        }
+        let (open_for, last) = self.open_past(limit, |i| &mut i.gave_up)?;
         Some(format!(
-            "the receiver was unavailable for {open_for:?}, longer than circuit.give_up_after ({limit:?}); last failure: {}",
-            i.last_failure.as_deref().unwrap_or("unknown")
+            "the receiver was unavailable for {open_for:?}, longer than circuit.give_up_after ({limit:?}); last failure: {last}"
         ))
     }
 
@@ -478,6 +466,17 @@ impl Circuit {
             return None;
         }
         let limit = self.config.hold_after;
+        let (open_for, last) = self.open_past(limit, |i| &mut i.holding)?;
+        Some(format!(
+            "held: waiting for its receiver, unavailable for {open_for:.0?} (longer than circuit.hold_after, {limit:?}; \
+             last failure: {last}); it runs in order once the receiver answers"
+        ))
+    }
+
+    /// How long the circuit has been open and its last failure, once that is `limit`
+    /// or more in this open period. The first time, `told` (the period's flag of that
+    /// limit) is set and the engine is told.
+    fn open_past(&self, limit: Duration, told: fn(&mut Inner) -> &mut bool) -> Option<(Duration, String)> {
         let mut i = self.lock();
         if i.phase == Phase::Closed {
             return None;
@@ -486,15 +485,12 @@ impl Circuit {
         if open_for < limit {
             return None;
         }
-        if !i.holding {
-            i.holding = true;
+        let flag = told(&mut i);
+        if !*flag {
+            *flag = true;
             self.changed.send_modify(|n| *n += 1);
         }
-        Some(format!(
-            "held: waiting for its receiver, unavailable for {open_for:.0?} (longer than circuit.hold_after, {limit:?}; \
-             last failure: {}); it runs in order once the receiver answers",
-            i.last_failure.as_deref().unwrap_or("unknown")
-        ))
+        Some((open_for, i.last_failure.clone().unwrap_or_else(|| "unknown".to_owned())))
     }
 
     async fn probe_health(&self) {
