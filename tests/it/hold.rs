@@ -30,7 +30,7 @@ fn store_json(od: &Outboxd, args: &[&str]) -> Value {
 }
 
 /// `outboxd store ARGS` (through the service while it runs); it must succeed. Its stdout.
-fn store(od: &Outboxd, args: &[&str]) -> String {
+pub(super) fn store(od: &Outboxd, args: &[&str]) -> String {
     let mut full = vec!["store"];
     full.extend_from_slice(args);
     let out = od.command(&full);

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::hold::store;
 use crate::harness::receiver::Reply;
 use crate::harness::{self, metrics, Scenario};
 use serde_json::json;
@@ -135,16 +136,6 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
         (dead["state"].as_str(), dead["scope"].as_str()),
         (Some("dead"), Some(format!("{topic}#mailer").as_str()))
     );
-}
-
-/// `outboxd store ARGS` through the running service; it must succeed. Its stdout.
-fn store(od: &crate::harness::Outboxd, args: &[&str]) -> String {
-    let mut full = vec!["store"];
-    full.extend_from_slice(args);
-    let out = od.command(&full);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{full:?} failed: {stdout}\n{stderr}");
-    stdout.into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
