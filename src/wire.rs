@@ -122,6 +122,13 @@ pub fn rfc3339(us: i64) -> String {
     humantime::format_rfc3339_micros(t).to_string()
 }
 
+/// The route a record scope names: what follows `#` in a topic's later route's scope
+/// (`outbox.event.order#mailer`; Kafka topic names cannot hold a `#`), none on its
+/// first route. The config makes these scopes (`config::Route::scope`).
+pub fn route_of_scope(scope: &str) -> Option<&str> {
+    scope.split_once('#').map(|(_, route)| route)
+}
+
 /// A record, times as RFC 3339: what `store get|list --json`, `store export`
 /// and the admin API show of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -176,6 +183,13 @@ pub struct RecordView {
     pub topic: String,
     /// When the record was last written.
     pub updated_at: String,
+}
+
+impl RecordView {
+    /// The route of the record, on a topic's later route ([`route_of_scope`]).
+    pub fn route(&self) -> Option<&str> {
+        self.scope.as_deref().and_then(route_of_scope)
+    }
 }
 
 /// A held chain as a record shows it: the Kafka key whose events wait, what they

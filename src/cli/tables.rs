@@ -95,8 +95,8 @@ fn fields(mut t: Table, rows: Vec<(&'static str, String)>) -> Table {
 
 /// ` (route NAME)` for a record of a topic's later route (its scope ends with `#NAME`).
 fn route_of(r: &RecordView) -> String {
-    match r.scope.as_deref().and_then(|s| s.split_once('#')) {
-        Some((_, name)) => format!(" (route {})", shown(name)),
+    match r.route() {
+        Some(name) => format!(" (route {})", shown(name)),
         None => String::new(),
     }
 }

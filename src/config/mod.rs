@@ -129,6 +129,15 @@ impl Config {
         self.handlers.iter().find(|h| h.topics.matches(topic))
     }
 
+    /// The handler of `route` of `topic`: the topic's first route for `None`, else the
+    /// later route of that name (as a record's scope names it).
+    pub fn route_handler(&self, topic: &str, route: Option<&str>) -> Option<&HandlerConfig> {
+        match route {
+            None => self.handler_for(topic),
+            Some(name) => self.handlers.iter().find(|h| h.name == name),
+        }
+    }
+
     /// Routes that can never select an event (a warning each, for `check-config` and the log).
     pub fn route_warnings(&self) -> Vec<String> {
         routes::never_selecting(&self.handlers)

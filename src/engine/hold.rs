@@ -122,11 +122,7 @@ async fn keep(shared: &Shared) {
 
 /// The handler of `chain`'s route: the topic's first route, or the later one it names.
 fn handler_of<'a>(shared: &'a Shared, chain: &ChainId) -> Option<&'a crate::config::HandlerConfig> {
-    let config = &shared.exec.config;
-    match &chain.route {
-        None => config.handler_for(&chain.topic),
-        Some(name) => config.handlers.iter().find(|h| &h.name == name),
-    }
+    shared.exec.config.route_handler(&chain.topic, chain.route.as_deref())
 }
 
 /// Whether the circuit of `chain`'s route is open (its receiver is away).

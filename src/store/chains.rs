@@ -93,10 +93,9 @@ impl ChainId {
     }
 }
 
-/// The route a record's scope names: after `#` on a topic's later routes (topic names
-/// cannot hold a `#`), none on its first route.
+/// The route a record's scope names ([`crate::wire::route_of_scope`]), owned.
 pub(super) fn route_of(scope: Option<&str>) -> Option<String> {
-    scope?.split_once('#').map(|(_, route)| route.to_owned())
+    scope.and_then(crate::wire::route_of_scope).map(str::to_owned)
 }
 
 /// The tree key of a member: its chain's topic, partition and Kafka key, its offset

@@ -83,10 +83,7 @@ async fn message_copy(c: &Shared, id: &str, route: Option<&str>) -> Option<Messa
             None,
         ),
     };
-    let handler = match route {
-        None => c.exec.config.handler_for(&msg.topic),
-        Some(name) => c.exec.config.handlers.iter().find(|h| h.name == name),
-    };
+    let handler = c.exec.config.route_handler(&msg.topic, route);
     let idempotency = handler.and_then(|hc| match &hc.spec {
         crate::config::HandlerSpec::Http(http) => {
             let id = event_id.clone().unwrap_or_else(|| id.to_owned());
@@ -130,7 +127,7 @@ pub async fn event(State(c): State<Shared>, viewer: Viewer, Path(id): Path<Strin
     }
     times.push(("last written", format::when(&r.updated_at, now)));
     // A topic's later route: its scope ends with `#` and the route's name.
-    let route = r.scope.as_deref().and_then(|s| s.split_once('#')).map(|(_, name)| name.to_owned());
+    let route = r.route().map(str::to_owned);
     let message = message_copy(&c, &id, route.as_deref()).await;
     let can_rerun = matches!(r.state, RecordState::Dead | RecordState::Parked);
     let query = url::form_urlencoded::Serializer::new(String::new()).append_pair("id", &id).finish();
