@@ -84,7 +84,8 @@
 //!   and written to the changelog partition of the events named, so it follows the partition.
 //! - `offsets`: per-partition tracker of the next committable offset.
 //! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
-//!   producer, changelog topics, their producer and restore reader, client options. Only place that uses rdkafka.
+//!   producer, changelog topics, their producer and restore reader, the reader of single source messages for
+//!   replays (`kafka::reread`), client options. Only place that uses rdkafka.
 //!   `kafka::group`: the group's members as the brokers describe them (the console's overview).
 //!   `kafka::health`: the brokers' reachability, which every client reports to: one warning when they are away,
 //!   a summary per interval, one line when they are back (`/readyz`, `outboxd_broker_reachable`).
@@ -102,7 +103,7 @@
 //!   trace context its message carried, and the http handler sends its call's context on (`traceparent`).
 //! - `app`: wires store, metrics, Kafka, engine, admin server and background tasks; one shutdown token, a `JoinSet`.
 //!   [`App`] embeds outboxd in a program, with its own handlers for some topics (`examples/custom_handler.rs`).
-//! - `ops`: the store operations a person runs (stats, get, list, forget, resolve, re-run, gc, export, audit),
+//! - `ops`: the store operations a person runs (stats, get, list, forget, resolve, re-run, replay, gc, export, audit),
 //!   written once against `ops::StoreApi`: on the store itself, or through a running service (`ops::client`, the
 //!   admin API's client); every repair is audited under its `ops::Actor`.
 //! - `wire`: the admin API's wire format (a leaf): the typed views of records, stats, pages, the audit and repair

@@ -96,16 +96,19 @@ pub enum AuditAction {
     Retry,
     /// Removed expired records now (`store gc`).
     Gc,
+    /// Ran a final event again from its source message, read again from Kafka (`store replay`).
+    Replay,
 }
 
 impl AuditAction {
-    /// As the audit shows it: `forget`, `resolve`, `retry`, `gc`.
+    /// As the audit shows it: `forget`, `resolve`, `retry`, `gc`, `replay`.
     pub fn as_str(self) -> &'static str {
         match self {
             AuditAction::Forget => "forget",
             AuditAction::Resolve => "resolve",
             AuditAction::Retry => "retry",
             AuditAction::Gc => "gc",
+            AuditAction::Replay => "replay",
         }
     }
 }
@@ -305,6 +308,25 @@ pub enum RetryView {
     Finished(Box<RecordView>),
     /// The stored message now decodes; it ran and is recorded under its decoded event id.
     Redecoded(RedecodedView),
+}
+
+/// The answer of the replay of one record (`/v1/replay`): the record it ended in,
+/// or why its source message could not be read again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "replay", rename_all = "snake_case")]
+pub enum ReplayView {
+    /// It ran again and ended in this record (`done`, or `dead` or `parked`).
+    Ran {
+        /// The record now.
+        record: Box<RecordView>,
+    },
+    /// The source topic no longer holds the message: its retention deleted it.
+    Expired {
+        /// The partition's first offset now.
+        first_offset: i64,
+    },
+    /// The partition does not hold the offset (a compacted topic removed it).
+    Missing,
 }
 
 /// `{"event_id": …, "note": …, "state": "rerun"}`: the stored message of an

@@ -225,6 +225,7 @@ fn action_of(path: &str) -> Option<AuditAction> {
         "/resolve" => Some(AuditAction::Resolve),
         "/retry" => Some(AuditAction::Retry),
         "/gc" => Some(AuditAction::Gc),
+        "/replay" => Some(AuditAction::Replay),
         _ => None,
     }
 }

@@ -27,3 +27,29 @@ impl From<StoreError> for ApiError {
         ApiError(status, e.to_string())
     }
 }
+
+impl From<crate::ops::OpsError> for ApiError {
+    /// A replay's failure: the status of what went wrong inside it, the text with
+    /// its chain of causes (what `outboxd store` prints).
+    fn from(e: crate::ops::OpsError) -> ApiError {
+        use crate::ops::OpsError;
+        let mut inner = &e;
+        while let OpsError::Replay { error, .. } | OpsError::Rerun { error, .. } = inner {
+            inner = error;
+        }
+        let status = match inner {
+            OpsError::NotFound(_) => StatusCode::NOT_FOUND,
+            OpsError::Store(StoreError::WrongState { .. } | StoreError::NoMessage(_)) => StatusCode::CONFLICT,
+            OpsError::BadNewKey(_) | OpsError::ReasonTooLong { .. } | OpsError::ReasonNotText => StatusCode::BAD_REQUEST,
+            OpsError::Reread { .. } => StatusCode::BAD_GATEWAY,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        ApiError(status, text)
+    }
+}

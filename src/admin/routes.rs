@@ -22,7 +22,7 @@ use crate::config::AdminLimits;
 use crate::engine::Executor;
 use crate::ops::{self, Actor, Local, OpsError};
 use crate::store::{State as RecordState, StoreError};
-use crate::wire::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
+use crate::wire::{AuditPage, GcView, PageView, RecordView, ReplayView, RetryView, StatsView};
 
 /// Records in one page of `/v1/events` when the request names no `limit`.
 const DEFAULT_PAGE: usize = 100;
@@ -38,6 +38,8 @@ const MAX_ADMIN_RETRIES: usize = 4;
 /// What `/v1/retry` needs: the executor, and a turn to run in.
 struct Retries {
     exec: Arc<Executor>,
+    /// Reads replayed events' messages again from Kafka (`/v1/replay`).
+    rereads: ops::Rereads,
     /// One permit per running admin retry, held by its task until it ends.
     turns: Arc<Semaphore>,
 }
@@ -61,7 +63,7 @@ pub(super) fn router(exec: Arc<Executor>, reads: Reads, limits: &AdminLimits) ->
         read_budget: limits.read_budget,
     };
     let circuits = exec.circuits().clone();
-    let retries = Retries { exec, turns: Arc::new(Semaphore::new(MAX_ADMIN_RETRIES)) };
+    let retries = Arc::new(Retries { exec, rereads: ops::Rereads::default(), turns: Arc::new(Semaphore::new(MAX_ADMIN_RETRIES)) });
     Router::new()
         .route(
             "/handlers",
@@ -72,7 +74,8 @@ pub(super) fn router(exec: Arc<Executor>, reads: Reads, limits: &AdminLimits) ->
         .route("/events/{*id}", get(get_event))
         .route("/forget", post(forget))
         .route("/resolve", post(resolve))
-        .route("/retry", post(retry).with_state(Arc::new(retries)))
+        .route("/retry", post(retry).with_state(retries.clone()))
+        .route("/replay", post(replay).with_state(retries))
         .route("/gc", post(gc))
         .route("/export", get(export))
         .route("/audit", get(audit))
@@ -139,6 +142,17 @@ async fn list(State(a): State<Api>, Query(q): Query<ListQuery>) -> Result<Json<P
 struct IdQuery {
     id: String,
     /// Why, for the audit (at most `ops::MAX_REASON_CHARS`).
+    reason: Option<String>,
+}
+
+/// `/v1/replay`: the record (its event id and dedup scope), and a new key's token.
+#[derive(Deserialize)]
+struct ReplayQuery {
+    id: String,
+    scope: String,
+    /// `--new-key`: the token of the replay's new idempotency keys (`ops::new_key_suffix`).
+    new_key: Option<String>,
+    /// Why, for the audit.
     reason: Option<String>,
 }
 
@@ -270,6 +284,28 @@ async fn export(State(a): State<Api>, Query(q): Query<ListQuery>) -> Result<Resp
         }
     });
     Ok(([("content-type", "application/x-ndjson")], axum::body::Body::from_stream(stream)).into_response())
+}
+
+/// Runs the final event of a record again from its source message, read again
+/// from Kafka, in the service (`outboxd store replay`), and answers what it came
+/// to. A task of its own, taking turns with retries, as [`retry`] says.
+async fn replay(
+    State(r): State<Arc<Retries>>,
+    Extension(who): Extension<Credential>,
+    Query(q): Query<ReplayQuery>,
+) -> Result<Json<ReplayView>, ApiError> {
+    let actor = actor(&who, q.reason.as_deref())?;
+    let suffix = q.new_key.as_deref().map(ops::new_key_suffix).transpose()?;
+    let turn = r.turns.clone().acquire_owned().await.expect("the retry semaphore is never closed");
+    let run = tokio::spawn(async move {
+        let _turn = turn;
+        let answer = ops::replay_by(&r.exec, &r.rereads, &q.scope, &q.id, suffix.as_deref(), &actor).await;
+        if let Err(e) = &answer {
+            tracing::warn!(event_id = %q.id, scope = %q.scope, error = %e, "admin replay failed");
+        }
+        answer.map(Json).map_err(ApiError::from)
+    });
+    run.await.map_err(join_error)?
 }
 
 /// Runs a dead or parked event again from its stored copy, in the service,

@@ -13,6 +13,7 @@ use crate::wire::{AuditView, State};
 use tables::table;
 
 mod entry;
+mod replay;
 mod tables;
 
 pub use entry::main;
@@ -175,6 +176,40 @@ pub enum StoreCommand {
         #[command(flatten)]
         args: StoreArgs,
     },
+    /// Run the final events of a time window again from their source messages, read
+    /// again from Kafka by the partition and offset each record keeps: in offset order
+    /// (per key, the order they came), once each, with the same idempotency key unless
+    /// --new-key. Needs the full config and the brokers.
+    Replay {
+        /// The source topic.
+        #[arg(long)]
+        topic: String,
+        /// Only events of this type.
+        #[arg(long = "type", value_name = "TYPE")]
+        event_type: Option<String>,
+        /// Only records in this state: done, dead or parked (repeat for several; all three when not given).
+        #[arg(long)]
+        state: Vec<State>,
+        /// Events first seen at or after this time: RFC 3339 (2026-12-04T10:00:00Z) or a time ago (6h).
+        #[arg(long)]
+        since: String,
+        /// Events first seen before this time (the same forms; now when not given).
+        #[arg(long)]
+        until: Option<String>,
+        /// Print what would be replayed, and what the topic no longer holds; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Send new idempotency keys (the event's key and `#replay-<when the replay began, in ms>`),
+        /// for a receiver that would otherwise suppress the calls as duplicates.
+        #[arg(long)]
+        new_key: bool,
+        /// Why (kept in the audit entry of every replayed event).
+        #[arg(long)]
+        reason: String,
+        /// Where the store is, and the output format.
+        #[command(flatten)]
+        args: StoreArgs,
+    },
     /// Decide a parked (or dead) event: it happened (--done) or run it again (--retry).
     Resolve {
         /// The event id.
@@ -231,6 +266,7 @@ impl StoreCommand {
             | StoreCommand::List { args, .. }
             | StoreCommand::Forget { args, .. }
             | StoreCommand::Retry { args, .. }
+            | StoreCommand::Replay { args, .. }
             | StoreCommand::Resolve { args, .. }
             | StoreCommand::Publish { args, .. }
             | StoreCommand::Export { args, .. } => args,
@@ -240,7 +276,9 @@ impl StoreCommand {
     /// Re-runs need the handlers of the whole config.
     fn needs(&self) -> Needs {
         match self {
-            StoreCommand::Retry { .. } | StoreCommand::Resolve { done: false, .. } => Needs::Handlers,
+            StoreCommand::Retry { .. } | StoreCommand::Replay { .. } | StoreCommand::Resolve { done: false, .. } => {
+                Needs::Handlers
+            }
             _ => Needs::Records,
         }
     }
@@ -253,6 +291,17 @@ impl StoreCommand {
             }
             StoreCommand::Retry { event_id: None, all_dead: false, .. } => {
                 bail!("name an event id, or use --all-dead")
+            }
+            StoreCommand::Replay { state, since, until, reason, .. } => {
+                if let Some(s) = state.iter().find(|s| !ops::REPLAYABLE.contains(s)) {
+                    bail!("--state {s}: a replay takes done, dead or parked records (a held event runs by itself once its chain is released; a claimed one is in flight)")
+                }
+                let (since, until) = replay::window_times(since, until.as_deref())?;
+                if since >= until {
+                    bail!("--since must be before --until")
+                }
+                Actor::cli(Some(reason))?;
+                Ok(())
             }
             _ => Ok(()),
         }
@@ -340,6 +389,12 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
                 None => ops::dead_ids(api, topic.as_deref()).await?,
             };
             rerun(api, &ids, &reason.actor()?).await?;
+        }
+        StoreCommand::Replay { topic, event_type, state, since, until, dry_run, new_key, reason, args } => {
+            let (since_us, until_us) = replay::window_times(&since, until.as_deref())?;
+            let window = ops::Window { topic, event_type, states: state, since_us, until_us };
+            let how = replay::How { dry_run, new_key, json: args.json, config: args.config.clone() };
+            replay::run(api, &window, &how, &Actor::cli(Some(&reason))?).await?;
         }
         StoreCommand::Resolve { event_id, done: true, reason, .. } => {
             api.resolve_done(&event_id, &reason.actor()?).await?;

@@ -71,6 +71,26 @@ pub struct Counters {
 /// A lookup of an uncertain event that gave up: the reason the event is recorded dead with.
 struct Unverified(String);
 
+/// How a message runs, besides whose it is.
+#[derive(Clone, Copy, Default)]
+struct RunAs<'a> {
+    /// A route whose receiver has been away longer than `circuit.hold_after`
+    /// records the event held (consumed messages only).
+    may_hold: bool,
+    /// Appended to each route's idempotency key (a replay with `--new-key`).
+    key_suffix: Option<&'a str>,
+}
+
+impl RunAs<'_> {
+    /// The idempotency key `route` sends for event `id`, when it is not the id itself.
+    fn key(&self, route: &crate::config::Route<'_>, id: &str) -> Option<String> {
+        match self.key_suffix {
+            None => route.key(id),
+            Some(suffix) => Some(format!("{}{suffix}", route.key(id).as_deref().unwrap_or(id))),
+        }
+    }
+}
+
 /// One decoded event on its way: what each step of its path needs.
 struct Job<'a> {
     hc: &'a HandlerConfig,
@@ -229,14 +249,14 @@ impl Executor {
 
     /// Runs one message until its event is durably final (or the store fails).
     pub async fn execute(&self, msg: &RawMessage) -> Result<Executed, StoreError> {
-        self.execute_as(msg, &|| true, &|| {}, false).await
+        self.execute_as(msg, &|| true, &|| {}, RunAs::default()).await
     }
 
     /// Runs a held event for its released chain (`engine::hold`): like
     /// [`Executor::execute_owned`], but a route whose receiver is away waits for it
     /// instead of holding the event again.
     pub async fn execute_held(&self, msg: &RawMessage, owned: &Ownership<'_>) -> Result<Executed, StoreError> {
-        self.execute_as(msg, owned, &|| {}, false).await
+        self.execute_as(msg, owned, &|| {}, RunAs::default()).await
     }
 
     /// Like [`Executor::execute`] for a consumed message: `owned` is asked right
@@ -250,17 +270,16 @@ impl Executor {
         owned: &Ownership<'_>,
         call_over: &CallOver<'_>,
     ) -> Result<Executed, StoreError> {
-        self.execute_as(msg, owned, call_over, true).await
+        self.execute_as(msg, owned, call_over, RunAs { may_hold: true, key_suffix: None }).await
     }
 
-    /// [`Executor::execute_owned`]; `may_hold`: a route whose receiver has been away
-    /// longer than `circuit.hold_after` records the event held.
+    /// [`Executor::execute_owned`], run `how` says.
     async fn execute_as(
         &self,
         msg: &RawMessage,
         owned: &Ownership<'_>,
         call_over: &CallOver<'_>,
-        may_hold: bool,
+        how: RunAs<'_>,
     ) -> Result<Executed, StoreError> {
         if self.config.store.changelog.as_ref().is_some_and(|c| c.is_changelog(&msg.topic)) {
             // A handler's topic_pattern matched a changelog topic: its records are
@@ -269,7 +288,7 @@ impl Executor {
             return Ok(Executed::Final);
         }
         let span = spans::event(msg);
-        self.execute_in_span(msg, owned, call_over, may_hold, &span).instrument(span.clone()).await
+        self.execute_in_span(msg, owned, call_over, how, &span).instrument(span.clone()).await
     }
 
     /// [`Executor::execute_owned`] for an event, inside its `span`.
@@ -278,7 +297,7 @@ impl Executor {
         msg: &RawMessage,
         owned: &Ownership<'_>,
         call_over: &CallOver<'_>,
-        may_hold: bool,
+        how: RunAs<'_>,
         span: &Span,
     ) -> Result<Executed, StoreError> {
         let Some(hc) = self.config.handler_for(&msg.topic) else {
@@ -297,7 +316,7 @@ impl Executor {
             Ok(event) => {
                 drop(decode);
                 spans::decoded(span, &hc.name, &event);
-                let executed = self.run_routes(event, msg, owned, call_over, may_hold).await;
+                let executed = self.run_routes(event, msg, owned, call_over, how).await;
                 if let Ok(Executed::Abandoned) = executed {
                     spans::ended(span, "abandoned");
                 }
@@ -317,9 +336,9 @@ impl Executor {
         msg: &RawMessage,
         owned: &Ownership<'_>,
         call_over: &CallOver<'_>,
-        may_hold: bool,
+        how: RunAs<'_>,
     ) -> Result<Executed, StoreError> {
-        let topic = msg.topic.as_str();
+        let (topic, may_hold) = (msg.topic.as_str(), how.may_hold);
         let mut selected: smallvec::SmallVec<[crate::config::Route<'_>; 2]> = smallvec::SmallVec::new();
         for route in self.config.routes_for(topic) {
             match selects(&route, &event, msg) {
@@ -330,7 +349,7 @@ impl Executor {
         match selected.as_slice() {
             [] => Ok(Executed::Final),
             [route] => {
-                event.route_key = route.key(&event.id);
+                event.route_key = how.key(route, &event.id);
                 self.run_route(route, &event, msg, owned, call_over, may_hold).await
             }
             routes => {
@@ -338,7 +357,7 @@ impl Executor {
                 // is given back once every route's call is over.
                 let events: Vec<OutboxEvent> = routes
                     .iter()
-                    .map(|r| OutboxEvent { route_key: r.key(&event.id), ..event.clone() })
+                    .map(|r| OutboxEvent { route_key: how.key(r, &event.id), ..event.clone() })
                     .collect();
                 let calls = std::sync::atomic::AtomicUsize::new(routes.len());
                 let over = || {
@@ -385,6 +404,29 @@ impl Executor {
         metrics::counter!(names::FILTERED, "topic" => topic.to_owned(), "handler" => hc.name.clone()).increment(1);
         debug!(event_id = %event.id, %topic, handler = %hc.name, event_type = event.event_type.as_deref(),
             "not selected by this route (event_types, when)");
+    }
+
+    /// Replays the event of a final record from its source message, read again
+    /// from Kafka (`outboxd store replay`): the record of `id` in `scope` is claimed
+    /// again (in one write) and the message runs through the normal path, where
+    /// that record's route runs it and the event's other routes find theirs final
+    /// and pass it by. A record the message did not run under (its route no longer
+    /// selects it, or it decodes to another id) is written back as it was.
+    /// `key_suffix` (`--new-key`) is appended to the idempotency key the route sends.
+    /// Returns the record now.
+    pub async fn replay(
+        &self,
+        scope: &str,
+        id: &str,
+        message: &RawMessage,
+        key_suffix: Option<&str>,
+    ) -> Result<Option<Record>, StoreError> {
+        let before = self.store.repairs().reopen_for_replay(scope, id, message).await?;
+        let how = RunAs { may_hold: false, key_suffix };
+        let ran = self.execute_as(message, &|| true, &|| {}, how).await;
+        let now = self.store.repairs().put_back(scope, id, &before).await?;
+        ran?;
+        Ok(now)
     }
 
     /// Runs a dead or parked event again from its stored copy (`outboxd store

@@ -1,6 +1,7 @@
 //! The Kafka edge, and the only code that uses rdkafka: the consumer (its
 //! rebalance handling, storing and committing offsets), the dead-letter
-//! producer, the changelog topics, producer and restore reader, the client options,
+//! producer, the changelog topics, producer and restore reader, the reader of single
+//! source messages for replays (`reread`), the client options,
 //! and the brokers' reachability that every client reports to (`health`: one warning
 //! when they are away, summaries, one line when they are back). The engine sees messages as
 //! [`RawMessage`](crate::event::RawMessage)s through [`Source`] (rdkafka-free: the
@@ -13,6 +14,7 @@ mod error;
 mod group;
 mod health;
 mod options;
+mod reread;
 mod restore;
 mod source;
 
@@ -24,6 +26,7 @@ pub use error::KafkaError;
 pub use group::{Group, GroupView};
 pub use health::{BrokerHealth, Reachability};
 pub use options::validate_options;
+pub use reread::{Reread, Rereader};
 pub use restore::Restorer;
 #[cfg(any(test, feature = "internals"))]
 pub use source::{assigned, revoked};

@@ -99,6 +99,20 @@ pub(super) fn restore_consumer(kafka: &KafkaConfig, prefetch_bytes: u64) -> Clie
     cc
 }
 
+/// A consumer that reads single messages of the source topics again by their
+/// position (`outboxd store replay`): assigned by hand, it never joins the group
+/// nor commits, and a position the topic no longer holds is an error, not a jump
+/// to another offset.
+pub(super) fn reread_consumer(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = connection(kafka, "outboxd-replay");
+    cc.set("group.id", format!("{}.outboxd-replay", kafka.group_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "error");
+    cc
+}
+
 /// The admin client's settings (changelog topics).
 pub(super) fn admin(kafka: &KafkaConfig) -> ClientConfig {
     connection(kafka, "outboxd-admin")

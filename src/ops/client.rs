@@ -6,7 +6,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::wire::{AuditPage, GcView, PageView, RecordView, RetryView, StatsView};
+use crate::wire::{AuditPage, GcView, PageView, RecordView, ReplayView, RetryView, StatsView};
 
 /// Records asked for per request when a list is paged through.
 const DEFAULT_PAGE: usize = 1_000;
@@ -273,6 +273,22 @@ impl AdminClient {
     /// `POST /v1/retry`: runs the event again in the service; answers what it came to.
     pub async fn retry(&self, id: &str, reason: Option<&str>) -> Result<Option<RetryView>, AdminError> {
         self.repair("retry", id, reason).await
+    }
+
+    /// `POST /v1/replay`: runs the final event of record `id` in `scope` again in the
+    /// service, from its source message; answers what it came to.
+    pub async fn replay(
+        &self,
+        id: &str,
+        scope: &str,
+        new_key: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<Option<ReplayView>, AdminError> {
+        let mut q = vec![("id", id), ("scope", scope)];
+        q.extend(new_key.map(|k| ("new_key", k)));
+        q.extend(reason.map(|r| ("reason", r)));
+        let req = self.http.post(format!("{}/v1/replay", self.base)).query(&q);
+        self.call(req, "POST /v1/replay").await
     }
 
     /// `POST /v1/gc`: removes expired records now; answers how many.

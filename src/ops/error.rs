@@ -55,6 +55,31 @@ pub enum OpsError {
         #[source]
         error: Box<OpsError>,
     },
+    /// Reading a replayed record's source message again from Kafka failed.
+    #[error("reading {topic}/{partition}@{offset} again from Kafka")]
+    Reread {
+        /// The source topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The message's offset.
+        offset: i64,
+        /// What the client said.
+        #[source]
+        error: BoxError,
+    },
+    /// A replay's new-key token that is not 1 to 32 letters, digits, `-` or `_`.
+    #[error("new_key {0:?}: 1 to 32 letters, digits, - or _")]
+    BadNewKey(String),
+    /// Replaying this event failed.
+    #[error("replaying {id}")]
+    Replay {
+        /// The event id.
+        id: String,
+        /// Why.
+        #[source]
+        error: Box<OpsError>,
+    },
     /// The config could not be read or is invalid, or the changelog producer could
     /// not be built; `what` says which.
     #[error("{what}")]

@@ -12,7 +12,7 @@ use crate::config::{Config, RawConfig};
 use crate::engine::Executor;
 use crate::store::view;
 use crate::store::{now_us, AuditAction, Role, State, Store, StoreError, StoreOptions};
-use crate::wire::{AuditPage, AuditView, ExportLine, GcView, PageView, RecordView, StatsView};
+use crate::wire::{AuditPage, AuditView, ExportLine, GcView, PageView, RecordView, ReplayView, StatsView};
 
 /// The note a record resolved by hand keeps as its outcome.
 const RESOLVED_DONE: &str = "resolved by hand: done";
@@ -29,22 +29,24 @@ pub struct Local {
     /// service's store (its changelog is attached), or a store named by `--path`
     /// without a config file.
     config: Option<PathBuf>,
+    /// Reads replayed events' messages again from Kafka.
+    rereads: super::Rereads,
 }
 
 impl Local {
     /// Reads and repairs that run no handler.
     pub fn new(store: Arc<Store>) -> Local {
-        Local { store, exec: None, config: None }
+        Local { store, exec: None, config: None, rereads: Default::default() }
     }
 
     /// Reads, and repairs written to the changelog that `config` names (if it is on there).
     pub(super) fn with_config(store: Arc<Store>, config: &Path) -> Local {
-        Local { store, exec: None, config: Some(config.to_path_buf()) }
+        Local { store, exec: None, config: Some(config.to_path_buf()), rereads: Default::default() }
     }
 
     /// The service's store, and re-runs through its executor.
     pub fn with_executor(exec: Arc<Executor>) -> Local {
-        Local { store: exec.store.clone(), exec: Some(exec), config: None }
+        Local { store: exec.store.clone(), exec: Some(exec), config: None, rereads: Default::default() }
     }
 
     /// Opened with the settings and the handlers of the whole config, to re-run events.
@@ -57,7 +59,7 @@ impl Local {
             super::changelog::attach(&store, &config.kafka, changelog)?;
         }
         let exec = Arc::new(Executor::new(config, store.clone()).map_err(OpsError::setup)?);
-        Ok(Local { store, exec: Some(exec), config: None })
+        Ok(Local { store, exec: Some(exec), config: None, rereads: Default::default() })
     }
 
     /// Before a repair by `outboxd store`: the changelog of the config is attached.
@@ -230,6 +232,15 @@ impl StoreApi for Local {
         rerun_by(exec, id, actor)
             .await
             .map_err(|e| OpsError::Rerun { id: id.to_owned(), error: Box::new(explain(id, e)) })
+    }
+
+    async fn replay(&self, record: &RecordView, new_key: Option<&str>, actor: &Actor) -> Result<ReplayView, OpsError> {
+        let id = &record.event_id;
+        let Some(exec) = &self.exec else {
+            return Err(OpsError::NoHandlers(id.clone()));
+        };
+        let suffix = new_key.map(super::new_key_suffix).transpose()?;
+        super::replay_by(exec, &self.rereads, super::scope_of(record), id, suffix.as_deref(), actor).await
     }
 
     async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError> {

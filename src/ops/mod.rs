@@ -7,7 +7,9 @@
 //! [`crate::wire`] (the admin API's wire format), so both sides print
 //! alike; failures are an [`OpsError`].
 //!
-//! Every repair (forget, resolve, re-run, gc) names its [`Actor`] (who, and why) and
+//! `replay` runs a window of final events again from their source messages.
+//!
+//! Every repair (forget, resolve, re-run, replay, gc) names its [`Actor`] (who, and why) and
 //! leaves an entry in the store's audit, whatever came of it (`audit`); the
 //! service's admin API names the caller by its credential.
 //!
@@ -22,11 +24,12 @@ mod client;
 mod error;
 mod local;
 mod remote;
+mod replay;
 
 use std::path::Path;
 
 use crate::store::{Owner, State, StoreError};
-use crate::wire::{AuditPage, AuditView, GcView, RecordView, RedecodedView, RetryView, StatsView};
+use crate::wire::{AuditPage, AuditView, GcView, RecordView, RedecodedView, ReplayView, RetryView, StatsView};
 
 pub use audit::Actor;
 pub use changelog::attach as attach_changelog;
@@ -36,6 +39,9 @@ pub use client::AdminError;
 pub use error::OpsError;
 pub use local::{rerun_by, Local};
 pub use remote::Remote;
+pub use replay::{
+    first_offsets, new_key_suffix, replay_by, scope_of, select, select_here, Rereads, Window, REPLAYABLE,
+};
 
 /// What a re-run came to.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,6 +102,10 @@ pub trait StoreApi {
     async fn resolve_done(&self, id: &str, actor: &Actor) -> Result<(), OpsError>;
     /// Runs a dead or parked event again from its stored copy, through its handler.
     async fn rerun(&self, id: &str, actor: &Actor) -> Result<Rerun, OpsError>;
+    /// Runs the final event of `record` again from its source message, read again
+    /// from Kafka, under that record; `new_key` (`--new-key`) makes the idempotency
+    /// key it sends a new one ([`new_key_suffix`]).
+    async fn replay(&self, record: &RecordView, new_key: Option<&str>, actor: &Actor) -> Result<ReplayView, OpsError>;
     /// Removes expired done/dead records now; answers how many.
     async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError>;
     /// Up to `limit` audit entries, newest first, older than the cursor `before`

@@ -4,7 +4,7 @@
 use super::client::AdminClient;
 use super::{Actor, OpsError, Rerun, StoreApi};
 use crate::store::State;
-use crate::wire::{AuditPage, AuditView, GcView, RecordView, StatsView};
+use crate::wire::{AuditPage, AuditView, GcView, RecordView, ReplayView, StatsView};
 
 /// The store of a running service, through its admin API.
 pub struct Remote {
@@ -58,6 +58,12 @@ impl StoreApi for Remote {
         let reason = actor.reason.as_deref();
         let answer = self.client.retry(id, reason).await?.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
         Ok(Rerun::from(answer))
+    }
+
+    async fn replay(&self, record: &RecordView, new_key: Option<&str>, actor: &Actor) -> Result<ReplayView, OpsError> {
+        let (id, scope) = (&record.event_id, super::scope_of(record));
+        let answer = self.client.replay(id, scope, new_key, actor.reason.as_deref()).await?;
+        answer.ok_or_else(|| OpsError::NotFound(id.clone()))
     }
 
     async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError> {

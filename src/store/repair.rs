@@ -72,6 +72,72 @@ impl Store {
         Ok(message)
     }
 
+    /// Claims the final (done, dead or parked) record of `id` in `scope` again, to
+    /// replay `message`, its source message read again from Kafka (`outboxd store
+    /// replay`). The message is kept as the record's copy meanwhile (within the
+    /// quota), so that an interrupted replay can be retried from the store. Answers
+    /// the record as it was, for [`Store::put_back`].
+    pub(in crate::store) async fn reopen_for_replay(
+        &self,
+        scope: &str,
+        id: &str,
+        message: &RawMessage,
+    ) -> Result<Record, StoreError> {
+        let f = self.find_in(scope, id)?.ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        let mut r = f.record.clone();
+        if r.state == State::Held {
+            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: HELD_RUNS_LATER });
+        }
+        if !matches!(r.state, State::Done | State::Dead | State::Parked) {
+            return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "done, dead or parked" });
+        }
+        let (was, now) = (r.state, now_us());
+        r.state = State::Claimed;
+        r.attempts = 0;
+        r.claimed_at_us = Some(now);
+        r.updated_at_us = now;
+        r.next_version();
+        self.settle_entry(Change::Now(&r), || {
+            let to = self.write(&r, Some((&f.slice, was)), None)?;
+            self.messages.put(&copy_key(to.start, &f.key), message)?;
+            Ok(())
+        })
+        .await?;
+        Ok(f.record)
+    }
+
+    /// After a replay: when the record is still as [`Store::reopen_for_replay`]
+    /// left it (the message did not run under it: its route no longer selects it,
+    /// or it decodes to another id now), it is written back as it was (`before`);
+    /// when it is done, its copy goes. Returns the record of `id` in `scope` now.
+    pub(in crate::store) async fn put_back(
+        &self,
+        scope: &str,
+        id: &str,
+        before: &Record,
+    ) -> Result<Option<Record>, StoreError> {
+        let Some(f) = self.find_in(scope, id)? else { return Ok(None) };
+        if !(f.record.state == State::Claimed && f.record.attempts == 0) {
+            if f.record.state == State::Done {
+                self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+                self.durable().await?;
+            }
+            return Ok(Some(f.record));
+        }
+        let mut r = before.clone();
+        r.version = f.record.version;
+        r.next_version();
+        r.updated_at_us = now_us();
+        self.settle_entry(Change::Now(&r), || {
+            if r.state == State::Done {
+                self.messages.remove(&copy_key(f.slice.start, &f.key))?;
+            }
+            self.write(&r, Some((&f.slice, State::Claimed)), None)
+        })
+        .await?;
+        Ok(Some(r))
+    }
+
     /// After the re-run of a reopened record: if it is still waiting (the message
     /// ran under another id, as an undecodable or failed message does once it
     /// decodes), it is removed with its copy. Returns the record under `id` now.

@@ -298,6 +298,18 @@ impl Repairs<'_> {
         self.0.reopen(id).await
     }
 
+    /// Claims a final record of `scope` again to replay `message`, its source
+    /// message read again from Kafka; answers the record as it was.
+    pub async fn reopen_for_replay(&self, scope: &str, id: &str, message: &RawMessage) -> Result<Record, StoreError> {
+        self.0.reopen_for_replay(scope, id, message).await
+    }
+
+    /// After a replay: the record now, written back as it was (`before`) if the
+    /// message did not run under it.
+    pub async fn put_back(&self, scope: &str, id: &str, before: &Record) -> Result<Option<Record>, StoreError> {
+        self.0.put_back(scope, id, before).await
+    }
+
     /// After a re-run of an undecodable record: settles it (see the store's docs).
     pub async fn settle_rerun(&self, id: &str) -> Result<Option<Record>, StoreError> {
         self.0.settle_rerun(id).await
@@ -324,6 +336,11 @@ impl Repairs<'_> {
 pub struct Reads<'a>(&'a Store);
 
 impl Reads<'_> {
+    /// The record of event `id` in dedup `scope`.
+    pub fn get_in(&self, scope: &str, id: &str) -> Result<Option<Record>, StoreError> {
+        Ok(self.0.find_in(scope, id)?.map(|f| f.record))
+    }
+
     /// The record of event `id`, in whichever scope it is.
     pub fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
         self.0.get(id)

@@ -650,3 +650,51 @@ async fn a_sealed_slice_answers_as_before_and_takes_repairs() {
     assert_eq!(store.gc(now_us() + 2 * 3_600_000_000).await.unwrap(), 300);
     assert_eq!((run_trees(&store), store.len()), (0, 0));
 }
+
+#[tokio::test]
+async fn a_replayed_done_event_is_claimed_with_its_message_and_runs_as_a_first_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    let c = claimed(&store, "e1", 1).await;
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    let before = store.reopen_for_replay("t", "e1", &big_message("e1", 10)).await.unwrap();
+    assert_eq!(before.state, State::Done);
+    let r = store.get("e1").unwrap().unwrap();
+    assert_eq!((r.state, r.attempts), (State::Claimed, 0));
+    assert!(store.message("e1").unwrap().is_some(), "kept while it replays");
+    let c = claimed(&store, "e1", 7).await;
+    assert_eq!((c.attempt(), c.reexecution()), (1, false), "a replay is not an uncertain re-execution");
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    let now = store.put_back("t", "e1", &before).await.unwrap().unwrap();
+    assert_eq!((now.state, now.attempts), (State::Done, 1));
+    assert!(store.message("e1").unwrap().is_none(), "a done event keeps no copy");
+    assert_eq!(store.stats().unwrap().done, 1);
+}
+
+#[tokio::test]
+async fn a_replay_that_did_not_run_under_its_record_puts_the_record_back_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    let c = claimed(&store, "e1", 1).await;
+    store.finish(c, State::Done, "http 200".into()).await.unwrap();
+    let was = store.get("e1").unwrap().unwrap();
+    let before = store.reopen_for_replay("t", "e1", &big_message("e1", 10)).await.unwrap();
+    // Its route no longer selects it: nothing claimed it.
+    let now = store.put_back("t", "e1", &before).await.unwrap().unwrap();
+    assert_eq!((now.state, now.attempts, now.outcome.as_deref()), (State::Done, 1, Some("http 200")));
+    assert!(now.version > was.version, "written again, so the changelog's newer record wins");
+    assert_eq!(store.get("e1").unwrap().unwrap().state, State::Done);
+    assert!(store.message("e1").unwrap().is_none());
+    assert_eq!((store.stats().unwrap().claimed, store.stats().unwrap().done), (0, 1));
+}
+
+#[tokio::test]
+async fn a_replay_takes_final_records_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &opts(Duration::from_secs(3600))).unwrap();
+    claimed(&store, "e1", 1).await;
+    let e = store.reopen_for_replay("t", "e1", &big_message("e1", 10)).await.unwrap_err();
+    assert!(matches!(e, StoreError::WrongState { state: State::Claimed, .. }), "{e}");
+    let e = store.reopen_for_replay("other", "e1", &big_message("e1", 10)).await.unwrap_err();
+    assert!(matches!(e, StoreError::NotFound(_)), "another scope's record is not this one: {e}");
+}

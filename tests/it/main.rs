@@ -30,6 +30,7 @@ mod kill_loop;
 mod kubernetes;
 mod log_stream;
 mod postgres_inbox;
+mod replay;
 mod resilience;
 mod restore_bounds;
 mod routes;

@@ -159,6 +159,23 @@ impl Kafka {
         .await;
     }
 
+    /// Deletes the messages of `topic`/`partition` below `offset`, as its retention would.
+    pub async fn delete_records_before(&self, topic: &str, partition: i32, offset: i64) {
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(&self.brokers).create().expect("create a Kafka admin client");
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset)).expect("a partition offset");
+        let result = admin
+            .delete_records(&tpl, &AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT)))
+            .await
+            .unwrap_or_else(|e| panic!("delete records of {topic}/{partition} below {offset}: {e}"));
+        for e in result.elements() {
+            if let Err(error) = e.error() {
+                panic!("delete records of {topic}/{partition} below {offset}: {error}");
+            }
+        }
+    }
+
     /// The value of one config of `topic` as the brokers report it (its own or the default).
     pub async fn topic_config(&self, topic: &str, key: &str) -> Option<String> {
         let admin: AdminClient<DefaultClientContext> =

@@ -1,0 +1,240 @@
+//! `outboxd store replay`: run a window of final events again. The records name
+//! the source topic, partition and offset of each event, and Kafka keeps the
+//! messages: a replay selects records ([`Window`]), reads each one's message again
+//! ([`Rereads`]) and runs it through the normal path under its record
+//! ([`crate::engine::Executor::replay`]), once each, in offset order (so per key
+//! in the order the events came). Each replayed event is audited like a retry.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use super::audit::{self, Actor};
+use super::changelog::explain;
+use super::{OpsError, StoreApi};
+use crate::config::KafkaConfig;
+use crate::engine::Executor;
+use crate::kafka::{Reread, Rereader};
+use crate::store::{AuditAction, State};
+use crate::wire::{RecordView, ReplayView};
+
+/// The idempotency-key suffix of a replay with `--new-key`: `#replay-` and
+/// `token` (what the replay names itself by, e.g. the time it began, in ms),
+/// refused unless it is 1 to 32 letters, digits, `-` or `_`.
+pub fn new_key_suffix(token: &str) -> Result<String, OpsError> {
+    let fits = (1..=32).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    match fits {
+        true => Ok(format!("#replay-{token}")),
+        false => Err(OpsError::BadNewKey(token.to_owned())),
+    }
+}
+
+/// How long reading one message again may wait for the brokers.
+const REREAD_WAIT: Duration = Duration::from_secs(30);
+
+/// Which records a replay takes: of one topic, optionally of one event type and
+/// some states, first seen within `[since, until)`.
+#[derive(Debug, Clone)]
+pub struct Window {
+    /// The source topic.
+    pub topic: String,
+    /// Only events of this type.
+    pub event_type: Option<String>,
+    /// Only records in these states (done, dead, parked); empty: all three.
+    pub states: Vec<State>,
+    /// First seen at or after this time (µs since the epoch).
+    pub since_us: i64,
+    /// First seen before this time (µs since the epoch).
+    pub until_us: i64,
+}
+
+/// The states a replay may take: final, and not waiting in a held chain.
+pub const REPLAYABLE: [State; 3] = [State::Done, State::Dead, State::Parked];
+
+impl Window {
+    /// Whether the replay takes `record`.
+    pub fn selects(&self, record: &RecordView) -> bool {
+        let states: &[State] = if self.states.is_empty() { &REPLAYABLE } else { &self.states };
+        let seen = parse_time(&record.first_seen);
+        record.topic == self.topic
+            && states.contains(&record.state)
+            && self.event_type.as_ref().is_none_or(|t| record.event_type.as_ref() == Some(t))
+            && seen.is_some_and(|us| self.since_us <= us && us < self.until_us)
+    }
+}
+
+/// The records `window` takes, in the order they replay: by partition and offset
+/// (per key, the order the events came), a topic's routes in the order of their scopes.
+pub async fn select(api: &impl StoreApi, window: &Window) -> Result<Vec<RecordView>, OpsError> {
+    Ok(window.in_order(api.list(None, Some(&window.topic), usize::MAX).await?))
+}
+
+/// [`select`] on the store itself, blocking (a scan of the topic's records): the console's.
+pub fn select_here(local: &super::Local, window: &Window) -> Result<Vec<RecordView>, OpsError> {
+    Ok(window.in_order(local.page(None, Some(&window.topic), None, usize::MAX)?.records))
+}
+
+impl Window {
+    /// The records of `records` it takes, in the order they replay.
+    fn in_order(&self, records: Vec<RecordView>) -> Vec<RecordView> {
+        let mut records: Vec<RecordView> = records.into_iter().filter(|r| self.selects(r)).collect();
+        records.sort_by(|a, b| (a.partition, a.offset, &a.scope).cmp(&(b.partition, b.offset, &b.scope)));
+        records
+    }
+}
+
+/// The dedup scope of `record` (its topic for a record of a release before scopes).
+pub fn scope_of(record: &RecordView) -> &str {
+    record.scope.as_deref().unwrap_or(&record.topic)
+}
+
+/// A record view's time (RFC 3339, as [`crate::wire::rfc3339`] writes it) in µs.
+fn parse_time(text: &str) -> Option<i64> {
+    let t = humantime::parse_rfc3339(text).ok()?;
+    i64::try_from(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_micros()).ok()
+}
+
+/// One reader of source messages, shared by the replays of a process and built at
+/// the first read (a store command that replays nothing needs no brokers).
+#[derive(Clone, Default)]
+pub struct Rereads(Arc<Mutex<Option<Rereader>>>);
+
+impl Rereads {
+    /// The message at `offset` of `topic`/`partition` now, read off the runtime's workers.
+    pub async fn read(&self, kafka: &KafkaConfig, topic: &str, partition: i32, offset: i64) -> Result<Reread, OpsError> {
+        let (reader, kafka, t) = (self.0.clone(), kafka.clone(), topic.to_owned());
+        let read = tokio::task::spawn_blocking(move || {
+            let mut reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            if reader.is_none() {
+                *reader = Some(Rereader::build(&kafka, REREAD_WAIT)?);
+            }
+            reader.as_mut().expect("built above").read(&t, partition, offset)
+        })
+        .await;
+        let failed = |error: super::error::BoxError| OpsError::Reread { topic: topic.to_owned(), partition, offset, error };
+        match read {
+            Ok(Ok(reread)) => Ok(reread),
+            Ok(Err(e)) => Err(failed(e.into())),
+            Err(e) => Err(failed(e.into())),
+        }
+    }
+}
+
+/// The first offset of each partition of `records` now, asked of the brokers
+/// (what the topic still holds of a window, before a replay runs).
+pub async fn first_offsets(
+    kafka: &KafkaConfig,
+    records: &[RecordView],
+) -> Result<std::collections::BTreeMap<(String, i32), i64>, OpsError> {
+    let mut partitions: Vec<(String, i32)> = records.iter().map(|r| (r.topic.clone(), r.partition)).collect();
+    partitions.sort();
+    partitions.dedup();
+    let kafka = kafka.clone();
+    let asked = tokio::task::spawn_blocking(move || {
+        let mut reader = Rereader::build(&kafka, REREAD_WAIT)?;
+        partitions
+            .into_iter()
+            .map(|(t, p)| reader.range(&t, p).map(|(first, _)| ((t, p), first)))
+            .collect::<Result<_, crate::kafka::KafkaError>>()
+    })
+    .await;
+    let failed = |error: super::error::BoxError| OpsError::Config { what: "asking the brokers for the topic's first offsets".into(), error };
+    match asked {
+        Ok(Ok(firsts)) => Ok(firsts),
+        Ok(Err(e)) => Err(failed(e.into())),
+        Err(e) => Err(failed(e.into())),
+    }
+}
+
+/// Replays the record of `id` in `scope` through `exec`: its source message read
+/// again by `rereads`, run under the record, with `key_suffix` appended to the
+/// idempotency key when given. Audited under `actor` with what it came to, also
+/// when it fails or the message is gone.
+pub async fn replay_by(
+    exec: &Executor,
+    rereads: &Rereads,
+    scope: &str,
+    id: &str,
+    key_suffix: Option<&str>,
+    actor: &Actor,
+) -> Result<ReplayView, OpsError> {
+    let event = audit::event(&exec.store, id);
+    let answer = replay_one(exec, rereads, scope, id, key_suffix).await;
+    let outcome = match &answer {
+        Ok(view) => outcome(view, key_suffix),
+        Err(e) => audit::failed(e),
+    };
+    audit::record(&exec.store, actor, AuditAction::Replay, vec![event], outcome).await;
+    answer.map_err(|e| OpsError::Replay { id: id.to_owned(), error: Box::new(e) })
+}
+
+async fn replay_one(
+    exec: &Executor,
+    rereads: &Rereads,
+    scope: &str,
+    id: &str,
+    key_suffix: Option<&str>,
+) -> Result<ReplayView, OpsError> {
+    let record = exec.store.reads().get_in(scope, id)?.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
+    match rereads.read(&exec.config.kafka, &record.topic, record.partition, record.offset).await? {
+        Reread::Expired { first } => Ok(ReplayView::Expired { first_offset: first }),
+        Reread::Missing => Ok(ReplayView::Missing),
+        Reread::Found(message) => {
+            let now = exec.replay(scope, id, &message, key_suffix).await.map_err(|e| explain(id, e))?;
+            let now = now.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
+            Ok(ReplayView::Ran { record: Box::new(RecordView::from(&now)) })
+        }
+    }
+}
+
+/// What a replay came to, as its audit entry says.
+fn outcome(view: &ReplayView, key_suffix: Option<&str>) -> String {
+    match view {
+        ReplayView::Ran { record } => {
+            let key = key_suffix.map_or_else(|| "its own key".to_owned(), |s| format!("key suffix {s}"));
+            format!("{} (replayed with {key})", record.state)
+        }
+        ReplayView::Expired { first_offset } => {
+            format!("not replayed: the topic no longer holds the message (its first offset is {first_offset})")
+        }
+        ReplayView::Missing => "not replayed: the partition does not hold the message's offset".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::rfc3339;
+
+    fn record(state: State, event_type: Option<&str>, seen_us: i64) -> RecordView {
+        let json = serde_json::json!({
+            "attempts": 1, "chain": null, "claimed_at": null, "dead_letter": null, "done_at": null,
+            "duplicates": 0, "event_id": "e1", "event_type": event_type, "expires_at": null,
+            "first_seen": rfc3339(seen_us), "key": null, "offset": 7, "outcome": null, "partition": 0,
+            "reason": null, "scope": "orders", "state": state, "topic": "orders", "updated_at": rfc3339(seen_us),
+        });
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_window_takes_final_records_of_its_topic_type_and_time_only() {
+        let hour = 3_600_000_000;
+        let w = Window {
+            topic: "orders".into(),
+            event_type: Some("OrderPaid".into()),
+            states: Vec::new(),
+            since_us: 10 * hour,
+            until_us: 11 * hour,
+        };
+        assert!(w.selects(&record(State::Done, Some("OrderPaid"), 10 * hour)));
+        assert!(w.selects(&record(State::Dead, Some("OrderPaid"), 10 * hour + 5)));
+        assert!(!w.selects(&record(State::Done, Some("OrderPaid"), 11 * hour)), "until is exclusive");
+        assert!(!w.selects(&record(State::Done, Some("OrderPaid"), 10 * hour - 1)));
+        assert!(!w.selects(&record(State::Done, Some("OrderShipped"), 10 * hour)));
+        assert!(!w.selects(&record(State::Done, None, 10 * hour)));
+        assert!(!w.selects(&record(State::Held, Some("OrderPaid"), 10 * hour)), "held runs later, by itself");
+        assert!(!w.selects(&record(State::Claimed, Some("OrderPaid"), 10 * hour)), "claimed is in flight");
+        let dead_only = Window { states: vec![State::Dead], event_type: None, ..w };
+        assert!(dead_only.selects(&record(State::Dead, None, 10 * hour)));
+        assert!(!dead_only.selects(&record(State::Done, None, 10 * hour)));
+    }
+}
