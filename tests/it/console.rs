@@ -171,6 +171,45 @@ async fn an_operator_retries_a_dead_group_and_resolves_a_parked_event_in_the_bro
     assert_eq!(receiver.calls_for(&parked.1).len(), 1, "resolving ran nothing");
 }
 
+/// Done events of a window; the operator opens the replay page, sees how many events
+/// it would run again before anything runs, types the phrase, and watches the job: the
+/// receiver gets each event once more, with the same idempotency key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_replays_a_window_of_done_events_in_the_browser() {
+    const EVENTS: usize = 4;
+    let s = Scenario::start("console-replay", 1).await;
+    let Scenario { topic, receiver, od, producer, .. } = s;
+    let since = humantime::format_rfc3339_seconds(std::time::SystemTime::now() - Duration::from_secs(2)).to_string();
+    let ids: Vec<String> = (0..EVENTS).map(|_| new_event_id()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        producer.send_event(&topic, &format!("order-{i}"), id, Some("OrderPaid"), &json!({"order": i})).await;
+    }
+    harness::wait::wait_until("every call answered", HANDLED_TIMEOUT, || ids.iter().all(|id| receiver.answered_ok(id)))
+        .await;
+
+    let base = format!("http://{}", od.admin_address());
+    let browser = Browser::start().await;
+    browser.open(&format!("{base}/ui/replay"), "form[action='/ui/login']").await;
+    browser.type_into("#token", &od.admin_token()).await;
+    browser.click("form[action='/ui/login'] button").await;
+    browser.wait_for_text("Replay a window").await;
+    browser.type_into("input[name='topic']", &topic).await;
+    browser.type_into("input[name='since']", &since).await;
+    browser.click("form[action='/ui/replay'] button[type='submit']").await;
+    browser.wait_for_text(&format!("{EVENTS} events would run again")).await;
+    assert_eq!(ids.iter().map(|id| receiver.calls_for(id).len()).sum::<usize>(), EVENTS, "nothing ran yet");
+    browser.screenshot("replay").await;
+    assert_clean_page(&browser, "replay").await;
+    browser.type_into("#confirm", &format!("replay {EVENTS}")).await;
+    browser.type_into("#reason", "the CRM restored its backup").await;
+    browser.click("form[action='/ui/replay/run'] button[type='submit']").await;
+    browser.wait_for_text(&format!("{EVENTS} of {EVENTS} (100%), {EVENTS} carried out, 0 failed")).await;
+    browser.close().await;
+    for id in &ids {
+        assert_eq!(receiver.calls_for(id).len(), 2, "replayed once, with the same key: {id}");
+    }
+}
+
 /// What the console refuses without a browser: a change from another origin, a
 /// page without a session, and every answer carries the strict headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

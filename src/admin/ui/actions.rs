@@ -176,6 +176,11 @@ async fn carry_out(c: &Shared, job: &Job, ids: &[String], actor: &ops::Actor) {
             Action::Retry => ops::rerun_by(&c.exec, id, actor).await.map(|_| ()),
             Action::Resolve => c.local.resolve_done_by(id, actor).await.map(|_| ()),
             Action::Forget => c.local.forget_by(id, actor).await.map(|_| ()),
+            // Replays select records, not ids, and run from their own page (`super::replay`).
+            Action::Replay => {
+                job.failed_on(id, "a replay runs from the Replay page".to_owned());
+                continue;
+            }
         };
         match result {
             Ok(()) => {

@@ -28,6 +28,8 @@ pub struct Console {
     /// Turns for store reads, shared with the store API (`[admin] max_reads`).
     pub(super) reads: Reads,
     pub(super) jobs: jobs::Jobs,
+    /// Reads replayed events' messages again from Kafka.
+    pub(super) rereads: crate::ops::Rereads,
     /// The client that describes the group, made when the overview is first shown
     /// (`None` when it could not be made), and the last description with when it
     /// was fetched ([`pages::MEMBERS_FOR`]).
@@ -62,6 +64,7 @@ impl Console {
             sessions: Sessions::new(&config),
             reads,
             jobs: jobs::Jobs::default(),
+            rereads: crate::ops::Rereads::default(),
             group: std::sync::OnceLock::new(),
             members: tokio::sync::Mutex::new(None),
             last_calls: std::sync::Mutex::new(None),

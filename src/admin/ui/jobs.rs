@@ -17,6 +17,8 @@ pub enum Action {
     Resolve,
     /// Remove its record: a redelivery of its id runs again.
     Forget,
+    /// Run a final event again from its source message, read again from Kafka.
+    Replay,
 }
 
 impl Action {
@@ -34,6 +36,7 @@ impl Action {
             Action::Retry => "retry",
             Action::Resolve => "resolve",
             Action::Forget => "forget",
+            Action::Replay => "replay",
         }
     }
 
@@ -51,6 +54,10 @@ impl Action {
             Action::Forget => format!(
                 "This will remove the record of {events}. A redelivery of {} id would run again.",
                 if n == 1 { "this" } else { "each" }
+            ),
+            Action::Replay => format!(
+                "This will run {events} again from the messages Kafka keeps, one at a time in offset order, \
+                 through their handlers, with the same idempotency keys unless new keys are asked for."
             ),
         }
     }

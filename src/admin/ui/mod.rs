@@ -5,6 +5,7 @@
 //! - `session`: logins, the cookie and its life;
 //! - `pages`: the overview, events (filters, groups of dead events), one event, the audit;
 //! - `actions`: retry / resolve / forget with their impact shown first, and bulk runs (`jobs`);
+//! - `replay`: a window of final events run again from Kafka, its impact shown first, as a job;
 //! - `assets`: htmx and the style sheet, served from the binary;
 //! - `format`: times in UTC with relative hints, sizes, the bits of text templates share.
 //!
@@ -21,6 +22,7 @@ mod console;
 mod format;
 mod jobs;
 mod pages;
+mod replay;
 mod session;
 
 use std::net::SocketAddr;
@@ -60,6 +62,8 @@ pub fn router(console: Console) -> Router {
         .route("/audit", get(pages::audit))
         .route("/actions/preview", get(actions::preview))
         .route("/actions/run", post(actions::run))
+        .route("/replay", get(replay::page))
+        .route("/replay/run", post(replay::run))
         .route("/jobs/{id}", get(actions::job))
         .route("/jobs/{id}/progress", get(actions::job_progress))
         .route("/assets/{name}", get(assets::serve))

@@ -1,0 +1,270 @@
+//! Replay a window: the form, the impact (how many events, of which states, and
+//! which of them the topic no longer holds) before anything runs, then the typed
+//! phrase ("replay 37"), and the run as a job ([`super::jobs`]) whose page shows
+//! its progress. What `outboxd store replay` does, in the service.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use askama::Template;
+use askama_web::WebTemplate;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use serde::Deserialize;
+
+use super::console::{Shared, Viewer};
+use super::jobs::{Action, Job};
+use super::pages::Chrome;
+use crate::ops::{self, Window};
+use crate::wire::{RecordView, ReplayView};
+
+/// Ids listed on the impact (the count covers all).
+const IDS_LISTED: usize = 20;
+
+/// The window, as the form sends it.
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct WindowForm {
+    #[serde(default)]
+    pub topic: String,
+    #[serde(default, rename = "type")]
+    pub event_type: String,
+    /// `done`, `dead`, `parked`, or empty for all three.
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub since: String,
+    #[serde(default)]
+    pub until: String,
+    /// "on" when new idempotency keys are asked for.
+    #[serde(default)]
+    pub new_key: String,
+}
+
+impl WindowForm {
+    fn asked(&self) -> bool {
+        !self.topic.trim().is_empty() && !self.since.trim().is_empty()
+    }
+
+    fn window(&self) -> Result<Window, String> {
+        let states = match self.state.trim() {
+            "" => Vec::new(),
+            s => {
+                let state = s.parse::<crate::store::State>().map_err(|e| e.to_string())?;
+                if !ops::REPLAYABLE.contains(&state) {
+                    return Err(format!("a replay takes done, dead or parked events, not {state} ones"));
+                }
+                vec![state]
+            }
+        };
+        let now = std::time::SystemTime::now();
+        let since_us = when(&self.since, now).map_err(|e| format!("From: {e}"))?;
+        let until_us = match self.until.trim() {
+            "" => micros(now),
+            u => when(u, now).map_err(|e| format!("Until: {e}"))?,
+        };
+        if since_us >= until_us {
+            return Err("From must be before Until".into());
+        }
+        let event_type = Some(self.event_type.trim().to_owned()).filter(|t| !t.is_empty());
+        Ok(Window { topic: self.topic.trim().to_owned(), event_type, states, since_us, until_us })
+    }
+
+    fn new_key(&self) -> bool {
+        self.new_key == "on"
+    }
+}
+
+/// An RFC 3339 time or a time ago (`6h`), in µs since the epoch.
+fn when(text: &str, now: std::time::SystemTime) -> Result<i64, String> {
+    let text = text.trim();
+    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+        return Ok(micros(t));
+    }
+    match humantime::parse_duration(text) {
+        Ok(ago) => Ok(micros(now.checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH))),
+        Err(_) => Err(format!("{text:?} is neither a time (2026-12-04T10:00:00Z) nor a time ago (6h)")),
+    }
+}
+
+fn micros(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// What the window holds, for the page.
+pub struct Impact {
+    /// Events that would run again.
+    pub count: usize,
+    /// `3 done, 1 dead`.
+    pub states: String,
+    pub impact: String,
+    pub ids: Vec<String>,
+    /// Per partition the topic no longer holds some of: a line each.
+    pub expired: Vec<String>,
+    pub phrase: String,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "ui/replay.html")]
+pub struct ReplayPage {
+    pub chrome: Chrome,
+    pub form: WindowForm,
+    pub impact: Option<Impact>,
+    pub error: Option<String>,
+}
+
+/// The records of the window that the topic still holds, and the impact page's account.
+async fn look(c: &Shared, window: &Window) -> Result<(Vec<RecordView>, Impact), String> {
+    let (local, w) = (c.local.clone(), window.clone());
+    let records = c.reads.run(move || ops::select_here(&local, &w)).await.map_err(|e| e.to_string())?;
+    let records = records.map_err(|e| e.to_string())?;
+    let firsts = ops::first_offsets(&c.exec.config.kafka, &records).await.map_err(|e| error_text(&e))?;
+    let held_by_topic =
+        |r: &RecordView| firsts.get(&(r.topic.clone(), r.partition)).is_none_or(|first| r.offset >= *first);
+    let (kept, gone): (Vec<RecordView>, Vec<RecordView>) = records.into_iter().partition(held_by_topic);
+    let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &kept {
+        *states.entry(r.state.to_string()).or_default() += 1;
+    }
+    let mut per: BTreeMap<(String, i32), usize> = BTreeMap::new();
+    for r in &gone {
+        *per.entry((r.topic.clone(), r.partition)).or_default() += 1;
+    }
+    let expired = per
+        .iter()
+        .map(|((t, p), n)| {
+            let first = firsts.get(&(t.clone(), *p)).copied().unwrap_or_default();
+            format!("{t}/{p}: {n} event(s) below offset {first}, where the partition begins now")
+        })
+        .collect();
+    let impact = Impact {
+        count: kept.len(),
+        states: states.iter().map(|(s, n)| format!("{n} {s}")).collect::<Vec<_>>().join(", "),
+        impact: Action::Replay.impact(kept.len()),
+        ids: kept.iter().take(IDS_LISTED).map(|r| r.event_id.clone()).collect(),
+        expired,
+        phrase: format!("replay {}", kept.len()),
+    };
+    Ok((kept, impact))
+}
+
+fn error_text(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
+/// The form, and with a window asked for, what it holds and the form that runs it.
+pub async fn page(State(c): State<Shared>, viewer: Viewer, Query(form): Query<WindowForm>) -> Response {
+    let chrome = Chrome::new(&viewer, "replay");
+    if !form.asked() {
+        return ReplayPage { chrome, form, impact: None, error: None }.into_response();
+    }
+    let looked = match form.window() {
+        Ok(window) => look(&c, &window).await,
+        Err(e) => Err(e),
+    };
+    match looked {
+        Ok((_, impact)) => ReplayPage { chrome, form, impact: Some(impact), error: None }.into_response(),
+        Err(e) => {
+            (StatusCode::BAD_REQUEST, ReplayPage { chrome, form, impact: None, error: Some(e) }).into_response()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct RunForm {
+    #[serde(flatten)]
+    window: WindowForm,
+    /// The count the impact showed.
+    #[serde(default)]
+    count: usize,
+    /// The phrase typed.
+    #[serde(default)]
+    confirm: String,
+    /// Why, for the audit (optional).
+    #[serde(default)]
+    reason: String,
+}
+
+/// Runs the replay as a job once its confirmation holds; answers with the job's page.
+pub async fn run(State(c): State<Shared>, viewer: Viewer, Form(f): Form<RunForm>) -> Response {
+    if !viewer.0.can_act() {
+        tracing::warn!(who = %viewer.0.who, "console replay refused: read-only credential");
+        return (StatusCode::FORBIDDEN, "this login can look but not act (a read-only token)").into_response();
+    }
+    let chrome = Chrome::new(&viewer, "replay");
+    let again = |impact: Option<Impact>, error: String| {
+        let page = ReplayPage { chrome: Chrome::new(&viewer, "replay"), form: f.window.clone(), impact, error: Some(error) };
+        (StatusCode::UNPROCESSABLE_ENTITY, page).into_response()
+    };
+    let looked = match f.window.window() {
+        Ok(window) => look(&c, &window).await,
+        Err(e) => Err(e),
+    };
+    let (records, impact) = match looked {
+        Ok(looked) => looked,
+        Err(e) => return (StatusCode::BAD_REQUEST, ReplayPage { chrome, form: f.window, impact: None, error: Some(e) }).into_response(),
+    };
+    if records.len() != f.count {
+        let error = format!("The window changed: it has {} events now, not {}. Check again.", records.len(), f.count);
+        return again(Some(impact), error);
+    }
+    if records.is_empty() {
+        return again(Some(impact), "Nothing to replay.".into());
+    }
+    if f.confirm.trim() != impact.phrase {
+        let error = format!("Type \u{201c}{}\u{201d} to confirm.", impact.phrase);
+        return again(Some(impact), error);
+    }
+    let actor = match ops::Actor::new(viewer.0.who.clone(), Some(f.reason.as_str())) {
+        Ok(actor) => actor,
+        Err(e) => return again(Some(impact), e.to_string()),
+    };
+    let suffix = match f.window.new_key() {
+        true => match ops::new_key_suffix(&(micros(std::time::SystemTime::now()) / 1000).to_string()) {
+            Ok(s) => Some(s),
+            Err(e) => return again(Some(impact), e.to_string()),
+        },
+        false => None,
+    };
+    let job = c.jobs.add(Action::Replay, &viewer.0.who, records.len());
+    tracing::info!(who = %viewer.0.who, topic = %f.window.topic, events = records.len(), job = job.id, "console replay started");
+    let turns = c.jobs.turns.clone();
+    let (c2, j) = (c.clone(), job.clone());
+    tokio::spawn(async move {
+        let _turn = turns.acquire_owned().await.expect("the jobs' semaphore is never closed");
+        carry_out(&c2, &j, &records, suffix.as_deref(), &actor).await;
+    });
+    Redirect::to(&format!("/ui/jobs/{}", job.id)).into_response()
+}
+
+/// Replays each record in turn; stops at the first that fails, so that no later
+/// event of its key overtakes it.
+async fn carry_out(c: &Shared, job: &Job, records: &[RecordView], suffix: Option<&str>, actor: &ops::Actor) {
+    for r in records {
+        match ops::replay_by(&c.exec, &c.rereads, ops::scope_of(r), &r.event_id, suffix, actor).await {
+            Ok(ReplayView::Ran { .. }) => {
+                job.done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(ReplayView::Expired { first_offset }) => job.failed_on(
+                &r.event_id,
+                format!("the topic no longer holds it (the partition begins at {first_offset} now)"),
+            ),
+            Ok(ReplayView::Missing) => job.failed_on(&r.event_id, "the partition does not hold its offset".into()),
+            Err(e) => {
+                tracing::warn!(event_id = %r.event_id, error = %e, "console replay stopped at an event");
+                job.failed_on(&r.event_id, format!("{} (the replay stopped here)", error_text(&e)));
+                break;
+            }
+        }
+    }
+    job.finished.store(true, Ordering::Relaxed);
+    tracing::info!(who = %job.who, job = job.id, done = job.done.load(Ordering::Relaxed),
+        failed = job.failed.load(Ordering::Relaxed), "console replay finished");
+}
