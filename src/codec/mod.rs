@@ -220,6 +220,7 @@ fn event(
         timestamp_ms: msg.timestamp_ms,
         traceparent,
         route_key: None,
+        headers: Vec::new(),
     })
 }
 

@@ -104,6 +104,9 @@ pub struct RawHandler {
     pub inbox: Option<RawInbox>,
     /// `handlers[].pool_size` (`postgres` only): connections to the database, at most.
     pub pool_size: Option<usize>,
+    /// `handlers[].tls_ca` (`postgres` only): a PEM file of the CA certificates that
+    /// sign the database's certificate, with `sslmode=require` in the URL.
+    pub tls_ca: Option<String>,
     /// `handlers[].format`: how values are read, default `auto`.
     pub format: Option<Format>,
     /// `handlers[].body`: what the handler sends, default `json`.
@@ -341,6 +344,7 @@ impl RawHandler {
             ("statements", !self.statements.is_empty()),
             ("inbox", self.inbox.is_some()),
             ("pool_size", self.pool_size.is_some()),
+            ("tls_ca", self.tls_ca.is_some()),
         ];
         if self.kind != HandlerKind::Postgres {
             if let Some((name, _)) = postgres_only.iter().find(|(_, set)| *set) {

@@ -62,6 +62,9 @@ pub enum Param {
     /// `payload.a.b`: a field of the JSON payload, as a JSON pointer: a string as it
     /// is, anything else as its JSON text; `NULL` when missing or JSON `null`.
     Field(String),
+    /// `header.NAME`: the value of the message's header `NAME` (the last one, when it
+    /// repeats) as text; `NULL` when there is none or it has no value.
+    Header(String),
 }
 
 impl Param {
@@ -76,6 +79,7 @@ impl Param {
             "offset" => Param::Offset,
             "payload" => Param::Payload,
             _ => match text.split_once('.') {
+                Some(("header", name)) if !name.is_empty() => Param::Header(name.to_owned()),
                 Some(("payload", path)) if !path.split('.').any(str::is_empty) => Param::Field(
                     path.split('.').map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1"))).collect(),
                 ),
@@ -84,7 +88,7 @@ impl Param {
                         field,
                         format!(
                             "{text:?} is not a parameter: use id, key, aggregate_id, type, topic, partition, offset, \
-                             payload or payload.FIELD.PATH"
+                             payload, payload.FIELD.PATH or header.NAME"
                         ),
                     ))
                 }
@@ -121,6 +125,10 @@ pub struct PostgresConfig {
     pub inbox_table: String,
     /// Its column of idempotency keys, quoted for SQL.
     pub id_column: String,
+    /// `sslmode=require` in the URL: TLS, the server's certificate and host name verified.
+    pub tls: bool,
+    /// The CA certificates (PEM, one each) `tls_ca` adds to the system's for that check.
+    pub tls_ca: Option<Vec<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for PostgresConfig {
@@ -132,11 +140,19 @@ impl std::fmt::Debug for PostgresConfig {
             .field("statements", &self.statements)
             .field("inbox_table", &self.inbox_table)
             .field("id_column", &self.id_column)
+            .field("tls", &self.tls)
+            .field("tls_ca", &self.tls_ca.as_ref().map(Vec::len))
             .finish()
     }
 }
 
 impl PostgresConfig {
+    /// Whether a statement reads the message's headers (`header.NAME`): only then are
+    /// they copied onto the event.
+    pub fn reads_headers(&self) -> bool {
+        self.statements.iter().flat_map(|s| &s.params).any(|p| matches!(p, Param::Header(_)))
+    }
+
     pub(super) fn from_raw(
         at: &str,
         h: &RawHandler,
@@ -151,13 +167,17 @@ impl PostgresConfig {
         }
         let parsed: tokio_postgres::Config =
             url.parse().map_err(|e| ConfigError::field(format!("{at}.url"), format!("{e}")))?;
-        if parsed.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(ConfigError::field(
-                format!("{at}.url"),
-                "sslmode=require: TLS to the receiver's database is not supported yet; use a local or tunnelled \
-                 connection, or sslmode=disable",
-            ));
-        }
+        let tls = parsed.get_ssl_mode() == tokio_postgres::config::SslMode::Require;
+        let tls_ca = match &h.tls_ca {
+            None => None,
+            Some(_) if !tls => {
+                return Err(ConfigError::field(
+                    format!("{at}.tls_ca"),
+                    "only with sslmode=require in the url (TLS is used only then)",
+                ))
+            }
+            Some(path) => Some(read_ca(&format!("{at}.tls_ca"), path)?),
+        };
         let pool_size = h.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
         if pool_size == 0 {
             return Err(ConfigError::field(format!("{at}.pool_size"), "must be at least 1"));
@@ -198,8 +218,28 @@ impl PostgresConfig {
             statements,
             inbox_table,
             id_column,
+            tls,
+            tls_ca,
         })
     }
+}
+
+/// The PEM certificates of a `tls_ca` file, refused when it cannot be read or holds none.
+fn read_ca(field: &str, path: &str) -> Result<Vec<Vec<u8>>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::field(field, format!("reading {path}: {e}")))?;
+    const END: &str = "-----END CERTIFICATE-----";
+    let certs: Vec<Vec<u8>> = text
+        .split_inclusive(END)
+        .filter(|part| part.contains("-----BEGIN CERTIFICATE-----") && part.contains(END))
+        .map(|part| part.trim_start().as_bytes().to_vec())
+        .collect();
+    if certs.is_empty() {
+        return Err(ConfigError::field(
+            field,
+            format!("{path} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"),
+        ));
+    }
+    Ok(certs)
 }
 
 /// An SQL identifier (`schema.table` with `qualified`), quoted: letters, digits and
@@ -234,13 +274,17 @@ mod tests {
     fn a_postgres_handler_parses_its_statements_and_quotes_its_inbox() {
         let c = parse(&format!(
             "{PG}statements=[{{ sql = \"UPDATE t SET n = n + 1 WHERE id = $1\", params = [\"aggregate_id\"] }},\
-             {{ sql = \"INSERT INTO x VALUES ($1, $2::jsonb, $3)\", params = [\"key\", \"payload\", \"payload.a.b\"] }}]\n\
+             {{ sql = \"INSERT INTO x VALUES ($1, $2::jsonb, $3, $4)\", params = [\"key\", \"payload\", \"payload.a.b\", \"header.tenant\"] }}]\n\
              [handlers.inbox]\ntable = \"app.message_log\"\nid_column = \"id\"\n"
         ))
         .unwrap();
         let crate::config::HandlerSpec::Postgres(pg) = &c.handlers[0].spec else { panic!("postgres") };
         assert_eq!((pg.inbox_table.as_str(), pg.id_column.as_str()), ("\"app\".\"message_log\"", "\"id\""));
-        assert_eq!(pg.statements[1].params, [Param::IdempotencyKey, Param::Payload, Param::Field("/a/b".into())]);
+        assert_eq!(
+            pg.statements[1].params,
+            [Param::IdempotencyKey, Param::Payload, Param::Field("/a/b".into()), Param::Header("tenant".into())]
+        );
+        assert!(pg.reads_headers(), "the headers are copied onto its events");
         assert_eq!(pg.shown, "postgresql://<redacted>@127.0.0.1:5432/db");
         assert!(!format!("{:?}", c.handlers[0]).contains("u:p@"), "the password stays out of Debug");
         assert_eq!(
@@ -272,5 +316,33 @@ mod tests {
         assert!(e.contains("handlers[0].url") && e.contains("postgres://"), "{e}");
         let e = err("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\nstatements=[{ sql = \"x\" }]\n");
         assert!(e.contains("handlers[0].statements: only valid for kind = \"postgres\""), "{e}");
+    }
+
+    const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+    #[test]
+    fn tls_is_on_with_sslmode_require_and_tls_ca_reads_each_certificate_of_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, format!("{CA}{CA}")).unwrap();
+        let tls = PG.replace("/db\"", "/db?sslmode=require\"");
+        let statement = "statements=[{ sql = \"x\" }]\n";
+        let c = parse(&format!("{tls}{statement}tls_ca = {:?}\n", ca.display().to_string())).unwrap();
+        let crate::config::HandlerSpec::Postgres(pg) = &c.handlers[0].spec else { panic!("postgres") };
+        assert!(pg.tls);
+        assert_eq!(pg.tls_ca.as_ref().map(Vec::len), Some(2), "both certificates of the bundle");
+        let plain = parse(&format!("{PG}{statement}")).unwrap();
+        let crate::config::HandlerSpec::Postgres(pg) = &plain.handlers[0].spec else { panic!("postgres") };
+        assert!(!pg.tls, "no TLS unless the URL asks for it");
+
+        let e = err(&format!("{PG}{statement}tls_ca = {:?}\n", ca.display().to_string()));
+        assert!(e.contains("handlers[0].tls_ca") && e.contains("sslmode=require"), "{e}");
+        let e = err(&format!("{tls}{statement}tls_ca = \"/nonexistent/ca.pem\"\n"));
+        assert!(e.contains("handlers[0].tls_ca") && e.contains("/nonexistent/ca.pem"), "{e}");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        let e = err(&format!("{tls}{statement}tls_ca = {:?}\n", ca.display().to_string()));
+        assert!(e.contains("no PEM certificate"), "{e}");
+        let e = err(&format!("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\ntls_ca = {:?}\n", ca.display().to_string()));
+        assert!(e.contains("handlers[0].tls_ca: only valid for kind = \"postgres\""), "{e}");
     }
 }

@@ -395,6 +395,15 @@ impl Executor {
             false => slot.handler.as_ref(),
         };
         let metrics = self.metrics.of(topic, Some(hc));
+        // Headers are copied onto the event only for a handler that reads them.
+        let with_headers;
+        let event = match &hc.spec {
+            crate::config::HandlerSpec::Postgres(pg) if pg.reads_headers() => {
+                with_headers = OutboxEvent { headers: msg.headers.clone(), ..event.clone() };
+                &with_headers
+            }
+            _ => event,
+        };
         let job = Job { hc, slot, handler, event, msg, scope: &scope, may_hold, owned, call_over, metrics: &metrics };
         self.handle(&job).await
     }

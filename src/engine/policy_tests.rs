@@ -138,6 +138,7 @@ impl Fixture {
             timestamp_ms: None,
             traceparent: None,
             route_key: None,
+            headers: Vec::new(),
         };
         assert!(matches!(self.exec.store.handling().claim(&event, TOPIC).await.unwrap(), Claim::Claimed(_)));
     }

@@ -94,6 +94,10 @@ pub struct OutboxEvent {
     /// sends instead of the event id (the id, `#`, the route's name). Read it with
     /// [`OutboxEvent::idempotency_key`].
     pub route_key: Option<String>,
+    /// The message's headers in the order they came (a name may repeat; `None` is a
+    /// header without a value), given only to a handler that reads them (a `postgres`
+    /// statement's `header.NAME` parameter); empty for every other.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
 impl OutboxEvent {
@@ -109,6 +113,7 @@ impl OutboxEvent {
             timestamp_ms: None,
             traceparent: None,
             route_key: None,
+            headers: Vec::new(),
         }
     }
 

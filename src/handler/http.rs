@@ -346,6 +346,7 @@ mod tests {
             timestamp_ms: None,
             traceparent: None,
             route_key: None,
+            headers: Vec::new(),
         };
         let mut h = HeaderMap::new();
         handler.insert_idempotency_key(&mut h, &event("order-1/événement")).unwrap();

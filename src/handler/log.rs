@@ -99,6 +99,7 @@ mod tests {
             timestamp_ms: None,
             traceparent: None,
             route_key: None,
+            headers: Vec::new(),
         }
     }
 

@@ -21,6 +21,18 @@ pub enum PostgresBuildError {
     Pool(String, String),
 }
 
+/// TLS that verifies the server's certificate (its chain, to the system's CAs and the
+/// configured `tls_ca`, and its host name), for `sslmode=require`.
+fn tls_connector(config: &PostgresConfig) -> Result<postgres_native_tls::MakeTlsConnector, String> {
+    let mut builder = native_tls::TlsConnector::builder();
+    for pem in config.tls_ca.iter().flatten() {
+        let cert = native_tls::Certificate::from_pem(pem).map_err(|e| format!("tls_ca: {e}"))?;
+        builder.add_root_certificate(cert);
+    }
+    let connector = builder.build().map_err(|e| format!("TLS: {e}"))?;
+    Ok(postgres_native_tls::MakeTlsConnector::new(connector))
+}
+
 /// `kind = "postgres"` (module docs).
 pub struct PostgresHandler {
     config: PostgresConfig,
@@ -38,8 +50,11 @@ impl PostgresHandler {
         let mut pg: tokio_postgres::Config =
             config.url.parse().map_err(|e: tokio_postgres::Error| fail(e.to_string()))?;
         pg.connect_timeout(config.timeout);
-        let manager =
-            Manager::from_config(pg, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let recycling = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+        let manager = match config.tls {
+            true => Manager::from_config(pg, tls_connector(&config).map_err(fail)?, recycling),
+            false => Manager::from_config(pg, tokio_postgres::NoTls, recycling),
+        };
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .runtime(Runtime::Tokio1)
@@ -57,7 +72,7 @@ impl PostgresHandler {
     }
 
     async fn run(&self, event: &OutboxEvent) -> Result<Outcome, HandlerError> {
-        let mut client = self.pool.get().await.map_err(|e| HandlerError::unavailable(format!("postgres: {e}")))?;
+        let mut client = self.pool.get().await.map_err(|e| HandlerError::unavailable(with_causes(&e)))?;
         let tx = client.transaction().await.map_err(classify)?;
         let key = event.idempotency_key();
         if tx.execute(self.insert.as_str(), &[&key]).await.map_err(classify)? == 0 {
@@ -92,7 +107,7 @@ impl Handler for PostgresHandler {
 
     /// The inbox row of the route's idempotency key: there = it happened (committed), absent = it did not.
     async fn verify(&self, event: &OutboxEvent) -> Result<Verified, HandlerError> {
-        let client = self.pool.get().await.map_err(|e| HandlerError::unavailable(format!("postgres: {e}")))?;
+        let client = self.pool.get().await.map_err(|e| HandlerError::unavailable(with_causes(&e)))?;
         let rows = client.query(self.lookup.as_str(), &[&event.idempotency_key()]).await.map_err(classify)?;
         Ok(match rows.is_empty() {
             true => Verified::Missing,
@@ -111,6 +126,10 @@ fn value(p: &Param, event: &OutboxEvent) -> Option<String> {
         Param::Topic => return Some(event.position.topic.clone()),
         Param::Partition => return Some(event.position.partition.to_string()),
         Param::Offset => return Some(event.position.offset.to_string()),
+        Param::Header(name) => {
+            let (_, value) = event.headers.iter().rev().find(|(n, _)| n == name)?;
+            return value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned());
+        }
         p => p,
     };
     match (p, &event.payload) {
@@ -132,7 +151,7 @@ fn value(p: &Param, event: &OutboxEvent) -> Option<String> {
 /// event's, dead with the SQLSTATE and the server's message.
 fn classify(e: tokio_postgres::Error) -> HandlerError {
     let Some(db) = e.as_db_error() else {
-        return HandlerError::unavailable(format!("postgres: {e}"));
+        return HandlerError::unavailable(with_causes(&e));
     };
     let code = db.code();
     let reason = format!("postgres: SQLSTATE {}: {}", code.code(), db.message());
@@ -146,5 +165,49 @@ fn classify(e: tokio_postgres::Error) -> HandlerError {
         // Data, integrity constraints, syntax or access rules, undefined objects: retrying cannot help.
         "22" | "23" | "42" | "44" => HandlerError::Permanent(reason),
         _ => HandlerError::retryable(reason),
+    }
+}
+
+/// `postgres: ` and the error with its causes: a refused certificate or a refused
+/// password is said where the client only says that the handshake failed.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = format!("postgres: {e}");
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Position;
+
+    #[test]
+    fn parameters_come_from_the_event_its_payload_and_its_headers() {
+        let payload = Payload::Json(serde_json::json!({"a": {"b": 7}, "s": "x", "n": null}).into());
+        let mut e = OutboxEvent::new("e1", payload, Position { topic: "t".into(), partition: 2, offset: 9 });
+        e.aggregate_id = Some("order-1".into());
+        e.headers = vec![
+            ("tenant".into(), Some(b"acme".to_vec())),
+            ("tenant".into(), Some(b"acme-eu".to_vec())),
+            ("empty".into(), None),
+        ];
+        let v = |p: Param| value(&p, &e);
+        assert_eq!(v(Param::Id).as_deref(), Some("e1"));
+        assert_eq!(v(Param::AggregateId).as_deref(), Some("order-1"));
+        assert_eq!(v(Param::Partition).as_deref(), Some("2"));
+        assert_eq!(v(Param::Field("/a/b".into())).as_deref(), Some("7"));
+        assert_eq!(v(Param::Field("/s".into())).as_deref(), Some("x"));
+        assert_eq!(v(Param::Field("/n".into())), None);
+        assert_eq!(v(Param::Header("tenant".into())).as_deref(), Some("acme-eu"), "the last of a repeated header");
+        assert_eq!(v(Param::Header("empty".into())), None);
+        assert_eq!(v(Param::Header("missing".into())), None);
     }
 }

@@ -27,6 +27,7 @@ async fn store_with_done(dir: &Path, ids: &[&str]) -> Arc<Store> {
             timestamp_ms: None,
             traceparent: None,
             route_key: None,
+            headers: Vec::new(),
         };
         let Claim::Claimed(c) = store.handling().claim(&event, "t").await.unwrap() else { panic!("{id} claimed") };
         store.handling().finish(c, State::Done, "http 200".into()).await.unwrap();

@@ -38,6 +38,7 @@ fn event(m: &RawMessage) -> OutboxEvent {
         timestamp_ms: None,
         traceparent: None,
         route_key: None,
+        headers: Vec::new(),
     }
 }
 

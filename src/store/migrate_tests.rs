@@ -117,6 +117,7 @@ async fn a_store_of_the_earlier_format_is_converted_on_open_with_every_record_an
         timestamp_ms: None,
         traceparent: None,
         route_key: None,
+        headers: Vec::new(),
     };
     assert_eq!(store.claim(&e, "orders").await.unwrap(), Claim::Finished { state: State::Done, same_offset: false });
     let e = crate::event::OutboxEvent { id: "42".into(), ..e };

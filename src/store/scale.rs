@@ -154,6 +154,7 @@ impl Probe {
                 timestamp_ms: None,
                 traceparent: None,
                 route_key: None,
+                headers: Vec::new(),
             };
             match self.store.handling().claim(&event, topic).await? {
                 super::Claim::Claimed(c) => self.store.handling().finish(c, State::Done, "logged".into()).await?,

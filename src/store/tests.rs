@@ -24,6 +24,7 @@ pub(in crate::store) fn event(id: &str, offset: i64) -> OutboxEvent {
         timestamp_ms: None,
         traceparent: None,
         route_key: None,
+        headers: Vec::new(),
     }
 }
 

@@ -54,6 +54,7 @@ pub fn spans_of_one_event_with_the_exporter_off_and_on(n: u32) -> (f64, f64) {
         timestamp_ms: None,
         traceparent: None,
         route_key: None,
+        headers: Vec::new(),
     };
     let off = tracing_subscriber::registry()
         .with(tracing_subscriber::EnvFilter::new("info"))

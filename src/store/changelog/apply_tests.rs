@@ -210,6 +210,7 @@ async fn a_record_written_by_the_service_during_a_fresh_restore_ends_the_fast_pa
         timestamp_ms: None,
         traceparent: None,
         route_key: None,
+        headers: Vec::new(),
     };
     let Claim::Claimed(c) = store.claim(&event, "t").await.unwrap() else { panic!("not claimed") };
     store.finish(c, State::Done, "http 200".into()).await.unwrap();

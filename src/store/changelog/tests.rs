@@ -18,6 +18,7 @@ fn event(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {
         timestamp_ms: None,
         traceparent: None,
         route_key: None,
+        headers: Vec::new(),
     }
 }
 
