@@ -1,7 +1,8 @@
 //! `outboxd store replay`: a window of done events runs again from the messages Kafka
 //! keeps, once each, in per-key order, with the same idempotency key (or new ones with
 //! `--new-key`), through the running service and on a stopped store; a dry run changes
-//! nothing; events whose messages the topic's retention deleted are reported, not skipped.
+//! nothing; events whose messages the topic's retention deleted, or whose offsets hold
+//! other events since the topic was created again, are reported, not skipped or run.
 
 use std::time::{Duration, SystemTime};
 
@@ -154,4 +155,45 @@ async fn events_past_the_topics_retention_are_reported_and_the_rest_replayed() {
     let entries = replay_entries(&od, &sent[0].0);
     assert_eq!(entries.len(), 1, "{entries:#?}");
     assert!(entries[0]["outcome"].as_str().unwrap_or_default().contains("no longer holds"), "{entries:#?}");
+}
+
+/// The topic was deleted and created again, so its offsets started over: what sits at a
+/// record's offset now is another event. The replay reports it and runs nothing, neither
+/// under the record nor the event found there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_event_at_a_records_offset_is_reported_and_nothing_runs() {
+    let s = Scenario::start("replay-recreated", 1).await;
+    let Scenario { kafka, topic, receiver, mut od, offsets, producer, .. } = s;
+    let first = events(3);
+    for (id, key, t) in &first {
+        producer.send_event(&topic, key, id, Some(t), &json!({"id": id})).await;
+    }
+    od.wait_until("every call", TIMEOUT, || first.iter().all(|e| receiver.answered_ok(&e.0))).await;
+    od.wait_until("committed offsets at the end", TIMEOUT, || offsets.reached_end()).await;
+    od.stop();
+    kafka.delete_topic(&topic).await;
+    kafka.create_topic(&topic, 1, &[]).await;
+    let others = events(3);
+    for (id, key, t) in &others {
+        producer.send_event(&topic, key, id, Some(t), &json!({"id": id})).await;
+    }
+    let calls_before = receiver.calls().len();
+
+    let out = od.command(&["store", "replay", "--topic", &topic, "--since", "1h", "--reason", "after a restore"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("replayed 0 event(s)") && stdout.contains("3 event(s) not replayed"), "{stdout}");
+    for (id, _, _) in &others {
+        assert!(stdout.contains(&format!("another event ({id})")), "{id} named: {stdout}");
+    }
+    assert_eq!(receiver.calls().len(), calls_before, "a replay ran an event");
+    for (id, _, _) in &first {
+        assert_eq!(od.store_json(&["get", id])["state"], "done", "{id} as it was");
+    }
+    for (id, _, _) in &others {
+        let out = od.command(&["store", "get", id]);
+        assert!(!out.status.success(), "{id} has a record: the replay ran it");
+    }
+    let entries = replay_entries(&od, &first[0].0);
+    assert!(entries[0]["outcome"].as_str().unwrap_or_default().contains("another event"), "{entries:#?}");
 }
