@@ -327,6 +327,12 @@ pub enum ReplayView {
     },
     /// The partition does not hold the offset (a compacted topic removed it).
     Missing,
+    /// The partition holds another event at the offset (the topic was deleted and
+    /// created again, so its offsets started over): nothing ran.
+    Other {
+        /// The id of the event found there.
+        event_id: String,
+    },
 }
 
 /// `{"event_id": …, "note": …, "state": "rerun"}`: the stored message of an

@@ -178,6 +178,10 @@ fn report(results: &[(&RecordView, ReplayView)], as_json: bool) {
                 "  {} ({}/{}@{}): the partition does not hold this offset (compacted away?)",
                 r.event_id, r.topic, r.partition, r.offset
             )),
+            ReplayView::Other { event_id } => not.push(format!(
+                "  {} ({}/{}@{}): another event ({event_id}) is at this offset now (was the topic created again?)",
+                r.event_id, r.topic, r.partition, r.offset
+            )),
         }
     }
     let total: usize = ran.values().sum();

@@ -179,11 +179,30 @@ async fn replay_one(
         Reread::Expired { first } => Ok(ReplayView::Expired { first_offset: first }),
         Reread::Missing => Ok(ReplayView::Missing),
         Reread::Found(message) => {
+            // Offsets start over when a topic is deleted and created again: what is there
+            // now may be another event, which must not run under this record (nor at all).
+            // (A record named by its position, of a message that could not be decoded or
+            // handled, is that message whatever it decodes to now.)
+            if !named_by_position(id, &message) {
+                if let Some(Ok(found)) = exec.decode_copy(&message).await {
+                    if found.id != id {
+                        return Ok(ReplayView::Other { event_id: found.id });
+                    }
+                }
+            }
             let now = exec.replay(scope, id, &message, key_suffix).await.map_err(|e| explain(id, e))?;
             let now = now.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
             Ok(ReplayView::Ran { record: Box::new(RecordView::from(&now)) })
         }
     }
+}
+
+/// Whether `id` is the record of an undecodable or failed message at `message`'s
+/// position (`undecodable/<topic>/<partition>/<offset>`, `failed/...`): such a record
+/// has no event id of its own.
+fn named_by_position(id: &str, message: &crate::event::RawMessage) -> bool {
+    let position = format!("/{}/{}/{}", message.topic, message.partition, message.offset);
+    ["undecodable", "failed"].iter().any(|kind| id.strip_prefix(kind) == Some(position.as_str()))
 }
 
 /// What a replay came to, as its audit entry says.
@@ -197,6 +216,9 @@ fn outcome(view: &ReplayView, key_suffix: Option<&str>) -> String {
             format!("not replayed: the topic no longer holds the message (its first offset is {first_offset})")
         }
         ReplayView::Missing => "not replayed: the partition does not hold the message's offset".to_owned(),
+        ReplayView::Other { event_id } => {
+            format!("not replayed: the partition holds another event ({event_id}) at that offset now")
+        }
     }
 }
 
@@ -213,6 +235,23 @@ mod tests {
             "reason": null, "scope": "orders", "state": state, "topic": "orders", "updated_at": rfc3339(seen_us),
         });
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn records_of_undecodable_and_failed_messages_are_named_by_their_position() {
+        let m = crate::event::RawMessage {
+            topic: "orders".into(),
+            partition: 2,
+            offset: 41,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+            timestamp_ms: None,
+        };
+        assert!(named_by_position("undecodable/orders/2/41", &m));
+        assert!(named_by_position("failed/orders/2/41", &m));
+        assert!(!named_by_position("undecodable/orders/2/40", &m));
+        assert!(!named_by_position("e1", &m));
     }
 
     #[test]

@@ -257,6 +257,10 @@ async fn carry_out(c: &Shared, job: &Job, records: &[RecordView], suffix: Option
                 format!("the topic no longer holds it (the partition begins at {first_offset} now)"),
             ),
             Ok(ReplayView::Missing) => job.failed_on(&r.event_id, "the partition does not hold its offset".into()),
+            Ok(ReplayView::Other { event_id }) => job.failed_on(
+                &r.event_id,
+                format!("another event ({event_id}) is at its offset now (was the topic created again?)"),
+            ),
             Err(e) => {
                 tracing::warn!(event_id = %r.event_id, error = %e, "console replay stopped at an event");
                 job.failed_on(&r.event_id, format!("{} (the replay stopped here)", error_text(&e)));
