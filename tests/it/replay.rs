@@ -124,6 +124,29 @@ async fn a_window_of_done_events_runs_again_once_each_in_key_order_and_a_dry_run
     assert_eq!(entries.len(), 1, "{entries:#?}");
     assert_eq!(entries[0]["reason"], "the CRM lost a day");
     assert!(entries[0]["outcome"].as_str().unwrap_or_default().starts_with("done"), "{entries:#?}");
+
+    // The mailer route is gone from the config: its records are not run, and say so.
+    od.config.extra_toml = String::new();
+    od.write_config();
+    let calls_before = receiver.calls().len();
+    let out =
+        od.command(&["store", "replay", "--topic", &topic, "--since", &since, "--type", "OrderPaid", "--reason", "x"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("replayed {paid} event(s): {paid} done")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{paid} event(s) not replayed")) && stdout.contains("no route takes it"),
+        "{stdout}"
+    );
+    assert_eq!(receiver.calls().len(), calls_before + paid, "the first route's calls only");
+    let mail_record = od.store_json(&["list", "--limit", "1000"]);
+    let mails_done = mail_record
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["scope"] == format!("{topic}#mailer").as_str() && r["state"] == "done")
+        .count();
+    assert_eq!(mails_done, mails(&window).len() + mails(&before).len(), "the mailer's records as they were");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
