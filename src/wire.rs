@@ -327,6 +327,12 @@ pub enum ReplayView {
     },
     /// The partition does not hold the offset (a compacted topic removed it).
     Missing,
+    /// No route ran it under this record (its route no longer selects the event, the
+    /// config changed): the record is as it was.
+    NotRun {
+        /// The record, as it was.
+        record: Box<RecordView>,
+    },
     /// The partition holds another event at the offset (the topic was deleted and
     /// created again, so its offsets started over): nothing ran.
     Other {

@@ -178,6 +178,14 @@ fn report(results: &[(&RecordView, ReplayView)], as_json: bool) {
                 "  {} ({}/{}@{}): the partition does not hold this offset (compacted away?)",
                 r.event_id, r.topic, r.partition, r.offset
             )),
+            ReplayView::NotRun { .. } => not.push(format!(
+                "  {} ({}/{}@{}, {}): no route takes it under this record now (the config changed?); left as it was",
+                r.event_id,
+                r.topic,
+                r.partition,
+                r.offset,
+                ops::scope_of(r)
+            )),
             ReplayView::Other { event_id } => not.push(format!(
                 "  {} ({}/{}@{}): another event ({event_id}) is at this offset now (was the topic created again?)",
                 r.event_id, r.topic, r.partition, r.offset

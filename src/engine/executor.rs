@@ -422,14 +422,14 @@ impl Executor {
     /// and pass it by. A record the message did not run under (its route no longer
     /// selects it, or it decodes to another id) is written back as it was.
     /// `key_suffix` (`--new-key`) is appended to the idempotency key the route sends.
-    /// Returns the record now.
+    /// Returns what came of the record (`None`: it is gone).
     pub async fn replay(
         &self,
         scope: &str,
         id: &str,
         message: &RawMessage,
         key_suffix: Option<&str>,
-    ) -> Result<Option<Record>, StoreError> {
+    ) -> Result<Option<crate::store::Replayed>, StoreError> {
         let before = self.store.repairs().reopen_for_replay(scope, id, message).await?;
         let how = RunAs { may_hold: false, key_suffix };
         let ran = self.execute_as(message, &|| true, &|| {}, how).await;

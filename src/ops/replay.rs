@@ -14,7 +14,7 @@ use super::{OpsError, StoreApi};
 use crate::config::KafkaConfig;
 use crate::engine::Executor;
 use crate::kafka::{Reread, Rereader};
-use crate::store::{AuditAction, State};
+use crate::store::{AuditAction, Replayed, State};
 use crate::wire::{RecordView, ReplayView};
 
 /// The idempotency-key suffix of a replay with `--new-key`: `#replay-` and
@@ -190,9 +190,11 @@ async fn replay_one(
                     }
                 }
             }
-            let now = exec.replay(scope, id, &message, key_suffix).await.map_err(|e| explain(id, e))?;
-            let now = now.ok_or_else(|| OpsError::NotFound(id.to_owned()))?;
-            Ok(ReplayView::Ran { record: Box::new(RecordView::from(&now)) })
+            match exec.replay(scope, id, &message, key_suffix).await.map_err(|e| explain(id, e))? {
+                Some(Replayed::Ran(now)) => Ok(ReplayView::Ran { record: Box::new(RecordView::from(&now)) }),
+                Some(Replayed::NotRun(was)) => Ok(ReplayView::NotRun { record: Box::new(RecordView::from(&was)) }),
+                None => Err(OpsError::NotFound(id.to_owned())),
+            }
         }
     }
 }
@@ -216,6 +218,7 @@ fn outcome(view: &ReplayView, key_suffix: Option<&str>) -> String {
             format!("not replayed: the topic no longer holds the message (its first offset is {first_offset})")
         }
         ReplayView::Missing => "not replayed: the partition does not hold the message's offset".to_owned(),
+        ReplayView::NotRun { .. } => "not replayed: no route takes the event under this record now".to_owned(),
         ReplayView::Other { event_id } => {
             format!("not replayed: the partition holds another event ({event_id}) at that offset now")
         }

@@ -65,6 +65,7 @@ pub(crate) use owner::Owner;
 pub use problems::{largest_first, reason_group, GroupCount, GroupKey};
 pub use read::Listed;
 pub use record::{now_us, Record, State};
+pub use repair::Replayed;
 #[cfg(test)]
 pub use sync::SyncStats;
 

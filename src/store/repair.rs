@@ -14,6 +14,15 @@ const HELD_RUNS_LATER: &str = "dead or parked: a held event runs by itself once 
                                (`store get` shows it) is retried to done, resolved or forgotten; `forget` takes it \
                                out of its chain";
 
+/// What came of a replayed record (`Repairs::put_back`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Replayed {
+    /// The message ran under it; the record as the run left it.
+    Ran(Record),
+    /// It did not (its route no longer selects the event): written back as it was.
+    NotRun(Record),
+}
+
 impl Store {
     /// The record of `id` (any scope), or `NotFound`.
     fn existing(&self, id: &str) -> Result<Found, StoreError> {
@@ -109,20 +118,21 @@ impl Store {
     /// After a replay: when the record is still as [`Store::reopen_for_replay`]
     /// left it (the message did not run under it: its route no longer selects it,
     /// or it decodes to another id now), it is written back as it was (`before`);
-    /// when it is done, its copy goes. Returns the record of `id` in `scope` now.
+    /// when it is done, its copy goes. Returns what came of the record of `id` in
+    /// `scope` (`None`: it is gone).
     pub(in crate::store) async fn put_back(
         &self,
         scope: &str,
         id: &str,
         before: &Record,
-    ) -> Result<Option<Record>, StoreError> {
+    ) -> Result<Option<Replayed>, StoreError> {
         let Some(f) = self.find_in(scope, id)? else { return Ok(None) };
         if !(f.record.state == State::Claimed && f.record.attempts == 0) {
             if f.record.state == State::Done {
                 self.messages.remove(&copy_key(f.slice.start, &f.key))?;
                 self.durable().await?;
             }
-            return Ok(Some(f.record));
+            return Ok(Some(Replayed::Ran(f.record)));
         }
         let mut r = before.clone();
         r.version = f.record.version;
@@ -135,7 +145,7 @@ impl Store {
             self.write(&r, Some((&f.slice, State::Claimed)), None)
         })
         .await?;
-        Ok(Some(r))
+        Ok(Some(Replayed::NotRun(r)))
     }
 
     /// After the re-run of a reopened record: if it is still waiting (the message

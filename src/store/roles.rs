@@ -306,7 +306,7 @@ impl Repairs<'_> {
 
     /// After a replay: the record now, written back as it was (`before`) if the
     /// message did not run under it.
-    pub async fn put_back(&self, scope: &str, id: &str, before: &Record) -> Result<Option<Record>, StoreError> {
+    pub async fn put_back(&self, scope: &str, id: &str, before: &Record) -> Result<Option<super::Replayed>, StoreError> {
         self.0.put_back(scope, id, before).await
     }
 

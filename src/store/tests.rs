@@ -666,7 +666,7 @@ async fn a_replayed_done_event_is_claimed_with_its_message_and_runs_as_a_first_a
     let c = claimed(&store, "e1", 7).await;
     assert_eq!((c.attempt(), c.reexecution()), (1, false), "a replay is not an uncertain re-execution");
     store.finish(c, State::Done, "http 200".into()).await.unwrap();
-    let now = store.put_back("t", "e1", &before).await.unwrap().unwrap();
+    let Some(Replayed::Ran(now)) = store.put_back("t", "e1", &before).await.unwrap() else { panic!("it ran") };
     assert_eq!((now.state, now.attempts), (State::Done, 1));
     assert!(store.message("e1").unwrap().is_none(), "a done event keeps no copy");
     assert_eq!(store.stats().unwrap().done, 1);
@@ -681,7 +681,7 @@ async fn a_replay_that_did_not_run_under_its_record_puts_the_record_back_as_it_w
     let was = store.get("e1").unwrap().unwrap();
     let before = store.reopen_for_replay("t", "e1", &big_message("e1", 10)).await.unwrap();
     // Its route no longer selects it: nothing claimed it.
-    let now = store.put_back("t", "e1", &before).await.unwrap().unwrap();
+    let Some(Replayed::NotRun(now)) = store.put_back("t", "e1", &before).await.unwrap() else { panic!("not run") };
     assert_eq!((now.state, now.attempts, now.outcome.as_deref()), (State::Done, 1, Some("http 200")));
     assert!(now.version > was.version, "written again, so the changelog's newer record wins");
     assert_eq!(store.get("e1").unwrap().unwrap().state, State::Done);

@@ -257,6 +257,9 @@ async fn carry_out(c: &Shared, job: &Job, records: &[RecordView], suffix: Option
                 format!("the topic no longer holds it (the partition begins at {first_offset} now)"),
             ),
             Ok(ReplayView::Missing) => job.failed_on(&r.event_id, "the partition does not hold its offset".into()),
+            Ok(ReplayView::NotRun { .. }) => {
+                job.failed_on(&r.event_id, "no route takes it under this record now; left as it was".into())
+            }
             Ok(ReplayView::Other { event_id }) => job.failed_on(
                 &r.event_id,
                 format!("another event ({event_id}) is at its offset now (was the topic created again?)"),
