@@ -11,7 +11,7 @@ use super::{OpsError, Rerun, StoreApi};
 use crate::config::{Config, RawConfig};
 use crate::engine::Executor;
 use crate::store::view;
-use crate::store::{now_us, AuditAction, Role, State, Store, StoreError, StoreOptions};
+use crate::store::{now_us, AuditAction, Record, Role, State, Store, StoreError, StoreOptions};
 use crate::wire::{AuditPage, AuditView, ExportLine, GcView, PageView, RecordView, ReplayView, StatsView};
 
 /// The note a record resolved by hand keeps as its outcome.
@@ -130,6 +130,19 @@ impl Local {
         self.store.reads().scan(state, topic, |r| f(view::export_line(&self.store, &r)?))
     }
 
+    /// The records of `topic` that `keep` takes, as views (blocking: a scan of the
+    /// topic's records, holding only those taken).
+    pub fn matching(&self, topic: &str, mut keep: impl FnMut(&Record) -> bool) -> Result<Vec<RecordView>, StoreError> {
+        let mut taken = Vec::new();
+        self.store.reads().scan(None, Some(topic), |r| -> Result<(), StoreError> {
+            if keep(&r) {
+                taken.push(view::record_view(&self.store, &r, 0));
+            }
+            Ok(())
+        })?;
+        Ok(taken)
+    }
+
     /// Removes a record, so the event runs again when it is redelivered; answers the
     /// record as it was. Audited under `actor`, also when it fails or is refused.
     pub async fn forget_by(&self, id: &str, actor: &Actor) -> Result<RecordView, StoreError> {
@@ -241,6 +254,10 @@ impl StoreApi for Local {
         };
         let suffix = new_key.map(super::new_key_suffix).transpose()?;
         super::replay_by(exec, &self.rereads, super::scope_of(record), id, suffix.as_deref(), actor).await
+    }
+
+    async fn replay_window(&self, window: &super::Window) -> Result<Vec<RecordView>, OpsError> {
+        super::select_here(self, window)
     }
 
     async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError> {

@@ -106,6 +106,9 @@ pub trait StoreApi {
     /// from Kafka, under that record; `new_key` (`--new-key`) makes the idempotency
     /// key it sends a new one ([`new_key_suffix`]).
     async fn replay(&self, record: &RecordView, new_key: Option<&str>, actor: &Actor) -> Result<ReplayView, OpsError>;
+    /// The records `window` takes (in any order), keeping only those while the
+    /// topic's records are read ([`select`] orders them).
+    async fn replay_window(&self, window: &Window) -> Result<Vec<RecordView>, OpsError>;
     /// Removes expired done/dead records now; answers how many.
     async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError>;
     /// Up to `limit` audit entries, newest first, older than the cursor `before`

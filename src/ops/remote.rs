@@ -66,6 +66,20 @@ impl StoreApi for Remote {
         answer.ok_or_else(|| OpsError::NotFound(id.clone()))
     }
 
+    async fn replay_window(&self, window: &super::Window) -> Result<Vec<RecordView>, OpsError> {
+        let mut taken = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            // The service's largest page (a larger limit gets that many anyway).
+            let page = self.client.page(None, Some(&window.topic), after.take().as_deref(), 10_000).await?;
+            taken.extend(page.records.into_iter().filter(|r| window.selects(r)));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(taken),
+            }
+        }
+    }
+
     async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError> {
         Ok(self.client.gc(actor.reason.as_deref()).await?)
     }

@@ -53,29 +53,40 @@ pub const REPLAYABLE: [State; 3] = [State::Done, State::Dead, State::Parked];
 impl Window {
     /// Whether the replay takes `record`.
     pub fn selects(&self, record: &RecordView) -> bool {
-        let states: &[State] = if self.states.is_empty() { &REPLAYABLE } else { &self.states };
         let seen = parse_time(&record.first_seen);
-        record.topic == self.topic
-            && states.contains(&record.state)
-            && self.event_type.as_ref().is_none_or(|t| record.event_type.as_ref() == Some(t))
-            && seen.is_some_and(|us| self.since_us <= us && us < self.until_us)
+        self.takes(&record.topic, record.state, record.event_type.as_deref(), seen)
+    }
+
+    /// Whether the replay takes the record of an event with these fields (first seen
+    /// at `seen_us`).
+    fn takes(&self, topic: &str, state: State, event_type: Option<&str>, seen_us: Option<i64>) -> bool {
+        let states: &[State] = if self.states.is_empty() { &REPLAYABLE } else { &self.states };
+        topic == self.topic
+            && states.contains(&state)
+            && self.event_type.as_deref().is_none_or(|t| event_type == Some(t))
+            && seen_us.is_some_and(|us| self.since_us <= us && us < self.until_us)
     }
 }
 
 /// The records `window` takes, in the order they replay: by partition and offset
 /// (per key, the order the events came), a topic's routes in the order of their scopes.
+/// Only the selected records are kept while the topic's records are read, so a window
+/// costs memory for what it holds, not for the topic.
 pub async fn select(api: &impl StoreApi, window: &Window) -> Result<Vec<RecordView>, OpsError> {
-    Ok(window.in_order(api.list(None, Some(&window.topic), usize::MAX).await?))
+    Ok(window.in_order(api.replay_window(window).await?))
 }
 
 /// [`select`] on the store itself, blocking (a scan of the topic's records): the console's.
 pub fn select_here(local: &super::Local, window: &Window) -> Result<Vec<RecordView>, OpsError> {
-    Ok(window.in_order(local.page(None, Some(&window.topic), None, usize::MAX)?.records))
+    let taken = local.matching(&window.topic, |r| {
+        window.takes(&r.topic, r.state, r.event_type.as_deref(), Some(r.first_seen_us))
+    })?;
+    Ok(window.in_order(taken))
 }
 
 impl Window {
     /// The records of `records` it takes, in the order they replay.
-    fn in_order(&self, records: Vec<RecordView>) -> Vec<RecordView> {
+    pub(super) fn in_order(&self, records: Vec<RecordView>) -> Vec<RecordView> {
         let mut records: Vec<RecordView> = records.into_iter().filter(|r| self.selects(r)).collect();
         records.sort_by(|a, b| (a.partition, a.offset, &a.scope).cmp(&(b.partition, b.offset, &b.scope)));
         records
