@@ -292,14 +292,9 @@ impl StoreCommand {
             StoreCommand::Retry { event_id: None, all_dead: false, .. } => {
                 bail!("name an event id, or use --all-dead")
             }
-            StoreCommand::Replay { state, since, until, reason, .. } => {
-                if let Some(s) = state.iter().find(|s| !ops::REPLAYABLE.contains(s)) {
-                    bail!("--state {s}: a replay takes done, dead or parked records (a held event runs by itself once its chain is released; a claimed one is in flight)")
-                }
-                let (since, until) = replay::window_times(since, until.as_deref())?;
-                if since >= until {
-                    bail!("--since must be before --until")
-                }
+            StoreCommand::Replay { topic, event_type, state, since, until, reason, .. } => {
+                ops::Window::new(topic, event_type.as_deref(), state.clone(), since, until.as_deref())
+                    .map_err(|e| anyhow::anyhow!("--{e}"))?;
                 Actor::cli(Some(reason))?;
                 Ok(())
             }
@@ -391,8 +386,8 @@ async fn store_command_on(api: &impl StoreApi, cmd: StoreCommand) -> anyhow::Res
             rerun(api, &ids, &reason.actor()?).await?;
         }
         StoreCommand::Replay { topic, event_type, state, since, until, dry_run, new_key, reason, args } => {
-            let (since_us, until_us) = replay::window_times(&since, until.as_deref())?;
-            let window = ops::Window { topic, event_type, states: state, since_us, until_us };
+            let window = ops::Window::new(&topic, event_type.as_deref(), state, &since, until.as_deref())
+                .map_err(|e| anyhow::anyhow!("--{e}"))?;
             let how = replay::How { dry_run, new_key, json: args.json, config: args.config.clone() };
             replay::run(api, &window, &how, &Actor::cli(Some(&reason))?).await?;
         }

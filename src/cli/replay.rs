@@ -4,9 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde_json::json;
 
 use crate::config::Config;
@@ -25,29 +24,6 @@ pub(super) struct How {
     pub config: PathBuf,
 }
 
-/// `--since` and `--until` (now when not given) in µs since the epoch: each an
-/// RFC 3339 time or a time ago (`6h`, `90m`).
-pub(super) fn window_times(since: &str, until: Option<&str>) -> anyhow::Result<(i64, i64)> {
-    let now = SystemTime::now();
-    let since = when(since, now).context("--since")?;
-    let until = until.map(|u| when(u, now).context("--until")).transpose()?.unwrap_or(now);
-    Ok((micros(since), micros(until)))
-}
-
-fn when(text: &str, now: SystemTime) -> anyhow::Result<SystemTime> {
-    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
-        return Ok(t);
-    }
-    match humantime::parse_duration(text) {
-        Ok(ago) => Ok(now.checked_sub(ago).unwrap_or(UNIX_EPOCH)),
-        Err(_) => bail!("{text:?} is neither a time (2026-12-04T10:00:00Z) nor a time ago (6h, 90m)"),
-    }
-}
-
-fn micros(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
 /// Selects, shows the impact, and (unless a dry run) replays one event after the other.
 pub(super) async fn run(api: &impl StoreApi, window: &Window, how: &How, actor: &Actor) -> anyhow::Result<()> {
     let records = ops::select(api, window).await?;
@@ -63,8 +39,7 @@ pub(super) async fn run(api: &impl StoreApi, window: &Window, how: &How, actor: 
     if how.dry_run {
         return dry_run(&records, how).await;
     }
-    let token = micros(SystemTime::now()) / 1000;
-    let new_key = how.new_key.then(|| token.to_string());
+    let new_key = how.new_key.then(ops::new_key_token);
     if let Some(token) = &new_key {
         eprintln!("new idempotency keys end in {}", ops::new_key_suffix(token)?);
     }

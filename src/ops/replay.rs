@@ -50,7 +50,51 @@ pub struct Window {
 /// The states a replay may take: final, and not waiting in a held chain.
 pub const REPLAYABLE: [State; 3] = [State::Done, State::Dead, State::Parked];
 
+/// Why a window as people wrote it is refused (the CLI's flags, the console's form).
+#[derive(Debug, thiserror::Error)]
+pub enum WindowError {
+    /// A state a replay does not take.
+    #[error("state {0}: a replay takes done, dead or parked records (a held event runs by itself once its chain is released; a claimed one is in flight)")]
+    State(State),
+    /// A bound that is neither a time nor a time ago (`which`: since or until).
+    #[error("{which}: {text:?} is neither a time (2026-12-04T10:00:00Z) nor a time ago (6h, 90m)")]
+    Time {
+        /// `since` or `until`.
+        which: &'static str,
+        /// As written.
+        text: String,
+    },
+    /// `since` is not before `until`.
+    #[error("since must be before until")]
+    Empty,
+}
+
 impl Window {
+    /// The window people asked for: `since` and `until` (now when `None`) each an
+    /// RFC 3339 time or a time ago (`6h`, `90m`).
+    pub fn new(
+        topic: &str,
+        event_type: Option<&str>,
+        states: Vec<State>,
+        since: &str,
+        until: Option<&str>,
+    ) -> Result<Window, WindowError> {
+        if let Some(s) = states.iter().find(|s| !REPLAYABLE.contains(s)) {
+            return Err(WindowError::State(*s));
+        }
+        let now = std::time::SystemTime::now();
+        let since_us = bound(since, now).ok_or_else(|| WindowError::Time { which: "since", text: since.to_owned() })?;
+        let until_us = match until {
+            None => micros(now),
+            Some(u) => bound(u, now).ok_or_else(|| WindowError::Time { which: "until", text: u.to_owned() })?,
+        };
+        if since_us >= until_us {
+            return Err(WindowError::Empty);
+        }
+        let event_type = event_type.map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned);
+        Ok(Window { topic: topic.trim().to_owned(), event_type, states, since_us, until_us })
+    }
+
     /// Whether the replay takes `record`.
     pub fn selects(&self, record: &RecordView) -> bool {
         let seen = parse_time(&record.first_seen);
@@ -96,6 +140,25 @@ impl Window {
 /// The dedup scope of `record` (its topic for a record of a release before scopes).
 pub fn scope_of(record: &RecordView) -> &str {
     record.scope.as_deref().unwrap_or(&record.topic)
+}
+
+/// A bound of a window in µs: an RFC 3339 time, or a time ago before `now`.
+fn bound(text: &str, now: std::time::SystemTime) -> Option<i64> {
+    let text = text.trim();
+    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+        return Some(micros(t));
+    }
+    let ago = humantime::parse_duration(text).ok()?;
+    Some(micros(now.checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH)))
+}
+
+fn micros(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// The token of a replay's new keys: when it began, in ms since the epoch.
+pub fn new_key_token() -> String {
+    (micros(std::time::SystemTime::now()) / 1000).to_string()
 }
 
 /// A record view's time (RFC 3339, as [`crate::wire::rfc3339`] writes it) in µs.
@@ -249,6 +312,22 @@ mod tests {
             "reason": null, "scope": "orders", "state": state, "topic": "orders", "updated_at": rfc3339(seen_us),
         });
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_window_is_written_as_times_or_times_ago_and_refused_with_its_reason() {
+        let w = Window::new(" orders ", Some(" "), vec![State::Dead], "2026-12-04T10:00:00Z", Some("2026-12-04T11:00:00Z"))
+            .unwrap();
+        assert_eq!((w.topic.as_str(), w.event_type.as_deref()), ("orders", None));
+        assert_eq!(w.until_us - w.since_us, 3_600_000_000);
+        let ago = Window::new("orders", Some("OrderPaid"), Vec::new(), "6h", None).unwrap();
+        assert!((ago.until_us - ago.since_us - 6 * 3_600_000_000).abs() < 1_000_000, "6 hours until now");
+        let e = Window::new("orders", None, vec![State::Held], "6h", None).unwrap_err().to_string();
+        assert!(e.starts_with("state held: a replay takes done, dead or parked"), "{e}");
+        let e = Window::new("orders", None, Vec::new(), "yesterday", None).unwrap_err().to_string();
+        assert!(e.starts_with("since: \"yesterday\" is neither a time"), "{e}");
+        let e = Window::new("orders", None, Vec::new(), "1h", Some("2h")).unwrap_err().to_string();
+        assert_eq!(e, "since must be before until");
     }
 
     #[test]

@@ -50,46 +50,15 @@ impl WindowForm {
     fn window(&self) -> Result<Window, String> {
         let states = match self.state.trim() {
             "" => Vec::new(),
-            s => {
-                let state = s.parse::<crate::store::State>().map_err(|e| e.to_string())?;
-                if !ops::REPLAYABLE.contains(&state) {
-                    return Err(format!("a replay takes done, dead or parked events, not {state} ones"));
-                }
-                vec![state]
-            }
+            s => vec![s.parse::<crate::store::State>().map_err(|e| e.to_string())?],
         };
-        let now = std::time::SystemTime::now();
-        let since_us = when(&self.since, now).map_err(|e| format!("From: {e}"))?;
-        let until_us = match self.until.trim() {
-            "" => micros(now),
-            u => when(u, now).map_err(|e| format!("Until: {e}"))?,
-        };
-        if since_us >= until_us {
-            return Err("From must be before Until".into());
-        }
-        let event_type = Some(self.event_type.trim().to_owned()).filter(|t| !t.is_empty());
-        Ok(Window { topic: self.topic.trim().to_owned(), event_type, states, since_us, until_us })
+        let until = Some(self.until.trim()).filter(|u| !u.is_empty());
+        Window::new(&self.topic, Some(&self.event_type), states, &self.since, until).map_err(|e| e.to_string())
     }
 
     fn new_key(&self) -> bool {
         self.new_key == "on"
     }
-}
-
-/// An RFC 3339 time or a time ago (`6h`), in µs since the epoch.
-fn when(text: &str, now: std::time::SystemTime) -> Result<i64, String> {
-    let text = text.trim();
-    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
-        return Ok(micros(t));
-    }
-    match humantime::parse_duration(text) {
-        Ok(ago) => Ok(micros(now.checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH))),
-        Err(_) => Err(format!("{text:?} is neither a time (2026-12-04T10:00:00Z) nor a time ago (6h)")),
-    }
-}
-
-fn micros(t: std::time::SystemTime) -> i64 {
-    t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// What the window holds, for the page.
@@ -227,7 +196,7 @@ pub async fn run(State(c): State<Shared>, viewer: Viewer, Form(f): Form<RunForm>
         Err(e) => return again(Some(impact), e.to_string()),
     };
     let suffix = match f.window.new_key() {
-        true => match ops::new_key_suffix(&(micros(std::time::SystemTime::now()) / 1000).to_string()) {
+        true => match ops::new_key_suffix(&ops::new_key_token()) {
             Ok(s) => Some(s),
             Err(e) => return again(Some(impact), e.to_string()),
         },
