@@ -184,12 +184,20 @@ impl Rereads {
             reader.as_mut().expect("built above").read(&t, partition, offset)
         })
         .await;
-        let failed = |error: super::error::BoxError| OpsError::Reread { topic: topic.to_owned(), partition, offset, error };
-        match read {
-            Ok(Ok(reread)) => Ok(reread),
-            Ok(Err(e)) => Err(failed(e.into())),
-            Err(e) => Err(failed(e.into())),
-        }
+        joined(read, |error| OpsError::Reread { topic: topic.to_owned(), partition, offset, error })
+    }
+}
+
+/// The answer of a Kafka request made on a blocking task; its failure, or the task's,
+/// told by `failed`.
+fn joined<T>(
+    answer: Result<Result<T, crate::kafka::KafkaError>, tokio::task::JoinError>,
+    failed: impl FnOnce(super::error::BoxError) -> OpsError,
+) -> Result<T, OpsError> {
+    match answer {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(failed(e.into())),
+        Err(e) => Err(failed(e.into())),
     }
 }
 
@@ -211,12 +219,7 @@ pub async fn first_offsets(
             .collect::<Result<_, crate::kafka::KafkaError>>()
     })
     .await;
-    let failed = |error: super::error::BoxError| OpsError::Config { what: "asking the brokers for the topic's first offsets".into(), error };
-    match asked {
-        Ok(Ok(firsts)) => Ok(firsts),
-        Ok(Err(e)) => Err(failed(e.into())),
-        Err(e) => Err(failed(e.into())),
-    }
+    joined(asked, |error| OpsError::Config { what: "asking the brokers for the topic's first offsets".into(), error })
 }
 
 /// Replays the record of `id` in `scope` through `exec`: its source message read

@@ -14,6 +14,18 @@ const HELD_RUNS_LATER: &str = "dead or parked: a held event runs by itself once 
                                (`store get` shows it) is retried to done, resolved or forgotten; `forget` takes it \
                                out of its chain";
 
+/// Takes a record back to `claimed` with no attempt made, for a run a person asked
+/// for (a retry, a replay); answers the state it had.
+fn claim_again(r: &mut Record) -> State {
+    let (was, now) = (r.state, now_us());
+    r.state = State::Claimed;
+    r.attempts = 0;
+    r.claimed_at_us = Some(now);
+    r.updated_at_us = now;
+    r.next_version();
+    was
+}
+
 /// What came of a replayed record (`Repairs::put_back`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Replayed {
@@ -71,12 +83,7 @@ impl Store {
             .messages
             .get(&copy_key(f.slice.start, &f.key), id)?
             .ok_or_else(|| StoreError::NoMessage(id.to_owned()))?;
-        let (was, now) = (r.state, now_us());
-        r.state = State::Claimed;
-        r.attempts = 0;
-        r.claimed_at_us = Some(now);
-        r.updated_at_us = now;
-        r.next_version();
+        let was = claim_again(&mut r);
         self.settle_entry(Change::Now(&r), || self.write(&r, Some((&f.slice, was)), None)).await?;
         Ok(message)
     }
@@ -100,12 +107,7 @@ impl Store {
         if !matches!(r.state, State::Done | State::Dead | State::Parked) {
             return Err(StoreError::WrongState { id: id.to_owned(), state: r.state, expected: "done, dead or parked" });
         }
-        let (was, now) = (r.state, now_us());
-        r.state = State::Claimed;
-        r.attempts = 0;
-        r.claimed_at_us = Some(now);
-        r.updated_at_us = now;
-        r.next_version();
+        let was = claim_again(&mut r);
         self.settle_entry(Change::Now(&r), || {
             let to = self.write(&r, Some((&f.slice, was)), None)?;
             self.messages.put(&copy_key(to.start, &f.key), message)?;
