@@ -57,6 +57,23 @@ impl Error {
     }
 }
 
+/// `e` and every cause below it, each after `: ` (as `anyhow` prints a chain), for a
+/// log line, a record's reason or an answer. A cause whose text `e` already ends with
+/// (some clients print their cause themselves) is not said twice.
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// The message says what outboxd was doing; `{:#}` adds every cause after it, each
 /// after `: ` (as `anyhow` prints a chain).
 impl std::fmt::Display for Error {

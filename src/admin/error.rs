@@ -44,12 +44,6 @@ impl From<crate::ops::OpsError> for ApiError {
             OpsError::Reread { .. } => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        ApiError(status, text)
+        ApiError(status, crate::error::with_causes(&e))
     }
 }

@@ -241,13 +241,7 @@ fn describe(e: reqwest::Error) -> String {
         "request failed"
     };
     let e = e.without_url();
-    let mut text = format!("{kind}: {e}");
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
+    format!("{kind}: {}", crate::error::with_causes(&e))
 }
 
 /// The handler's `success_on`, `fail_on`, `retry_on` first; then the defaults:

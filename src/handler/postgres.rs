@@ -169,19 +169,9 @@ fn classify(e: tokio_postgres::Error) -> HandlerError {
 }
 
 /// `postgres: ` and the error with its causes: a refused certificate or a refused
-/// password is said where the client only says that the handshake failed.
+/// password is said where the pool only says that it could not connect.
 fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = format!("postgres: {e}");
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let said = cause.to_string();
-        if !text.ends_with(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        source = cause.source();
-    }
-    text
+    format!("postgres: {}", crate::error::with_causes(e))
 }
 
 #[cfg(test)]

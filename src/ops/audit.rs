@@ -60,13 +60,7 @@ pub(super) fn event(store: &Store, id: &str) -> AuditEvent {
 
 /// `error: …` with the error's chain.
 pub(super) fn failed(e: &dyn std::error::Error) -> String {
-    let mut text = format!("error: {e}");
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
+    format!("error: {}", crate::error::with_causes(e))
 }
 
 /// What a re-run came to, as its entry says: `done`, `held`, `dead again`, ...

@@ -88,7 +88,7 @@ async fn look(c: &Shared, window: &Window) -> Result<(Vec<RecordView>, Impact), 
     let (local, w) = (c.local.clone(), window.clone());
     let records = c.reads.run(move || ops::select_here(&local, &w)).await.map_err(|e| e.to_string())?;
     let records = records.map_err(|e| e.to_string())?;
-    let firsts = ops::first_offsets(&c.exec.config.kafka, &records).await.map_err(|e| error_text(&e))?;
+    let firsts = ops::first_offsets(&c.exec.config.kafka, &records).await.map_err(|e| crate::error::with_causes(&e))?;
     let held_by_topic =
         |r: &RecordView| firsts.get(&(r.topic.clone(), r.partition)).is_none_or(|first| r.offset >= *first);
     let (kept, gone): (Vec<RecordView>, Vec<RecordView>) = records.into_iter().partition(held_by_topic);
@@ -118,15 +118,6 @@ async fn look(c: &Shared, window: &Window) -> Result<(Vec<RecordView>, Impact), 
     Ok((kept, impact))
 }
 
-fn error_text(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
-}
 
 /// The form, and with a window asked for, what it holds and the form that runs it.
 pub async fn page(State(c): State<Shared>, viewer: Viewer, Query(form): Query<WindowForm>) -> Response {
@@ -235,7 +226,7 @@ async fn carry_out(c: &Shared, job: &Job, records: &[RecordView], suffix: Option
             ),
             Err(e) => {
                 tracing::warn!(event_id = %r.event_id, error = %e, "console replay stopped at an event");
-                job.failed_on(&r.event_id, format!("{} (the replay stopped here)", error_text(&e)));
+                job.failed_on(&r.event_id, format!("{} (the replay stopped here)", crate::error::with_causes(&e)));
                 break;
             }
         }
