@@ -257,7 +257,7 @@ impl StoreApi for Local {
     }
 
     async fn replay_window(&self, window: &super::Window) -> Result<Vec<RecordView>, OpsError> {
-        super::select_here(self, window)
+        Ok(super::replay::taken_here(self, window)?)
     }
 
     async fn gc(&self, actor: &Actor) -> Result<GcView, OpsError> {

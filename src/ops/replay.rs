@@ -14,7 +14,7 @@ use super::{OpsError, StoreApi};
 use crate::config::KafkaConfig;
 use crate::engine::Executor;
 use crate::kafka::{Reread, Rereader};
-use crate::store::{AuditAction, Replayed, State};
+use crate::store::{AuditAction, Replayed, State, StoreError};
 use crate::wire::{RecordView, ReplayView};
 
 /// The idempotency-key suffix of a replay with `--new-key`: `#replay-` and
@@ -117,24 +117,24 @@ impl Window {
 /// Only the selected records are kept while the topic's records are read, so a window
 /// costs memory for what it holds, not for the topic.
 pub async fn select(api: &impl StoreApi, window: &Window) -> Result<Vec<RecordView>, OpsError> {
-    Ok(window.in_order(api.replay_window(window).await?))
+    Ok(in_order(api.replay_window(window).await?))
 }
 
 /// [`select`] on the store itself, blocking (a scan of the topic's records): the console's.
 pub fn select_here(local: &super::Local, window: &Window) -> Result<Vec<RecordView>, OpsError> {
-    let taken = local.matching(&window.topic, |r| {
-        window.takes(&r.topic, r.state, r.event_type.as_deref(), Some(r.first_seen_us))
-    })?;
-    Ok(window.in_order(taken))
+    Ok(in_order(taken_here(local, window)?))
 }
 
-impl Window {
-    /// The records of `records` it takes, in the order they replay.
-    pub(super) fn in_order(&self, records: Vec<RecordView>) -> Vec<RecordView> {
-        let mut records: Vec<RecordView> = records.into_iter().filter(|r| self.selects(r)).collect();
-        records.sort_by(|a, b| (a.partition, a.offset, &a.scope).cmp(&(b.partition, b.offset, &b.scope)));
-        records
-    }
+/// The records `window` takes on the store itself, in no order (blocking: a scan of the
+/// topic's records, judged on each record's own fields before a view is made of it).
+pub(super) fn taken_here(local: &super::Local, window: &Window) -> Result<Vec<RecordView>, StoreError> {
+    local.matching(&window.topic, |r| window.takes(&r.topic, r.state, r.event_type.as_deref(), Some(r.first_seen_us)))
+}
+
+/// `records`, taken already, in the order they replay.
+fn in_order(mut records: Vec<RecordView>) -> Vec<RecordView> {
+    records.sort_by(|a, b| (a.partition, a.offset, &a.scope).cmp(&(b.partition, b.offset, &b.scope)));
+    records
 }
 
 /// The dedup scope of `record` (its topic for a record of a release before scopes).
