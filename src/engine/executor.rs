@@ -456,7 +456,7 @@ impl Executor {
     /// position, with the message copy (and dead-lettered when configured), so that the
     /// key's chain and the partition go on; `outboxd store retry` runs it again.
     pub async fn record_panic(&self, msg: &RawMessage, panic: &str) -> Result<(), StoreError> {
-        let id = format!("failed/{}/{}/{}", msg.topic, msg.partition, msg.offset);
+        let id = msg.id_at_position(crate::event::PositionId::Failed);
         let reason = format!("outboxd failed while handling this message (a bug): {panic}");
         error!(event_id = %id, topic = %msg.topic, partition = msg.partition, offset = msg.offset, %reason,
             "handling failed unexpectedly; recorded dead so that its key and partition go on");
@@ -505,7 +505,7 @@ impl Executor {
         msg: &RawMessage,
         reason: String,
     ) -> Result<(), StoreError> {
-        let id = format!("undecodable/{}/{}/{}", msg.topic, msg.partition, msg.offset);
+        let id = msg.id_at_position(crate::event::PositionId::Undecodable);
         // A key that waits behind a dead or parked event holds this message too (`on_dead = "hold"`).
         let hold = hc.is_some_and(|h| h.on_dead.holds());
         if self.store.handling().hold_message(&id, msg, hold).await? {

@@ -31,6 +31,33 @@ impl RawMessage {
     pub(crate) fn position(&self) -> Position {
         Position { topic: self.topic.clone(), partition: self.partition, offset: self.offset }
     }
+
+    /// The id a message without an event id of its own is recorded under, by `kind`
+    /// and its position: `undecodable/<topic>/<partition>/<offset>`, `failed/...`.
+    pub(crate) fn id_at_position(&self, kind: PositionId) -> String {
+        format!("{}/{}/{}/{}", kind.as_str(), self.topic, self.partition, self.offset)
+    }
+}
+
+/// Why a message is recorded under its position ([`RawMessage::id_at_position`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PositionId {
+    /// It could not be decoded.
+    Undecodable,
+    /// Handling it failed unexpectedly (a panic).
+    Failed,
+}
+
+impl PositionId {
+    /// Both kinds.
+    pub(crate) const ALL: [PositionId; 2] = [PositionId::Undecodable, PositionId::Failed];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            PositionId::Undecodable => "undecodable",
+            PositionId::Failed => "failed",
+        }
+    }
 }
 
 /// The W3C trace context a message carries: where the trace of the transaction that

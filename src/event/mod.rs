@@ -6,6 +6,7 @@ mod message;
 
 pub use json::Json;
 internal_use!(message::{RawMessage, TraceContext});
+pub(crate) use message::PositionId;
 
 /// Where a message sits in Kafka.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -280,8 +280,7 @@ async fn replay_one(
 /// position (`undecodable/<topic>/<partition>/<offset>`, `failed/...`): such a record
 /// has no event id of its own.
 fn named_by_position(id: &str, message: &crate::event::RawMessage) -> bool {
-    let position = format!("/{}/{}/{}", message.topic, message.partition, message.offset);
-    ["undecodable", "failed"].iter().any(|kind| id.strip_prefix(kind) == Some(position.as_str()))
+    crate::event::PositionId::ALL.iter().any(|kind| id == message.id_at_position(*kind))
 }
 
 /// What a replay came to, as its audit entry says.
