@@ -87,7 +87,7 @@ fn states(records: &[RecordView]) -> String {
 /// What a replay would do: the records, and which of them the topic no longer holds.
 async fn dry_run(records: &[RecordView], how: &How) -> anyhow::Result<()> {
     let kafka = Config::load(&how.config)?.kafka;
-    let firsts = ops::first_offsets(&kafka, records).await?;
+    let firsts = ops::Rereads::default().first_offsets(&kafka, records).await?;
     let held = |r: &RecordView| firsts.get(&(r.topic.clone(), r.partition)).is_none_or(|first| r.offset >= *first);
     let expired: Vec<&RecordView> = records.iter().filter(|r| !held(r)).collect();
     if how.json {

@@ -121,8 +121,14 @@ impl Rereader {
         }
     }
 
+    /// The first offset of `topic`/`partition` now (asked again, not as last asked).
+    pub fn first_offset(&mut self, topic: &str, partition: i32) -> Result<i64, KafkaError> {
+        self.ranges.remove(&(topic.to_owned(), partition));
+        Ok(self.range(topic, partition)?.0)
+    }
+
     /// The first and the end offset of `topic`/`partition`, as last asked.
-    pub fn range(&mut self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
+    fn range(&mut self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
         let key = (topic.to_owned(), partition);
         if let Some(range) = self.ranges.get(&key) {
             return Ok(*range);

@@ -40,7 +40,7 @@ pub use error::OpsError;
 pub use local::{rerun_by, Local};
 pub use remote::Remote;
 pub use replay::{
-    first_offsets, new_key_suffix, new_key_token, replay_by, scope_of, select, select_here, Rereads, Window,
+    new_key_suffix, new_key_token, replay_by, scope_of, select, select_here, Rereads, Window,
 };
 
 /// What a re-run came to.

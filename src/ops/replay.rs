@@ -175,16 +175,44 @@ pub struct Rereads(Arc<Mutex<Option<Rereader>>>);
 impl Rereads {
     /// The message at `offset` of `topic`/`partition` now, read off the runtime's workers.
     pub async fn read(&self, kafka: &KafkaConfig, topic: &str, partition: i32, offset: i64) -> Result<Reread, OpsError> {
-        let (reader, kafka, t) = (self.0.clone(), kafka.clone(), topic.to_owned());
-        let read = tokio::task::spawn_blocking(move || {
+        let t = topic.to_owned();
+        let read = self.with_reader(kafka, move |reader| reader.read(&t, partition, offset)).await;
+        joined(read, |error| OpsError::Reread { topic: topic.to_owned(), partition, offset, error })
+    }
+
+    /// The first offset of each partition of `records` now, asked of the brokers
+    /// (what the topic still holds of a window, before a replay runs).
+    pub async fn first_offsets(
+        &self,
+        kafka: &KafkaConfig,
+        records: &[RecordView],
+    ) -> Result<std::collections::BTreeMap<(String, i32), i64>, OpsError> {
+        let mut partitions: Vec<(String, i32)> = records.iter().map(|r| (r.topic.clone(), r.partition)).collect();
+        partitions.sort();
+        partitions.dedup();
+        let asked = self
+            .with_reader(kafka, move |reader| {
+                partitions.into_iter().map(|(t, p)| reader.first_offset(&t, p).map(|first| ((t, p), first))).collect()
+            })
+            .await;
+        joined(asked, |error| OpsError::Config { what: "asking the brokers for the topic's first offsets".into(), error })
+    }
+
+    /// Runs `f` with the reader (built at the first use) on a blocking task.
+    async fn with_reader<T: Send + 'static>(
+        &self,
+        kafka: &KafkaConfig,
+        f: impl FnOnce(&mut Rereader) -> Result<T, crate::kafka::KafkaError> + Send + 'static,
+    ) -> Result<Result<T, crate::kafka::KafkaError>, tokio::task::JoinError> {
+        let (reader, kafka) = (self.0.clone(), kafka.clone());
+        tokio::task::spawn_blocking(move || {
             let mut reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
             if reader.is_none() {
                 *reader = Some(Rereader::build(&kafka, REREAD_WAIT)?);
             }
-            reader.as_mut().expect("built above").read(&t, partition, offset)
+            f(reader.as_mut().expect("built above"))
         })
-        .await;
-        joined(read, |error| OpsError::Reread { topic: topic.to_owned(), partition, offset, error })
+        .await
     }
 }
 
@@ -199,27 +227,6 @@ fn joined<T>(
         Ok(Err(e)) => Err(failed(e.into())),
         Err(e) => Err(failed(e.into())),
     }
-}
-
-/// The first offset of each partition of `records` now, asked of the brokers
-/// (what the topic still holds of a window, before a replay runs).
-pub async fn first_offsets(
-    kafka: &KafkaConfig,
-    records: &[RecordView],
-) -> Result<std::collections::BTreeMap<(String, i32), i64>, OpsError> {
-    let mut partitions: Vec<(String, i32)> = records.iter().map(|r| (r.topic.clone(), r.partition)).collect();
-    partitions.sort();
-    partitions.dedup();
-    let kafka = kafka.clone();
-    let asked = tokio::task::spawn_blocking(move || {
-        let mut reader = Rereader::build(&kafka, REREAD_WAIT)?;
-        partitions
-            .into_iter()
-            .map(|(t, p)| reader.range(&t, p).map(|(first, _)| ((t, p), first)))
-            .collect::<Result<_, crate::kafka::KafkaError>>()
-    })
-    .await;
-    joined(asked, |error| OpsError::Config { what: "asking the brokers for the topic's first offsets".into(), error })
 }
 
 /// Replays the record of `id` in `scope` through `exec`: its source message read

@@ -88,7 +88,7 @@ async fn look(c: &Shared, window: &Window) -> Result<(Vec<RecordView>, Impact), 
     let (local, w) = (c.local.clone(), window.clone());
     let records = c.reads.run(move || ops::select_here(&local, &w)).await.map_err(|e| e.to_string())?;
     let records = records.map_err(|e| e.to_string())?;
-    let firsts = ops::first_offsets(&c.exec.config.kafka, &records).await.map_err(|e| crate::error::with_causes(&e))?;
+    let firsts = c.rereads.first_offsets(&c.exec.config.kafka, &records).await.map_err(|e| crate::error::with_causes(&e))?;
     let held_by_topic =
         |r: &RecordView| firsts.get(&(r.topic.clone(), r.partition)).is_none_or(|first| r.offset >= *first);
     let (kept, gone): (Vec<RecordView>, Vec<RecordView>) = records.into_iter().partition(held_by_topic);
