@@ -66,22 +66,24 @@
 //! - `template`: URL templates; event data only in path and query, percent-encoded.
 //! - [`event`] / `codec`: the one decoder, Kafka message → `event::OutboxEvent` (Debezium JSON/text shapes, Avro); typed `DecodeError`s.
 //! - `avro`: the Confluent wire format, the registry client (subjects checked, errors loud), bounded decoding.
-//! - `store`: the sled dedup store keyed by (event id, dedup scope), group commit (flush + fdatasync of the
-//!   log and of new blob files; a failed sync fails every later wait), time slices (packed into runs of
-//!   64-record blocks once no longer live, `store/runs.rs`; lookup filters per run, stored with it, and per
-//!   overlay, so a new id reads no sled page), message copies within a quota. Only place that uses sled.
-//!   `store::chains`: the events held behind a dead one of their Kafka key and
-//!   the index of those chains (rebuilt from the records, so it follows the changelog); `store::held`: recording
-//!   them held, and the steps of running them. `store::view`: records, stats, the audit and message copies as the
-//!   wire views.
+//! - `store`: the sled dedup store keyed by (event id, dedup scope); the only place that uses sled. In layers,
+//!   each using only those before it (`scripts/module-dag` checks store/ file by file):
+//!   `store::disk`, the disk core: group commit (flush + fdatasync of the log and of new blob files; a failed
+//!   sync fails every later wait), time slices (packed into runs of 64-record blocks once no longer live,
+//!   `store/disk/runs.rs`; lookup filters per run, stored with it, and per overlay, so a new id reads no sled
+//!   page), message copies within a quota; it knows nothing of claims, chains, the audit or the changelog.
+//!   Then the parts held beside it (`store::chain_index`: the events held behind a dead one of their Kafka key,
+//!   rebuilt from the records so it follows the changelog; `store::audit_log`; `store::problem_index`; in-memory
+//!   claims), then `store::base` (the `Store` and its life: open, gc, sealing), then the ledger (`store::handling`,
+//!   `store::held`: recording events held and running them; `store::repair`; `store::audit`: what people did,
+//!   who, when, why, kept `retention` long and written to the changelog partition of the events named).
 //!   `store::changelog`: with `[store.changelog]` the store is a cache of changelog partitions: final
 //!   records also go to Kafka (awaited with the group commit: `store::changelog::settling` wakes the writer once
 //!   both are in), restores apply them, checkpoints say how far;
 //!   with `key`, each carries a MAC (`store::changelog::mac`) and reads apply only records that check.
-//!   `store::publish`: records written while the changelog was off, copied into it (resumably) before
-//!   anything is handled, and the marker that says the changelog has them all.
-//!   `store::audit`: what people did to the store (who, when, why, the outcome), kept `retention` long
-//!   and written to the changelog partition of the events named, so it follows the partition.
+//!   `store::changelog::publish`: records written while the changelog was off, copied into it (resumably) before
+//!   anything is handled, and the marker that says the changelog has them all. Views last: `store::read`,
+//!   `store::view` (records, stats, the audit and message copies as the wire views), `store::roles`.
 //! - `offsets`: per-partition tracker of the next committable offset.
 //! - `kafka`: the consumer and its rebalance handling (assigned partitions paused until restored), the dead-letter
 //!   producer, changelog topics, their producer and restore reader, the reader of single source messages for

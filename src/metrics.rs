@@ -57,7 +57,7 @@ pub mod names {
     pub const RECORDS: &str = "outboxd_store_records";
     /// Gauge: the store's size on disk, in bytes.
     pub const STORE_BYTES: &str = "outboxd_store_bytes_on_disk";
-    /// Gauge: memory held by the slices' lookup filters, in bytes (store/filter.rs).
+    /// Gauge: memory held by the slices' lookup filters, in bytes (store/disk/filter.rs).
     pub const FILTER_BYTES: &str = "outboxd_store_lookup_filter_bytes";
     /// Histogram: records made durable by one group commit.
     pub const BATCH: &str = "outboxd_store_commit_batch_records";

@@ -1,7 +1,7 @@
 //! The records a store has and its changelog lacks (written with `[store.changelog]
 //! enabled = false`, or by a release without a changelog), copied into the
 //! changelog before this instance handles anything: at start-up when the store is
-//! not marked complete (`store::publish`), or ahead of time with `outboxd store
+//! not marked complete (`store::changelog::publish`), or ahead of time with `outboxd store
 //! publish` while no service holds the store.
 //!
 //! Another instance may already write to these changelog topics (it owns some of
@@ -28,7 +28,7 @@ use crate::config::{ChangelogConfig, Config};
 use crate::kafka::changelog::Plan;
 use crate::kafka::{self, Restorer};
 use crate::metrics::names;
-use crate::store::publish::Published;
+use crate::store::changelog::publish::Published;
 use crate::store::{Role, Store, StoreOptions};
 
 /// How often a running copy says how far it is.

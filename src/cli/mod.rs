@@ -457,7 +457,7 @@ async fn publish(args: &StoreArgs, force: bool) -> anyhow::Result<()> {
     if let Some(path) = &args.path {
         config.store.path = path.clone();
     }
-    let mut report = |p: &crate::store::publish::Published| {
+    let mut report = |p: &crate::store::changelog::publish::Published| {
         eprintln!(
             "{} of {} record(s) copied, {} skipped, {} records/s{}",
             p.sent,

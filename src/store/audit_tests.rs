@@ -2,6 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::store::audit_log::{event_prefix, AuditAction, AuditEvent, BY_EVENT_TREE};
 use crate::config::Config;
 use crate::store::changelog::mac::Keys;
 use crate::store::changelog::tests::Recorded;
@@ -208,7 +209,7 @@ async fn the_audit_of_a_store_written_before_the_index_is_indexed_at_the_open() 
         store.close().await.unwrap();
     }
     {
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         db.drop_tree(BY_EVENT_TREE).unwrap();
         db.flush().unwrap();
     }

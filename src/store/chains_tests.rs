@@ -309,7 +309,7 @@ async fn a_lost_chain_index_is_rebuilt_by_stats_on_a_stopped_store_and_stale_ent
         dies(&store, &message(10, Some("order-7"))).await;
         assert!(arrives(&store, &message(11, Some("order-7"))).await);
         // As a crash could leave it: an entry whose record says otherwise, and a lost one.
-        let stale = tree_key(&order_key(), 99, &crate::store::keys::record_key(b"\x03nothing\0\0", 1));
+        let stale = tree_key(&order_key(), 99, &crate::store::disk::keys::record_key(b"\x03nothing\0\0", 1));
         store.chains.tree.insert(stale, &[]).unwrap();
         let lost = store.chains.tree.iter().keys().next().unwrap().unwrap();
         store.chains.tree.remove(lost).unwrap();
@@ -343,16 +343,16 @@ fn a_held_record_and_its_chain_round_trip_and_read_as_dead_without_the_flag() {
     r.chain = Some(b"order-7".to_vec());
     r.reason = Some("held".into());
     let copy = b"a message copy".to_vec();
-    let value = crate::store::changelog::entry_value_with_copy(&r, Some(&copy)).unwrap();
+    let value = crate::store::changelog::entry::entry_value_with_copy(&r, Some(&copy)).unwrap();
     let key = crate::store::changelog::entry_key(&r);
-    let (back, carried) = crate::store::changelog::decode_entry_with_copy(TOPIC, &key, &value).unwrap();
+    let (back, carried) = crate::store::changelog::entry::decode_entry_with_copy(TOPIC, &key, &value).unwrap();
     assert_eq!((back, carried), (r.clone(), Some(copy)));
     assert_eq!(crate::store::changelog::decode_entry(TOPIC, &key, &value).unwrap(), r, "the copy is only a trailer");
     let plain = crate::store::changelog::entry_value(&r).unwrap();
     assert!(value.starts_with(&plain), "what earlier releases read comes first");
     // After the version byte and the (empty) event type: the flags. `held` is an
     // extra bit over the state bits of `dead`, which a release without it reads.
-    let flags = varint::Reader(&plain[2..]).u64().unwrap();
+    let flags = crate::store::disk::varint::Reader(&plain[2..]).u64().unwrap();
     assert_eq!(flags & 3, 2, "dead to a release that does not know held");
 }
 
@@ -379,7 +379,7 @@ async fn the_owner_writes_aging_chain_records_again_with_their_copies_unless_the
     assert_eq!((now.state, now.chain.clone()), (State::Held, held.chain.clone()), "as it was");
     let records = sink.records(TOPIC, 2);
     assert_eq!(records.len(), sent + 1, "and sent to the changelog again");
-    let (_, copy) = crate::store::changelog::decode_entry_with_copy(
+    let (_, copy) = crate::store::changelog::entry::decode_entry_with_copy(
         TOPIC,
         &records[sent].key,
         records[sent].value.as_ref().unwrap(),
@@ -449,7 +449,7 @@ async fn a_held_record_written_again_over_its_done_record_is_refused_with_its_co
     assert!(arrives(&a, &message(11, Some("order-7"))).await);
     let held = written_again(&sink, "e11", State::Held, 0);
     let (_, copy) =
-        crate::store::changelog::decode_entry_with_copy(TOPIC, &held.key, held.value.as_ref().unwrap()).unwrap();
+        crate::store::changelog::entry::decode_entry_with_copy(TOPIC, &held.key, held.value.as_ref().unwrap()).unwrap();
     assert!(copy.is_some(), "the held record carries its message copy");
     a.resolve_done("e10", "resolved by hand: done".into()).await.unwrap();
     assert_eq!(run_next(&a, &order_key(), State::Done).await, "e11");

@@ -4,9 +4,14 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::messages::copy_key;
-use super::slices::Slice;
-use super::{format, keys, now_us, Claim, Claimed, Record, State, Store, StoreError, UNDECODABLE_SCOPE};
+use super::disk::messages::copy_key;
+use super::disk::slices::Slice;
+use super::base::Store;
+use super::claim::{Claim, Claimed};
+use super::disk::keys::{self, UNDECODABLE_SCOPE};
+use super::disk::format;
+use super::disk::record::{now_us, Record, State};
+use super::error::StoreError;
 use crate::event::{OutboxEvent, RawMessage};
 
 impl Store {
@@ -235,5 +240,31 @@ impl Store {
         r.dead_letter = dead_letter;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, was)), Some(to), State::Dead, reason)?;
         self.settle(&r).await
+    }
+}
+
+impl Store {
+    /// Like [`Store::claim`], but the claim lives in memory only (nothing is written
+    /// until the final record). For `on_uncertain = retry`: after a crash during the
+    /// handler, a durable claim would lead to the same re-execution with the same
+    /// idempotency key as no claim at all. The caller serialises one id (the
+    /// executor's live ids) and calls [`Store::release`] when it is done.
+    pub(in crate::store) async fn claim_in_memory(
+        &self,
+        event: &OutboxEvent,
+        scope: &str,
+    ) -> Result<Claim, StoreError> {
+        self.claim_as(event, scope, false).await
+    }
+
+    /// Forgets the in-memory claim of `id` in `scope` (its final record is written,
+    /// or it never will be here: the store failed, the work was abandoned).
+    pub(in crate::store) fn release(&self, id: &str, scope: &str) {
+        self.claims.remove(id, scope);
+    }
+
+    /// The final record `r` is written: lookups find it, its in-memory claim goes.
+    pub(super) fn release_written(&self, r: &Record) {
+        self.claims.remove(&r.event_id, r.scope.as_deref().unwrap_or_default());
     }
 }

@@ -4,9 +4,13 @@
 //! The releaser (`engine::hold`) runs held events once their chain is released,
 //! through the same claim, with these few steps of its own.
 
-use super::chains::{ChainId, Running};
-use super::messages::copy_key;
-use super::{now_us, Claim, Claimed, Record, State, Store, StoreError, UNDECODABLE_SCOPE};
+use super::chain_index::{route_of, ChainId, Running};
+use super::disk::messages::copy_key;
+use super::base::Store;
+use super::claim::{Claim, Claimed};
+use super::disk::keys::UNDECODABLE_SCOPE;
+use super::disk::record::{now_us, Record, State};
+use super::error::StoreError;
 use crate::event::RawMessage;
 use crate::metrics::names;
 
@@ -34,7 +38,7 @@ impl Store {
         if c.record.chain.is_some() || !self.chains.any() {
             return Ok(Some(claim));
         }
-        let route = super::chains::route_of(c.record.scope.as_deref());
+        let route = route_of(c.record.scope.as_deref());
         // Without `hold` only a chain that waits for its receiver holds (no dead head):
         // the key's events must not overtake the ones held there.
         let Some(chain) = held_chain(true, message, route) else { return Ok(Some(claim)) };
@@ -79,7 +83,7 @@ impl Store {
         reason: &str,
         called: bool,
     ) -> Result<Option<Claimed>, StoreError> {
-        let route = super::chains::route_of(c.record.scope.as_deref());
+        let route = route_of(c.record.scope.as_deref());
         let key = message.key.clone().unwrap_or_default();
         let chain = ChainId { topic: message.topic.clone(), partition: message.partition, key, route };
         let mut r = (*c.record).clone();
@@ -227,12 +231,12 @@ impl Store {
 
     /// The message copy a chain member's changelog record carries: the stored
     /// copy, encoded as kept, unless it is larger than
-    /// [`MAX_COPY_BYTES`](super::changelog::MAX_COPY_BYTES) (then it stays here only).
+    /// [`MAX_COPY_BYTES`](super::changelog::entry::MAX_COPY_BYTES) (then it stays here only).
     pub(super) fn copy_for_changelog(&self, r: &Record) -> Result<Option<Vec<u8>>, StoreError> {
         let key = self.key_of(r)?;
         let Some((slice, _)) = self.slices.newest_with(&key)? else { return Ok(None) };
         let Some(copy) = self.messages.get_encoded(&copy_key(slice.start, &key))? else { return Ok(None) };
-        if copy.len() > super::changelog::MAX_COPY_BYTES {
+        if copy.len() > super::changelog::entry::MAX_COPY_BYTES {
             tracing::warn!(event_id = %r.event_id, topic = %r.topic, partition = r.partition, offset = r.offset,
                 copy_bytes = copy.len(), "the message copy of a held chain's event is too large for the \
                 changelog: another owner of the partition will not have it");

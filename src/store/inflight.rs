@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::{Claim, OutboxEvent, Record, Store, StoreError};
+use super::disk::record::Record;
 
 #[derive(Default)]
 pub struct Claims {
@@ -14,11 +14,11 @@ pub struct Claims {
     /// `true`: a record of the event is stored too (as `claimed`: reopened by
     /// `store retry`, or left by a run with a durable claim), so the stored counts
     /// include it already.
-    by_id: Mutex<HashMap<String, Vec<(Record, bool)>>>,
+    pub(in crate::store) by_id: Mutex<HashMap<String, Vec<(Record, bool)>>>,
 }
 
 impl Claims {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(Record, bool)>>> {
+    pub(in crate::store) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(Record, bool)>>> {
         self.by_id.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -53,31 +53,5 @@ impl Claims {
     /// Claims of events with no stored record: what the stored `claimed` count lacks.
     pub fn unstored(&self) -> u64 {
         self.lock().values().flatten().filter(|(_, stored)| !stored).count() as u64
-    }
-}
-
-impl Store {
-    /// Like [`Store::claim`], but the claim lives in memory only (nothing is written
-    /// until the final record). For `on_uncertain = retry`: after a crash during the
-    /// handler, a durable claim would lead to the same re-execution with the same
-    /// idempotency key as no claim at all. The caller serialises one id (the
-    /// executor's live ids) and calls [`Store::release`] when it is done.
-    pub(in crate::store) async fn claim_in_memory(
-        &self,
-        event: &OutboxEvent,
-        scope: &str,
-    ) -> Result<Claim, StoreError> {
-        self.claim_as(event, scope, false).await
-    }
-
-    /// Forgets the in-memory claim of `id` in `scope` (its final record is written,
-    /// or it never will be here: the store failed, the work was abandoned).
-    pub(in crate::store) fn release(&self, id: &str, scope: &str) {
-        self.claims.remove(id, scope);
-    }
-
-    /// The final record `r` is written: lookups find it, its in-memory claim goes.
-    pub(super) fn release_written(&self, r: &Record) {
-        self.claims.remove(&r.event_id, r.scope.as_deref().unwrap_or_default());
     }
 }

@@ -37,7 +37,7 @@ impl Role {
     }
 
     /// Whether the slices' lookup filters are built from the stored records after the
-    /// open (store/filter.rs): for the service (and the store's tests), whose every new
+    /// open (store/disk/filter.rs): for the service (and the store's tests), whose every new
     /// event looks an id up; a command that opens the store for a moment would only pay
     /// for reading every key, and looks ids up in the trees instead.
     pub fn builds_lookup_filters(self) -> bool {

@@ -79,9 +79,9 @@ async fn a_store_of_a_release_before_the_index_is_indexed_once_then_has_it_all()
     }
     {
         // What an earlier release left: no index tree, no mark.
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
-        db.drop_tree(problems::TREE).unwrap();
-        db.open_tree(META_TREE).unwrap().remove(problems::BUILT_KEY).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
+        db.drop_tree(problem_index::TREE).unwrap();
+        db.open_tree(crate::store::disk::db::META_TREE).unwrap().remove(problem_index::BUILT_KEY).unwrap();
         db.flush().unwrap();
     }
     let store = std::sync::Arc::new(Store::open(dir.path(), &opts()).unwrap());

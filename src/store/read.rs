@@ -7,9 +7,43 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
-use super::filter::Hashed;
-use super::slices::Slice;
-use super::{format, keys, now_us, Found, Record, State, Stats, Store, StoreError, DUPLICATES_KEY};
+use super::disk::filter::Hashed;
+use super::disk::slices::Slice;
+use super::base::{Found, Store};
+use super::disk::db::{read_i64, DUPLICATES_KEY};
+use super::disk::record::{now_us, Record, State};
+use super::disk::format;
+use super::disk::keys;
+use super::error::StoreError;
+
+/// The `next` cursor of a page that ends with `r` (see `list_after`).
+pub fn page_cursor(r: &Record) -> String {
+    keys::cursor(&r.event_id, r.scope.as_deref())
+}
+
+/// Counts for `outboxd store stats`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Stats {
+    /// Records claimed and not finished.
+    pub claimed: u64,
+    /// Records done.
+    pub done: u64,
+    /// Records dead.
+    pub dead: u64,
+    /// Records parked.
+    pub parked: u64,
+    /// Records held behind a dead or parked event of their key.
+    pub held: u64,
+    /// Deliveries not run because their record was already final, over the store's
+    /// life, those of records removed since included (persisted with each group commit).
+    pub duplicates_suppressed: u64,
+    /// Size of the store's files, as sled reports it.
+    pub bytes_on_disk: u64,
+    /// When the oldest record was first seen (µs since the epoch).
+    pub oldest_us: Option<i64>,
+    /// When the newest record was first seen (µs since the epoch).
+    pub newest_us: Option<i64>,
+}
 
 /// A page of records, and where to go on when it stopped short.
 pub struct Listed {
@@ -21,7 +55,7 @@ pub struct Listed {
 }
 
 /// A slice's next entry, the rest of it, and the slice.
-type Head = (Option<(sled::IVec, sled::IVec)>, super::slices::SliceIter, Arc<Slice>);
+type Head = (Option<(sled::IVec, sled::IVec)>, super::disk::slices::SliceIter, Arc<Slice>);
 
 /// The slices' trees from a start key, merged in key order.
 pub(super) struct Merged {
@@ -183,7 +217,7 @@ impl Store {
     }
 
     /// Like [`Store::list_filtered`], starting after `after` (exclusive): the
-    /// `next` cursor of the previous page ([`super::page_cursor`]), or an event id
+    /// `next` cursor of the previous page ([`page_cursor`]), or an event id
     /// (the page starts past every record of it).
     #[cfg(test)]
     pub(in crate::store) fn list_after(
@@ -235,7 +269,7 @@ impl Store {
             examined += 1;
             // Stopped by the budget only with records left to examine.
             let stop = budget.is_some_and(|b| examined >= b) && items.peek().is_some();
-            let resume = stop.then(|| super::page_cursor(&r));
+            let resume = stop.then(|| page_cursor(&r));
             if out.len() < limit && wanted(&r) {
                 out.push(r);
             }
@@ -268,7 +302,7 @@ impl Store {
             let Some(r) = self.record_under(&key)? else { continue };
             examined += 1;
             let stop = budget.is_some_and(|b| examined >= b) && entries.peek().is_some();
-            let resume = stop.then(|| super::page_cursor(&r));
+            let resume = stop.then(|| page_cursor(&r));
             if r.state == state && topic.is_none_or(|t| t == r.topic) {
                 out.push(r);
             }
@@ -325,7 +359,7 @@ impl Store {
     pub(in crate::store) fn counts(&self) -> [(State, u64); State::ALL.len()] {
         let mut t = self.slices.totals();
         t[0] += self.claims.unstored() as i64;
-        State::ALL.map(|s| (s, t[super::counts::slot(s)].max(0) as u64))
+        State::ALL.map(|s| (s, t[super::disk::counts::slot(s)].max(0) as u64))
     }
 
     /// What [`Store::stats`] says, from what the store keeps without reading a record:
@@ -339,7 +373,7 @@ impl Store {
         let count = |state: State| counts.iter().find(|(s, _)| *s == state).map_or(0, |(_, n)| *n);
         let holding: Vec<Arc<Slice>> = self.slices.all().into_iter().filter(|s| !s.is_empty()).collect();
         let mut duplicates = self.duplicates.load(std::sync::atomic::Ordering::Relaxed);
-        if let Some(kept) = super::read_i64(&self.meta, DUPLICATES_KEY)? {
+        if let Some(kept) = read_i64(&self.meta, DUPLICATES_KEY)? {
             duplicates = duplicates.max(kept as u64);
         }
         Ok(Stats {
@@ -363,7 +397,7 @@ impl Store {
         let mut per_slice = Vec::new();
         let mut members = Vec::new();
         for slice in self.slices.all() {
-            let mut counted = [0i64; super::counts::STATES];
+            let mut counted = [0i64; super::disk::counts::STATES];
             for item in slice.iter() {
                 let (k, v) = item?;
                 let r = self.decode(&slice, &k, &v)?;
@@ -374,7 +408,7 @@ impl Store {
                     State::Parked => &mut s.parked,
                     State::Held => &mut s.held,
                 };
-                counted[super::counts::slot(r.state)] += 1;
+                counted[super::disk::counts::slot(r.state)] += 1;
                 *total += 1;
                 if r.in_chain() {
                     members.push((k.to_vec(), r.clone()));
@@ -386,7 +420,7 @@ impl Store {
         }
         s.claimed += self.claims.unstored();
         s.duplicates_suppressed = self.duplicates.load(std::sync::atomic::Ordering::Relaxed);
-        if let Some(kept) = super::read_i64(&self.meta, DUPLICATES_KEY)? {
+        if let Some(kept) = read_i64(&self.meta, DUPLICATES_KEY)? {
             s.duplicates_suppressed = s.duplicates_suppressed.max(kept as u64);
         }
         s.bytes_on_disk = self.db.size_on_disk()?;

@@ -5,9 +5,13 @@
 //! store ([`Store::settle_entry`]): a new owner of the partition restores it, and the
 //! instance that owns it now catches up with it (`engine::restore`).
 
-use super::changelog::Change;
-use super::messages::copy_key;
-use super::{keys, now_us, Found, RawMessage, Record, State, Store, StoreError};
+use super::changelog::entry::Change;
+use super::disk::messages::copy_key;
+use super::base::{Found, Store};
+use super::disk::keys;
+use super::disk::record::{now_us, Record, State};
+use super::error::StoreError;
+use crate::event::RawMessage;
 
 /// What a retry or resolve of a held event is told instead.
 const HELD_RUNS_LATER: &str = "dead or parked: a held event runs by itself once the event its key waits for \
@@ -244,7 +248,7 @@ impl Store {
         self.messages.bytes()
     }
 
-    /// Memory held by the slices' lookup filters (store/filter.rs).
+    /// Memory held by the slices' lookup filters (store/disk/filter.rs).
     pub(in crate::store) fn filter_bytes(&self) -> usize {
         self.slices.all().iter().map(|s| s.filter_size().1).sum()
     }

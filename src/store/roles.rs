@@ -14,13 +14,18 @@
 
 use std::collections::BTreeSet;
 
-use super::audit::AuditEntry;
-use super::chains::{ChainId, ChainInfo, Running};
+use super::audit_log::AuditEntry;
+use super::chain_index::{ChainId, ChainInfo, Running};
 use super::changelog::mac::Authentic;
-use super::changelog::{Collapsed, Restoring};
+use super::changelog::apply::{Collapsed, Restoring};
 #[cfg(test)]
-use super::sync::SyncStats;
-use super::{Claim, Claimed, Record, State, Stats, Store, StoreError};
+use super::disk::sync::SyncStats;
+use super::base::Store;
+use super::claim::{Claim, Claimed};
+use super::disk::record::{Record, State};
+use super::error::StoreError;
+use super::problem_index::{GroupCount, GroupKey};
+use super::read::Stats;
 use crate::event::{OutboxEvent, RawMessage};
 
 impl Store {
@@ -306,7 +311,7 @@ impl Repairs<'_> {
 
     /// After a replay: the record now, written back as it was (`before`) if the
     /// message did not run under it.
-    pub async fn put_back(&self, scope: &str, id: &str, before: &Record) -> Result<Option<super::Replayed>, StoreError> {
+    pub async fn put_back(&self, scope: &str, id: &str, before: &Record) -> Result<Option<super::repair::Replayed>, StoreError> {
         self.0.put_back(scope, id, before).await
     }
 
@@ -357,7 +362,7 @@ impl Reads<'_> {
     }
 
     /// Up to `limit` records after the cursor `after`, in id order, examining at
-    /// most `budget` records (when given): see [`super::Listed`].
+    /// most `budget` records (when given): see [`super::read::Listed`].
     pub fn list_page(
         &self,
         state: Option<State>,
@@ -365,13 +370,13 @@ impl Reads<'_> {
         after: Option<&str>,
         limit: usize,
         budget: Option<usize>,
-    ) -> Result<super::Listed, StoreError> {
+    ) -> Result<super::read::Listed, StoreError> {
         self.0.list_page(state, topic, after, limit, budget)
     }
 
     /// The dead and parked records counted by state, topic and reason group (no
     /// scan); `None` while a store written before the index is still being indexed.
-    pub fn problem_groups(&self) -> Option<Vec<(super::GroupKey, super::GroupCount)>> {
+    pub fn problem_groups(&self) -> Option<Vec<(GroupKey, GroupCount)>> {
         self.0.problem_groups()
     }
 

@@ -15,7 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::options::Role;
-use super::{format, keys, now_us, Record, State, Store, StoreError, StoreOptions};
+use super::base::Store;
+use super::disk::record::{now_us, Record, State};
+use super::disk::format;
+use super::disk::keys;
+use super::error::StoreError;
+use super::options::StoreOptions;
 use crate::event::Position;
 
 /// Records of the current slice [`fabricate`] leaves one entry each in a packed store.
@@ -68,7 +73,7 @@ pub fn fabricate(dir: &Path, f: &Fabricate, progress: &mut dyn FnMut(u64)) -> Re
     let now = now_us();
     // Over the retention less one slice width (no record is about to expire), from
     // the start of a slice (the oldest slice is a whole one, as a drop meets it).
-    let width = super::slices::width_for(f.retention).as_micros() as i64;
+    let width = super::disk::slices::width_for(f.retention).as_micros() as i64;
     let first = now - (f.retention.as_micros() as i64 - width.min(f.retention.as_micros() as i64 / 2));
     let span = now - (first + width - 1) / width * width;
     let at = |i: u64| now - span + (i128::from(i) * i128::from(span) / i128::from(f.records.max(1))) as i64;
@@ -157,8 +162,8 @@ impl Probe {
                 headers: Vec::new(),
             };
             match self.store.handling().claim(&event, topic).await? {
-                super::Claim::Claimed(c) => self.store.handling().finish(c, State::Done, "logged".into()).await?,
-                super::Claim::Finished { .. } => {}
+                super::claim::Claim::Claimed(c) => self.store.handling().finish(c, State::Done, "logged".into()).await?,
+                super::claim::Claim::Finished { .. } => {}
             }
         }
         Ok(())

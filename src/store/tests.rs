@@ -1,6 +1,9 @@
 use std::time::Duration;
 
 use super::*;
+use crate::event::RawMessage;
+use crate::store::disk::keys::UNDECODABLE_SCOPE;
+use crate::store::disk::{runs, slices};
 use crate::event::{OutboxEvent, Payload, Position};
 
 fn opts(retention: Duration) -> StoreOptions {

@@ -2,7 +2,12 @@
 //! views of [`crate::wire`] (what `/v1`, `store … --json`, `store export` and
 //! the console show), with each record's held chain.
 
-use super::{AuditEntry, ChainInfo, Record, Stats, Store, StoreError};
+use super::audit_log::AuditEntry;
+use super::base::Store;
+use super::chain_index::ChainInfo;
+use super::disk::record::Record;
+use super::error::StoreError;
+use super::read::Stats;
 use crate::event::RawMessage;
 use crate::wire::{
     rfc3339, AuditEventView, AuditView, BytesView, ChainView, ExportLine, MessageView, RecordView, StatsView,

@@ -18,17 +18,19 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::mac::Rejected;
-use super::{key_parts, split_key, ChangelogRecord};
+use super::entry::{key_parts, split_key, ChangelogRecord};
 use crate::metrics::names;
-use crate::store::format::{self, NameIds};
-use crate::store::keys;
-use crate::store::messages::copy_key;
-use crate::store::filter::Hashed;
-use super::runs::Unwritten;
-use crate::store::chains::ChainId;
-use crate::store::problems::is_problem;
-use crate::store::slices::Slice;
-use crate::store::{now_us, Record, State, Store, StoreError};
+use crate::store::disk::format::{self, NameIds};
+use crate::store::disk::keys;
+use crate::store::disk::messages::copy_key;
+use crate::store::disk::filter::Hashed;
+use super::unwritten::Unwritten;
+use crate::store::chain_index::ChainId;
+use crate::store::problem_index::is_problem;
+use crate::store::disk::slices::Slice;
+use crate::store::base::Store;
+use crate::store::disk::record::{now_us, Record, State};
+use crate::store::error::StoreError;
 
 /// Refusals reported one by one; the rest of them in one line (records written
 /// again in a flood must not flood the log), as the reader logs records whose MAC
@@ -371,8 +373,8 @@ impl Store {
         let mut pending: BTreeMap<Vec<u8>, Box<Pending>> = BTreeMap::new();
         let names = format::Remembered::new(&self.names);
         for rec in records {
-            if crate::store::audit::is_audit_key(&rec.key) {
-                // An audit entry: its own tree, never a record (store/audit.rs).
+            if crate::store::audit_log::is_audit_key(&rec.key) {
+                // An audit entry: its own tree, never a record (store/audit_log.rs).
                 if let Some(value) = &rec.value {
                     out.parts.push(Part::Audit(rec.key.clone(), value.clone()));
                 }

@@ -1,6 +1,9 @@
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use super::*;
+use crate::store::{now_us, Record, State, Store};
 use crate::event::{OutboxEvent, Payload, Position, RawMessage};
 use crate::store::changelog::tests::{rejected_as_stale, Recorded};
 use crate::store::tests::event;

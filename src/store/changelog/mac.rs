@@ -21,7 +21,7 @@
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::ChangelogRecord;
+use super::entry::ChangelogRecord;
 use crate::config::{ChangelogConfig, Secret};
 
 /// The Kafka header carrying a changelog record's MAC.

@@ -10,8 +10,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use super::super::sync::{OnDurable, SyncResult};
-use super::{Acked, SendError};
+use crate::store::disk::sync::{OnDurable, SyncResult};
+use super::entry::Acked;
+use crate::store::error::SendError;
 
 /// What became of one attempt to send a changelog entry.
 #[derive(Debug)]

@@ -1,6 +1,13 @@
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use super::checkpoints::*;
+use super::entry::*;
 use super::*;
+use crate::store::disk::keys;
+use crate::store::{now_us, Record, State, Store, StoreError};
 use crate::event::{OutboxEvent, Payload, Position, RawMessage};
 use crate::store::{Claim, StoreOptions};
 

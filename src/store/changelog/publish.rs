@@ -10,9 +10,9 @@
 //!   store` whose config has it off). It is removed before that write, in the same
 //!   sled log, so the write is never durable without the removal.
 //! - A copy walks every record in key order (across slices), sends each through the
-//!   same path as a final record ([`entry_key`](super::changelog::entry_key),
-//!   [`entry_value`](super::changelog::entry_value), the attached
-//!   [`Sink`](super::changelog::Sink)), a batch at a time. Once the broker
+//!   same path as a final record ([`entry_key`](super::entry::entry_key),
+//!   [`entry_value`](super::entry::entry_value), the attached
+//!   [`Sink`](super::sink::Sink)), a batch at a time. Once the broker
 //!   acknowledged the whole batch, the key of its last record is the cursor, written
 //!   to the meta tree and made durable: a copy cut by a crash resumes after it, and
 //!   sends again at most one batch.
@@ -20,13 +20,12 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::changelog::Change;
-use super::{now_us, Record, Store, StoreError};
+use super::entry::Change;
+use super::checkpoints::{COMPLETE_KEY, CURSOR_KEY};
+use crate::store::base::Store;
+use crate::store::disk::record::{now_us, Record};
+use crate::store::error::StoreError;
 
-/// Meta key: present (`[1]`) when the changelog has every record of this store.
-const COMPLETE_KEY: &[u8] = b"changelog_complete";
-/// Meta key: the record key up to which a copy got every record acknowledged.
-const CURSOR_KEY: &[u8] = b"changelog_publish_cursor";
 
 /// How far a copy is, handed to its progress callback after every batch.
 #[derive(Debug, Clone, Copy, Default)]
@@ -71,7 +70,7 @@ impl Store {
     /// A record is about to be written with no changelog attached: the changelog no
     /// longer has everything. Before the write, in the same log, so both are durable
     /// together or the removal alone.
-    pub(super) fn written_without_changelog(&self) -> Result<(), StoreError> {
+    pub(in crate::store) fn written_without_changelog(&self) -> Result<(), StoreError> {
         // The flags go once the meta tree no longer has what they stand for: a
         // removal that fails leaves them, and the next write tries again.
         let complete = self.changelog.complete.load(Ordering::Acquire);
@@ -143,16 +142,6 @@ impl Store {
         }
         Ok((records, last))
     }
-}
-
-/// Whether the meta tree says the changelog has every record (read at open).
-pub(super) fn complete_at_open(meta: &sled::Tree) -> Result<bool, StoreError> {
-    Ok(meta.contains_key(COMPLETE_KEY)?)
-}
-
-/// Whether a copy into the changelog was cut short and left its cursor.
-pub(super) fn publishing_at_open(meta: &sled::Tree) -> Result<bool, StoreError> {
-    Ok(meta.contains_key(CURSOR_KEY)?)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! Block format: a version byte, then per record its key and its value, each
 //! as a varint length and the bytes (`varint`).
 //!
-//! Each run has an exact-size lookup filter (store/filter.rs), built as the run
+//! Each run has an exact-size lookup filter (store/disk/filter.rs), built as the run
 //! is written and stored in the [`FILTERS_TREE`] under the run's tree name, in
 //! the same flush as its blocks: a start loads it. A run written before filters
 //! were stored gets one from its keys, once, by the filling thread.
@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn every_record_is_found_in_its_block_and_no_other_is() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         for n in [0u32, 1, 63, 64, 65, 1_000] {
             let mut w = RunWriter::new(&db, 7, u64::from(n)).unwrap();
             for i in 0..n {
@@ -356,7 +356,7 @@ mod tests {
     #[test]
     fn a_corrupt_block_is_an_error_not_an_absent_record() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let mut w = RunWriter::new(&db, 7, 1).unwrap();
         w.push(&key(1), b"v").unwrap();
         let run = w.finish().unwrap();

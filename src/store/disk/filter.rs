@@ -7,7 +7,7 @@
 //! they would have cost anyway) and never "absent" for a present key (that would
 //! run an event again):
 //!
-//! - [`RunFilter`], a packed run's (store/runs.rs): a binary fuse filter built
+//! - [`RunFilter`], a packed run's (store/disk/runs.rs): a binary fuse filter built
 //!   once from the run's keys when the run is written, exact in size (about 9
 //!   bits a key, under 0.4% false positives), and stored beside the run, so a
 //!   start loads it instead of reading every key.

@@ -421,7 +421,7 @@ mod tests {
     #[tokio::test]
     async fn after_a_failed_sync_every_later_wait_fails_too() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let calls = std::sync::atomic::AtomicU32::new(0);
         // Fails once, then would succeed: the second wait must not be told "durable".
         let flaky: BeforeFlush = Box::new(move || {
@@ -458,7 +458,7 @@ mod tests {
     #[tokio::test]
     async fn lone_writer_after_a_busy_batch_does_not_wait_out_the_window() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let window = Duration::from_secs(2);
         // The first batch's flush says it began, then waits for the gate: the writers
         // queued meanwhile are the next batch, however fast this machine flushes (a

@@ -38,7 +38,7 @@ fn old_record(id: &str, scope: Option<&str>, state: State, age: Duration) -> (Ve
 
 /// Writes records into a store directory as the earlier format did.
 fn write_old_store(dir: &std::path::Path, records: &[(Vec<u8>, Record)]) {
-    let db = crate::store::open_db(dir, crate::store::SMALL_CACHE_BYTES).unwrap();
+    let db = crate::store::disk::db::open_db(dir, crate::store::options::SMALL_CACHE_BYTES).unwrap();
     let (events, expiry, messages, meta) = (
         db.open_tree("events").unwrap(),
         db.open_tree("expiry").unwrap(),
@@ -135,9 +135,9 @@ async fn a_conversion_cut_short_starts_over_and_loses_and_doubles_nothing() {
     write_old_store(dir.path(), &old);
     {
         // The first half converted (written and flushed), the old tree still whole.
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
-        let names = super::Names::open(db.open_tree(crate::store::NAMES_TREE).unwrap()).unwrap();
+        let names = super::Names::open(db.open_tree(crate::store::disk::db::NAMES_TREE).unwrap()).unwrap();
         let slices = super::Slices::open(&db, &meta, opts().retention).unwrap();
         let messages = super::messages::MessageCopies::open(&db, &meta).unwrap();
         for (_, r) in &old[..3] {

@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use super::StoreError;
+use crate::store::error::StoreError;
 use crate::event::RawMessage;
 
 /// Meta key of the persisted total: one big-endian i64.
@@ -182,7 +182,7 @@ fn decode_message(id: &str, bytes: &[u8]) -> Result<RawMessage, StoreError> {
         .map_err(|e| StoreError::Corrupt { id: id.to_owned(), error: e.to_string() })
 }
 
-pub(super) fn encode_message(m: &RawMessage) -> Vec<u8> {
+pub(in crate::store) fn encode_message(m: &RawMessage) -> Vec<u8> {
     let stored = StoredMessage {
         topic: m.topic.clone(),
         partition: m.partition,

@@ -23,7 +23,8 @@
 use super::keys;
 use super::names::Names;
 use super::varint::{self, Reader};
-use super::{Record, State, StoreError};
+use super::record::{Record, State};
+use crate::store::error::StoreError;
 
 /// Where the small ids of topics and event types come from: the store's
 /// dictionary ([`Names`]), or a record's own texts (a changelog value).
@@ -98,9 +99,9 @@ const HELD: u64 = 1 << 11;
 const CHAIN: u64 = 1 << 12;
 /// Bits 16 and up of the flags: the record's version (bits 13 to 15 stay free for
 /// flags). A version up to 31 keeps the flags in 3 bytes, one more than without.
-const VERSION_SHIFT: u32 = 16;
+use super::record::VERSION_SHIFT;
 /// The highest version the flags can carry; a record written more often stays there.
-pub(super) const MAX_VERSION: u64 = u64::MAX >> VERSION_SHIFT;
+pub(in crate::store) use super::record::MAX_VERSION;
 
 fn state_bits(s: State) -> u64 {
     match s {
@@ -293,7 +294,7 @@ mod tests {
     #[test]
     fn a_done_record_takes_a_few_dozen_bytes_and_every_record_round_trips() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let names = Names::open(db.open_tree("names").unwrap()).unwrap();
         let scope = names.id("orders").unwrap();
         let id = "0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
@@ -345,7 +346,7 @@ mod tests {
     #[test]
     fn a_versioned_record_is_an_unversioned_one_with_high_flag_bits_that_earlier_releases_ignore() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let names = Names::open(db.open_tree("names").unwrap()).unwrap();
         let position = Position { topic: "orders".into(), partition: 1, offset: 7 };
         let key = keys::record_key(&keys::event_key("e7"), names.id("orders").unwrap());

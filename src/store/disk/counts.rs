@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use super::State;
+use super::record::State;
 
 /// How many states are counted (in [`State::ALL`]'s order).
 pub const STATES: usize = State::ALL.len();

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::Role;
+use crate::store::options::Role;
 
 const OWNER_FILE: &str = "outboxd.owner";
 /// Only the user running outboxd (and root) may read the admin credential.

@@ -4,6 +4,12 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::wire::State;
 
+/// Where the version sits in the compact value's flags (`format`): the bits above
+/// the flags.
+pub(in crate::store) const VERSION_SHIFT: u32 = 16;
+/// The highest version a record can carry; a record written more often stays at it.
+pub(in crate::store) const MAX_VERSION: u64 = u64::MAX >> VERSION_SHIFT;
+
 /// One event's record. Times are microseconds since the Unix epoch.
 ///
 /// What the store keeps of it is the compact form (`format`); the serde form
@@ -97,7 +103,7 @@ impl Record {
     /// its version is one more than that of the record it replaces, which it was
     /// built from. Call it once per write, just before the value is made.
     pub(in crate::store) fn next_version(&mut self) {
-        self.version = self.version.saturating_add(1).min(super::format::MAX_VERSION);
+        self.version = self.version.saturating_add(1).min(MAX_VERSION);
     }
 
     /// The record is in its key's chain: it holds the key's later events (dead or

@@ -12,7 +12,7 @@
 //! is the rest of an interrupted drop, and is dropped on open.
 //!
 //! A slice whose time has passed is *sealed*: its records packed into a run
-//! (store/runs.rs; the steps are under [`Slices::pack`]'s `impl`), its tree left
+//! (store/disk/runs.rs; the steps are under [`Slices::pack`]'s `impl`), its tree left
 //! as an overlay of later changes that shadows the run.
 
 use std::ops::Bound;
@@ -23,7 +23,7 @@ use std::time::Duration;
 use super::counts::{Counts, STATES};
 use super::filter::{self, Hashed, KeyFilter};
 use super::runs::{self, Run, RunIter, RunWriter, TOMBSTONE};
-use super::StoreError;
+use crate::store::error::StoreError;
 
 /// Slices per retention: lookups check this many trees (plus one), and a record
 /// is kept up to `retention / SLICES_PER_RETENTION` longer than the retention.
@@ -57,7 +57,7 @@ pub struct Slice {
     /// a [`TOMBSTONE`]). Written only through [`Slice::insert`] and
     /// [`Slice::remove`], which keep `filter` whole.
     tree: sled::Tree,
-    /// The slice's records as of its last seal, packed (store/runs.rs).
+    /// The slice's records as of its last seal, packed (store/disk/runs.rs).
     run: RwLock<Option<Arc<Run>>>,
     /// True once a seal has begun: from then on a removal writes a tombstone (a
     /// seal may have read the record already). Held for reading by each removal,
@@ -66,7 +66,7 @@ pub struct Slice {
     /// Writes into `tree` since the last seal (or since the slice was opened).
     overlay_writes: AtomicU64,
     /// Which keys the overlay may hold (the run has a filter of its own): a lookup
-    /// of a new id skips both (store/filter.rs).
+    /// of a new id skips both (store/disk/filter.rs).
     filter: KeyFilter,
     /// Held by whoever is packing the slice, from its pack to its settle ([`Packing`]).
     packing: AtomicBool,
@@ -219,7 +219,7 @@ impl Slice {
     }
 
     /// A record left `from` for `to` in this slice (see [`Counts::moved`]).
-    pub fn moved(&self, from: Option<super::State>, to: Option<super::State>) {
+    pub fn moved(&self, from: Option<super::record::State>, to: Option<super::record::State>) {
         self.counts.moved(from, to);
         self.dirty.store(true, Ordering::Relaxed);
     }
@@ -581,7 +581,7 @@ fn decode_run_entry(v: &[u8]) -> Option<(u64, u64)> {
 }
 
 /// Sealing: a slice that no longer takes live writes is packed into a run
-/// (store/runs.rs) in three steps, each safe to cut short by a crash:
+/// (store/disk/runs.rs) in three steps, each safe to cut short by a crash:
 /// [`Slices::pack`] writes a new run from the slice's run and overlay (nothing
 /// finds it yet; an open drops it); once that is durable, [`Slices::install`]
 /// names it in the meta tree and hands it to lookups (the overlay still
@@ -799,14 +799,14 @@ fn count(slice: &Slice) -> Result<Counts, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::State;
+    use crate::store::disk::record::State;
 
     const S: i64 = 1_000_000;
 
     #[test]
     fn slices_are_made_as_time_passes_and_dropped_whole_after_the_retention() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
         let slices = Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         assert_eq!(slices.width, 10 * S);
@@ -837,7 +837,7 @@ mod tests {
     #[test]
     fn an_older_record_gets_a_slice_that_does_not_overlap_newer_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
         let slices = Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         slices.current(1_005 * S).unwrap();
@@ -856,7 +856,7 @@ mod tests {
     #[test]
     fn the_current_slice_is_sealed_each_time_its_overlay_holds_enough_records() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
         let slices = Slices { live_seal: 1_000, ..Slices::open(&db, &meta, Duration::from_secs(80)).unwrap() };
         let now = 1_000 * S + 1;
@@ -895,7 +895,7 @@ mod tests {
         use rand::{Rng, SeedableRng};
         use std::collections::BTreeMap;
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
         let open = || Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         let mut slices = open();

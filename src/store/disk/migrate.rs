@@ -12,7 +12,12 @@ use std::time::{Duration, Instant};
 
 use super::names::Names;
 use super::slices::Slices;
-use super::{format, keys, messages, now_us, Record, StoreError, LEGACY_UNTIL_KEY};
+use super::db::{read_i64, LEGACY_UNTIL_KEY};
+use super::record::{now_us, Record};
+use super::format;
+use super::keys;
+use super::messages;
+use crate::store::error::StoreError;
 
 const OLD_EVENTS_TREE: &str = "events";
 const OLD_EXPIRY_TREE: &str = "expiry";
@@ -76,7 +81,7 @@ pub fn convert(p: &Parts<'_>) -> Result<(), StoreError> {
             }
         }
         if let Some(until) = legacy_until {
-            let kept = super::read_i64(p.meta, LEGACY_UNTIL_KEY)?.unwrap_or(i64::MIN);
+            let kept = read_i64(p.meta, LEGACY_UNTIL_KEY)?.unwrap_or(i64::MIN);
             p.meta.insert(LEGACY_UNTIL_KEY, &until.max(kept).to_be_bytes()[..])?;
         }
         p.db.flush()?;

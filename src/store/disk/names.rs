@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::RwLock;
 
-use super::StoreError;
+use crate::store::error::StoreError;
 
 const BY_NAME: u8 = b'n';
 const BY_ID: u8 = b'i';
@@ -78,7 +78,7 @@ mod tests {
     #[test]
     fn names_keep_their_ids_across_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::open_db(dir.path(), crate::store::SMALL_CACHE_BYTES).unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let names = Names::open(db.open_tree("names").unwrap()).unwrap();
         let (a, b) = (names.id("orders").unwrap(), names.id("").unwrap());
         assert_eq!((a, b, names.id("orders").unwrap()), (1, 2, 1));
