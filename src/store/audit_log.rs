@@ -109,7 +109,7 @@ pub(in crate::store) fn key_at(at_us: i64, random: [u8; 8]) -> [u8; KEY_BYTES] {
 }
 
 /// A page cursor: the key of the page's last entry, in hex.
-pub(in crate::store) fn cursor_of(key: &[u8]) -> String {
+fn cursor_of(key: &[u8]) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -149,7 +149,7 @@ pub(in crate::store) fn is_audit_key(key: &[u8]) -> bool {
 pub(in crate::store) const BY_EVENT_TREE: &str = "audit_by_event";
 
 /// The index key of `id` in the entry of key `key`.
-pub(in crate::store) fn by_event_key(id: &str, key: &[u8]) -> Vec<u8> {
+fn by_event_key(id: &str, key: &[u8]) -> Vec<u8> {
     let mut k = event_prefix(id);
     k.extend_from_slice(key);
     k

@@ -37,7 +37,7 @@ use super::disk::record::{Record, State};
 use super::disk::varint;
 use super::error::StoreError;
 
-pub(in crate::store) const CHAINS_TREE: &str = "chains";
+const CHAINS_TREE: &str = "chains";
 
 /// A Kafka key within its partition, on one route of its topic: the events whose
 /// order a chain keeps.
@@ -83,7 +83,7 @@ impl ChainId {
         k
     }
 
-    pub(in crate::store) fn from_prefix(mut k: &[u8]) -> Option<(ChainId, &[u8])> {
+    fn from_prefix(mut k: &[u8]) -> Option<(ChainId, &[u8])> {
         let mut r = varint::Reader(k);
         let topic = String::from_utf8(r.bytes()?.to_vec()).ok()?;
         k = r.0;

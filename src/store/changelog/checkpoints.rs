@@ -14,17 +14,18 @@ pub(in crate::store) const COMPLETE_KEY: &[u8] = b"changelog_complete";
 /// Meta key: the record key up to which a copy got every record acknowledged.
 pub(in crate::store) const CURSOR_KEY: &[u8] = b"changelog_publish_cursor";
 /// Meta key prefix of a checkpoint: `changelog:` + changelog topic + 0x00 + partition (BE).
-pub(in crate::store) const CHECKPOINT_PREFIX: &[u8] = b"changelog:";
+const CHECKPOINT_PREFIX: &[u8] = b"changelog:";
 /// Acknowledged offsets kept waiting for a gap below them (someone else wrote
 /// there): past this, the checkpoint stops following until the next restore.
-pub(in crate::store) const MAX_ACKED_AHEAD: usize = 100_000;
+const MAX_ACKED_AHEAD: usize = 100_000;
+
 #[derive(Debug, Default)]
 pub(in crate::store) struct Checkpoint {
     /// Every changelog offset below this is applied to the local store.
     pub(in crate::store) next: i64,
     /// This instance owns the partition and restored it: its own acknowledged
     /// writes move `next` while they are contiguous.
-    pub(in crate::store) following: bool,
+    following: bool,
     /// Acknowledged offsets above `next`, waiting for the ones below.
     pub(in crate::store) acked: BTreeSet<i64>,
     /// Changed since the last group commit.
@@ -38,7 +39,7 @@ pub struct Checkpoints {
     pub(in crate::store) parts: Mutex<HashMap<String, HashMap<i32, Checkpoint>>>,
 }
 
-pub(in crate::store) fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
+fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
     [CHECKPOINT_PREFIX, topic.as_bytes(), &[0], &partition.to_be_bytes()].concat()
 }
 

@@ -62,11 +62,11 @@ pub(in crate::store) const VALUE_VERSION: u8 = 1;
 /// that kept it; another owner records that event dead when its chain reaches it.
 pub const MAX_COPY_BYTES: usize = 512 * 1024;
 /// Ids standing for the texts of a changelog value (see [`Texts`]).
-pub(in crate::store) const TOPIC_ID: u32 = 1;
-pub(in crate::store) const EVENT_TYPE_ID: u32 = 2;
+const TOPIC_ID: u32 = 1;
+const EVENT_TYPE_ID: u32 = 2;
 
 /// The texts a changelog value carries stand in for the store's small ids.
-pub(in crate::store) struct Texts<'a> {
+struct Texts<'a> {
     pub(in crate::store) topic: &'a str,
     pub(in crate::store) event_type: Option<&'a str>,
 }
@@ -113,7 +113,7 @@ pub fn entry_value_with_copy(r: &Record, copy: Option<&[u8]>) -> Result<Vec<u8>,
 
 /// The length of the event key at the start of a changelog key (see `keys`: a tag,
 /// then 16 bytes of a UUID, or the id's bytes with 0x00 escaped, ended by `00 00`).
-pub(in crate::store) fn event_key_len(key: &[u8]) -> Option<usize> {
+fn event_key_len(key: &[u8]) -> Option<usize> {
     match *key.first()? {
         1 | 2 => (key.len() >= 17).then_some(17),
         3 => {

@@ -11,7 +11,7 @@ use crate::store::disk::slices::Slice;
 
 /// What one waiting record costs beyond its key and value bytes: its entry, its
 /// index slot, allocator rounding.
-pub(in crate::store) const ENTRY_OVERHEAD: usize = 48;
+const ENTRY_OVERHEAD: usize = 48;
 /// One waiting record: its key and value in one allocation.
 pub(in crate::store) struct Waiting {
     pub(in crate::store) bytes: Box<[u8]>,
@@ -27,7 +27,7 @@ impl Waiting {
 }
 
 /// Where a waiting record is: its slice's start, its place in that slice's list.
-pub(in crate::store) type Place = (i64, usize);
+type Place = (i64, usize);
 
 /// Records waiting to be written as runs, per slice (by start) in arrival order
 /// (sorted once, when written), found by the hash of their key.
@@ -37,7 +37,7 @@ pub(in crate::store) struct Unwritten {
     /// Key hash (`Hashed`) → place.
     pub(in crate::store) index: HashMap<u64, Place>,
     /// Places of keys whose hash another waiting key has already (almost never).
-    pub(in crate::store) collided: Vec<(u64, Place)>,
+    collided: Vec<(u64, Place)>,
     /// Records waiting (not taken out).
     pub(in crate::store) len: usize,
     pub(in crate::store) bytes: usize,
@@ -59,7 +59,7 @@ impl Unwritten {
         self.bytes >= self.limit
     }
 
-    pub(in crate::store) fn place_of(&self, key: &Hashed) -> Option<Place> {
+    fn place_of(&self, key: &Hashed) -> Option<Place> {
         let is_it = |&(start, i): &Place| {
             self.slices.get(&start).and_then(|(_, list)| list.get(i)).is_some_and(|w| w.state.is_some() && w.key() == key.key)
         };
