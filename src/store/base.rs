@@ -226,12 +226,12 @@ impl Store {
             // The packing right comes back with the run: held until the run is settled.
             let ((run, writes), _packing) = blocking(move || Ok((slices.pack(&s, &packing)?, packing))).await?;
             let records = run.records;
-            crash_point("packed");
+            crash_point(Crash::Seal, "packed");
             self.durable().await?;
             self.slices.install(&slice, run, writes)?;
-            crash_point("installed");
+            crash_point(Crash::Seal, "installed");
             self.durable().await?;
-            crash_point("durable");
+            crash_point(Crash::Seal, "durable");
             let settled = self.settle_overlay(&slice).await?;
             tracing::info!(
                 slice_start_us = slice.start,
@@ -248,7 +248,7 @@ impl Store {
 
     /// [`slices::Slices::settle`] of `slice` on a blocking thread (it reads the whole
     /// overlay); the caller holds its packing right.
-    pub(in crate::store) async fn settle_overlay(&self, slice: &Arc<Slice>) -> Result<u64, StoreError> {
+    async fn settle_overlay(&self, slice: &Arc<Slice>) -> Result<u64, StoreError> {
         let (slices, s) = (self.slices.clone(), slice.clone());
         blocking(move || slices.settle(&s)).await
     }
@@ -259,20 +259,33 @@ impl Store {
     }
 }
 
+/// The work a debug build may be told to die in (see [`crash_point`]).
+#[derive(Debug, Clone, Copy)]
+pub(in crate::store) enum Crash {
+    /// Sealing a slice into a run (`OUTBOXD_DEBUG_CRASH_IN_SEAL`).
+    Seal,
+    /// A restore writing the records it held back as runs (`OUTBOXD_DEBUG_CRASH_IN_RESTORE`).
+    Restore,
+}
+
 /// Debug builds only (compiled out of release builds): the process ends at `step` of
-/// a seal as a SIGKILL would leave it (no destructor, nothing flushed on the way
+/// `work` as a SIGKILL would leave it (no destructor, nothing flushed on the way
 /// out), for the tests that a crash between any two steps loses nothing and runs no
-/// `done` event again (tests/it/seal_crashes.rs).
+/// `done` event again (tests/it/seal_crashes.rs, tests/it/restore_crashes.rs).
 #[cfg(debug_assertions)]
-pub(in crate::store) fn crash_point(step: &str) {
-    if std::env::var("OUTBOXD_DEBUG_CRASH_IN_SEAL").is_ok_and(|s| s == step) {
-        eprintln!("crashing at the seal step {step:?} (OUTBOXD_DEBUG_CRASH_IN_SEAL)");
+pub(in crate::store) fn crash_point(work: Crash, step: &str) {
+    let (var, what) = match work {
+        Crash::Seal => ("OUTBOXD_DEBUG_CRASH_IN_SEAL", "seal"),
+        Crash::Restore => ("OUTBOXD_DEBUG_CRASH_IN_RESTORE", "restore"),
+    };
+    if std::env::var(var).is_ok_and(|s| s == step) {
+        eprintln!("crashing at the {what} step {step:?} ({var})");
         std::process::abort();
     }
 }
 
 #[cfg(not(debug_assertions))]
-pub(in crate::store) fn crash_point(_step: &str) {}
+pub(in crate::store) fn crash_point(_work: Crash, _step: &str) {}
 
 /// Runs store work that reads or writes many records off the async threads.
 pub(in crate::store) async fn blocking<T: Send + 'static>(

@@ -33,6 +33,7 @@ mod postgres_inbox;
 mod replay;
 mod resilience;
 mod restore_bounds;
+mod restore_crashes;
 mod routes;
 mod scale;
 mod scale_churn;

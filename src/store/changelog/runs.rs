@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::apply::Restoring;
-use crate::store::base::Store;
+use crate::store::base::{crash_point, Crash, Store};
 use crate::store::disk::record::State;
 use crate::store::disk::slices::{Packing, Slice};
 use crate::store::error::StoreError;
@@ -46,8 +46,10 @@ impl Store {
             let entries = records.iter().map(|w| w.bytes.split_at(w.key_len));
             let (run, writes) = self.slices.pack_with(&slice, entries, &packing)?;
             drop(records);
+            crash_point(Crash::Restore, "packed");
             self.durable_blocking()?;
             self.slices.install(&slice, run, writes)?;
+            crash_point(Crash::Restore, "installed");
             for state in &states {
                 slice.moved(None, Some(*state));
             }
@@ -57,6 +59,7 @@ impl Store {
             written += states.len() as u64;
             restoring.wrote(states.len() as i64);
         }
+        crash_point(Crash::Restore, "written");
         Ok(written)
     }
 
