@@ -215,8 +215,6 @@ enum Cli {
         #[arg(long, default_value = "target/bench-work/probe")]
         dir: PathBuf,
     },
-    /// Investigation: append the suite's outbox messages to an existing topic (create it
-    /// with `scripts/stack topic-reset TOPIC 8`), e.g. to run outboxd by hand under a profiler.
     /// What the spans of one event cost the CPU with the OTLP exporter off and on
     /// (a loop over the span calls of one event; run the release build).
     SpanCost {
@@ -265,6 +263,8 @@ enum Cli {
         #[arg(long, default_value_t = outboxd_bench::scale::CACHE_BYTES >> 20)]
         cache_mib: u64,
     },
+    /// Investigation: append the suite's outbox messages to an existing topic (create it
+    /// with `scripts/stack topic-reset TOPIC 8`), e.g. to run outboxd by hand under a profiler.
     Preload {
         #[arg(long)]
         topic: String,
