@@ -25,9 +25,9 @@
 //!    admin API shows them), `roles` (the narrow handles each caller gets).
 
 pub mod audit;
-pub mod audit_log;
+mod audit_log;
 mod base;
-pub mod chain_index;
+mod chain_index;
 pub mod chains;
 pub mod changelog;
 mod claim;
@@ -65,7 +65,6 @@ pub use read::page_cursor;
 #[cfg(test)]
 pub use read::Stats;
 pub use repair::Replayed;
-
 
 #[cfg(any(test, feature = "internals"))]
 /// The key of an event's record outside this store (a changelog topic): 17
