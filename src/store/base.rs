@@ -221,21 +221,25 @@ impl Store {
         for slice in self.slices.to_seal(now_us)? {
             // A restore is writing its records into this slice: the next pass seals it.
             let Some(packing) = slice.try_packing() else { continue };
+            // A slice with a run already is merged: its run and its overlay packed anew.
+            let merge = slice.packing().0 > 0;
+            let crash_at = |step: &str| crash_point(Crash::Seal, &if merge { format!("merge-{step}") } else { step.into() });
             let started = std::time::Instant::now();
             let (slices, s) = (self.slices.clone(), slice.clone());
             // The packing right comes back with the run: held until the run is settled.
             let ((run, writes), _packing) = blocking(move || Ok((slices.pack(&s, &packing)?, packing))).await?;
             let records = run.records;
-            crash_point(Crash::Seal, "packed");
+            crash_at("packed");
             self.durable().await?;
             self.slices.install(&slice, run, writes)?;
-            crash_point(Crash::Seal, "installed");
+            crash_at("installed");
             self.durable().await?;
-            crash_point(Crash::Seal, "durable");
+            crash_at("durable");
             let settled = self.settle_overlay(&slice).await?;
             tracing::info!(
                 slice_start_us = slice.start,
                 records,
+                merge,
                 overlay_entries_removed = settled,
                 took_ms = started.elapsed().as_millis() as u64,
                 "a slice's records packed into a run"

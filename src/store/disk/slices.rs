@@ -328,6 +328,9 @@ pub struct Slices {
     next_run: AtomicU64,
     /// [`LIVE_SEAL_RECORDS`] (smaller in tests).
     live_seal: u64,
+    /// [`RESEAL_WRITES`] (in debug builds, `OUTBOXD_DEBUG_RESEAL_WRITES` if set: the
+    /// test of a crash in a merge, tests/it/seal_crashes.rs, reaches one with a few writes).
+    reseal_writes: u64,
     /// Oldest first; slices never overlap, a newer one starts where the last ended or later.
     list: RwLock<Vec<Arc<Slice>>>,
     /// µs.
@@ -408,6 +411,7 @@ impl Slices {
             retired: std::sync::Mutex::default(),
             next_run: AtomicU64::new(next_run),
             live_seal: LIVE_SEAL_RECORDS,
+            reseal_writes: debug_knob("OUTBOXD_DEBUG_RESEAL_WRITES").unwrap_or(RESEAL_WRITES),
             list: RwLock::new(list),
             retention: retention.as_micros() as i64,
             width: width_for(retention).as_micros() as i64,
@@ -611,7 +615,7 @@ impl Slices {
             } else if s.run().is_none() {
                 s.tree.first()?.is_some()
             } else {
-                overlay >= RESEAL_WRITES.max(packed / 8)
+                overlay >= self.reseal_writes.max(packed / 8)
             };
             if due {
                 found.push(s);
@@ -794,6 +798,18 @@ fn count(slice: &Slice) -> Result<Counts, StoreError> {
         counts.moved(None, super::format::state(&v));
     }
     Ok(counts)
+}
+
+/// Debug builds only: a number from the environment variable `var`, for a test that
+/// needs a bound smaller than any a store should run with. Release builds read nothing.
+#[cfg(debug_assertions)]
+fn debug_knob(var: &str) -> Option<u64> {
+    std::env::var(var).ok()?.parse().ok()
+}
+
+#[cfg(not(debug_assertions))]
+fn debug_knob(_var: &str) -> Option<u64> {
+    None
 }
 
 #[cfg(test)]
