@@ -18,16 +18,16 @@ async fn claimed(store: &Store, id: &str, offset: i64) -> Claimed {
 }
 
 pub(in crate::store) fn event(id: &str, offset: i64) -> OutboxEvent {
+    event_at(id, "t", 0, offset)
+}
+
+/// An `OrderCreated` event of aggregate `order-1` at `topic`/`partition`/`offset`.
+pub(in crate::store) fn event_at(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {
+    let position = Position { topic: topic.into(), partition, offset };
     OutboxEvent {
-        id: id.to_owned(),
         aggregate_id: Some("order-1".into()),
         event_type: Some("OrderCreated".into()),
-        payload: Payload::Null,
-        position: Position { topic: "t".into(), partition: 0, offset },
-        timestamp_ms: None,
-        traceparent: None,
-        route_key: None,
-        headers: Vec::new(),
+        ..OutboxEvent::new(id, Payload::Null, position)
     }
 }
 

@@ -3,26 +3,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::*;
-use crate::event::{OutboxEvent, Payload, Position};
+use crate::store::tests::event_at as event;
 use crate::store::changelog::{entry_key, entry_value, Acked, Entry, SendError, SendFuture, Sink};
 use crate::store::{Claim, State, StoreOptions};
 
 fn opts() -> StoreOptions {
     StoreOptions::for_tests(Some(Duration::from_secs(3600)))
-}
-
-fn event(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {
-    OutboxEvent {
-        id: id.to_owned(),
-        aggregate_id: Some("order-1".into()),
-        event_type: Some("OrderCreated".into()),
-        payload: Payload::Null,
-        position: Position { topic: topic.into(), partition, offset },
-        timestamp_ms: None,
-        traceparent: None,
-        route_key: None,
-        headers: Vec::new(),
-    }
 }
 
 async fn handle(store: &Store, id: &str, topic: &str, partition: i32, offset: i64) {

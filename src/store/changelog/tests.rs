@@ -6,27 +6,14 @@ use std::sync::{Arc, Mutex};
 use super::checkpoints::*;
 use super::entry::*;
 use super::*;
+use crate::store::tests::event_at as event;
 use crate::store::disk::keys;
 use crate::store::{now_us, Record, State, Store, StoreError};
-use crate::event::{OutboxEvent, Payload, Position, RawMessage};
+use crate::event::{Position, RawMessage};
 use crate::store::{Claim, StoreOptions};
 
 fn opts() -> StoreOptions {
     StoreOptions::for_tests(Some(Duration::from_secs(3600)))
-}
-
-fn event(id: &str, topic: &str, partition: i32, offset: i64) -> OutboxEvent {
-    OutboxEvent {
-        id: id.to_owned(),
-        aggregate_id: Some("order-1".into()),
-        event_type: Some("OrderCreated".into()),
-        payload: Payload::Null,
-        position: Position { topic: topic.into(), partition, offset },
-        timestamp_ms: None,
-        traceparent: None,
-        route_key: None,
-        headers: Vec::new(),
-    }
 }
 
 /// A changelog on a broker that acknowledges everything at the next offset of its
