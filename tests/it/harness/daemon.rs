@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::{Display, Write as _};
 use std::fs::File;
 use std::io::Write as _;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,9 @@ use super::kafka::Kafka;
 use super::receiver::Receiver;
 use super::unique_name;
 use super::wait::keep_looking_blocking;
+
+/// What `std::process::abort` ends a process with.
+const SIGABRT: i32 = 6;
 
 /// The outboxd binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_outboxd");
@@ -424,6 +428,16 @@ impl Outboxd {
         let child = self.child.take().expect("outboxd is not running");
         reap_within(child, timeout)
             .unwrap_or_else(|| panic!("outboxd did not exit on its own within {timeout:?} (killed it)"))
+    }
+
+    /// Waits for the process to end at the debug builds' crash point `step` of `work`
+    /// (`seal`, `restore`): aborted (SIGABRT, as `std::process::abort` ends it), having
+    /// said so in its log.
+    pub fn wait_crashed_at(&mut self, work: &str, step: &str, timeout: Duration) {
+        let status = self.wait_exit(timeout);
+        assert_eq!(status.signal(), Some(SIGABRT), "outboxd should die at the {work} step {step}: {status}");
+        let said = format!("crashing at the {work} step {step:?}");
+        assert!(self.log().contains(&said), "no {said:?} in the log:\n{}", self.log_tails(40, 0));
     }
 
     /// Sends `signal` (a name `kill` takes: `STOP`, `CONT`) to the running process.
