@@ -27,6 +27,13 @@ fn events(n: usize) -> Vec<(String, String, &'static str)> {
     (0..n).map(|i| (harness::new_event_id(), format!("order-{}", i % 4), types[i % 2])).collect()
 }
 
+/// Sends `events` (from [`events`]) to `topic`, in order.
+async fn send(producer: &harness::Producer, topic: &str, events: &[(String, String, &str)]) {
+    for (id, key, t) in events {
+        producer.send_event(topic, key, id, Some(t), &json!({"id": id})).await;
+    }
+}
+
 /// The audit entries naming `id` whose action is `replay`.
 fn replay_entries(od: &harness::Outboxd, id: &str) -> Vec<Value> {
     let entries = od.store_json(&["audit", "--id", id]);
@@ -154,9 +161,7 @@ async fn events_past_the_topics_retention_are_reported_and_the_rest_replayed() {
     let s = Scenario::start("replay-retention", 1).await;
     let Scenario { kafka, topic, receiver, mut od, offsets, producer, .. } = s;
     let sent = events(10);
-    for (id, key, t) in &sent {
-        producer.send_event(&topic, key, id, Some(t), &json!({"id": id})).await;
-    }
+    send(&producer, &topic, &sent).await;
     od.wait_until("every call", TIMEOUT, || sent.iter().all(|e| receiver.answered_ok(&e.0))).await;
     od.wait_until("committed offsets at the end", TIMEOUT, || offsets.reached_end()).await;
     // The topic's retention deletes the first four.
@@ -188,18 +193,14 @@ async fn another_event_at_a_records_offset_is_reported_and_nothing_runs() {
     let s = Scenario::start("replay-recreated", 1).await;
     let Scenario { kafka, topic, receiver, mut od, offsets, producer, .. } = s;
     let first = events(3);
-    for (id, key, t) in &first {
-        producer.send_event(&topic, key, id, Some(t), &json!({"id": id})).await;
-    }
+    send(&producer, &topic, &first).await;
     od.wait_until("every call", TIMEOUT, || first.iter().all(|e| receiver.answered_ok(&e.0))).await;
     od.wait_until("committed offsets at the end", TIMEOUT, || offsets.reached_end()).await;
     od.stop();
     kafka.delete_topic(&topic).await;
     kafka.create_topic(&topic, 1, &[]).await;
     let others = events(3);
-    for (id, key, t) in &others {
-        producer.send_event(&topic, key, id, Some(t), &json!({"id": id})).await;
-    }
+    send(&producer, &topic, &others).await;
     let calls_before = receiver.calls().len();
 
     let out = od.command(&["store", "replay", "--topic", &topic, "--since", "1h", "--reason", "after a restore"]);
