@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::harness::debezium::Pg;
-use crate::harness::{self, Kafka, Outboxd};
+use crate::harness::{self, Kafka, Outboxd, Receiver};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 const KEYS: usize = 10;
@@ -18,6 +18,16 @@ const EVENTS: usize = 200;
 /// `outboxd store ARGS --json` on the stopped store.
 fn store_json(od: &Outboxd, args: &[&str]) -> serde_json::Value {
     od.store_json(args)
+}
+
+/// outboxd for a test's postgres handler (added in `extra_toml`, on the topic under test):
+/// the harness's own http handler takes a topic nobody writes to. The receiver is that
+/// handler's; keep it as long as outboxd runs.
+async fn outboxd_beside(kafka: &Kafka) -> (Outboxd, Receiver) {
+    let idle = kafka.create_topic(&harness::unique_name("pg-idle"), 1, &[]).await;
+    let receiver = Receiver::start();
+    let od = Outboxd::new(kafka, &[&idle], &receiver);
+    (od, receiver)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,10 +41,7 @@ async fn a_projection_gets_each_effect_exactly_once_through_replays_and_a_forgot
         "CREATE TABLE {projection} (key text PRIMARY KEY, n int NOT NULL, total int NOT NULL CHECK (total >= 0));
          CREATE TABLE {inbox} (event_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now());"
     ));
-    // The scenario's own http handler takes a topic nobody writes to; the postgres one takes ours.
-    let idle = kafka.create_topic(&harness::unique_name("pg-idle"), 1, &[]).await;
-    let receiver = crate::harness::receiver::Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&idle], &receiver);
+    let (mut od, _receiver) = outboxd_beside(&kafka).await;
     let url = serde_json::to_string(pg.url()).unwrap();
     od.config.extra_toml = format!(
         "\n[[handlers]]\nname = \"projection\"\ntopics = [\"{topic}\"]\nkind = \"postgres\"\nurl = {url}\n\
@@ -168,9 +175,7 @@ async fn a_receiver_database_that_goes_away_costs_no_dead_event_and_keeps_each_k
     let mut through = url.clone();
     through.set_port(Some(gate.addr.port())).expect("a port");
 
-    let idle = kafka.create_topic(&harness::unique_name("pg-idle"), 1, &[]).await;
-    let receiver = crate::harness::receiver::Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&idle], &receiver);
+    let (mut od, _receiver) = outboxd_beside(&kafka).await;
     let through = serde_json::to_string(through.as_str()).unwrap();
     od.config.extra_toml = format!(
         "\n[[handlers]]\nname = \"log\"\ntopics = [\"{topic}\"]\nkind = \"postgres\"\nurl = {through}\ntimeout = \"2s\"\n\
@@ -258,9 +263,7 @@ async fn a_deadlock_and_a_serialization_failure_are_retried_and_written_once() {
            RETURN kind;
          END $$;"
     ));
-    let idle = kafka.create_topic(&harness::unique_name("pg-idle"), 1, &[]).await;
-    let receiver = crate::harness::receiver::Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&idle], &receiver);
+    let (mut od, _receiver) = outboxd_beside(&kafka).await;
     let url = serde_json::to_string(pg.url()).unwrap();
     od.config.extra_toml = format!(
         "\n[[handlers]]\nname = \"log\"\ntopics = [\"{topic}\"]\nkind = \"postgres\"\nurl = {url}\n\
@@ -321,9 +324,7 @@ async fn sigkills_during_the_transactions_and_replays_leave_each_effect_exactly_
         "CREATE TABLE {projection} (key text PRIMARY KEY, n int NOT NULL);
          CREATE TABLE {inbox} (event_id text PRIMARY KEY);"
     ));
-    let idle = kafka.create_topic(&harness::unique_name("pg-idle"), 1, &[]).await;
-    let receiver = crate::harness::receiver::Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&idle], &receiver);
+    let (mut od, _receiver) = outboxd_beside(&kafka).await;
     // A restarted process gets its partitions back at once.
     od.config.kafka_options.insert("group.instance.id".into(), "pg-kill-loop".into());
     let url = serde_json::to_string(pg.url()).unwrap();
@@ -412,9 +413,7 @@ async fn over_tls_the_databases_certificate_is_checked_before_anything_is_writte
     let mut url = url::Url::parse(pg.url()).expect("the stack's PostgreSQL URL");
     let app = format!("outboxd_{suffix}");
     url.query_pairs_mut().append_pair("sslmode", "require").append_pair("application_name", &app);
-    let idle = kafka.create_topic(&harness::unique_name("pg-idle"), 1, &[]).await;
-    let receiver = crate::harness::receiver::Receiver::start();
-    let mut od = Outboxd::new(&kafka, &[&idle], &receiver);
+    let (mut od, _receiver) = outboxd_beside(&kafka).await;
     let handler = |tls_ca: &str| {
         format!(
             "\n[[handlers]]\nname = \"log\"\ntopics = [\"{topic}\"]\nkind = \"postgres\"\nurl = {}\ntimeout = \"2s\"\n{tls_ca}\
