@@ -59,6 +59,8 @@ pub mod names {
     pub const STORE_BYTES: &str = "outboxd_store_bytes_on_disk";
     /// Gauge: memory held by the slices' lookup filters, in bytes (store/disk/filter.rs).
     pub const FILTER_BYTES: &str = "outboxd_store_lookup_filter_bytes";
+    /// Gauge: packed runs over all slices (store/disk/runs.rs).
+    pub const PACKED_RUNS: &str = "outboxd_store_packed_runs";
     /// Histogram: records made durable by one group commit.
     pub const BATCH: &str = "outboxd_store_commit_batch_records";
     /// Histogram: the duration of one flush + fdatasync of the store.
@@ -194,6 +196,7 @@ fn describe() {
     describe_gauge!(names::RECORDS, "Records in the store per state.");
     describe_gauge!(names::STORE_BYTES, Unit::Bytes, "Size of the store on disk.");
     describe_gauge!(names::FILTER_BYTES, Unit::Bytes, "Memory held by the lookup filters of the store's slices.");
+    describe_gauge!(names::PACKED_RUNS, "Packed runs over all slices of the store.");
     describe_histogram!(names::BATCH, "Records made durable by one group commit.");
     describe_histogram!(names::SYNC_SECONDS, Unit::Seconds, "Duration of one flush + fdatasync.");
     describe_counter!(

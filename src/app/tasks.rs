@@ -32,6 +32,7 @@ pub async fn store_gauges(store: Arc<Store>, stop: CancellationToken) {
         metrics::gauge!(names::COPY_BYTES).set(store.reads().message_bytes() as f64);
         metrics::gauge!(names::KEYS_HELD).set(store.holds().held_keys() as f64);
         metrics::gauge!(names::FILTER_BYTES).set(store.reads().filter_bytes() as f64);
+        metrics::gauge!(names::PACKED_RUNS).set(store.reads().packed_runs() as f64);
         if let Ok(bytes) = store.reads().bytes_on_disk() {
             metrics::gauge!(names::STORE_BYTES).set(bytes as f64);
         }

@@ -252,4 +252,9 @@ impl Store {
     pub(in crate::store) fn filter_bytes(&self) -> usize {
         self.slices.all().iter().map(|s| s.filter_size().1).sum()
     }
+
+    /// Packed runs over all slices (store/disk/runs.rs).
+    pub(in crate::store) fn packed_runs(&self) -> usize {
+        self.slices.all().iter().map(|s| s.run_count()).sum()
+    }
 }

@@ -436,6 +436,11 @@ impl Reads<'_> {
         self.0.filter_bytes()
     }
 
+    /// Packed runs over all slices.
+    pub fn packed_runs(&self) -> usize {
+        self.0.packed_runs()
+    }
+
     /// The group commit's batches so far.
     #[cfg(test)]
     pub fn sync_stats(&self) -> SyncStats {

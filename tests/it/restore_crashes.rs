@@ -53,12 +53,12 @@ async fn crash_in_restore_then_replay(step: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_a_restored_run_is_packed_and_before_it_is_installed_loses_nothing() {
+async fn a_crash_after_a_restored_run_is_written_and_before_it_is_added_loses_nothing() {
     crash_in_restore_then_replay("packed").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_a_restored_run_is_installed_and_before_its_overlay_is_settled_loses_nothing() {
+async fn a_crash_after_a_restored_run_is_added_and_before_that_is_durable_loses_nothing() {
     crash_in_restore_then_replay("installed").await;
 }
 

@@ -120,11 +120,39 @@ fn a_restore_into_a_new_store_gives_what_applying_record_by_record_gives() {
         let packed: u64 = a.slices.all().iter().map(|s| s.packing().0).sum();
         // The 30 done records of the topic's scope at least (their slice's other records too).
         assert!(packed >= 30, "{run_bytes} B, batches of {size}: the plain records are in runs ({packed})");
+        if run_bytes == 1 {
+            let most = a.slices.all().iter().map(|s| s.run_count()).max();
+            assert!(most > Some(1), "written after every batch: a slice takes a run each time ({most:?})");
+        }
         drop(restoring);
         drop(a);
         let a = Store::open(a_dir.path(), &opts()).unwrap();
         assert_eq!(contents(&a), contents(&b), "{run_bytes} B, batches of {size}, reopened");
     }
+}
+
+/// A restore that writes what it holds back after every batch gives a slice a run
+/// each time, each record written once; gc merges a slice of more than `MAX_RUNS`
+/// runs into one, and the store answers as before, reopened too.
+#[tokio::test]
+async fn gc_merges_a_slice_that_a_restore_gave_many_runs() {
+    use crate::store::disk::slices::MAX_RUNS;
+    let records = changelog();
+    let dir = tempfile::tempdir().unwrap();
+    let a = Store::open(dir.path(), &opts()).unwrap();
+    let mut restoring = a.start_restore("t", 1);
+    std::thread::scope(|s| s.spawn(|| read(&a, &mut restoring, &records, 1)).join().unwrap());
+    drop(restoring);
+    let restored = contents(&a);
+    let runs = |a: &Store| a.slices.all().iter().map(|s| s.run_count()).max().unwrap_or(0);
+    assert!(runs(&a) > MAX_RUNS, "a run per batch ({})", runs(&a));
+    a.gc(now_us()).await.unwrap();
+    assert_eq!(runs(&a), 1, "merged");
+    assert_eq!(contents(&a), restored);
+    drop(a);
+    let a = Store::open(dir.path(), &opts()).unwrap();
+    assert_eq!(runs(&a), 1);
+    assert_eq!(contents(&a), restored, "reopened");
 }
 
 /// A tombstone (a `store forget` made elsewhere) for a record that waits to be

@@ -2,19 +2,21 @@
 //!
 //! While a read restores a scope the store held no record of (the fast path of
 //! [`Restoring`]), the records it would write one entry each ("unwritten") wait
-//! in memory, by slice and in key order, and are written as part of each slice's
-//! next run ([`Slices::pack_with`]): the slice's records and these, in one pass of
-//! sequential block writes (store/disk/runs.rs). sled's per-record insert was most of
-//! a restore's time (bench/findings.md, "the changelog — restore, failover").
+//! in memory, by slice and in key order, and each slice's are written as a run of
+//! their own (`Slices::write_run`), in one pass of sequential block writes
+//! (store/disk/runs.rs). sled's per-record insert was most of a restore's time
+//! (bench/findings.md, "the changelog — restore, failover"). A slice takes a new run
+//! each time, rather than its records packed again with the new ones, so each
+//! record is written once however many times the limit is reached; gc merges a
+//! slice's runs once they are more than `MAX_RUNS` (store/disk/slices.rs).
 //!
 //! Only plain records wait: a record with a message copy, a held chain's member or
 //! a dead or parked record is written at once, with its indexes, as before.
 //!
 //! Durability: the partition's checkpoint does not move while records wait. When
-//! they reach `store.changelog.restore_run_bytes`, or the read its end, each slice
-//! is packed with them, the run made durable, then installed and made durable
-//! again (a seal's steps, store/disk/slices.rs); only then does the reader move the
-//! checkpoint. A crash before that loses nothing: the next read starts from the
+//! they reach `store.changelog.restore_run_bytes`, or the read its end, each
+//! slice's are written as a run, made durable, added to the slice's runs and made
+//! durable again; only then does the reader move the checkpoint. A crash before that loses nothing: the next read starts from the
 //! old checkpoint. A read stopped early drops what waits, for the same reason.
 //!
 //! When the fast path ends (something else wrote to the store meanwhile, or a
@@ -34,7 +36,7 @@ use crate::store::error::StoreError;
 const PACKING_WAIT: Duration = Duration::from_millis(5);
 
 impl Store {
-    /// Writes the records `restoring` holds back into their slices' runs, each
+    /// Writes the records `restoring` holds back as runs of their slices, each
     /// run durable before the store names it and durable again after. Blocks
     /// (call it off the async runtime). The caller then moves the checkpoint.
     /// Returns the records written.
@@ -44,17 +46,17 @@ impl Store {
             let packing = wait_for_packing(&slice);
             let states: Vec<State> = records.iter().filter_map(|w| w.state).collect();
             let entries = records.iter().map(|w| w.bytes.split_at(w.key_len));
-            let (run, writes) = self.slices.pack_with(&slice, entries, &packing)?;
+            let run = self.slices.write_run(&slice, entries, &packing)?;
             drop(records);
             crash_point(Crash::Restore, "packed");
             self.durable_blocking()?;
-            self.slices.install(&slice, run, writes)?;
+            self.slices.add(&slice, run)?;
             crash_point(Crash::Restore, "installed");
             for state in &states {
                 slice.moved(None, Some(*state));
             }
+            // The overlay holds none of the run's keys: nothing to settle.
             self.durable_blocking()?;
-            self.slices.settle(&slice)?;
             drop(packing);
             written += states.len() as u64;
             restoring.wrote(states.len() as i64);

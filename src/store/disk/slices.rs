@@ -14,6 +14,12 @@
 //! A slice whose time has passed is *sealed*: its records packed into a run
 //! (store/disk/runs.rs; the steps are under [`Slices::pack`]'s `impl`), its tree left
 //! as an overlay of later changes that shadows the run.
+//!
+//! A slice may hold several runs: a restore adds one per batch of records it held
+//! back ([`Slices::write_run`], [`Slices::add`]), records the slice did not hold, so
+//! that each is written once. The overlay shadows every run, a newer run an older
+//! one; a seal packs them all, with the overlay, into one, and a slice with more than
+//! [`MAX_RUNS`] is sealed again (merged) by the next gc pass.
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,8 +38,15 @@ pub const SLICES_PER_RETENTION: u32 = 8;
 /// tree per handful of records.
 const MIN_SLICE_WIDTH: Duration = Duration::from_secs(1);
 const PREFIX: &[u8] = b"slice:";
-/// Meta key of a slice's packed run: this + start → run id ++ records (big-endian u64s).
+/// Meta key of a slice's packed runs: this + start → per run, oldest first, its id
+/// ++ its records (big-endian u64s).
 const RUN_PREFIX: &[u8] = b"run:";
+/// A slice with more runs than this is merged into one by the next gc pass. Each run
+/// costs a lookup of a new id one filter probe and an iteration one more source to
+/// merge; a restore adds a run per `store.changelog.restore_run_bytes` of a slice's
+/// records (1.2M of the benchmark's records at the default), so a restore merges
+/// only a slice of more than about ten million records, once (10M took 14 s).
+pub const MAX_RUNS: usize = 8;
 /// A sealed slice is sealed again once its overlay took this many writes, and
 /// at least an eighth of its run's records.
 const RESEAL_WRITES: u64 = 4_096;
@@ -57,8 +70,9 @@ pub struct Slice {
     /// a [`TOMBSTONE`]). Written only through [`Slice::insert`] and
     /// [`Slice::remove`], which keep `filter` whole.
     tree: sled::Tree,
-    /// The slice's records as of its last seal, packed (store/disk/runs.rs).
-    run: RwLock<Option<Arc<Run>>>,
+    /// The slice's packed records (store/disk/runs.rs), oldest run first: its last
+    /// seal's, then those a restore added since. A newer run shadows an older one.
+    runs: RwLock<Arc<Vec<Arc<Run>>>>,
     /// True once a seal has begun: from then on a removal writes a tombstone (a
     /// seal may have read the record already). Held for reading by each removal,
     /// for writing by a seal as it begins.
@@ -81,14 +95,14 @@ pub struct Slice {
 }
 
 impl Slice {
-    fn new(start: i64, width: i64, tree: sled::Tree, run: Option<Run>, filter: KeyFilter, counts: Counts) -> Slice {
-        let sealed = run.is_some();
+    fn new(start: i64, width: i64, tree: sled::Tree, runs: Vec<Run>, filter: KeyFilter, counts: Counts) -> Slice {
+        let sealed = !runs.is_empty();
         let unsettled = sealed && !tree.is_empty();
         Slice {
             start,
             width,
             tree,
-            run: RwLock::new(run.map(Arc::new)),
+            runs: RwLock::new(Arc::new(runs.into_iter().map(Arc::new).collect())),
             sealing: RwLock::new(sealed),
             overlay_writes: AtomicU64::new(0),
             filter,
@@ -117,8 +131,21 @@ impl Slice {
         self.start.saturating_add(self.width)
     }
 
-    fn run(&self) -> Option<Arc<Run>> {
-        self.run.read().unwrap_or_else(PoisonError::into_inner).clone()
+    /// Its runs, oldest first.
+    fn runs(&self) -> Arc<Vec<Arc<Run>>> {
+        self.runs.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The value the runs hold under `key`: the newest run's that has it.
+    fn find_in_runs(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
+        for run in self.runs().iter().rev() {
+            if run.may_contain(key) {
+                if let Some(v) = run.get(key.key)? {
+                    return Ok(Some(v));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Writes a record key: into the filter first, so that no lookup ever finds the
@@ -138,7 +165,7 @@ impl Slice {
     }
 
     /// The value under `key`: the overlay's entry if it has one (a tombstone: none),
-    /// else the run's. A part whose filter knows the key to be absent reads no page.
+    /// else the newest run's. A part whose filter knows the key to be absent reads no page.
     pub fn find(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
         if self.filter.may_contain(key) {
             match self.tree.get(key.key)? {
@@ -149,10 +176,7 @@ impl Slice {
         }
         // Read after the overlay: a seal installs its run before it removes what
         // the run holds from the overlay.
-        match self.run() {
-            Some(run) if run.may_contain(key) => run.get(key.key),
-            _ => Ok(None),
-        }
+        self.find_in_runs(key)
     }
 
     /// Removes the record of `key`: a tombstone once the slice is (being) sealed,
@@ -180,9 +204,11 @@ impl Slice {
             Bound::Excluded(k) => self.tree.range((Bound::Excluded(k.clone()), Bound::Unbounded)),
             Bound::Unbounded => self.tree.iter(),
         };
-        let held = self.run();
-        let run = held.as_ref().map(|r| r.range(from));
-        SliceIter { overlay, run, held, heads: (None, None), done: false, prefix: None }
+        let held = self.runs();
+        let runs = held.iter().rev().map(|r| Source::Run(r.range(from.clone())));
+        let sources: Vec<_> = std::iter::once(Source::Overlay(overlay)).chain(runs).map(Some).collect();
+        let heads = vec![None; sources.len()];
+        SliceIter { sources, heads, held, done: false, prefix: None }
     }
 
     /// The records whose key starts with `prefix`, in key order.
@@ -208,14 +234,15 @@ impl Slice {
 
     /// The filters' keys and bytes (for the gauge and the filling thread's log line).
     pub fn filter_size(&self) -> (usize, usize) {
-        let run = self.run();
-        let run_keys = run.as_ref().filter(|r| r.has_filter()).map_or(0, |r| r.records as usize);
-        (self.filter.len() + run_keys, self.filter.bytes() + run.map_or(0, |r| r.filter_bytes()))
+        let runs = self.runs();
+        let run_keys: u64 = runs.iter().filter(|r| r.has_filter()).map(|r| r.records).sum();
+        let run_bytes: usize = runs.iter().map(|r| r.filter_bytes()).sum();
+        (self.filter.len() + run_keys as usize, self.filter.bytes() + run_bytes)
     }
 
-    /// Both filters have every key they must have: lookups trust their "absent".
+    /// Every filter has every key it must have: lookups trust their "absent".
     fn filters_filled(&self) -> bool {
-        self.filter.is_filled() && self.run().is_none_or(|r| r.has_filter())
+        self.filter.is_filled() && self.runs().iter().all(|r| r.has_filter())
     }
 
     /// A record left `from` for `to` in this slice (see [`Counts::moved`]).
@@ -224,10 +251,22 @@ impl Slice {
         self.dirty.store(true, Ordering::Relaxed);
     }
 
-    /// Records in its packed run, and writes into its overlay since the run was written.
+    /// Records in its packed runs, and writes into its overlay since its last seal.
     pub fn packing(&self) -> (u64, u64) {
-        (self.run().map_or(0, |r| r.records), self.overlay_writes.load(Ordering::Relaxed))
+        (self.runs().iter().map(|r| r.records).sum(), self.overlay_writes.load(Ordering::Relaxed))
     }
+
+    /// How many packed runs it has.
+    pub fn run_count(&self) -> usize {
+        self.runs().len()
+    }
+}
+
+/// A run of records a slice did not hold ([`Slices::write_run`]), to be added.
+pub struct AddedRun {
+    pub run: Run,
+    /// Keys of the run whose removal the overlay held when it was written.
+    tombstoned: Vec<Vec<u8>>,
 }
 
 /// The right to pack a slice ([`Slice::try_packing`]), given back when dropped.
@@ -241,33 +280,69 @@ impl Drop for Packing {
 
 type Entry = (sled::IVec, sled::IVec);
 
-/// A slice's records in key order: its overlay merged with its run, the
-/// overlay's entry winning, tombstones left out.
+/// A slice's records in key order: its overlay merged with its runs, the
+/// overlay's entry winning, then the newest run's; tombstones left out.
 pub struct SliceIter {
-    overlay: sled::Iter,
-    run: Option<RunIter>,
-    /// Keeps the run from being dropped while it is read (see [`Slices::drop_retired`]).
+    /// The overlay, then the runs newest first (on equal keys the first wins);
+    /// `None` once read to its end.
+    sources: Vec<Option<Source>>,
+    /// Keeps the runs from being dropped while they are read (see [`Slices::drop_retired`]).
     #[allow(dead_code)]
-    held: Option<Arc<Run>>,
-    /// The next entry of each, once read.
-    heads: (Option<Entry>, Option<Entry>),
+    held: Arc<Vec<Arc<Run>>>,
+    /// The next entry of each source, once read.
+    heads: Vec<Option<Entry>>,
     /// Past the prefix: nothing more.
     done: bool,
     /// Stop at the first key without it (`scan_prefix`).
     prefix: Option<Vec<u8>>,
 }
 
+enum Source {
+    Overlay(sled::Iter),
+    Run(RunIter),
+}
+
+impl Source {
+    fn next(&mut self) -> Option<Result<Entry, sled::Error>> {
+        match self {
+            Source::Overlay(i) => i.next(),
+            Source::Run(i) => i.next(),
+        }
+    }
+}
+
 impl SliceIter {
     fn refill(&mut self) -> Result<(), sled::Error> {
-        if self.heads.0.is_none() {
-            self.heads.0 = self.overlay.next().transpose()?;
-        }
-        if self.heads.1.is_none() {
-            if let Some(run) = self.run.as_mut() {
-                self.heads.1 = run.next().transpose()?;
+        for (head, source) in self.heads.iter_mut().zip(&mut self.sources) {
+            if head.is_none() {
+                if let Some(s) = source {
+                    *head = s.next().transpose()?;
+                    if head.is_none() {
+                        *source = None;
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// The head with the lowest key (the first source's on equal keys); the other
+    /// heads with that key are shadowed and dropped.
+    fn take_lowest(&mut self) -> Option<Entry> {
+        let mut lowest: Option<usize> = None;
+        for (i, head) in self.heads.iter().enumerate() {
+            let Some((k, _)) = head else { continue };
+            if lowest.is_none_or(|l| self.heads[l].as_ref().is_some_and(|(lk, _)| k < lk)) {
+                lowest = Some(i);
+            }
+        }
+        let entry = self.heads[lowest?].take()?;
+        for head in &mut self.heads {
+            if head.as_ref().is_some_and(|(k, _)| *k == entry.0) {
+                *head = None;
+            }
+        }
+        Some(entry)
     }
 
     fn step(&mut self) -> Result<Option<Entry>, sled::Error> {
@@ -276,20 +351,7 @@ impl SliceIter {
                 return Ok(None);
             }
             self.refill()?;
-            let next = match (&self.heads.0, &self.heads.1) {
-                (None, None) => return Ok(None),
-                (Some(_), None) => self.heads.0.take(),
-                (None, Some(_)) => self.heads.1.take(),
-                (Some((a, _)), Some((b, _))) => match a.cmp(b) {
-                    std::cmp::Ordering::Less => self.heads.0.take(),
-                    std::cmp::Ordering::Greater => self.heads.1.take(),
-                    std::cmp::Ordering::Equal => {
-                        self.heads.1 = None;
-                        self.heads.0.take()
-                    }
-                },
-            };
-            let Some((k, v)) = next else { return Ok(None) };
+            let Some((k, v)) = self.take_lowest() else { return Ok(None) };
             if self.prefix.as_ref().is_some_and(|p| !k.starts_with(p)) {
                 self.done = true;
                 return Ok(None);
@@ -356,20 +418,21 @@ impl Slices {
             let width = v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(i64::from_be_bytes);
             let (Some(start), Some(width)) = (start, width) else { continue };
             let tree = db.open_tree(tree_name(start))?;
-            let run = match meta.get(run_key(start))? {
-                Some(v) => {
-                    let (id, records) = decode_run_entry(&v)
-                        .ok_or_else(|| StoreError::Corrupt { id: format!("run of slice {start}"), error: "bad run entry".into() })?;
-                    Some(Run::open(db, start, id, records)?)
+            let mut runs = Vec::new();
+            if let Some(v) = meta.get(run_key(start))? {
+                let named = decode_run_entry(&v)
+                    .ok_or_else(|| StoreError::Corrupt { id: format!("runs of slice {start}"), error: "bad run entry".into() })?;
+                for (id, records) in named {
+                    runs.push(Run::open(db, start, id, records)?);
                 }
-                None => None,
-            };
+            }
             let kept = v.get(8..).and_then(Counts::decode);
             let counts = kept.map(Counts::from_values).unwrap_or_default();
             // The overlay's, sized for the records beyond the run, and an eighth more
             // for those still to come.
-            let beyond = counts.total().saturating_sub(run.as_ref().map_or(0, |r| r.records)) as usize;
-            let slice = Slice::new(start, width, tree, run, KeyFilter::unfilled(beyond + beyond / 8), counts);
+            let packed: u64 = runs.iter().map(|r| r.records).sum();
+            let beyond = counts.total().saturating_sub(packed) as usize;
+            let slice = Slice::new(start, width, tree, runs, KeyFilter::unfilled(beyond + beyond / 8), counts);
             if kept.is_none() {
                 slice.counts.set(count(&slice)?.values());
             }
@@ -384,7 +447,7 @@ impl Slices {
                 tracing::info!("dropping the rest of a slice whose drop was interrupted");
                 db.drop_tree(&name)?;
             }
-            let installed = |s: &Arc<Slice>| s.run().is_some_and(|r| runs::tree_name(s.start, r.id) == name.as_ref());
+            let installed = |s: &Arc<Slice>| s.runs().iter().any(|r| runs::tree_name(s.start, r.id) == name.as_ref());
             if runs::is_run_tree(&name) && !list.iter().any(installed) {
                 tracing::info!("dropping a packed run that no slice uses (an interrupted seal or drop)");
                 db.drop_tree(&name)?;
@@ -400,7 +463,7 @@ impl Slices {
         let filters = db.open_tree(runs::FILTERS_TREE)?;
         for name in filters.iter().keys() {
             let name = name?;
-            let installed = |s: &Arc<Slice>| s.run().is_some_and(|r| runs::tree_name(s.start, r.id) == name.as_ref());
+            let installed = |s: &Arc<Slice>| s.runs().iter().any(|r| runs::tree_name(s.start, r.id) == name.as_ref());
             if !list.iter().any(installed) {
                 filters.remove(name)?;
             }
@@ -476,7 +539,7 @@ impl Slices {
         let tree = self.db.open_tree(&key)?;
         // A tree of that name would be the rest of an interrupted drop (dropped on open): empty.
         let filter = if tree.is_empty() { KeyFilter::filled() } else { KeyFilter::unfilled(0) };
-        let slice = Arc::new(Slice::new(start, width, tree, None, filter, counts));
+        let slice = Arc::new(Slice::new(start, width, tree, Vec::new(), filter, counts));
         let at = list.partition_point(|s| s.start < start);
         list.insert(at, slice.clone());
         Ok(slice)
@@ -537,7 +600,7 @@ impl Slices {
             self.meta.remove(&name)?;
             self.meta.remove(run_key(slice.start))?;
             self.db.drop_tree(&name)?;
-            if let Some(run) = slice.run() {
+            for run in slice.runs().iter() {
                 run.drop_tree(&self.db)?;
             }
         }
@@ -574,14 +637,18 @@ fn run_key(start: i64) -> Vec<u8> {
     [RUN_PREFIX, &start.to_be_bytes()].concat()
 }
 
-fn run_entry(run: &Run) -> Vec<u8> {
-    [run.id.to_be_bytes(), run.records.to_be_bytes()].concat()
+fn run_entry(runs: &[Arc<Run>]) -> Vec<u8> {
+    runs.iter().flat_map(|r| [r.id.to_be_bytes(), r.records.to_be_bytes()]).flatten().collect()
 }
 
-fn decode_run_entry(v: &[u8]) -> Option<(u64, u64)> {
-    let id = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
-    let records = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
-    Some((id, records))
+/// Each run's id and records; an entry of one run is the format of stores that had
+/// one run per slice.
+fn decode_run_entry(v: &[u8]) -> Option<Vec<(u64, u64)>> {
+    if v.is_empty() || v.len() % 16 != 0 {
+        return None;
+    }
+    let word = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
+    Some(v.chunks_exact(16).map(|c| (word(&c[..8]), word(&c[8..]))).collect())
 }
 
 /// Sealing: a slice that no longer takes live writes is packed into a run
@@ -600,9 +667,10 @@ impl Slices {
 
     /// Slices with records to pack, oldest first: one whose time has passed once
     /// its overlay holds anything (again once it took [`RESEAL_WRITES`] and an
-    /// eighth of its run), and the current one each time its overlay holds
-    /// [`LIVE_SEAL_RECORDS`] and an eighth of its run, so that at most about that
-    /// many records of it are one sled entry each.
+    /// eighth of its runs' records), the current one each time its overlay holds
+    /// [`LIVE_SEAL_RECORDS`] and an eighth of its runs' records, so that at most
+    /// about that many records of it are one sled entry each, and any slice with
+    /// more than [`MAX_RUNS`] runs.
     pub fn to_seal(&self, now: i64) -> Result<Vec<Arc<Slice>>, StoreError> {
         let mut found = Vec::new();
         for s in self.all() {
@@ -610,9 +678,11 @@ impl Slices {
             let held = s.counts.total();
             // Writes since the open, or the records beyond the run (an overlay kept over a restart).
             let overlay = writes.max(held.saturating_sub(packed));
-            let due = if s.end() > now {
+            let due = if s.run_count() > MAX_RUNS {
+                true
+            } else if s.end() > now {
                 overlay >= self.live_seal.max(packed / 8)
-            } else if s.run().is_none() {
+            } else if s.run_count() == 0 {
                 s.tree.first()?.is_some()
             } else {
                 overlay >= self.reseal_writes.max(packed / 8)
@@ -624,44 +694,25 @@ impl Slices {
         Ok(found)
     }
 
-    /// Writes a new run of `slice`'s records. Returns it (not yet durable, not
-    /// yet found) and the overlay writes it includes. The caller holds [`Packing`].
-    pub fn pack(&self, slice: &Slice, packing: &Packing) -> Result<(Run, u64), StoreError> {
-        self.pack_with(slice, std::iter::empty::<(&[u8], &[u8])>(), packing)
-    }
-
-    /// [`Slices::pack`] of `slice`'s records and `extra` (increasing record keys →
-    /// values of records the slice does not hold: a restore's, store/changelog/runs.rs).
-    /// A key in both keeps the slice's value. The caller holds [`Packing`].
-    pub fn pack_with<K: AsRef<[u8]>, V: AsRef<[u8]>>(
-        &self,
-        slice: &Slice,
-        extra: impl IntoIterator<Item = (K, V)>,
-        _: &Packing,
-    ) -> Result<(Run, u64), StoreError> {
+    /// Writes a new run of `slice`'s records (its runs and its overlay). Returns it
+    /// (not yet durable, not yet found) and the overlay writes it includes. The
+    /// caller holds [`Packing`].
+    pub fn pack(&self, slice: &Slice, _: &Packing) -> Result<(Run, u64), StoreError> {
         // From now on a removal leaves a tombstone: this pass may read the record before it goes.
         *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
         let writes = slice.overlay_writes.load(Ordering::Relaxed);
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut w = RunWriter::new(&self.db, slice.start, id)?;
-        let mut extra = extra.into_iter().peekable();
         for item in slice.iter() {
             let (k, v) = item?;
-            while let Some((ek, ev)) = extra.next_if(|(ek, _)| ek.as_ref() <= k.as_ref()) {
-                if ek.as_ref() != k.as_ref() {
-                    w.push(ek.as_ref(), ev.as_ref())?;
-                }
-            }
             w.push(&k, &v)?;
-        }
-        for (k, v) in extra {
-            w.push(k.as_ref(), v.as_ref())?;
         }
         Ok((w.finish()?, writes))
     }
 
-    /// Makes a durable `run` the slice's (the caller makes this durable in turn).
-    /// A slice dropped meanwhile drops the run instead.
+    /// Makes a durable `run` from [`Slices::pack`] the slice's only run, in place of
+    /// the runs it packed (the caller makes this durable in turn). A slice dropped
+    /// meanwhile drops the run instead.
     pub fn install(&self, slice: &Arc<Slice>, run: Run, writes: u64) -> Result<(), StoreError> {
         let list = self.list.read().expect("slices lock");
         if !list.iter().any(|s| Arc::ptr_eq(s, slice)) {
@@ -669,23 +720,80 @@ impl Slices {
             run.drop_tree(&self.db)?;
             return Ok(());
         }
-        self.meta.insert(run_key(slice.start), run_entry(&run))?;
-        let old = slice.run.write().unwrap_or_else(PoisonError::into_inner).replace(Arc::new(run));
+        let runs = Arc::new(vec![Arc::new(run)]);
+        self.meta.insert(run_key(slice.start), run_entry(&runs))?;
+        let old = std::mem::replace(&mut *slice.runs.write().unwrap_or_else(PoisonError::into_inner), runs);
         let _ = slice.overlay_writes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| Some(w.saturating_sub(writes)));
-        self.retired.lock().unwrap_or_else(PoisonError::into_inner).extend(old);
+        self.retired.lock().unwrap_or_else(PoisonError::into_inner).extend(old.iter().cloned());
+        Ok(())
+    }
+
+    /// Writes `entries` (increasing record keys → values of records `slice` does not
+    /// hold: a restore's, store/changelog/runs.rs) as a run of their own, without
+    /// reading the slice's runs. Returns it, not yet durable, not yet found; the
+    /// caller holds [`Packing`] and, once it is durable, [`Slices::add`]s it.
+    /// Until then nothing removes a record of its keys: nobody removes a record the
+    /// store does not hold.
+    pub fn write_run<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        slice: &Slice,
+        entries: impl IntoIterator<Item = (K, V)>,
+        _: &Packing,
+    ) -> Result<AddedRun, StoreError> {
+        // A removal from now on leaves a tombstone: the record may be in this run.
+        *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
+        let id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let mut w = RunWriter::new(&self.db, slice.start, id)?;
+        let overlay = !slice.tree.is_empty();
+        let mut tombstoned = Vec::new();
+        for (k, v) in entries {
+            let k = k.as_ref();
+            // A removal made before (the slice did not hold the record since) would
+            // shadow the run's record: it goes once the run is added.
+            if overlay && slice.filter.may_contain(&Hashed::of(k)) && slice.tree.get(k)?.is_some_and(|v| v.is_empty()) {
+                tombstoned.push(k.to_vec());
+            }
+            w.push(k, v.as_ref())?;
+        }
+        Ok(AddedRun { run: w.finish()?, tombstoned })
+    }
+
+    /// Adds a durable run from [`Slices::write_run`] to the slice's runs, the
+    /// newest, and removes the older tombstones of its keys (the caller makes this
+    /// durable in turn). A slice dropped meanwhile drops the run instead.
+    pub fn add(&self, slice: &Arc<Slice>, added: AddedRun) -> Result<(), StoreError> {
+        let AddedRun { run, tombstoned } = added;
+        let list = self.list.read().expect("slices lock");
+        if !list.iter().any(|s| Arc::ptr_eq(s, slice)) {
+            drop(list);
+            run.drop_tree(&self.db)?;
+            return Ok(());
+        }
+        {
+            let mut held = slice.runs.write().unwrap_or_else(PoisonError::into_inner);
+            let runs: Vec<_> = held.iter().cloned().chain([Arc::new(run)]).collect();
+            self.meta.insert(run_key(slice.start), run_entry(&runs))?;
+            *held = Arc::new(runs);
+        }
+        for key in tombstoned {
+            // A record written meanwhile stays: it is newer than the run's.
+            let _ = slice.tree.compare_and_swap(&key, Some(TOMBSTONE), None::<&[u8]>)?;
+        }
         Ok(())
     }
 
     /// After [`Slices::install`] is durable: removes from the slice's overlay each
-    /// entry its run answers the same for (a changed entry stays: it is newer),
+    /// entry its runs answer the same for (a changed entry stays: it is newer),
     /// and drops replaced runs no reader holds. Returns the entries removed.
     pub fn settle(&self, slice: &Slice) -> Result<u64, StoreError> {
         self.drop_retired()?;
-        let Some(run) = slice.run() else { return Ok(0) };
+        if slice.run_count() == 0 {
+            return Ok(0);
+        }
         let mut removed = 0;
         for item in slice.tree.iter() {
             let (k, v) = item?;
-            let packed = run.get(&k)?;
+            let packed = slice.find_in_runs(&Hashed::of(&k))?;
             let same = if v.is_empty() { packed.is_none() } else { packed.as_ref() == Some(&v) };
             if same && slice.tree.compare_and_swap(&k, Some(&v), None::<&[u8]>)?.is_ok() {
                 removed += 1;
@@ -702,8 +810,8 @@ impl Slices {
     pub fn load(&self, slice: &Arc<Slice>, entries: Vec<(Vec<u8>, Vec<u8>)>, packed: bool) -> Result<(), StoreError> {
         if packed {
             let packing = slice.try_packing().expect("a slice made for a bulk load is packed by nobody else");
-            let (run, writes) = self.pack_with(slice, entries, &packing)?;
-            return self.install(slice, run, writes);
+            let run = self.write_run(slice, entries, &packing)?;
+            return self.add(slice, run);
         }
         for (k, v) in &entries {
             slice.insert(k, v.as_slice())?;
@@ -776,18 +884,25 @@ fn fill_overlay(weak: &std::sync::Weak<Slice>) -> Result<(), sled::Error> {
     }
 }
 
-/// Builds and stores the filter of the slice's run if it has none (a run written
-/// before filters were stored). A newer seal meanwhile ends it: its run has one.
+/// Builds and stores the filter of each of the slice's runs that has none (a run
+/// written before filters were stored). A newer seal meanwhile ends it: its run has one.
 fn fill_run(weak: &std::sync::Weak<Slice>) -> Result<(), sled::Error> {
-    let Some(id) = weak.upgrade().and_then(|s| s.run()).filter(|r| !r.has_filter()).map(|r| r.id) else { return Ok(()) };
-    let (mut hashes, mut after) = (Vec::new(), None);
-    loop {
-        let Some(run) = weak.upgrade().and_then(|s| s.run()).filter(|r| r.id == id) else { return Ok(()) };
-        after = run.each_key(after.as_deref(), FILL_BLOCKS, &mut |k| hashes.push(filter::hash(k)))?;
-        if after.is_none() {
-            return run.set_filter(hashes);
+    let Some(slice) = weak.upgrade() else { return Ok(()) };
+    let ids: Vec<u64> = slice.runs().iter().filter(|r| !r.has_filter()).map(|r| r.id).collect();
+    drop(slice);
+    for id in ids {
+        let (mut hashes, mut after) = (Vec::new(), None);
+        loop {
+            let run = weak.upgrade().and_then(|s| s.runs().iter().find(|r| r.id == id).cloned());
+            let Some(run) = run else { break };
+            after = run.each_key(after.as_deref(), FILL_BLOCKS, &mut |k| hashes.push(filter::hash(k)))?;
+            if after.is_none() {
+                run.set_filter(hashes)?;
+                break;
+            }
         }
     }
+    Ok(())
 }
 
 /// Records per state of one slice, by reading it (only for a slice whose counts were lost).
@@ -903,9 +1018,9 @@ mod tests {
     }
 
     /// A seeded model test: random writes, removals, reads and scans of one slice,
-    /// with seals cut at each of their steps, writes between the steps, and
-    /// reopens (a crash: every step is written before the next begins), checked
-    /// against a plain map after every operation.
+    /// with seals and a restore's added runs cut at each of their steps, writes
+    /// between the steps, and reopens (a crash: every step is written before the
+    /// next begins), checked against a plain map after every operation.
     #[test]
     fn a_slice_answers_as_a_map_through_seals_cut_anywhere_and_reopens() {
         use rand::{Rng, SeedableRng};
@@ -918,13 +1033,14 @@ mod tests {
         let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
         let key = |i: u32| [b"k".as_slice(), &i.to_be_bytes()].concat();
+        const KEYS: u32 = 1_200;
         let check = |slices: &Slices, model: &BTreeMap<Vec<u8>, Vec<u8>>, rng: &mut rand::rngs::StdRng| {
             let slice = slices.get(1_000 * S).unwrap();
             for _ in 0..20 {
-                let k = key(rng.random_range(0..600));
+                let k = key(rng.random_range(0..KEYS));
                 assert_eq!(slice.get(&k).unwrap().map(|v| v.to_vec()), model.get(&k).cloned(), "{k:?}");
             }
-            let from = key(rng.random_range(0..600));
+            let from = key(rng.random_range(0..KEYS));
             let got: Vec<_> = slice.range_from(Bound::Excluded(from.clone())).take(50).map(|e| e.unwrap()).collect();
             let want: Vec<_> = model.range((Bound::Excluded(from), Bound::Unbounded)).take(50).collect();
             assert_eq!(got.len(), want.len());
@@ -934,11 +1050,22 @@ mod tests {
             let scanned = slice.scan_prefix(&prefix).count();
             assert_eq!(scanned, model.keys().filter(|k| k.starts_with(&prefix)).count());
         };
+        // A write or a removal between two steps of a seal or of an added run.
+        let between = |slice: &Slice, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, k: Vec<u8>, remove: bool| {
+            if remove {
+                slice.remove(&k).unwrap();
+                model.remove(&k);
+            } else {
+                slice.insert(&k, b"between".to_vec()).unwrap();
+                model.insert(k, b"between".to_vec());
+            }
+        };
         slices.current(1_000 * S).unwrap();
+        let mut most_runs = 0;
         for round in 0..300 {
             let slice = slices.get(1_000 * S).unwrap();
             for _ in 0..rng.random_range(0..40) {
-                let k = key(rng.random_range(0..600));
+                let k = key(rng.random_range(0..KEYS));
                 if rng.random_bool(0.3) {
                     slice.remove(&k).unwrap();
                     model.remove(&k);
@@ -963,19 +1090,45 @@ mod tests {
                         slices.settle(&slice).unwrap();
                     }
                 }
-                let k = key(rng.random_range(0..600));
-                if rng.random_bool(0.5) {
-                    slice.remove(&k).unwrap();
-                    model.remove(&k);
-                } else {
-                    slice.insert(&k, b"between".to_vec()).unwrap();
-                    model.insert(k, b"between".to_vec());
-                }
+                let k = key(rng.random_range(0..KEYS));
+                let remove = rng.random_bool(0.5);
+                between(&slice, &mut model, k, remove);
                 check(&slices, &model, &mut rng);
             }
+            // A restore's run of records the slice does not hold, cut after a random
+            // step, with writes between: a write of one of its keys shadows it (a
+            // removal of one would be of a record the store does not hold).
+            let steps = if rng.random_bool(0.4) { rng.random_range(1..3) } else { 0 };
+            // The run written and its entries, until it is added.
+            type Written = (AddedRun, Vec<(Vec<u8>, Vec<u8>)>);
+            let mut added: Option<Written> = None;
+            let mut touched = std::collections::BTreeSet::new();
+            for step in 1..=steps {
+                if step == 1 {
+                    let absent: std::collections::BTreeSet<Vec<u8>> =
+                        (0..rng.random_range(1..60)).map(|_| key(rng.random_range(0..KEYS))).filter(|k| !model.contains_key(k)).collect();
+                    let entries: Vec<_> = absent.into_iter().map(|k| (k, format!("r{round}").into_bytes())).collect();
+                    let run = slices.write_run(&slice, entries.clone(), &slice.try_packing().unwrap()).unwrap();
+                    added = Some((run, entries));
+                } else {
+                    let (run, entries) = added.take().unwrap();
+                    slices.add(&slice, run).unwrap();
+                    for (k, v) in entries.into_iter().filter(|(k, _)| !touched.contains(k)) {
+                        model.insert(k, v);
+                    }
+                }
+                let k = key(rng.random_range(0..KEYS));
+                touched.insert(k.clone());
+                let in_run = added.as_ref().is_some_and(|(_, e)| e.iter().any(|(ek, _)| *ek == k));
+                let remove = !in_run && rng.random_bool(0.5);
+                between(&slice, &mut model, k, remove);
+                check(&slices, &model, &mut rng);
+            }
+            most_runs = most_runs.max(slice.run_count());
             if rng.random_bool(0.2) {
                 drop(slice);
                 drop(packed);
+                drop(added);
                 if rng.random_bool(0.3) {
                     // As a run written before filters were stored: the filling thread builds one.
                     db.open_tree(runs::FILTERS_TREE).unwrap().clear().unwrap();
@@ -996,8 +1149,9 @@ mod tests {
         drop(slices);
         let slices = open();
         let runs = db.tree_names().into_iter().filter(|n| runs::is_run_tree(n)).count();
-        assert!(runs <= 1, "{runs} run trees");
-        assert_eq!(slices.get(1_000 * S).unwrap().run().is_some(), runs == 1);
+        let slice = slices.get(1_000 * S).unwrap();
+        assert_eq!(slice.run_count(), runs, "{runs} run trees");
+        assert!(most_runs > 1, "the test reached a slice of several runs");
         let filters = db.open_tree(runs::FILTERS_TREE).unwrap().len();
         assert!(filters <= runs, "{filters} stored filters for {runs} runs: none left behind");
     }
