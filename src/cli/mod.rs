@@ -614,54 +614,6 @@ fn print_admin(admin: &crate::config::AdminConfig) {
     println!("admin: listen={listen} credentials: {}", credentials.join(", "));
 }
 
-/// What a route selects, said in a cell: its event types and `when` conditions.
-fn selects(h: &crate::config::HandlerConfig) -> String {
-    let mut parts: Vec<String> = h.event_types.iter().map(|e| format!("types {e}")).collect();
-    parts.extend(h.when.iter().map(|c| format!("when {c}")));
-    if parts.is_empty() {
-        return "every event".to_owned();
-    }
-    parts.join("\n")
-}
-
-/// Each topic's routes in the order they run, what each selects, and the scope and
-/// idempotency key of its records. Topics named in the file are listed with every
-/// handler that takes them; a pattern's topics are known only once they exist.
-fn print_routes(config: &Config) {
-    let mut named: Vec<&str> = Vec::new();
-    for h in &config.handlers {
-        if let crate::config::TopicMatch::Exact(topics) = &h.topics {
-            for topic in topics {
-                if !named.contains(&topic.as_str()) {
-                    named.push(topic);
-                }
-            }
-        }
-    }
-    let mut t = table(&["topic", "route", "handler", "selects", "record scope", "idempotency key"]);
-    for topic in &named {
-        for (n, r) in config.routes_for(topic).enumerate() {
-            let selects = selects(r.handler);
-            let scope = match r.scope(topic) {
-                s if s.is_empty() => "(shared)".to_owned(),
-                s => s.into_owned(),
-            };
-            let key = r.key("<event id>").unwrap_or_else(|| "<event id>".to_owned());
-            let first = if n == 0 { topic.to_string() } else { String::new() };
-            t.add_row(vec![first, (n + 1).to_string(), r.handler.name.clone(), selects, scope, key]);
-        }
-    }
-    for h in config.handlers.iter().filter(|h| matches!(h.topics, crate::config::TopicMatch::Pattern(_))) {
-        let selects = selects(h);
-        let place = "by its place in the file";
-        t.add_row(vec![h.topics.to_string(), place.to_owned(), h.name.clone(), selects, String::new(), String::new()]);
-    }
-    println!("routes (a topic's first route keeps the plain scope and sends the event id as its key):\n{t}");
-    for warning in config.route_warnings() {
-        println!("routes: WARNING {warning}");
-    }
-}
-
 /// `outboxd check-config`: validates the config, lets librdkafka check
 /// `kafka.options`, prints the settings, the changelog topics `run` would create
 /// (when the brokers answer), and the handler for each topic.
@@ -728,7 +680,7 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         t.add_row(vec![format!("handlers[{}]", h.index), h.topics.to_string(), kind.to_owned(), target, id, retry]);
     }
     println!("{t}");
-    print_routes(&config);
+    println!("{}", tables::routes(&config));
     if !refused.is_empty() {
         bail!("`outboxd run` would refuse to start: {}", refused.join("; "));
     }

@@ -222,6 +222,56 @@ pub fn stats_rows(s: &StatsView) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// What a route selects, said in a cell: its event types and `when` conditions.
+fn selects(h: &crate::config::HandlerConfig) -> String {
+    let mut parts: Vec<String> = h.event_types.iter().map(|e| format!("types {e}")).collect();
+    parts.extend(h.when.iter().map(|c| format!("when {c}")));
+    if parts.is_empty() {
+        return "every event".to_owned();
+    }
+    parts.join("\n")
+}
+
+/// Each topic's routes in the order they run, what each selects, and the scope and
+/// idempotency key of its records. Topics named in the file are listed with every
+/// handler that takes them; a pattern's topics are known only once they exist.
+/// Then a line per route that can never select (`outboxd check-config`).
+pub fn routes(config: &crate::config::Config) -> String {
+    let mut named: Vec<&str> = Vec::new();
+    for h in &config.handlers {
+        if let crate::config::TopicMatch::Exact(topics) = &h.topics {
+            for topic in topics {
+                if !named.contains(&topic.as_str()) {
+                    named.push(topic);
+                }
+            }
+        }
+    }
+    let mut t = table(&["topic", "route", "handler", "selects", "record scope", "idempotency key"]);
+    for topic in &named {
+        for (n, r) in config.routes_for(topic).enumerate() {
+            let selects = selects(r.handler);
+            let scope = match r.scope(topic) {
+                s if s.is_empty() => "(shared)".to_owned(),
+                s => s.into_owned(),
+            };
+            let key = r.key("<event id>").unwrap_or_else(|| "<event id>".to_owned());
+            let first = if n == 0 { topic.to_string() } else { String::new() };
+            t.add_row(vec![first, (n + 1).to_string(), r.handler.name.clone(), selects, scope, key]);
+        }
+    }
+    for h in config.handlers.iter().filter(|h| matches!(h.topics, crate::config::TopicMatch::Pattern(_))) {
+        let selects = selects(h);
+        let place = "by its place in the file";
+        t.add_row(vec![h.topics.to_string(), place.to_owned(), h.name.clone(), selects, String::new(), String::new()]);
+    }
+    let mut out = format!("routes (a topic's first route keeps the plain scope and sends the event id as its key):\n{t}");
+    for warning in config.route_warnings() {
+        let _ = write!(out, "\nroutes: WARNING {warning}");
+    }
+    out
+}
+
 #[cfg(test)]
 #[path = "tables_tests.rs"]
 mod tests;

@@ -375,3 +375,36 @@ fn ordinary_text_is_shown_as_it_is() {
     assert_eq!(shown("a\tb\nc\0"), r"a\tb\nc\0");
     assert_eq!(shown("zero\u{200b}width\u{feff}"), r"zero\u{200b}width\u{feff}");
 }
+
+/// `check-config`'s routes: each topic's routes in the order they run, what each
+/// selects, its record scope and idempotency key; a route that can never select is
+/// said so under the table.
+#[test]
+fn check_config_lists_each_topics_routes_with_their_scope_and_key() {
+    let text = include_str!("../../examples/outboxd-routes.toml");
+    let env = |name: &str| (name == "PARTNER_WHSEC").then(|| "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned());
+    let out = super::routes(&crate::config::Config::parse(text, &env).unwrap());
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.starts_with('│'))
+        .map(|l| l.trim_matches('│').split('┆').map(str::trim).collect())
+        .collect();
+    let topic = "outbox.event.order";
+    assert_eq!(rows[0], ["topic", "route", "handler", "selects", "record scope", "idempotency key"]);
+    assert_eq!(rows[1], [topic, "1", "partner", "every event", topic, "<event id>"]);
+    assert_eq!(rows[2], ["", "2", "mailer", "types OrderPaid", "outbox.event.order#mailer", "<event id>#mailer"]);
+    assert_eq!(
+        rows[3],
+        ["", "3", "shipping-log", "types OrderShip*, OrderDelivered", "outbox.event.order#shipping-log", "<event id>#shipping-log"]
+    );
+    assert_eq!(rows.len(), 4, "{out}");
+    assert!(!out.contains("WARNING"), "{out}");
+
+    let raw = crate::config::testing::parse(
+        "[[handlers]]\nname=\"tiers\"\ntopics=[\"o\"]\nkind=\"log\"\nformat=\"raw\"\n\
+         [[handlers.when]]\nfield=\"customer.tier\"\nequals=\"gold\"\n",
+    )
+    .unwrap();
+    let out = super::routes(&raw);
+    assert!(out.contains("routes: WARNING handlers[0] (tiers) can never select an event"), "{out}");
+}
