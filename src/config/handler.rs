@@ -92,6 +92,9 @@ pub struct RawHandler {
     pub on_dead: Option<OnDead>,
     /// Which records a duplicate is looked up in: `topic` (default) or `shared`.
     pub dedup_scope: Option<DedupScope>,
+    /// The idempotency key it sends: `event_id` or `route` (default: by its place
+    /// among its topic's routes).
+    pub idempotency_key: Option<IdempotencyKey>,
     /// `[handlers.verify]` (`http` only): the lookup for `on_uncertain = "verify"`,
     /// and only allowed with it.
     pub verify: Option<RawVerify>,
@@ -214,6 +217,21 @@ impl DedupScope {
     }
 }
 
+/// The idempotency key a route sends (`Idempotency-Key`, `webhook-id`, a log line's
+/// `idempotency_key`), when the config names it rather than leaving it to the route's
+/// place (docs/configuration.md, "Routes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum IdempotencyKey {
+    /// The event id itself: what the first route sends. For a later route whose
+    /// receiver no other route calls and which dedups by event id.
+    EventId,
+    /// The event id, `#` and the route's name: what a later route sends. For a first
+    /// route that must not change its key when another is put above it.
+    Route,
+}
+
 /// Where the event id (the dedup key) is found.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "lowercase")]
@@ -278,6 +296,9 @@ pub struct HandlerConfig {
     pub on_dead: OnDead,
     /// Where an event id is unique (default: per topic).
     pub dedup_scope: DedupScope,
+    /// The idempotency key it sends; `None`: the event id on its topic's first
+    /// route, the event id with `#` and its name on a later one.
+    pub idempotency_key: Option<IdempotencyKey>,
     /// How message values are read (default `auto`).
     pub format: Format,
     /// What the handler sends (default the decoded value as JSON).
@@ -333,6 +354,7 @@ impl RawHandler {
             on_uncertain,
             on_dead: self.on_dead.unwrap_or_default(),
             dedup_scope: self.dedup_scope.unwrap_or_default(),
+            idempotency_key: self.idempotency_key,
             format: self.format.unwrap_or_default(),
             body: self.body.unwrap_or_default(),
         })

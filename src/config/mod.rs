@@ -55,7 +55,8 @@ pub use changelog::{ChangelogConfig, ChangelogKeys, Secret};
 pub use circuit::{CircuitConfig, ConcurrencyConfig};
 pub use error::{ConfigError, EnvError};
 pub use handler::{
-    Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, OnDead, OnUncertain,
+    Body, DedupScope, EventIdSource, Format, HandlerConfig, HandlerKind, HandlerSpec, IdempotencyKey, OnDead,
+    OnUncertain,
 };
 pub use http::{HttpConfig, StatusMatch, StatusRules, VerifyConfig};
 pub use kafka::KafkaConfig;

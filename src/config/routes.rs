@@ -186,10 +186,16 @@ impl<'a> Route<'a> {
         }
     }
 
-    /// The idempotency key this route sends for event `id`: the id itself on
-    /// the first route, else the id with `#` and the route's name.
+    /// The idempotency key this route sends for event `id`, when it is not the id
+    /// itself: the id with `#` and the route's name, on a later route unless its
+    /// `idempotency_key` says otherwise.
     pub fn key(&self, id: &str) -> Option<String> {
-        (!self.first).then(|| format!("{id}#{}", self.handler.name))
+        let with_name = match self.handler.idempotency_key {
+            Some(super::IdempotencyKey::EventId) => false,
+            Some(super::IdempotencyKey::Route) => true,
+            None => !self.first,
+        };
+        with_name.then(|| format!("{id}#{}", self.handler.name))
     }
 
     /// Whether this route takes an event of type `event_type`.
@@ -213,6 +219,14 @@ pub(super) fn of<'a>(handlers: &'a [HandlerConfig], topic: &'a str) -> impl Iter
 /// named or matched by another. Two patterns that both match a topic are only known
 /// once it exists; its later routes then read it as its first does.
 pub(super) fn check(handlers: &[HandlerConfig]) -> Result<(), ConfigError> {
+    for h in handlers.iter().filter(|h| h.idempotency_key == Some(super::IdempotencyKey::Route)) {
+        if h.name.chars().any(char::is_control) {
+            return Err(ConfigError::field(
+                format!("handlers[{}].name", h.index),
+                format!("{:?} goes into the idempotency key (idempotency_key = \"route\"), so it must have no control characters", h.name),
+            ));
+        }
+    }
     for (i, a) in handlers.iter().enumerate() {
         for b in &handlers[i + 1..] {
             let Some(topic) = shared_topic(a, b) else { continue };
@@ -299,6 +313,31 @@ mod tests {
     const THREE: &str = "[[handlers]]\nname=\"all\"\ntopics=[\"o\"]\nkind=\"log\"\n\
                          [[handlers]]\nname=\"mailer\"\ntopics=[\"o\"]\nkind=\"log\"\nevent_types=[\"OrderPaid\"]\n\
                          [[handlers]]\nname=\"ship\"\ntopic_pattern=\"^o$\"\nkind=\"log\"\nevent_types=[\"Order*ed\"]\n";
+
+    /// `idempotency_key` names the key whatever the route's place; the scope still
+    /// follows the place (each route has its own records).
+    #[test]
+    fn idempotency_key_names_a_routes_key_whatever_its_place() {
+        let c = parse(
+            "[[handlers]]\nname=\"crm\"\ntopics=[\"o\"]\nkind=\"log\"\nidempotency_key=\"route\"\n\
+             [[handlers]]\nname=\"mailer\"\ntopics=[\"o\"]\nkind=\"log\"\nidempotency_key=\"event_id\"\n\
+             [[handlers]]\nname=\"ship\"\ntopics=[\"o\"]\nkind=\"log\"\n",
+        )
+        .unwrap();
+        let keys: Vec<_> = c.routes_for("o").map(|r| (r.key("e1"), r.scope("o").into_owned())).collect();
+        assert_eq!(
+            keys,
+            [
+                (Some("e1#crm".to_owned()), "o".to_owned()),
+                (None, "o#mailer".to_owned()),
+                (Some("e1#ship".to_owned()), "o#ship".to_owned()),
+            ]
+        );
+        let e = err("[[handlers]]\ntopics=[\"o\"]\nkind=\"log\"\nidempotency_key=\"id\"\n");
+        assert!(e.contains("idempotency_key") && e.contains("event_id"), "{e}");
+        let e = err("[[handlers]]\nname=\"a\\u0007\"\ntopics=[\"o\"]\nkind=\"log\"\nidempotency_key=\"route\"\n");
+        assert!(e.contains("handlers[0].name") && e.contains("control characters"), "{e}");
+    }
 
     #[test]
     fn the_first_route_keeps_the_plain_scope_and_key_and_later_ones_add_their_name() {
