@@ -15,6 +15,8 @@ pub mod names {
     pub const DUPLICATES: &str = "outboxd_duplicates_suppressed_total";
     /// Events a route passed by (its `event_types` do not select them), per topic and handler.
     pub const FILTERED: &str = "outboxd_events_filtered_total";
+    /// Events no route of their topic selected, per topic: nothing ran, the offset moved.
+    pub const UNROUTED: &str = "outboxd_events_unrouted_total";
     /// Handler attempts that failed and were retried, per topic.
     pub const RETRIED: &str = "outboxd_events_retried_total";
     /// Events recorded dead (and dead-lettered when configured), per topic.
@@ -166,6 +168,7 @@ fn describe() {
     describe_counter!(names::HANDLED, "Events whose handler succeeded and whose done record is durable.");
     describe_counter!(names::DUPLICATES, "Deliveries not executed because the event was already final.");
     describe_counter!(names::FILTERED, "Events a route did not select (its event_types), per topic and handler.");
+    describe_counter!(names::UNROUTED, "Events no route of their topic selected, per topic.");
     describe_counter!(names::RETRIED, "Handler attempts that failed and were retried.");
     describe_counter!(names::DEAD, "Events recorded dead (and dead-lettered when configured).");
     describe_counter!(names::PARKED, "Uncertain events parked for a person.");

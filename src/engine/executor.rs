@@ -347,7 +347,10 @@ impl Executor {
             }
         }
         match selected.as_slice() {
-            [] => Ok(Executed::Final),
+            [] => {
+                self.unrouted(topic, &event);
+                Ok(Executed::Final)
+            }
             [route] => {
                 event.route_key = how.key(route, &event.id);
                 self.run_route(route, &event, msg, owned, call_over, may_hold).await
@@ -413,6 +416,12 @@ impl Executor {
         metrics::counter!(names::FILTERED, "topic" => topic.to_owned(), "handler" => hc.name.clone()).increment(1);
         debug!(event_id = %event.id, %topic, handler = %hc.name, event_type = event.event_type.as_deref(),
             "not selected by this route (event_types, when)");
+    }
+
+    /// No route of the topic selected the event: nothing runs, the offset moves.
+    fn unrouted(&self, topic: &str, event: &OutboxEvent) {
+        metrics::counter!(names::UNROUTED, "topic" => topic.to_owned()).increment(1);
+        debug!(event_id = %event.id, %topic, event_type = event.event_type.as_deref(), "selected by no route of its topic");
     }
 
     /// Replays the event of a final record from its source message, read again

@@ -1,6 +1,7 @@
-//! Routes: several `[[handlers]]` on one topic, two selecting event types and one a
-//! payload field, each a side effect of its own (its record, its idempotency key), in
-//! per-key order; a Debezium-style replay is suppressed on every route.
+//! Routes: several `[[handlers]]` on one topic, selecting event types and a payload
+//! field, each a side effect of its own (its record, its idempotency key), in per-key
+//! order; an event no route selects is counted and passed by; a Debezium-style replay
+//! is suppressed on every route.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -37,7 +38,8 @@ fn routes(topic: &str, url: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_suppressed_on_every_route() {
     let mut s = Scenario::new("routes", 2).await;
-    s.od.config.handler_extra = "headers = { X-Route = \"all\" }\n".to_owned();
+    // The first route takes every order event; a customer event no route selects.
+    s.od.config.handler_extra = "headers = { X-Route = \"all\" }\nevent_types = [\"Order*\"]\n".to_owned();
     s.od.config.extra_toml = routes(&s.topic, &s.receiver.events_url());
     s.run().await;
     let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
@@ -47,6 +49,9 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
     let tiers = ["gold", "silver", "platinum", "bronze"];
     for i in 0..KEYS * PER_KEY {
         sent.push((harness::new_event_id(), format!("order-{}", i % KEYS), TYPES[i % TYPES.len()], tiers[i % 4]));
+    }
+    for k in 0..KEYS {
+        sent.insert(k * 3, (harness::new_event_id(), format!("order-{k}"), "CustomerUpdated", "gold"));
     }
     // The mailer refuses one OrderPaid event for good: dead on that route only.
     let refused = sent.iter().find(|e| e.2 == "OrderPaid").unwrap().0.clone();
@@ -60,10 +65,10 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
         producer.send_event(&topic, key, id, Some(t), &payload(id, t, tier)).await;
     }
     let key_of = |id: &str, t: &str, tier: &str, route: &str| match (route, t, tier) {
-        ("all", _, _) => Some(id.to_owned()),
+        ("all", t, _) if t.starts_with("Order") => Some(id.to_owned()),
         ("mailer", "OrderPaid", _) => Some(format!("{id}#mailer")),
         ("shipping", "OrderShipped", _) => Some(format!("{id}#shipping")),
-        ("crm", _, "gold" | "platinum") => Some(format!("{id}#crm")),
+        ("crm", t, "gold" | "platinum") if t.starts_with("Order") => Some(format!("{id}#crm")),
         _ => None,
     };
     let expected: Vec<(String, &str)> = ["all", "mailer", "shipping", "crm"]
@@ -99,11 +104,15 @@ async fn three_routes_get_their_events_once_each_in_key_order_and_a_replay_is_su
             .collect();
         assert_eq!(got, &want, "route {route}, key {aggregate}: calls out of offset order");
     }
-    // What a route does not select is counted, not recorded.
+    // What a route does not select is counted, not recorded; an event no route selects
+    // is counted once more, and its offset moved (the end was reached).
     let filtered = |h: &str| metrics::sample(&scraped, "outboxd_events_filtered_total", &[("handler", h)]);
-    assert_eq!(filtered("mailer"), (KEYS * PER_KEY * 2 / 3) as f64);
-    assert_eq!(filtered("shipping"), (KEYS * PER_KEY * 2 / 3) as f64);
-    assert_eq!(filtered("crm"), (KEYS * PER_KEY / 2) as f64);
+    let (n, unrouted) = (KEYS * PER_KEY, KEYS);
+    assert_eq!(filtered("mailer"), (n * 2 / 3 + unrouted) as f64);
+    assert_eq!(filtered("shipping"), (n * 2 / 3 + unrouted) as f64);
+    assert_eq!(filtered("crm"), (n / 2 + unrouted) as f64);
+    assert_eq!(filtered(&topic), unrouted as f64, "the first route, named after its topic");
+    assert_eq!(metrics::sample(&scraped, "outboxd_events_unrouted_total", &[("topic", &topic)]), unrouted as f64);
 
     // A Debezium-style replay (the same events at new offsets): suppressed on every route.
     for (id, key, t, tier) in &sent {
@@ -198,19 +207,32 @@ fn with_route_b(s: &mut Scenario) {
     );
 }
 
-/// b's calls that did their side effect, in the order they came.
-fn effective_b_calls(receiver: &crate::harness::receiver::Receiver) -> Vec<crate::harness::receiver::Call> {
+/// The calls of `route` ("all" or "b") that did their side effect, in the order they came.
+fn effective_calls(receiver: &crate::harness::receiver::Receiver, route: &str) -> Vec<crate::harness::receiver::Call> {
     let mut calls: Vec<_> =
-        receiver.calls().into_iter().filter(|c| c.header("x-route") == Some("b") && c.effective()).collect();
+        receiver.calls().into_iter().filter(|c| c.header("x-route") == Some(route) && c.effective()).collect();
     calls.sort_by_key(|c| c.seq);
     calls
 }
 
-/// Each of `sent` was done once on b, and per key in the order sent.
-fn once_each_in_key_order_on_b(calls: &[crate::harness::receiver::Call], sent: &[(String, String)]) {
+/// The idempotency key of event `id` on `route`: the first route ("all") sends the id.
+fn key_on(route: &str, id: &str) -> String {
+    match route {
+        "all" => id.to_owned(),
+        _ => format!("{id}#{route}"),
+    }
+}
+
+/// Each of `sent` was done once on `route`, and per key in the order sent.
+fn once_each_in_key_order(receiver: &crate::harness::receiver::Receiver, route: &str, sent: &[(String, String)]) {
+    let calls = effective_calls(receiver, route);
     for (id, _) in sent {
-        let k = format!("{id}#b");
-        assert_eq!(calls.iter().filter(|c| c.event_id.as_deref() == Some(k.as_str())).count(), 1, "{k} done once on b");
+        let k = key_on(route, id);
+        assert_eq!(
+            calls.iter().filter(|c| c.event_id.as_deref() == Some(k.as_str())).count(),
+            1,
+            "{k} done once on {route}"
+        );
     }
     let keys: std::collections::BTreeSet<&String> = sent.iter().map(|(_, k)| k).collect();
     for key in keys {
@@ -219,8 +241,8 @@ fn once_each_in_key_order_on_b(calls: &[crate::harness::receiver::Call], sent: &
             .filter(|c| c.path.split('/').nth(2) == Some(key.as_str()))
             .filter_map(|c| c.event_id.as_deref())
             .collect();
-        let want: Vec<String> = sent.iter().filter(|(_, k)| k == key).map(|(id, _)| format!("{id}#b")).collect();
-        assert_eq!(got, want, "b's calls of {key} out of offset order");
+        let want: Vec<String> = sent.iter().filter(|(_, k)| k == key).map(|(id, _)| key_on(route, id)).collect();
+        assert_eq!(got, want, "{route}'s calls of {key} out of offset order");
     }
 }
 
@@ -268,18 +290,16 @@ async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_
     })
     .await;
     od.wait_until("committed offsets at the end, with b away", TIMEOUT, || offsets.reached_end()).await;
-    assert!(away.load(Ordering::SeqCst));
     wait_held(&mut od, events as u64).await;
-    assert_eq!(receiver.calls().iter().filter(|c| c.header("x-route") == Some("b") && c.effective()).count(), 0);
+    assert_eq!(effective_calls(&receiver, "b").len(), 0, "b was away");
+    once_each_in_key_order(&receiver, "all", &sent);
 
     // b is back: its held events run, once each, in per-key order.
     away.store(false, Ordering::SeqCst);
     let keys: Vec<String> = sent.iter().map(|(id, _)| format!("{id}#b")).collect();
     od.wait_until("b's events after it came back", TIMEOUT, || keys.iter().all(|k| receiver.answered_ok(k))).await;
-    once_each_in_key_order_on_b(&effective_b_calls(&receiver), &sent);
-    for (id, _) in &sent {
-        assert_eq!(receiver.handler_calls(id).len(), 1, "{id} once on the first route");
-    }
+    once_each_in_key_order(&receiver, "b", &sent);
+    once_each_in_key_order(&receiver, "all", &sent);
     wait_held(&mut od, 0).await;
     od.stop();
 }
@@ -337,7 +357,7 @@ async fn events_held_for_an_away_receiver_survive_a_sigkill_and_a_move_to_an_emp
     away.store(false, Ordering::SeqCst);
     let keys: Vec<String> = sent.iter().map(|(id, _)| format!("{id}#b")).collect();
     next.wait_until("b's events on the new instance", TIMEOUT, || keys.iter().all(|k| receiver.answered_ok(k))).await;
-    once_each_in_key_order_on_b(&effective_b_calls(&receiver), &sent);
+    once_each_in_key_order(&receiver, "b", &sent);
     for (id, _) in &sent {
         assert_eq!(
             receiver.handler_calls(id).iter().filter(|c| c.effective()).count(),
