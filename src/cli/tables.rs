@@ -265,7 +265,7 @@ pub fn routes(config: &crate::config::Config) -> String {
         let place = "by its place in the file";
         t.add_row(vec![h.topics.to_string(), place.to_owned(), h.name.clone(), selects, String::new(), String::new()]);
     }
-    let mut out = format!("routes (a topic's first route keeps the plain scope and sends the event id as its key):\n{t}");
+    let mut out = format!("routes (a topic's first route keeps the plain scope and, unless its idempotency_key says otherwise, sends the event id as its key):\n{t}");
     for warning in config.route_warnings() {
         let _ = write!(out, "\nroutes: WARNING {warning}");
     }
