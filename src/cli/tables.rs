@@ -1,5 +1,6 @@
 //! The tables `outboxd store …` prints, from the wire views the store or the
-//! running service answered with. The only user of comfy-table.
+//! running service answered with, and `check-config`'s table of each topic's
+//! routes. The only user of comfy-table.
 //!
 //! Every text that came with an event or was written about one (ids, keys, types,
 //! topics, outcomes, reasons, audit entries, a circuit's last failure) goes through
