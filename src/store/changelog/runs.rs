@@ -55,7 +55,8 @@ impl Store {
             for state in &states {
                 slice.moved(None, Some(*state));
             }
-            // The overlay holds none of the run's keys: nothing to settle.
+            // Nothing to settle: the run holds no record the overlay had (an overlay
+            // entry of one of its keys was written since, and shadows it).
             self.durable_blocking()?;
             drop(packing);
             written += states.len() as u64;

@@ -45,14 +45,15 @@ const RUN_PREFIX: &[u8] = b"run:";
 /// costs a lookup of a new id one filter probe and an iteration one more source to
 /// merge; a restore adds a run per `store.changelog.restore_run_bytes` of a slice's
 /// records (1.2M of the benchmark's records at the default), so a restore merges
-/// only a slice of more than about ten million records, once (10M took 14 s).
+/// only a slice of more than about ten million records (10M took 14 s; a gc pass
+/// during a long restore may merge it once more).
 pub const MAX_RUNS: usize = 8;
 /// A sealed slice is sealed again once its overlay took this many writes, and
-/// at least an eighth of its run's records.
+/// at least an eighth of its runs' records.
 const RESEAL_WRITES: u64 = 4_096;
 /// The current slice is sealed each time its overlay holds this many records
-/// (and an eighth of its run): what stays one sled entry per record. Each seal
-/// rewrites the slice's run, so the eighth keeps a record's rewrites to about
+/// (and an eighth of its runs'): what stays one sled entry per record. Each seal
+/// rewrites the slice's runs as one, so the eighth keeps a record's rewrites to about
 /// nine over the slice's life.
 const LIVE_SEAL_RECORDS: u64 = 131_072;
 
@@ -66,7 +67,7 @@ pub struct Slice {
     pub start: i64,
     pub width: i64,
     /// One entry per record: every record while the slice takes live writes, and
-    /// after a seal the changes since (an overlay that shadows `run`; a removal is
+    /// after a seal the changes since (an overlay that shadows `runs`; a removal is
     /// a [`TOMBSTONE`]). Written only through [`Slice::insert`] and
     /// [`Slice::remove`], which keep `filter` whole.
     tree: sled::Tree,
@@ -262,13 +263,6 @@ impl Slice {
     }
 }
 
-/// A run of records a slice did not hold ([`Slices::write_run`]), to be added.
-pub struct AddedRun {
-    pub run: Run,
-    /// Keys of the run whose removal the overlay held when it was written.
-    tombstoned: Vec<Vec<u8>>,
-}
-
 /// The right to pack a slice ([`Slice::try_packing`]), given back when dropped.
 pub struct Packing(Arc<Slice>);
 
@@ -412,6 +406,7 @@ fn entry(width: i64, counts: &Counts) -> Vec<u8> {
 impl Slices {
     pub fn open(db: &sled::Db, meta: &sled::Tree, retention: Duration) -> Result<Slices, StoreError> {
         let mut list = Vec::new();
+        let trees = db.tree_names();
         for item in meta.scan_prefix(PREFIX) {
             let (k, v) = item?;
             let start = k.get(PREFIX.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(i64::from_be_bytes);
@@ -423,6 +418,17 @@ impl Slices {
                 let named = decode_run_entry(&v)
                     .ok_or_else(|| StoreError::Corrupt { id: format!("runs of slice {start}"), error: "bad run entry".into() })?;
                 for (id, records) in named {
+                    // A run is durable before it is named: one named and missing was dropped
+                    // by a build that knew one run per slice (opening the tree would make
+                    // an empty one, and its records would be gone without a word).
+                    if !trees.iter().any(|t| t.as_ref() == runs::tree_name(start, id).as_slice()) {
+                        return Err(StoreError::Corrupt {
+                            id: format!("run {id} of slice {start}"),
+                            error: "the store names a packed run that is not there (an older release opened this \
+                                    store and dropped it); rebuild the store from the changelog"
+                                .into(),
+                        });
+                    }
                     runs.push(Run::open(db, start, id, records)?);
                 }
             }
@@ -653,7 +659,7 @@ fn decode_run_entry(v: &[u8]) -> Option<Vec<(u64, u64)>> {
 
 /// Sealing: a slice that no longer takes live writes is packed into a run
 /// (store/disk/runs.rs) in three steps, each safe to cut short by a crash:
-/// [`Slices::pack`] writes a new run from the slice's run and overlay (nothing
+/// [`Slices::pack`] writes a new run from the slice's runs and overlay (nothing
 /// finds it yet; an open drops it); once that is durable, [`Slices::install`]
 /// names it in the meta tree and hands it to lookups (the overlay still
 /// shadows it with the same values); once that is durable, [`Slices::settle`]
@@ -732,53 +738,41 @@ impl Slices {
     /// hold: a restore's, store/changelog/runs.rs) as a run of their own, without
     /// reading the slice's runs. Returns it, not yet durable, not yet found; the
     /// caller holds [`Packing`] and, once it is durable, [`Slices::add`]s it.
-    /// Until then nothing removes a record of its keys: nobody removes a record the
-    /// store does not hold.
+    ///
+    /// An overlay entry of one of their keys is newer than the run and shadows it, a
+    /// removal included: the restore held the record back as one the store did not
+    /// hold, of a scope it held nothing of when the restore began, so any entry of its
+    /// key was written since, by someone else (a move to a newer slice, a `forget`).
     pub fn write_run<K: AsRef<[u8]>, V: AsRef<[u8]>>(
         &self,
         slice: &Slice,
         entries: impl IntoIterator<Item = (K, V)>,
         _: &Packing,
-    ) -> Result<AddedRun, StoreError> {
+    ) -> Result<Run, StoreError> {
         // A removal from now on leaves a tombstone: the record may be in this run.
         *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut w = RunWriter::new(&self.db, slice.start, id)?;
-        let overlay = !slice.tree.is_empty();
-        let mut tombstoned = Vec::new();
         for (k, v) in entries {
-            let k = k.as_ref();
-            // A removal made before (the slice did not hold the record since) would
-            // shadow the run's record: it goes once the run is added.
-            if overlay && slice.filter.may_contain(&Hashed::of(k)) && slice.tree.get(k)?.is_some_and(|v| v.is_empty()) {
-                tombstoned.push(k.to_vec());
-            }
-            w.push(k, v.as_ref())?;
+            w.push(k.as_ref(), v.as_ref())?;
         }
-        Ok(AddedRun { run: w.finish()?, tombstoned })
+        Ok(w.finish()?)
     }
 
-    /// Adds a durable run from [`Slices::write_run`] to the slice's runs, the
-    /// newest, and removes the older tombstones of its keys (the caller makes this
-    /// durable in turn). A slice dropped meanwhile drops the run instead.
-    pub fn add(&self, slice: &Arc<Slice>, added: AddedRun) -> Result<(), StoreError> {
-        let AddedRun { run, tombstoned } = added;
+    /// Adds a durable `run` from [`Slices::write_run`] to the slice's runs, the
+    /// newest (the caller makes this durable in turn). A slice dropped meanwhile
+    /// drops the run instead.
+    pub fn add(&self, slice: &Arc<Slice>, run: Run) -> Result<(), StoreError> {
         let list = self.list.read().expect("slices lock");
         if !list.iter().any(|s| Arc::ptr_eq(s, slice)) {
             drop(list);
             run.drop_tree(&self.db)?;
             return Ok(());
         }
-        {
-            let mut held = slice.runs.write().unwrap_or_else(PoisonError::into_inner);
-            let runs: Vec<_> = held.iter().cloned().chain([Arc::new(run)]).collect();
-            self.meta.insert(run_key(slice.start), run_entry(&runs))?;
-            *held = Arc::new(runs);
-        }
-        for key in tombstoned {
-            // A record written meanwhile stays: it is newer than the run's.
-            let _ = slice.tree.compare_and_swap(&key, Some(TOMBSTONE), None::<&[u8]>)?;
-        }
+        let mut held = slice.runs.write().unwrap_or_else(PoisonError::into_inner);
+        let runs: Vec<_> = held.iter().cloned().chain([Arc::new(run)]).collect();
+        self.meta.insert(run_key(slice.start), run_entry(&runs))?;
+        *held = Arc::new(runs);
         Ok(())
     }
 
@@ -934,11 +928,17 @@ mod tests {
 
     const S: i64 = 1_000_000;
 
-    #[test]
-    fn slices_are_made_as_time_passes_and_dropped_whole_after_the_retention() {
+    /// A database in a new directory (kept while the test runs) and its meta tree.
+    fn database() -> (tempfile::TempDir, sled::Db, sled::Tree) {
         let dir = tempfile::tempdir().unwrap();
         let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
         let meta = db.open_tree("meta").unwrap();
+        (dir, db, meta)
+    }
+
+    #[test]
+    fn slices_are_made_as_time_passes_and_dropped_whole_after_the_retention() {
+        let (_dir, db, meta) = database();
         let slices = Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         assert_eq!(slices.width, 10 * S);
         let a = slices.current(1_000 * S + 3).unwrap();
@@ -967,9 +967,7 @@ mod tests {
 
     #[test]
     fn an_older_record_gets_a_slice_that_does_not_overlap_newer_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
-        let meta = db.open_tree("meta").unwrap();
+        let (_dir, db, meta) = database();
         let slices = Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         slices.current(1_005 * S).unwrap();
         let old = slices.slice_for(995 * S).unwrap();
@@ -986,9 +984,7 @@ mod tests {
 
     #[test]
     fn the_current_slice_is_sealed_each_time_its_overlay_holds_enough_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
-        let meta = db.open_tree("meta").unwrap();
+        let (_dir, db, meta) = database();
         let slices = Slices { live_seal: 1_000, ..Slices::open(&db, &meta, Duration::from_secs(80)).unwrap() };
         let now = 1_000 * S + 1;
         let current = slices.current(now).unwrap();
@@ -1017,6 +1013,26 @@ mod tests {
         assert_eq!(slices.all()[0].len() as u64, 2 * 1_000);
     }
 
+    /// A slice whose meta entry names a run that is not there (dropped by a build that
+    /// knew one run per slice) is refused on open, not opened without its records.
+    #[test]
+    fn a_named_run_that_is_not_there_is_an_error_on_open() {
+        let (_dir, db, meta) = database();
+        let slices = Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
+        let slice = slices.current(1_000 * S).unwrap();
+        for k in [b"a", b"b"] {
+            let run = slices.write_run(&slice, [(k, b"v")], &slice.try_packing().unwrap()).unwrap();
+            slices.add(&slice, run).unwrap();
+        }
+        let second = slice.runs()[1].id;
+        assert_eq!(slice.get(b"b").unwrap().as_deref(), Some(&b"v"[..]));
+        drop((slice, slices));
+        assert!(Slices::open(&db, &meta, Duration::from_secs(80)).is_ok());
+        db.drop_tree(runs::tree_name(1_000 * S, second)).unwrap();
+        let Err(e) = Slices::open(&db, &meta, Duration::from_secs(80)) else { panic!("opened without its run") };
+        assert!(e.to_string().contains("not there"), "{e}");
+    }
+
     /// A seeded model test: random writes, removals, reads and scans of one slice,
     /// with seals and a restore's added runs cut at each of their steps, writes
     /// between the steps, and reopens (a crash: every step is written before the
@@ -1025,15 +1041,16 @@ mod tests {
     fn a_slice_answers_as_a_map_through_seals_cut_anywhere_and_reopens() {
         use rand::{Rng, SeedableRng};
         use std::collections::BTreeMap;
-        let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
-        let meta = db.open_tree("meta").unwrap();
+        let (_dir, db, meta) = database();
         let open = || Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
         let mut slices = open();
         let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
         let key = |i: u32| [b"k".as_slice(), &i.to_be_bytes()].concat();
-        const KEYS: u32 = 1_200;
+        const KEYS: u32 = 4_000;
+        // Every key ever written or removed: a restore's run takes only others (keys of
+        // a scope the store held nothing of when it began).
+        let mut ever = std::collections::BTreeSet::new();
         let check = |slices: &Slices, model: &BTreeMap<Vec<u8>, Vec<u8>>, rng: &mut rand::rngs::StdRng| {
             let slice = slices.get(1_000 * S).unwrap();
             for _ in 0..20 {
@@ -1066,6 +1083,7 @@ mod tests {
             let slice = slices.get(1_000 * S).unwrap();
             for _ in 0..rng.random_range(0..40) {
                 let k = key(rng.random_range(0..KEYS));
+                ever.insert(k.clone());
                 if rng.random_bool(0.3) {
                     slice.remove(&k).unwrap();
                     model.remove(&k);
@@ -1091,23 +1109,25 @@ mod tests {
                     }
                 }
                 let k = key(rng.random_range(0..KEYS));
+                ever.insert(k.clone());
                 let remove = rng.random_bool(0.5);
                 between(&slice, &mut model, k, remove);
                 check(&slices, &model, &mut rng);
             }
-            // A restore's run of records the slice does not hold, cut after a random
-            // step, with writes between: a write of one of its keys shadows it (a
-            // removal of one would be of a record the store does not hold).
+            // A restore's run of records the slice never held, cut after a random step,
+            // with writes between: a write of one of its keys is newer and shadows it (a
+            // removal of one before the add would be of a record the store does not hold).
             let steps = if rng.random_bool(0.4) { rng.random_range(1..3) } else { 0 };
             // The run written and its entries, until it is added.
-            type Written = (AddedRun, Vec<(Vec<u8>, Vec<u8>)>);
+            type Written = (Run, Vec<(Vec<u8>, Vec<u8>)>);
             let mut added: Option<Written> = None;
             let mut touched = std::collections::BTreeSet::new();
             for step in 1..=steps {
                 if step == 1 {
-                    let absent: std::collections::BTreeSet<Vec<u8>> =
-                        (0..rng.random_range(1..60)).map(|_| key(rng.random_range(0..KEYS))).filter(|k| !model.contains_key(k)).collect();
-                    let entries: Vec<_> = absent.into_iter().map(|k| (k, format!("r{round}").into_bytes())).collect();
+                    let fresh: std::collections::BTreeSet<Vec<u8>> =
+                        (0..rng.random_range(1..60)).map(|_| key(rng.random_range(0..KEYS))).filter(|k| !ever.contains(k)).collect();
+                    ever.extend(fresh.iter().cloned());
+                    let entries: Vec<_> = fresh.into_iter().map(|k| (k, format!("r{round}").into_bytes())).collect();
                     let run = slices.write_run(&slice, entries.clone(), &slice.try_packing().unwrap()).unwrap();
                     added = Some((run, entries));
                 } else {
@@ -1118,9 +1138,11 @@ mod tests {
                     }
                 }
                 let k = key(rng.random_range(0..KEYS));
+                ever.insert(k.clone());
                 touched.insert(k.clone());
                 let in_run = added.as_ref().is_some_and(|(_, e)| e.iter().any(|(ek, _)| *ek == k));
-                let remove = !in_run && rng.random_bool(0.5);
+                // A removal needs a record to remove: the run's key once written since.
+                let remove = (!in_run || model.contains_key(&k)) && rng.random_bool(0.5);
                 between(&slice, &mut model, k, remove);
                 check(&slices, &model, &mut rng);
             }
