@@ -221,7 +221,7 @@ impl Store {
         for slice in self.slices.to_seal(now_us)? {
             // A restore is writing its records into this slice: the next pass seals it.
             let Some(packing) = slice.try_packing() else { continue };
-            // A slice with a run already is merged: its run and its overlay packed anew.
+            // A slice with runs already is merged: its runs and its overlay packed anew into one.
             let merge = slice.packing().0 > 0;
             let crash_at = |step: &str| crash_point(Crash::Seal, &if merge { format!("merge-{step}") } else { step.into() });
             let started = std::time::Instant::now();

@@ -825,7 +825,7 @@ impl Slices {
     }
 }
 
-/// Keys a filling thread reads from a slice's overlay, and blocks from its run,
+/// Keys a filling thread reads from a slice's overlay, and blocks from a run,
 /// before it lets go of it (and of the database: a store being closed is not kept
 /// open by its filling thread for longer).
 const FILL_CHUNK: usize = 16_384;
