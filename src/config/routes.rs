@@ -220,12 +220,7 @@ pub(super) fn of<'a>(handlers: &'a [HandlerConfig], topic: &'a str) -> impl Iter
 /// once it exists; its later routes then read it as its first does.
 pub(super) fn check(handlers: &[HandlerConfig]) -> Result<(), ConfigError> {
     for h in handlers.iter().filter(|h| h.idempotency_key == Some(super::IdempotencyKey::Route)) {
-        if h.name.chars().any(char::is_control) {
-            return Err(ConfigError::field(
-                format!("handlers[{}].name", h.index),
-                format!("{:?} goes into the idempotency key (idempotency_key = \"route\"), so it must have no control characters", h.name),
-            ));
-        }
+        name_fits_a_key(h, "(idempotency_key = \"route\")")?;
     }
     for (i, a) in handlers.iter().enumerate() {
         for b in &handlers[i + 1..] {
@@ -240,17 +235,19 @@ pub(super) fn check(handlers: &[HandlerConfig]) -> Result<(), ConfigError> {
                     ),
                 ));
             }
-            if b.name.chars().any(char::is_control) {
-                return Err(ConfigError::field(
-                    format!("handlers[{}].name", b.index),
-                    format!(
-                        "{:?} is a later route of topic {topic:?}: its name goes into the idempotency key, \
-                         so it must have no control characters",
-                        b.name
-                    ),
-                ));
-            }
+            name_fits_a_key(b, &format!("as a later route of topic {topic:?}"))?;
         }
+    }
+    Ok(())
+}
+
+/// A handler's name goes into idempotency keys (`why`): it must fit a header.
+fn name_fits_a_key(h: &HandlerConfig, why: &str) -> Result<(), ConfigError> {
+    if h.name.chars().any(char::is_control) {
+        return Err(ConfigError::field(
+            format!("handlers[{}].name", h.index),
+            format!("{:?} goes into the idempotency key {why}, so it must have no control characters", h.name),
+        ));
     }
     Ok(())
 }

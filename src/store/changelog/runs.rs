@@ -16,8 +16,9 @@
 //! Durability: the partition's checkpoint does not move while records wait. When
 //! they reach `store.changelog.restore_run_bytes`, or the read its end, each
 //! slice's are written as a run, made durable, added to the slice's runs and made
-//! durable again; only then does the reader move the checkpoint. A crash before that loses nothing: the next read starts from the
-//! old checkpoint. A read stopped early drops what waits, for the same reason.
+//! durable again; only then does the reader move the checkpoint. A crash before
+//! that loses nothing: the next read starts from the old checkpoint. A read stopped
+//! early drops what waits, for the same reason.
 //!
 //! When the fast path ends (something else wrote to the store meanwhile, or a
 //! tombstone came), what waits is written an entry each at once

@@ -261,6 +261,11 @@ impl Slice {
     pub fn run_count(&self) -> usize {
         self.runs().len()
     }
+
+    /// Whether `name` is the tree of one of its runs.
+    fn holds_run_tree(&self, name: &[u8]) -> bool {
+        self.runs().iter().any(|r| runs::tree_name(self.start, r.id) == name)
+    }
 }
 
 /// The right to pack a slice ([`Slice::try_packing`]), given back when dropped.
@@ -453,8 +458,7 @@ impl Slices {
                 tracing::info!("dropping the rest of a slice whose drop was interrupted");
                 db.drop_tree(&name)?;
             }
-            let installed = |s: &Arc<Slice>| s.runs().iter().any(|r| runs::tree_name(s.start, r.id) == name.as_ref());
-            if runs::is_run_tree(&name) && !list.iter().any(installed) {
+            if runs::is_run_tree(&name) && !list.iter().any(|s| s.holds_run_tree(&name)) {
                 tracing::info!("dropping a packed run that no slice uses (an interrupted seal or drop)");
                 db.drop_tree(&name)?;
             }
@@ -469,8 +473,7 @@ impl Slices {
         let filters = db.open_tree(runs::FILTERS_TREE)?;
         for name in filters.iter().keys() {
             let name = name?;
-            let installed = |s: &Arc<Slice>| s.runs().iter().any(|r| runs::tree_name(s.start, r.id) == name.as_ref());
-            if !list.iter().any(installed) {
+            if !list.iter().any(|s| s.holds_run_tree(&name)) {
                 filters.remove(name)?;
             }
         }
@@ -720,15 +723,7 @@ impl Slices {
     /// the runs it packed (the caller makes this durable in turn). A slice dropped
     /// meanwhile drops the run instead.
     pub fn install(&self, slice: &Arc<Slice>, run: Run, writes: u64) -> Result<(), StoreError> {
-        let list = self.list.read().expect("slices lock");
-        if !list.iter().any(|s| Arc::ptr_eq(s, slice)) {
-            drop(list);
-            run.drop_tree(&self.db)?;
-            return Ok(());
-        }
-        let runs = Arc::new(vec![Arc::new(run)]);
-        self.meta.insert(run_key(slice.start), run_entry(&runs))?;
-        let old = std::mem::replace(&mut *slice.runs.write().unwrap_or_else(PoisonError::into_inner), runs);
+        let Some(old) = self.name_run(slice, run, true)? else { return Ok(()) };
         let _ = slice.overlay_writes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| Some(w.saturating_sub(writes)));
         self.retired.lock().unwrap_or_else(PoisonError::into_inner).extend(old.iter().cloned());
         Ok(())
@@ -763,17 +758,26 @@ impl Slices {
     /// newest (the caller makes this durable in turn). A slice dropped meanwhile
     /// drops the run instead.
     pub fn add(&self, slice: &Arc<Slice>, run: Run) -> Result<(), StoreError> {
+        self.name_run(slice, run, false).map(drop)
+    }
+
+    /// Names `run` in the slice's meta entry and hands it to lookups: as its only run
+    /// (`replace`, a seal's, in place of the runs it packed) or as its newest (a
+    /// restore's). The caller holds [`Packing`], so the runs do not change meanwhile.
+    /// The slice list stays locked for reading throughout: a slice dropped before
+    /// drops the run instead (`None`), one dropped after takes it along. Returns the
+    /// runs it replaced.
+    fn name_run(&self, slice: &Arc<Slice>, run: Run, replace: bool) -> Result<Option<Arc<Vec<Arc<Run>>>>, StoreError> {
         let list = self.list.read().expect("slices lock");
         if !list.iter().any(|s| Arc::ptr_eq(s, slice)) {
             drop(list);
             run.drop_tree(&self.db)?;
-            return Ok(());
+            return Ok(None);
         }
-        let mut held = slice.runs.write().unwrap_or_else(PoisonError::into_inner);
-        let runs: Vec<_> = held.iter().cloned().chain([Arc::new(run)]).collect();
+        let kept = if replace { Vec::new() } else { slice.runs().to_vec() };
+        let runs = Arc::new(kept.into_iter().chain([Arc::new(run)]).collect::<Vec<_>>());
         self.meta.insert(run_key(slice.start), run_entry(&runs))?;
-        *held = Arc::new(runs);
-        Ok(())
+        Ok(Some(std::mem::replace(&mut *slice.runs.write().unwrap_or_else(PoisonError::into_inner), runs)))
     }
 
     /// After [`Slices::install`] is durable: removes from the slice's overlay each
