@@ -268,7 +268,9 @@ async fn changelog(config: &Config, store: &Arc<Store>) -> Result<(Option<Restor
     store.attach_changelog(Arc::new(producer));
     warn_unsigned(&changelog);
     info!(changelog_topics = %changelog.topic_template, "final records go to changelog topics; assigned partitions are restored first");
-    Ok((Some(RestoreSetup { kafka: config.kafka.clone(), changelog, retention: config.store.retention }), plan))
+    let checked = plan.iter().flat_map(|p| p.existing.iter().chain(&p.create)).map(|(source, ..)| source.clone()).collect();
+    let setup = RestoreSetup { kafka: config.kafka.clone(), changelog, retention: config.store.retention, checked };
+    Ok((Some(setup), plan))
 }
 
 /// Without `store.changelog.key`, says once who can then steer side effects; with

@@ -41,6 +41,10 @@ pub struct RestoreSetup {
     pub changelog: ChangelogConfig,
     /// `store.retention`: the `retention.ms` of changelog topics created on assignment.
     pub retention: Duration,
+    /// Source topics whose changelog topics were created or checked at start-up: the
+    /// first assignment of one does not ask the brokers again (a third of a second
+    /// of a takeover). A restore that fails on the brokers checks its topic again.
+    pub checked: Vec<String>,
 }
 
 /// What one partition's restore read.
@@ -69,7 +73,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
         changelog: setup.changelog.clone(),
         stop: stop.clone(),
     };
-    let mut ensured: HashSet<String> = HashSet::new();
+    let mut ensured: HashSet<String> = setup.checked.iter().cloned().collect();
     let mut follow = Follow::new(&setup.changelog);
     let mut standby = Standby::new(&setup.changelog);
     // Some partition was restored since the last time none was waiting.

@@ -37,6 +37,9 @@ struct Ctx {
 /// to another member: the session timed out, or the poll interval was exceeded.
 const PARTITIONS_MAY_BE_GONE: [&str; 2] = ["SESSTMOUT", "MAXPOLL"];
 
+/// How long the request that wakes a resumed partition's fetcher may wait for its answer.
+const WAKE_TIMEOUT: Duration = Duration::from_millis(200);
+
 /// Names this client in log lines and in `outboxd_broker_connection_errors_total`.
 const CLIENT: &str = "consumer";
 
@@ -242,10 +245,26 @@ impl Source for Consumer {
         }
     }
 
+    /// librdkafka does not wake its fetcher when a partition resumes: the broker
+    /// thread looks at its partitions again only when something else wakes it, up
+    /// to a second later when it fetches nothing else (`rd_kafka_max_block_ms` in
+    /// rdkafka_broker.c). After a restore that second was a third of a failover's
+    /// time beside the restore. A watermark request to each partition's leader
+    /// wakes that broker's thread, which then fetches the partition at once.
     fn resume(&self, partitions: &[PartitionId]) {
         if let Err(error) = self.inner.resume(&to_list(partitions)) {
             warn!(%error, partitions = %describe(partitions), "could not resume partitions");
+            return;
         }
+        off_the_workers(|| {
+            for p in partitions {
+                // Only a wake-up: a broker that does not answer soon leaves the fetch
+                // to its next look, as before; the rest are not asked either.
+                if self.inner.fetch_watermarks(&p.topic, p.partition, WAKE_TIMEOUT).is_err() {
+                    break;
+                }
+            }
+        });
     }
 
     /// After a fence (a gap in polling), ownership of every partition is confirmed
