@@ -186,8 +186,12 @@ impl Reader<'_> {
         }
         // Before the read-ahead thread names the topic's scope in the store (whether
         // the store held anything of it decides the fast path).
-        let mut restoring =
-            if pass.flowing { Restoring::looking_up() } else { store.start(topic, self.changelog.restore_run_bytes) };
+        let mut restoring = if pass.flowing {
+            Restoring::looking_up()
+        } else {
+            let records = u64::try_from(pass.upto - pass.from).unwrap_or(0);
+            store.start(topic, self.changelog.restore_run_bytes, records)
+        };
         let reading = self.restorer.start(&changelog_topic, p, pass.from)?;
         // While one batch is applied, a thread reads the next one from the brokers,
         // checks its MACs and decodes and collapses it (`Restore::collapse` reads none

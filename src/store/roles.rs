@@ -238,10 +238,12 @@ impl Restore<'_> {
         self.0.followed_checkpoint(changelog_topic, partition)
     }
 
-    /// Starts a read of a changelog partition of `source_topic`: see [`Restoring`]
-    /// (`run_bytes`: `store.changelog.restore_run_bytes`).
-    pub fn start(&self, source_topic: &str, run_bytes: u64) -> Restoring {
-        self.0.start_restore(source_topic, run_bytes)
+    /// Starts a read of a changelog partition of `source_topic` that brings about
+    /// `records`: see [`Restoring`] (`run_bytes`: `store.changelog.restore_run_bytes`).
+    pub fn start(&self, source_topic: &str, run_bytes: u64, records: u64) -> Restoring {
+        let mut restoring = self.0.start_restore(source_topic, run_bytes);
+        restoring.expect(records);
+        restoring
     }
 
     /// Writes the records `restoring` holds back as packed runs, durably, before the

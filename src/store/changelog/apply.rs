@@ -14,7 +14,9 @@
 //! are refused too, but only replays are reported ([`Refusals`]).
 
 use std::collections::btree_map::{BTreeMap, Entry as Slot};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
 use super::mac::Rejected;
@@ -39,6 +41,9 @@ const REFUSALS_LOGGED: usize = 10;
 /// Refusals a read keeps until its end (about 100 bytes each); past this, each is
 /// reported with its batch, history or not.
 const MAX_WAITING_REFUSALS: usize = 10_000;
+
+/// At most this many hashes' room is made for the fast path at the start of a read.
+const MAX_RESERVED_WRITTEN: u64 = 16 << 20;
 
 /// The state of one partition's restore (or any read) across its batches.
 ///
@@ -68,7 +73,7 @@ pub struct Restoring {
 struct Fresh {
     scope: String,
     /// The `Hashed` hash of each record key written.
-    written: HashSet<u64>,
+    written: FxHashSet<u64>,
     /// The store's record count (all slices) if nobody else wrote since.
     expected: i64,
 }
@@ -87,6 +92,14 @@ impl Restoring {
     /// They have reached `store.changelog.restore_run_bytes`: write them now.
     pub fn unwritten_full(&self) -> bool {
         self.unwritten.is_full()
+    }
+
+    /// The read brings about `records`: room for them is made once, not grown into.
+    pub fn expect(&mut self, records: u64) {
+        if let Some(f) = self.fresh.as_mut() {
+            f.written.reserve(usize::try_from(records.min(MAX_RESERVED_WRITTEN)).unwrap_or(0));
+            self.unwritten.expect(records);
+        }
     }
 
     /// `n` records of this read were added to the store's counts.
@@ -331,7 +344,7 @@ impl Store {
     pub(in crate::store) fn start_restore(&self, source_topic: &str, run_bytes: u64) -> Restoring {
         let fresh = (self.names.find(source_topic).is_none() && now_us() >= self.legacy_until).then(|| Fresh {
             scope: source_topic.to_owned(),
-            written: HashSet::new(),
+            written: FxHashSet::default(),
             expected: total(self),
         });
         let new_scope = fresh.as_ref().map(|f| f.scope.clone());

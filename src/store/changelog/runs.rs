@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::apply::Restoring;
+use super::unwritten::Taken;
 use crate::store::base::{crash_point, Crash, Store};
 use crate::store::disk::record::State;
 use crate::store::disk::slices::{Packing, Slice};
@@ -43,10 +44,11 @@ impl Store {
     /// Returns the records written.
     pub(in crate::store) fn write_unwritten(&self, restoring: &mut Restoring) -> Result<u64, StoreError> {
         let mut written = 0;
-        for (slice, records) in restoring.unwritten.take() {
+        let Taken { slices, arena } = restoring.unwritten.take();
+        for (slice, records) in slices {
             let packing = wait_for_packing(&slice);
             let states: Vec<State> = records.iter().filter_map(|w| w.state).collect();
-            let entries = records.iter().map(|w| w.bytes.split_at(w.key_len));
+            let entries = records.iter().map(|w| (arena.key(w), arena.value(w)));
             let run = self.slices.write_run(&slice, entries, &packing)?;
             drop(records);
             crash_point(Crash::Restore, "packed");
@@ -71,9 +73,10 @@ impl Store {
     /// path ends). Returns the records written.
     pub(super) fn spill_unwritten(&self, restoring: &mut Restoring) -> Result<u64, StoreError> {
         let mut written = 0;
-        for (slice, records) in restoring.unwritten.take() {
+        let Taken { slices, arena } = restoring.unwritten.take();
+        for (slice, records) in slices {
             for w in records {
-                slice.insert(w.key(), &w.bytes[w.key_len..])?;
+                slice.insert(arena.key(&w), arena.value(&w))?;
                 slice.moved(None, w.state);
                 written += 1;
             }

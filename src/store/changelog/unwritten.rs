@@ -2,27 +2,69 @@
 //! `runs`): per slice, in arrival order, found by the hash of their key.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use crate::store::disk::filter::Hashed;
 use crate::store::disk::record::State;
 use crate::store::disk::slices::Slice;
 
 /// What one waiting record costs beyond its key and value bytes: its entry, its
-/// index slot, allocator rounding.
-const ENTRY_OVERHEAD: usize = 48;
-/// One waiting record: its key and value in one allocation.
+/// index slot, the arena chunk's unused tail.
+const ENTRY_OVERHEAD: usize = 40;
+/// The waiting records' key and value bytes live in chunks of this size, not an
+/// allocation each: a restore of 1M records made and freed 1M of them, and each
+/// chunk's memory is touched once, not grown into.
+const CHUNK: usize = 1 << 20;
+/// At most this many records' index room is made at the start of a read.
+const MAX_RESERVED: u64 = 4 << 20;
+
+/// One waiting record: where its key and value are in the arena.
 pub(in crate::store) struct Waiting {
-    pub(in crate::store) bytes: Box<[u8]>,
-    pub(in crate::store) key_len: usize,
+    chunk: u32,
+    at: u32,
+    key_len: u32,
+    len: u32,
     /// `None`: taken out (a newer write of it came).
     pub(in crate::store) state: Option<State>,
 }
 
-impl Waiting {
-    pub(in crate::store) fn key(&self) -> &[u8] {
-        &self.bytes[..self.key_len]
+/// The waiting records' key and value bytes, in chunks that never move.
+#[derive(Default)]
+pub(in crate::store) struct Arena {
+    chunks: Vec<Vec<u8>>,
+}
+
+impl Arena {
+    fn push(&mut self, key: &[u8], value: &[u8]) -> Waiting {
+        let len = key.len() + value.len();
+        let fits = self.chunks.last().is_some_and(|c| c.capacity() - c.len() >= len);
+        if !fits {
+            self.chunks.push(Vec::with_capacity(len.max(CHUNK)));
+        }
+        let chunk = self.chunks.len() - 1;
+        let c = &mut self.chunks[chunk];
+        let at = c.len();
+        c.extend_from_slice(key);
+        c.extend_from_slice(value);
+        let n = |x: usize| u32::try_from(x).expect("a chunk is far below 4 GiB");
+        Waiting { chunk: n(chunk), at: n(at), key_len: n(key.len()), len: n(len), state: None }
+    }
+
+    fn bytes(&self, w: &Waiting) -> &[u8] {
+        &self.chunks[w.chunk as usize][w.at as usize..(w.at + w.len) as usize]
+    }
+
+    /// A waiting record's key.
+    pub(in crate::store) fn key(&self, w: &Waiting) -> &[u8] {
+        &self.bytes(w)[..w.key_len as usize]
+    }
+
+    /// A waiting record's value.
+    pub(in crate::store) fn value(&self, w: &Waiting) -> &[u8] {
+        &self.bytes(w)[w.key_len as usize..]
     }
 }
 
@@ -34,8 +76,9 @@ type Place = (i64, usize);
 #[derive(Default)]
 pub(in crate::store) struct Unwritten {
     pub(in crate::store) slices: BTreeMap<i64, (Arc<Slice>, Vec<Waiting>)>,
+    arena: Arena,
     /// Key hash (`Hashed`) → place.
-    pub(in crate::store) index: HashMap<u64, Place>,
+    index: FxHashMap<u64, Place>,
     /// Places of keys whose hash another waiting key has already (almost never).
     collided: Vec<(u64, Place)>,
     /// Records waiting (not taken out).
@@ -43,11 +86,29 @@ pub(in crate::store) struct Unwritten {
     pub(in crate::store) bytes: usize,
     /// Bytes past which they are written (`store.changelog.restore_run_bytes`).
     pub(in crate::store) limit: usize,
+    /// Index room made each time it starts empty (the read's records, up to what
+    /// `limit` holds): growing it by doubling moved it ~20 times and touched twice
+    /// its memory.
+    reserve: usize,
+}
+
+/// What [`Unwritten::take`] hands over: every slice's waiting records, sorted by
+/// key, and the bytes they point into.
+pub(in crate::store) struct Taken {
+    pub(in crate::store) slices: Vec<(Arc<Slice>, Vec<Waiting>)>,
+    pub(in crate::store) arena: Arena,
 }
 
 impl Unwritten {
     pub(in crate::store) fn new(limit: u64) -> Unwritten {
         Unwritten { limit: usize::try_from(limit).unwrap_or(usize::MAX), ..Unwritten::default() }
+    }
+
+    /// The read brings about `records`: make room for them (up to what the limit holds).
+    pub(in crate::store) fn expect(&mut self, records: u64) {
+        let fit = (self.limit / 64) as u64;
+        self.reserve = records.min(fit).min(MAX_RESERVED) as usize;
+        self.index.reserve(self.reserve);
     }
 
     pub(in crate::store) fn is_empty(&self) -> bool {
@@ -61,7 +122,10 @@ impl Unwritten {
 
     fn place_of(&self, key: &Hashed) -> Option<Place> {
         let is_it = |&(start, i): &Place| {
-            self.slices.get(&start).and_then(|(_, list)| list.get(i)).is_some_and(|w| w.state.is_some() && w.key() == key.key)
+            self.slices
+                .get(&start)
+                .and_then(|(_, list)| list.get(i))
+                .is_some_and(|w| w.state.is_some() && self.arena.key(w) == key.key)
         };
         if let Some(place) = self.index.get(&key.hash).filter(|p| is_it(p)) {
             return Some(*place);
@@ -73,7 +137,7 @@ impl Unwritten {
     pub(in crate::store) fn get(&self, key: &Hashed) -> Option<(&Arc<Slice>, &[u8])> {
         let (start, i) = self.place_of(key)?;
         let (slice, list) = self.slices.get(&start)?;
-        Some((slice, &list[i].bytes[list[i].key_len..]))
+        Some((slice, self.arena.value(&list[i])))
     }
 
     /// Takes the waiting record under `key` out (a newer write of it came, or its
@@ -83,7 +147,7 @@ impl Unwritten {
         if let Some(w) = self.slices.get_mut(&start).and_then(|(_, list)| list.get_mut(i)) {
             w.state = None;
             self.len -= 1;
-            self.bytes -= w.bytes.len() + ENTRY_OVERHEAD;
+            self.bytes -= w.len as usize + ENTRY_OVERHEAD;
         }
         if self.index.get(&key.hash) == Some(&(start, i)) {
             self.index.remove(&key.hash);
@@ -94,12 +158,14 @@ impl Unwritten {
 
     /// A record to write into `slice` (the caller took any older one out first).
     pub(in crate::store) fn put(&mut self, slice: &Arc<Slice>, key: &Hashed, value: &[u8], state: State) {
-        let bytes: Box<[u8]> = [key.key, value].concat().into_boxed_slice();
-        self.bytes += bytes.len() + ENTRY_OVERHEAD;
+        let mut w = self.arena.push(key.key, value);
+        w.state = Some(state);
+        self.bytes += w.len as usize + ENTRY_OVERHEAD;
         self.len += 1;
-        let (_, list) = self.slices.entry(slice.start).or_insert_with(|| (slice.clone(), Vec::new()));
+        let reserve = if self.slices.is_empty() { self.reserve } else { 0 };
+        let (_, list) = self.slices.entry(slice.start).or_insert_with(|| (slice.clone(), Vec::with_capacity(reserve)));
         let place = (slice.start, list.len());
-        list.push(Waiting { bytes, key_len: key.key.len(), state: Some(state) });
+        list.push(w);
         match self.index.entry(key.hash) {
             Entry::Vacant(slot) => {
                 slot.insert(place);
@@ -117,18 +183,20 @@ impl Unwritten {
         }
     }
 
-    /// Every slice's waiting records, sorted by key, and nothing waits any more.
-    pub(in crate::store) fn take(&mut self) -> Vec<(Arc<Slice>, Vec<Waiting>)> {
-        self.index = HashMap::new();
+    /// Every slice's waiting records, sorted by key, and nothing waits any more
+    /// (the index keeps its room for the next ones).
+    pub(in crate::store) fn take(&mut self) -> Taken {
+        self.index.clear();
         self.collided = Vec::new();
         (self.len, self.bytes) = (0, 0);
-        let mut out: Vec<_> = std::mem::take(&mut self.slices).into_values().collect();
-        for (_, list) in &mut out {
+        let arena = std::mem::take(&mut self.arena);
+        let mut slices: Vec<_> = std::mem::take(&mut self.slices).into_values().collect();
+        for (_, list) in &mut slices {
             list.retain(|w| w.state.is_some());
-            list.sort_unstable_by(|a, b| a.key().cmp(b.key()));
+            list.sort_unstable_by(|a, b| arena.key(a).cmp(arena.key(b)));
         }
-        out.retain(|(_, list)| !list.is_empty());
-        out
+        slices.retain(|(_, list)| !list.is_empty());
+        Taken { slices, arena }
     }
 }
 
@@ -159,8 +227,8 @@ mod tests {
         assert_eq!(w.get(&key(b"b")).map(|(_, v)| v), Some(&b"4"[..]));
         let taken = w.take();
         assert!(w.is_empty() && w.get(&key(b"a")).is_none());
-        let (_, list) = &taken[0];
-        let got: Vec<(&[u8], Option<State>)> = list.iter().map(|x| (x.key(), x.state)).collect();
+        let (_, list) = &taken.slices[0];
+        let got: Vec<(&[u8], Option<State>)> = list.iter().map(|x| (taken.arena.key(x), x.state)).collect();
         let want: Vec<(&[u8], Option<State>)> =
             vec![(b"a", Some(State::Dead)), (b"b", Some(State::Done)), (b"c", Some(State::Done))];
         assert_eq!(got, want, "in key order, without the one taken out");
