@@ -103,7 +103,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
                 // A topic_pattern matched a changelog topic: nothing to restore (its
                 // messages are skipped, see `Executor::execute_owned`).
                 if shared.tracker.lock().restore_done(&partition, generation) {
-                    shared.consumer.resume(std::slice::from_ref(&partition));
+                    shared.consumer.resume_restored(std::slice::from_ref(&partition));
                 }
                 continue;
             }
@@ -135,7 +135,7 @@ pub(super) async fn run(shared: Arc<Shared>, setup: RestoreSetup, stop: Cancella
             match ended {
                 Ok(Ok(Some(_))) => {
                     if shared.tracker.lock().restore_done(&partition, generation) {
-                        shared.consumer.resume(std::slice::from_ref(&partition));
+                        shared.consumer.resume_restored(std::slice::from_ref(&partition));
                         restored_some = true;
                         follow.restored(partition.clone(), generation);
                     }

@@ -245,13 +245,23 @@ impl Source for Consumer {
         }
     }
 
+    fn resume(&self, partitions: &[PartitionId]) {
+        if let Err(error) = self.inner.resume(&to_list(partitions)) {
+            warn!(%error, partitions = %describe(partitions), "could not resume partitions");
+        }
+    }
+
     /// librdkafka does not wake its fetcher when a partition resumes: the broker
     /// thread looks at its partitions again only when something else wakes it, up
     /// to a second later when it fetches nothing else (`rd_kafka_max_block_ms` in
     /// rdkafka_broker.c). After a restore that second was a third of a failover's
     /// time beside the restore. A watermark request to each partition's leader
-    /// wakes that broker's thread, which then fetches the partition at once.
-    fn resume(&self, partitions: &[PartitionId]) {
+    /// wakes that broker's thread, which then fetches the partition at once. Only
+    /// here: the poll loop resumes (read-ahead had room again, a circuit closed) up
+    /// to once per slow event, and a request per partition each time would hold the
+    /// loop for a round trip per partition and add as many requests to the broker;
+    /// the slow-receiver scenario, one run each way, did not tell them apart.
+    fn resume_restored(&self, partitions: &[PartitionId]) {
         if let Err(error) = self.inner.resume(&to_list(partitions)) {
             warn!(%error, partitions = %describe(partitions), "could not resume partitions");
             return;

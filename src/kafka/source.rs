@@ -39,6 +39,11 @@ pub trait Source: Send + Sync {
     fn pause(&self, partitions: &[PartitionId]);
     /// Delivers these partitions' messages again.
     fn resume(&self, partitions: &[PartitionId]);
+    /// [`Source::resume`] after a restore: the partitions were paused since their
+    /// assignment and nothing else wakes their fetcher, so it is woken too.
+    fn resume_restored(&self, partitions: &[PartitionId]) {
+        self.resume(partitions);
+    }
     /// Leaves the group and joins it again (after a fence).
     fn rejoin(&self);
     /// `next` is the next offset to commit of `partition` (committed on an interval).
