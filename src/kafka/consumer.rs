@@ -202,6 +202,15 @@ impl Consumer {
         Ok(Consumer { inner, topics: subscriptions.to_vec() })
     }
 
+    /// Resumes `partitions`; false (and a warning) when librdkafka refused.
+    fn resumed(&self, partitions: &[PartitionId]) -> bool {
+        let resumed = self.inner.resume(&to_list(partitions));
+        if let Err(error) = &resumed {
+            warn!(%error, partitions = %describe(partitions), "could not resume partitions");
+        }
+        resumed.is_ok()
+    }
+
     /// What [`Source::recv`] returns for what librdkafka gave.
     fn received(&self, received: Result<BorrowedMessage<'_>, RdError>) -> Result<RawMessage, RecvError> {
         match received {
@@ -246,9 +255,7 @@ impl Source for Consumer {
     }
 
     fn resume(&self, partitions: &[PartitionId]) {
-        if let Err(error) = self.inner.resume(&to_list(partitions)) {
-            warn!(%error, partitions = %describe(partitions), "could not resume partitions");
-        }
+        self.resumed(partitions);
     }
 
     /// librdkafka does not wake its fetcher when a partition resumes: the broker
@@ -262,8 +269,7 @@ impl Source for Consumer {
     /// loop for a round trip per partition and add as many requests to the broker;
     /// the slow-receiver scenario, one run each way, did not tell them apart.
     fn resume_restored(&self, partitions: &[PartitionId]) {
-        if let Err(error) = self.inner.resume(&to_list(partitions)) {
-            warn!(%error, partitions = %describe(partitions), "could not resume partitions");
+        if !self.resumed(partitions) {
             return;
         }
         off_the_workers(|| {

@@ -24,8 +24,9 @@ pub struct Claims {
     by_id: Mutex<FxHashMap<u64, Claimed>>,
 }
 
+/// The store's one hash of a key, over the id.
 fn id_hash(id: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(id.as_bytes())
+    super::disk::filter::hash(id.as_bytes())
 }
 
 /// Whether a claim is `id`'s in `scope`.

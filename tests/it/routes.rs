@@ -296,7 +296,7 @@ async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_
 
     // b is back: its held events run, once each, in per-key order.
     away.store(false, Ordering::SeqCst);
-    let keys: Vec<String> = sent.iter().map(|(id, _)| format!("{id}#b")).collect();
+    let keys: Vec<String> = sent.iter().map(|(id, _)| key_on("b", id)).collect();
     od.wait_until("b's events after it came back", TIMEOUT, || keys.iter().all(|k| receiver.answered_ok(k))).await;
     once_each_in_key_order(&receiver, "b", &sent);
     once_each_in_key_order(&receiver, "all", &sent);
@@ -355,7 +355,7 @@ async fn events_held_for_an_away_receiver_survive_a_sigkill_and_a_move_to_an_emp
     next.wait_for_assignment().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     away.store(false, Ordering::SeqCst);
-    let keys: Vec<String> = sent.iter().map(|(id, _)| format!("{id}#b")).collect();
+    let keys: Vec<String> = sent.iter().map(|(id, _)| key_on("b", id)).collect();
     next.wait_until("b's events on the new instance", TIMEOUT, || keys.iter().all(|k| receiver.answered_ok(k))).await;
     once_each_in_key_order(&receiver, "b", &sent);
     for (id, _) in &sent {

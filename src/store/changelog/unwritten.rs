@@ -18,6 +18,9 @@ const ENTRY_OVERHEAD: usize = 40;
 /// allocation each: a restore of 1M records made and freed 1M of them, and each
 /// chunk's memory is touched once, not grown into.
 const CHUNK: usize = 1 << 20;
+/// The fewest bytes a waiting record counts for (its key, at least 17 bytes, and
+/// `ENTRY_OVERHEAD`), rounded up: `limit` holds at most `limit / SMALLEST_RECORD` records.
+const SMALLEST_RECORD: usize = 64;
 /// At most this many records' index room is made at the start of a read.
 const MAX_RESERVED: u64 = 4 << 20;
 
@@ -106,7 +109,7 @@ impl Unwritten {
 
     /// The read brings about `records`: make room for them (up to what the limit holds).
     pub(in crate::store) fn expect(&mut self, records: u64) {
-        let fit = (self.limit / 64) as u64;
+        let fit = (self.limit / SMALLEST_RECORD) as u64;
         self.reserve = records.min(fit).min(MAX_RESERVED) as usize;
         self.index.reserve(self.reserve);
     }

@@ -426,7 +426,8 @@ impl Slices {
                     // A run is durable before it is named: one named and missing was dropped
                     // by a build that knew one run per slice (opening the tree would make
                     // an empty one, and its records would be gone without a word).
-                    if !trees.iter().any(|t| t.as_ref() == runs::tree_name(start, id).as_slice()) {
+                    let tree = runs::tree_name(start, id);
+                    if !trees.iter().any(|t| t.as_ref() == tree.as_slice()) {
                         return Err(StoreError::Corrupt {
                             id: format!("run {id} of slice {start}"),
                             error: "the store names a packed run that is not there (an older release opened this \
