@@ -66,18 +66,23 @@ pub fn assigned(
     pause: impl FnOnce(&[PartitionId]),
     restore_wakeup: &Notify,
 ) -> bool {
-    let restores = {
+    let restores = tracker.lock().restores_first() && !assigned.is_empty();
+    if restores {
+        // Nothing of them is fetched until their changelog is restored (the
+        // restore resumes each); what was fetched already is fetched again then.
+        // Paused before they are marked as waiting: the restore task may see them
+        // as soon as they are, restore an empty changelog in a few milliseconds and
+        // resume them, and a pause after that resume would hold them for good.
+        pause(assigned);
+    }
+    {
         let mut tracker = tracker.lock();
         tracker.join();
         for p in assigned {
             tracker.assign(p.clone());
         }
-        tracker.restores_first() && !assigned.is_empty()
-    };
+    }
     if restores {
-        // Nothing of them is fetched until their changelog is restored (the
-        // restore resumes each); what was fetched already is fetched again then.
-        pause(assigned);
         info!(partitions = %describe(assigned), "partitions assigned; restoring their changelog before handling them");
         restore_wakeup.notify_one();
     }
@@ -133,4 +138,26 @@ pub fn revoked(
         tracker.revoke(p);
     }
     info!(partitions = %describe(revoked), still_running = running, "partitions revoked");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::offsets::OffsetTracker;
+
+    /// The restore task resumes a partition once it sees it waiting and has
+    /// restored it; an assignment's pause that came after that resume would hold
+    /// the partition paused for good. So the pause comes first: while it is made,
+    /// the restore task cannot see the partitions yet.
+    #[test]
+    fn an_assignment_is_paused_before_its_partitions_wait_for_their_restore() {
+        let tracker = Tracker::new(OffsetTracker::with_restore());
+        let partitions = [PartitionId::new("t", 0), PartitionId::new("t", 1)];
+        let mut waiting_at_pause = None;
+        let pause = |_: &[PartitionId]| waiting_at_pause = Some(tracker.lock().restoring().len());
+        let restores = assigned(&tracker, &partitions, pause, &Notify::new());
+        assert!(restores);
+        assert_eq!(waiting_at_pause, Some(0), "no partition waited for its restore when the pause was made");
+        assert_eq!(tracker.lock().restoring().len(), 2, "both wait for their restore after the assignment");
+    }
 }
