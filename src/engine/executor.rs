@@ -413,14 +413,14 @@ impl Executor {
 
     /// A route passed the event by (`event_types`, `when`): nothing is recorded for it there.
     fn filtered(&self, hc: &HandlerConfig, topic: &str, event: &OutboxEvent) {
-        metrics::counter!(names::FILTERED, "topic" => topic.to_owned(), "handler" => hc.name.clone()).increment(1);
+        self.metrics.filtered(topic, hc).increment(1);
         debug!(event_id = %event.id, %topic, handler = %hc.name, event_type = event.event_type.as_deref(),
             "not selected by this route (event_types, when)");
     }
 
     /// No route of the topic selected the event: nothing runs, the offset moves.
     fn unrouted(&self, topic: &str, event: &OutboxEvent) {
-        metrics::counter!(names::UNROUTED, "topic" => topic.to_owned()).increment(1);
+        self.metrics.unrouted(topic).increment(1);
         debug!(event_id = %event.id, %topic, event_type = event.event_type.as_deref(), "selected by no route of its topic");
     }
 

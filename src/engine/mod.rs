@@ -131,6 +131,8 @@ impl Engine {
         let mut circuits = self.shared.exec.circuits().subscribe();
         let mut beat = tokio::time::interval(BEAT);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The consumed counter of each topic, resolved at its first message, not per message.
+        let mut consumed: HashMap<String, metrics::Counter> = HashMap::new();
         loop {
             while let Some(permits) = full.front().and_then(|w| self.try_permits(w.size)) {
                 let w = full.pop();
@@ -159,7 +161,7 @@ impl Engine {
                 }
                 msg = consumer.recv(), if polling => match msg {
                     Ok(raw) => {
-                        metrics::counter!(names::CONSUMED, "topic" => raw.topic.clone()).increment(1);
+                        consumed_of(&mut consumed, &raw.topic).increment(1);
                         let generation = worker::consumed(&self.shared, &raw);
                         let size = self.size_of(&raw);
                         if let Some(h) = self.open_route_of(&raw.topic, &open) {
@@ -343,6 +345,14 @@ const BEAT: Duration = Duration::from_millis(200);
 /// polls again: longer than events usually take to free a permit, far shorter than
 /// anything the group waits for (a rebalance callback is served this much later).
 const PAUSE_AFTER: Duration = Duration::from_millis(100);
+
+/// The consumed counter of `topic` (`consumed` keeps it from the topic's first message).
+fn consumed_of<'a>(consumed: &'a mut HashMap<String, metrics::Counter>, topic: &str) -> &'a metrics::Counter {
+    if !consumed.contains_key(topic) {
+        consumed.insert(topic.to_owned(), metrics::counter!(names::CONSUMED, "topic" => topic.to_owned()));
+    }
+    &consumed[topic]
+}
 
 /// Handlers whose circuit the poll loop found open, and the partitions it paused for them.
 struct OpenCircuits {

@@ -88,22 +88,106 @@ impl TopicMetrics {
     }
 }
 
-/// Each route's [`TopicMetrics`] by topic and handler, made at its first event. Topics
-/// are few (a pattern matches new ones rarely), so entries are never removed.
+/// Handles by topic, then by handler index (`usize::MAX`: no handler), each made at
+/// its first use. Topics are few (a pattern matches new ones rarely), so entries are
+/// never removed; a lookup allocates nothing.
+type ByTopic<T> = RwLock<HashMap<String, HashMap<usize, T>>>;
+
+fn cached<T: Clone>(map: &ByTopic<T>, topic: &str, index: usize, make: impl FnOnce() -> T) -> T {
+    if let Some(m) = map.read().expect("topic metrics lock").get(topic).and_then(|h| h.get(&index)) {
+        return m.clone();
+    }
+    let mut all = map.write().expect("topic metrics lock");
+    all.entry(topic.to_owned()).or_default().entry(index).or_insert_with(make).clone()
+}
+
+/// Each route's [`TopicMetrics`] by topic and handler, made at its first event; and
+/// the counters of events that ran nowhere (a route's filter passed them by, no route
+/// took them), made at the first such event, so that a route that filters nothing
+/// shows no filtered series.
 #[derive(Default)]
-pub(super) struct TopicsMetrics(RwLock<HashMap<String, HashMap<usize, Arc<TopicMetrics>>>>);
+pub(super) struct TopicsMetrics {
+    routes: ByTopic<Arc<TopicMetrics>>,
+    passed_by: ByTopic<Counter>,
+}
 
 impl TopicsMetrics {
     /// The handles of `handler`'s events of `topic` (`None`: a message no handler
     /// took, with an empty `handler` label).
     pub(super) fn of(&self, topic: &str, handler: Option<&HandlerConfig>) -> Arc<TopicMetrics> {
         let index = handler.map_or(usize::MAX, |h| h.index);
-        if let Some(m) = self.0.read().expect("topic metrics lock").get(topic).and_then(|h| h.get(&index)) {
-            return m.clone();
-        }
-        let mut all = self.0.write().expect("topic metrics lock");
         let name = handler.map_or("", |h| h.name.as_str());
-        let of_topic = all.entry(topic.to_owned()).or_default();
-        of_topic.entry(index).or_insert_with(|| Arc::new(TopicMetrics::new(topic, name))).clone()
+        cached(&self.routes, topic, index, || Arc::new(TopicMetrics::new(topic, name)))
+    }
+
+    /// Events of `topic` that `handler`'s route did not select (`event_types`, `when`).
+    pub(super) fn filtered(&self, topic: &str, handler: &HandlerConfig) -> Counter {
+        let labels = || [("topic", topic.to_owned()), ("handler", handler.name.clone())];
+        cached(&self.passed_by, topic, handler.index, || metrics::counter!(names::FILTERED, &labels()))
+    }
+
+    /// Events of `topic` that no route selected.
+    pub(super) fn unrouted(&self, topic: &str) -> Counter {
+        cached(&self.passed_by, topic, usize::MAX, || metrics::counter!(names::UNROUTED, "topic" => topic.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two log handlers of topic `t`, named `a` and `b`.
+    fn handlers() -> Vec<HandlerConfig> {
+        let toml = r#"
+            [kafka]
+            brokers = "127.0.0.1:9"
+            group_id = "g"
+            [store]
+            path = "/nonexistent"
+            [[handlers]]
+            name = "a"
+            topics = ["t"]
+            kind = "log"
+            [[handlers]]
+            name = "b"
+            topics = ["t"]
+            kind = "log"
+        "#;
+        crate::config::Config::parse(toml, &|_| None).expect("config").handlers
+    }
+
+    /// The value of the rendered sample of `name` whose labels include `labels`.
+    fn sample(rendered: &str, name: &str, labels: &[&str]) -> Option<f64> {
+        rendered
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|w| l.contains(w)))
+            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    /// Resolved once per topic and handler, the handles count into the series the
+    /// macros would; a handler that filtered nothing has no filtered series, and the
+    /// handles of events that ran nowhere are apart from a route's.
+    #[test]
+    fn events_passed_by_count_per_topic_and_handler_and_only_once_seen() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let hs = handlers();
+        metrics::with_local_recorder(&recorder, || {
+            let m = TopicsMetrics::default();
+            m.filtered("t", &hs[0]).increment(1);
+            m.filtered("t", &hs[0]).increment(1);
+            m.unrouted("t").increment(1);
+            m.of("t", None).dead.increment(1);
+            m.of("t", Some(&hs[1])).handled.increment(1);
+            m.unrouted("u").increment(1);
+            m.unrouted("t").increment(1);
+        });
+        let r = handle.render();
+        assert_eq!(sample(&r, names::FILTERED, &[r#"topic="t""#, r#"handler="a""#]), Some(2.0));
+        assert_eq!(sample(&r, names::FILTERED, &[r#"handler="b""#]), None, "b filtered nothing");
+        assert_eq!(sample(&r, names::UNROUTED, &[r#"topic="t""#]), Some(2.0));
+        assert_eq!(sample(&r, names::UNROUTED, &[r#"topic="u""#]), Some(1.0));
+        assert_eq!(sample(&r, names::DEAD, &[r#"topic="t""#, r#"handler="""#]), Some(1.0));
+        assert_eq!(sample(&r, names::HANDLED, &[r#"handler="b""#]), Some(1.0));
     }
 }
