@@ -254,3 +254,14 @@ fn describe() {
         "Partitions assigned and waiting for their changelog restore (not handled meanwhile)."
     );
 }
+
+/// The values of the samples of `name` in `rendered` (the exporter's text) whose labels
+/// include each of `labels`, written as `key="value"` (the tests' reading of a render).
+#[cfg(test)]
+pub(crate) fn samples<'a>(rendered: &'a str, name: &str, labels: &'a [&str]) -> impl Iterator<Item = f64> + 'a {
+    let series = format!("{name}{{");
+    rendered
+        .lines()
+        .filter(move |l| l.starts_with(&series) && labels.iter().all(|w| l.contains(w)))
+        .map(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a sample's value"))
+}

@@ -642,14 +642,8 @@ mod tests {
 
     /// A circuit of a log handler, `[handlers.circuit]` with `keys` and short open periods.
     fn with_keys(keys: &str) -> Circuit {
-        let config = crate::config::Config::parse(
-            &format!(
-                r#"
-                [kafka]
-                brokers = "127.0.0.1:9"
-                group_id = "g"
-                [store]
-                path = "/nonexistent"
+        let config = crate::config::testing::parse(&format!(
+            r#"
                 [[handlers]]
                 topics = ["t"]
                 kind = "log"
@@ -658,9 +652,7 @@ mod tests {
                 probe_after = "50ms"
                 probe_max = "200ms"
                 "#
-            ),
-            &|_| None,
-        )
+        ))
         .expect("config");
         Circuit::new(&config.handlers[0], Arc::new(watch::Sender::new(0)))
     }

@@ -161,7 +161,7 @@ impl Engine {
                 }
                 msg = consumer.recv(), if polling => match msg {
                     Ok(raw) => {
-                        consumed_of(&mut consumed, &raw.topic).increment(1);
+                        count_consumed(&mut consumed, &raw.topic);
                         let generation = worker::consumed(&self.shared, &raw);
                         let size = self.size_of(&raw);
                         if let Some(h) = self.open_route_of(&raw.topic, &open) {
@@ -346,12 +346,15 @@ const BEAT: Duration = Duration::from_millis(200);
 /// anything the group waits for (a rebalance callback is served this much later).
 const PAUSE_AFTER: Duration = Duration::from_millis(100);
 
-/// The consumed counter of `topic` (`consumed` keeps it from the topic's first message).
-fn consumed_of<'a>(consumed: &'a mut HashMap<String, metrics::Counter>, topic: &str) -> &'a metrics::Counter {
-    if !consumed.contains_key(topic) {
-        consumed.insert(topic.to_owned(), metrics::counter!(names::CONSUMED, "topic" => topic.to_owned()));
+/// Counts a message of `topic` consumed (`consumed` keeps its counter from the topic's
+/// first message: one map lookup per message after that).
+fn count_consumed(consumed: &mut HashMap<String, metrics::Counter>, topic: &str) {
+    if let Some(counter) = consumed.get(topic) {
+        return counter.increment(1);
     }
-    &consumed[topic]
+    let counter = metrics::counter!(names::CONSUMED, "topic" => topic.to_owned());
+    counter.increment(1);
+    consumed.insert(topic.to_owned(), counter);
 }
 
 /// Handlers whose circuit the poll loop found open, and the partitions it paused for them.

@@ -138,12 +138,7 @@ mod tests {
 
     /// Two log handlers of topic `t`, named `a` and `b`.
     fn handlers() -> Vec<HandlerConfig> {
-        let toml = r#"
-            [kafka]
-            brokers = "127.0.0.1:9"
-            group_id = "g"
-            [store]
-            path = "/nonexistent"
+        let handlers = r#"
             [[handlers]]
             name = "a"
             topics = ["t"]
@@ -153,15 +148,12 @@ mod tests {
             topics = ["t"]
             kind = "log"
         "#;
-        crate::config::Config::parse(toml, &|_| None).expect("config").handlers
+        crate::config::testing::parse(handlers).expect("config").handlers
     }
 
     /// The value of the rendered sample of `name` whose labels include `labels`.
     fn sample(rendered: &str, name: &str, labels: &[&str]) -> Option<f64> {
-        rendered
-            .lines()
-            .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|w| l.contains(w)))
-            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        crate::metrics::samples(rendered, name, labels).next()
     }
 
     /// Resolved once per topic and handler, the handles count into the series the

@@ -314,19 +314,13 @@ mod tests {
 
     #[test]
     fn an_id_a_header_cannot_carry_is_refused_not_sent_without_its_key() {
-        let config = crate::config::Config::parse(
+        let config = crate::config::testing::parse(
             r#"
-            [kafka]
-            brokers = "127.0.0.1:9"
-            group_id = "g"
-            [store]
-            path = "s"
             [[handlers]]
             topics = ["t"]
             kind = "http"
             url = "http://127.0.0.1:9/e"
             "#,
-            &|_| None,
         )
         .unwrap();
         let crate::config::HandlerSpec::Http(http) = &config.handlers[0].spec else { panic!("http expected") };

@@ -75,13 +75,9 @@ pub(in crate::store) fn rejected_as_stale<T>(f: impl FnOnce() -> T) -> (T, u64) 
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     let out = metrics::with_local_recorder(&recorder, f);
-    let stale = handle
-        .render()
-        .lines()
-        .filter(|l| l.starts_with(crate::metrics::names::CHANGELOG_REJECTED) && l.contains("reason=\"stale\""))
-        .map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()).expect("a count"))
-        .sum();
-    (out, stale)
+    let rendered = handle.render();
+    let stale: f64 = crate::metrics::samples(&rendered, crate::metrics::names::CHANGELOG_REJECTED, &[r#"reason="stale""#]).sum();
+    (out, stale as u64)
 }
 
 async fn handle(store: &Store, id: &str, topic: &str, partition: i32, offset: i64, scope: &str) {
