@@ -13,7 +13,7 @@ use crate::store::disk::slices::Slice;
 
 /// What one waiting record costs beyond its key and value bytes: its entry, its
 /// index slot, the arena chunk's unused tail.
-const ENTRY_OVERHEAD: usize = 40;
+const ENTRY_OVERHEAD: usize = 48;
 /// The waiting records' key and value bytes live in chunks of this size, not an
 /// allocation each: a restore of 1M records made and freed 1M of them, and each
 /// chunk's memory is touched once, not grown into.
@@ -26,6 +26,10 @@ const MAX_RESERVED: u64 = 4 << 20;
 
 /// One waiting record: where its key and value are in the arena.
 pub(in crate::store) struct Waiting {
+    /// The key's first 8 bytes (big-endian, zero-padded): sorting compares these
+    /// first and reads keys from the arena only on a tie. Comparing keys in the
+    /// arena read two random places per comparison, 4.5% of a restore's CPU.
+    prefix: u64,
     chunk: u32,
     at: u32,
     key_len: u32,
@@ -53,7 +57,7 @@ impl Arena {
         c.extend_from_slice(key);
         c.extend_from_slice(value);
         let n = |x: usize| u32::try_from(x).expect("a chunk is far below 4 GiB");
-        Waiting { chunk: n(chunk), at: n(at), key_len: n(key.len()), len: n(len), state: None }
+        Waiting { prefix: prefix(key), chunk: n(chunk), at: n(at), key_len: n(key.len()), len: n(len), state: None }
     }
 
     fn bytes(&self, w: &Waiting) -> &[u8] {
@@ -69,6 +73,14 @@ impl Arena {
     pub(in crate::store) fn value(&self, w: &Waiting) -> &[u8] {
         &self.bytes(w)[w.key_len as usize..]
     }
+}
+
+/// A key's first 8 bytes as a number that orders as the key does (up to them).
+fn prefix(key: &[u8]) -> u64 {
+    let mut first = [0u8; 8];
+    let n = key.len().min(8);
+    first[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(first)
 }
 
 /// Where a waiting record is: its slice's start, its place in that slice's list.
@@ -196,7 +208,7 @@ impl Unwritten {
         let mut slices: Vec<_> = std::mem::take(&mut self.slices).into_values().collect();
         for (_, list) in &mut slices {
             list.retain(|w| w.state.is_some());
-            list.sort_unstable_by(|a, b| arena.key(a).cmp(arena.key(b)));
+            list.sort_unstable_by(|a, b| a.prefix.cmp(&b.prefix).then_with(|| arena.key(a).cmp(arena.key(b))));
         }
         slices.retain(|(_, list)| !list.is_empty());
         Taken { slices, arena }
@@ -235,5 +247,25 @@ mod tests {
         let want: Vec<(&[u8], Option<State>)> =
             vec![(b"a", Some(State::Dead)), (b"b", Some(State::Done)), (b"c", Some(State::Done))];
         assert_eq!(got, want, "in key order, without the one taken out");
+    }
+
+    /// Keys are written in key order, also where their first 8 bytes are the same
+    /// (sorting compares those first) and where one is a prefix of another.
+    #[test]
+    fn waiting_records_are_taken_in_key_order_beyond_their_first_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &crate::store::StoreOptions::for_tests(None)).unwrap();
+        let slice = store.slices.current(crate::store::now_us()).unwrap();
+        let keys: [&'static [u8]; 6] =
+            [b"\x01abcdefgz", b"\x01abcdefga", b"\x01abc", b"\x01abcdefg", b"\x00zzzzzzzzzz", b"\x01abcdefgab"];
+        let mut w = Unwritten::new(1 << 20);
+        for (i, k) in keys.iter().enumerate() {
+            w.put(&slice, &Hashed { key: k, hash: i as u64 }, b"v", State::Done);
+        }
+        let taken = w.take();
+        let got: Vec<&[u8]> = taken.slices[0].1.iter().map(|x| taken.arena.key(x)).collect();
+        let mut want = keys.to_vec();
+        want.sort();
+        assert_eq!(got, want);
     }
 }
