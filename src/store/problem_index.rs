@@ -45,7 +45,12 @@ pub struct GroupCount {
 
 /// Whether a record is a problem (and so in the index).
 pub(in crate::store) fn is_problem(r: &Record) -> bool {
-    matches!(r.state, State::Dead | State::Parked)
+    is_problem_state(r.state)
+}
+
+/// Whether a record in `state` is a problem.
+pub(in crate::store) fn is_problem_state(state: State) -> bool {
+    matches!(state, State::Dead | State::Parked)
 }
 
 /// The index: the tree, and in memory who is in which group.

@@ -1,5 +1,5 @@
 //! Applying a batch of changelog records to the local store, for a restore:
-//! decoded, collapsed per record key (within a batch, the last word on a record
+//! read (not decoded, see [`Head`]), collapsed per record key (within a batch, the last word on a record
 //! wins, except that a final record is never turned back into a claim and an older
 //! record never replaces a newer one), looked up in the local store once each (or
 //! not at all, see [`Restoring`]), and written.
@@ -20,15 +20,14 @@ use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
 use super::mac::Rejected;
-use super::entry::{key_parts, split_key, ChangelogRecord};
+use super::entry::{decode_entry_with_copy, key_parts, peek_entry, split_key, ChangelogRecord, Peeked};
 use crate::metrics::names;
 use crate::store::disk::format::{self, NameIds};
 use crate::store::disk::keys;
 use crate::store::disk::messages::copy_key;
 use crate::store::disk::filter::Hashed;
 use super::unwritten::Unwritten;
-use crate::store::chain_index::ChainId;
-use crate::store::problem_index::is_problem;
+use crate::store::problem_index::is_problem_state;
 use crate::store::disk::slices::Slice;
 use crate::store::base::Store;
 use crate::store::disk::record::{now_us, Record, State};
@@ -177,16 +176,10 @@ pub(super) struct Refused {
 }
 
 impl Refused {
-    /// `r` of `topic`, read at `offset` as `written`, refused for `held`.
-    pub(super) fn new(topic: &str, offset: i64, r: &Record, written: Written, held: Written) -> Refused {
-        Refused {
-            topic: topic.to_owned(),
-            partition: r.partition,
-            offset,
-            event_id: r.event_id.clone(),
-            version: written.version,
-            held: held.version,
-        }
+    /// The record of `event_id` in `partition` of `topic`, read at `offset` as
+    /// `written`, refused for `held`.
+    pub(super) fn new(topic: &str, partition: i32, offset: i64, event_id: String, written: Written, held: Written) -> Refused {
+        Refused { topic: topic.to_owned(), partition, offset, event_id, version: written.version, held: held.version }
     }
 
     fn reason(&self) -> Rejected {
@@ -316,13 +309,41 @@ struct Step {
     offset: i64,
 }
 
+/// What collapsing and writing need to know of a changelog record, read without
+/// decoding it ([`peek_entry`]).
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    state: State,
+    written: Written,
+    partition: i32,
+    /// No message copy, not in a chain, not dead or parked: on a restore's fast
+    /// path it is written straight from its changelog value ([`Peeked::local`]).
+    plain: bool,
+}
+
+impl Head {
+    fn of(peeked: &Peeked<'_>) -> Head {
+        let f = &peeked.fields;
+        let state = f.state();
+        let in_chain = f.has_chain() && state != State::Done;
+        Head {
+            state,
+            written: Written { version: f.version(), at_us: f.updated_at_us() },
+            partition: f.partition(),
+            plain: peeked.copy.is_none() && !in_chain && !is_problem_state(state),
+        }
+    }
+}
+
 /// One record key's record after the batch, and the writes the batch gave it in order.
 struct Pending {
-    record: Record,
-    /// The message copy the record carried (a held chain's record).
-    copy: Option<Vec<u8>>,
+    /// The changelog record's key and value as read (taken from the batch): a
+    /// record is decoded only where it is not written straight from them.
+    entry_key: Vec<u8>,
+    value: Vec<u8>,
+    head: Head,
     scope_id: u32,
-    /// Where `record` was read.
+    /// Where the record was read.
     offset: i64,
     /// Earlier records of the same key in this batch, oldest first.
     earlier: Vec<Step>,
@@ -330,8 +351,13 @@ struct Pending {
 
 impl Pending {
     fn step(&self) -> Step {
-        Step { state: self.record.state, written: Written::of(&self.record), offset: self.offset }
+        Step { state: self.head.state, written: self.head.written, offset: self.offset }
     }
+}
+
+/// The event id a changelog key names (for a refusal's report).
+fn event_id(entry_key: &[u8]) -> String {
+    split_key(entry_key).map(|(_, id, _)| id).unwrap_or_default()
 }
 
 fn total(store: &Store) -> i64 {
@@ -362,22 +388,23 @@ impl Store {
         records: &[ChangelogRecord],
         restoring: &mut Restoring,
     ) -> Result<u64, StoreError> {
-        let collapsed = self.collapse(source_topic, records)?;
+        let collapsed = self.collapse(source_topic, &mut records.to_vec())?;
         self.apply_collapsed(source_topic, collapsed, restoring)
     }
 
-    /// The first half of a batch's apply: decoded, collapsed per record key (in key
+    /// The first half of a batch's apply: read, collapsed per record key (in key
     /// order), without reading the store's records, so that a read-ahead thread can
-    /// make it while the batch before is written.
+    /// make it while the batch before is written. Takes the records' keys and values.
     pub(in crate::store) fn collapse(
         &self,
         source_topic: &str,
-        records: &[ChangelogRecord],
+        records: &mut [ChangelogRecord],
     ) -> Result<Collapsed, StoreError> {
         let now = now_us();
         if now < self.legacy_until {
             // Records may be kept under keys without a scope: the record-by-record path knows them.
-            return Ok(Collapsed { parts: Vec::new(), refused: Vec::new(), legacy: Some(records.to_vec()) });
+            let records = records.iter_mut().map(std::mem::take).collect();
+            return Ok(Collapsed { parts: Vec::new(), refused: Vec::new(), legacy: Some(records) });
         }
         let mut out = Collapsed { parts: Vec::new(), refused: Vec::new(), legacy: None };
         // In key order: consecutive writes land in the same nodes of sled's tree (a
@@ -386,41 +413,43 @@ impl Store {
         let mut pending: BTreeMap<Vec<u8>, Box<Pending>> = BTreeMap::new();
         let names = format::Remembered::new(&self.names);
         for rec in records {
-            if crate::store::audit_log::is_audit_key(&rec.key) {
+            let entry_key = std::mem::take(&mut rec.key);
+            if crate::store::audit_log::is_audit_key(&entry_key) {
                 // An audit entry: its own tree, never a record (store/audit_log.rs).
-                if let Some(value) = &rec.value {
-                    out.parts.push(Part::Audit(rec.key.clone(), value.clone()));
+                if let Some(value) = rec.value.take() {
+                    out.parts.push(Part::Audit(entry_key, value));
                 }
                 continue;
             }
-            let Some(value) = &rec.value else {
+            let Some(value) = rec.value.take() else {
                 out.parts.push(Part::Records(std::mem::take(&mut pending)));
-                out.parts.push(Part::Tombstone(rec.key.clone()));
+                out.parts.push(Part::Tombstone(entry_key));
                 continue;
             };
-            let Some((r, copy)) = self.live_entry(source_topic, rec, value, now) else { continue };
-            let scope_id = names.id(r.scope.as_deref().unwrap_or(source_topic))?;
-            let Some((event_key, _)) = key_parts(&rec.key) else { continue };
-            match pending.entry(keys::record_key(event_key, scope_id).to_vec()) {
+            let Some(head) = self.live_head(source_topic, &entry_key, &value, rec.offset, now) else { continue };
+            let Some((event_key, scope)) = key_parts(&entry_key) else { continue };
+            let scope_id = names.id(scope.as_deref().unwrap_or(source_topic))?;
+            let (offset, record_key) = (rec.offset, keys::record_key(event_key, scope_id).to_vec());
+            match pending.entry(record_key) {
                 Slot::Occupied(mut slot) => {
-                    let before = Written::of(&slot.get().record);
-                    if Written::of(&r).is_older(before, self.changelog.skew_us) {
-                        let refused = Refused::new(source_topic, rec.offset, &r, Written::of(&r), before);
+                    let before = slot.get().head.written;
+                    if head.written.is_older(before, self.changelog.skew_us) {
+                        let id = event_id(&entry_key);
+                        let refused = Refused::new(source_topic, head.partition, offset, id, head.written, before);
                         out.refused.push((slot.key().clone(), refused));
                         continue;
                     }
                     let p = slot.get_mut();
-                    if p.record.state.is_final() && r.state == State::Claimed {
+                    if p.head.state.is_final() && head.state == State::Claimed {
                         continue;
                     }
                     let step = p.step();
                     p.earlier.push(step);
-                    p.record = r;
-                    p.copy = copy;
-                    p.offset = rec.offset;
+                    (p.entry_key, p.value, p.head, p.offset) = (entry_key, value, head, offset);
                 }
                 Slot::Vacant(slot) => {
-                    slot.insert(Box::new(Pending { record: r, copy, scope_id, offset: rec.offset, earlier: Vec::new() }));
+                    let earlier = Vec::new();
+                    slot.insert(Box::new(Pending { entry_key, value, head, scope_id, offset, earlier }));
                 }
             }
         }
@@ -491,7 +520,7 @@ impl Store {
         let mut to: Option<Arc<Slice>> = None;
         for (key, p) in pending {
             let last = p.step();
-            let Pending { mut record, copy, scope_id, offset: _, earlier } = *p;
+            let Pending { entry_key, value, head, scope_id, offset: _, earlier } = *p;
             let hashed = Hashed::of(&key);
             let known = match &restoring.fresh {
                 Some(f) if Some(scope_id) == fresh_id => f.written.contains(&hashed.hash),
@@ -506,7 +535,8 @@ impl Store {
             for s in earlier.into_iter().chain([last]) {
                 taken = match now {
                     Some((_, held)) if s.written.is_older(held, self.changelog.skew_us) => {
-                        let refused = Refused::new(source_topic, s.offset, &record, s.written, held);
+                        let id = event_id(&entry_key);
+                        let refused = Refused::new(source_topic, head.partition, s.offset, id, s.written, held);
                         restoring.refused.push(hashed.key, refused, read_here);
                         false
                     }
@@ -523,15 +553,12 @@ impl Store {
             if !taken {
                 continue;
             }
-            if let Some((_, l)) = &found {
-                record.duplicates = l.duplicates;
-            }
+            let at = head.written.at_us;
             let slice = match to.take() {
-                Some(s) if s.start <= record.updated_at_us && record.updated_at_us < s.end() => s,
-                _ => self.slices.slice_for(record.updated_at_us)?,
+                Some(s) if s.start <= at && at < s.end() => s,
+                _ => self.slices.slice_for(at)?,
             };
             to = Some(slice.clone());
-            let value = format::encode(&record, &names, slice.start)?;
             if let Some((Held::Unwritten, _)) = &found {
                 // Not in the store yet, nor in its counts: written below as a new record.
                 restoring.unwritten.take_out(&hashed);
@@ -539,20 +566,25 @@ impl Store {
             if let Some(f) = restoring.fresh.as_mut() {
                 f.written.insert(hashed.hash);
             }
+            let duplicates = found.as_ref().map(|(_, l)| l.duplicates);
             // Only the new scope's records wait: another scope's may be written by others
-            // meanwhile. A plain record: no message copy, no chain, not dead or parked, and
-            // the dead-and-parked index is built (a record not in the store, or waiting,
-            // is none of its members).
+            // meanwhile. A plain record ([`Head::plain`]), and the dead-and-parked index is
+            // built (a record not in the store, or waiting, is none of its members).
             let ours = restoring.fresh.is_some()
                 && Some(scope_id) == fresh_id
                 && matches!(found, None | Some((Held::Unwritten, _)));
-            let plain = || {
-                copy.is_none() && ChainId::of(&record).is_none() && !is_problem(&record) && self.problems.ready()
-            };
-            if ours && plain() {
-                restoring.unwritten.put(&slice, &hashed, &value, record.state);
+            if ours && head.plain && self.problems.ready() {
+                let peeked = peek_entry(&entry_key, &value)?;
+                let duplicates = duplicates.unwrap_or(peeked.fields.duplicates());
+                let local = peeked.local(source_topic, &names, slice.start, duplicates)?;
+                restoring.unwritten.put(&slice, &hashed, &local, head.state);
                 continue;
             }
+            let (mut record, copy) = decode_entry_with_copy(source_topic, &entry_key, &value)?;
+            if let Some(duplicates) = duplicates {
+                record.duplicates = duplicates;
+            }
+            let value = format::encode(&record, &names, slice.start)?;
             match found {
                 Some((Held::Slice(old), l)) if Arc::ptr_eq(&old, &slice) => {
                     moves.push((slice.clone(), Some(l.state), Some(record.state)))
@@ -580,6 +612,18 @@ impl Store {
             f.expected += added;
         }
         Ok(applied)
+    }
+
+    /// [`Store::live_entry`] without decoding the record: its [`Head`].
+    fn live_head(&self, source_topic: &str, entry_key: &[u8], value: &[u8], offset: i64, now: i64) -> Option<Head> {
+        let head = match peek_entry(entry_key, value) {
+            Ok(peeked) => Head::of(&peeked),
+            Err(error) => {
+                tracing::warn!(%error, topic = source_topic, offset, "changelog record skipped");
+                return None;
+            }
+        };
+        (head.written.at_us.saturating_add(self.changelog.retention_us) > now).then_some(head)
     }
 
     /// The record under `key`: waiting to be written, or stored in the first of

@@ -34,6 +34,25 @@ fn versioned(offset: i64, id: &str, state: State, ago_s: i64, scope: Option<&str
     ChangelogRecord { offset, key: entry_key(&r), value: Some(entry_value(&r).unwrap()), mac: None }
 }
 
+/// A done record of event `id`, its fields varied by `i`: every shape a record's
+/// value takes (a restore writes plain ones straight from their changelog value).
+fn varied(offset: i64, id: &str, i: i64) -> ChangelogRecord {
+    let at = now_us() - 10_000_000;
+    let position = Position { topic: "t".into(), partition: 0, offset };
+    let mut r = Record::first_seen(id, State::Done, 1 + i as u32 % 3, &position, at - i);
+    r.scope = Some("t".to_owned());
+    r.done_at_us = Some(at);
+    r.updated_at_us = at;
+    r.claimed_at_us = (i % 4 != 0).then_some(at - 7);
+    r.event_type = ["OrderCreated", "t", "Paid"].get(i as usize % 4).map(|t| t.to_string());
+    r.outcome = ["http 201", "logged", "verified: http 200 on lookup"].get(i as usize % 4).map(|o| o.to_string());
+    r.key = ["0190A3C4-5E6F-7A8B-9C0D-1E2F3A4B5C6D", "order-7"].get(i as usize % 3).map(|k| k.to_string());
+    // A done record of a held chain's key has left the chain (on_dead = "hold" gives every keyed event one).
+    r.chain = r.key.clone().filter(|_| i % 2 == 0).map(String::into_bytes);
+    r.version = i as u64 % 3;
+    ChangelogRecord { offset, key: entry_key(&r), value: Some(entry_value(&r).unwrap()), mac: None }
+}
+
 /// A changelog with what compaction has not removed yet: claims before their
 /// outcome, a stale claim after an outcome, records an hour apart (other
 /// slices), a shared scope, an expired record, a record moving slices.
@@ -43,7 +62,7 @@ fn changelog() -> Vec<ChangelogRecord> {
         let id = format!("0190a3c4-5e6f-7a8b-9c0d-{i:012x}");
         let o = v.len() as i64;
         match i % 6 {
-            0 => v.push(rec(o, &id, State::Done, 10, None)),
+            0 => v.push(varied(o, &id, i)),
             1 => {
                 v.push(rec(o, &id, State::Claimed, 20, None));
                 v.push(rec(o + 1, &id, State::Done, 19, None));

@@ -1,7 +1,7 @@
 //! A changelog entry: its key and value (the format the module docs describe),
 //! the entry on its way, and where the broker put it.
 
-use crate::store::disk::format::{self, NameIds};
+use crate::store::disk::format::{self, Fields, NameIds};
 use crate::store::disk::keys;
 use crate::store::disk::record::Record;
 use crate::store::disk::varint::{self, Reader};
@@ -41,7 +41,7 @@ pub struct Acked {
 }
 
 /// One record read from a changelog partition.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ChangelogRecord {
     /// Its offset in the changelog partition.
     pub offset: i64,
@@ -151,6 +151,66 @@ pub(in crate::store) fn key_parts(key: &[u8]) -> Option<(&[u8], Option<String>)>
     Some((event_key, scope))
 }
 
+/// Why `key` is not a record's changelog key.
+fn key_error(key: &[u8]) -> StoreError {
+    let error = match key.first() {
+        Some(1..=3) | None => "malformed changelog key",
+        // An entry of a kind a newer release writes (one that is not a record): skipped, never applied.
+        Some(_) => "changelog key of a kind this release does not know (written by a newer outboxd?)",
+    };
+    StoreError::Corrupt { id: format!("{key:02x?}"), error: error.to_owned() }
+}
+
+/// A changelog value read without decoding it into a [`Record`] (a restore writes
+/// most records straight from it: [`Peeked::local`]).
+pub(in crate::store) struct Peeked<'v> {
+    pub(in crate::store) fields: Fields<'v>,
+    event_type: &'v str,
+    /// The message copy the value carries (a held chain's record).
+    pub(in crate::store) copy: Option<&'v [u8]>,
+}
+
+/// A changelog record's key and value read as [`decode_entry_with_copy`] reads them,
+/// with the same checks, without decoding them.
+pub(in crate::store) fn peek_entry<'v>(key: &[u8], value: &'v [u8]) -> Result<Peeked<'v>, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
+    let (event_key, _) = key_parts(key).ok_or_else(|| key_error(key))?;
+    if event_key.first() == Some(&keys::TAG_BYTES) {
+        keys::split(&keys::record_key(event_key, keys::LEGACY_SCOPE)).ok_or_else(|| corrupt("malformed key"))?;
+    }
+    let (&version, rest) = value.split_first().ok_or_else(|| corrupt("empty changelog value"))?;
+    if version != VALUE_VERSION {
+        return Err(corrupt("changelog value of an unknown version (written by a newer outboxd?)"));
+    }
+    let mut reader = Reader(rest);
+    let event_type = reader.bytes().and_then(|b| std::str::from_utf8(b).ok());
+    let event_type = event_type.ok_or_else(|| corrupt("malformed changelog value"))?;
+    let (fields, rest) = Fields::read(reader.0, 0).ok_or_else(|| corrupt("malformed record"))?;
+    let copy = match rest {
+        [] => None,
+        rest => Some(Reader(rest).bytes().ok_or_else(|| corrupt("malformed message copy"))?),
+    };
+    Ok(Peeked { fields, event_type, copy })
+}
+
+impl Peeked<'_> {
+    /// The record as the store keeps it in a slice that starts at `slice_start_us`
+    /// (the value [`format::encode`] makes of the record [`decode_entry`] reads, its
+    /// duplicates set to `duplicates`), with `names` giving the ids of the source
+    /// topic and event type.
+    pub(in crate::store) fn local(
+        &self,
+        source_topic: &str,
+        names: &impl NameIds,
+        slice_start_us: i64,
+        duplicates: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        // As `Texts` names them.
+        let name = |id| if id == EVENT_TYPE_ID { self.event_type } else { source_topic };
+        self.fields.write(slice_start_us, duplicates, |id| names.id(name(id)))
+    }
+}
+
 /// A changelog value read back for an event of `source_topic`.
 #[cfg(any(test, feature = "internals"))]
 pub fn decode_entry(source_topic: &str, key: &[u8], value: &[u8]) -> Result<Record, StoreError> {
@@ -164,11 +224,7 @@ pub fn decode_entry_with_copy(
     value: &[u8],
 ) -> Result<(Record, Option<Vec<u8>>), StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
-    let (event_key, scope) = key_parts(key).ok_or_else(|| match key.first() {
-        // An entry of a kind a newer release writes (one that is not a record): skipped, never applied.
-        Some(1..=3) | None => corrupt("malformed changelog key"),
-        Some(_) => corrupt("changelog key of a kind this release does not know (written by a newer outboxd?)"),
-    })?;
+    let (event_key, scope) = key_parts(key).ok_or_else(|| key_error(key))?;
     let (&version, rest) = value.split_first().ok_or_else(|| corrupt("empty changelog value"))?;
     if version != VALUE_VERSION {
         return Err(corrupt("changelog value of an unknown version (written by a newer outboxd?)"));

@@ -155,8 +155,7 @@ pub struct Rejection {
 
 /// Changelog records that passed [`Keys::authentic`]: the only records the
 /// store's apply path takes (`store.restore().apply`).
-#[derive(Clone, Copy)]
-pub struct Authentic<'a>(pub(in crate::store) &'a [ChangelogRecord]);
+pub struct Authentic<'a>(pub(in crate::store) &'a mut [ChangelogRecord]);
 
 /// How changelog records are signed, and which ones are applied: from
 /// `[store.changelog]` `key`, `previous_keys` and `accept_unsigned`.

@@ -33,7 +33,7 @@ pub const LEGACY_SCOPE: u32 = 0;
 
 const TAG_UUID_LOWER: u8 = 1;
 const TAG_UUID_UPPER: u8 = 2;
-const TAG_BYTES: u8 = 3;
+pub(in crate::store) const TAG_BYTES: u8 = 3;
 
 /// The event key of `id`: 17 bytes for a UUID, else about the id's length + 3.
 pub fn event_key(id: &str) -> KeyBuf {
