@@ -13,7 +13,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::health::{is_connection_error, ClientCtx};
 use super::KafkaError;
 use crate::config::KafkaConfig;
-use crate::store::changelog::{mac, ChangelogRecord};
+use crate::store::changelog::{mac, ChangelogRecord, MacHeader};
 
 /// How long one metadata or watermark request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -121,7 +121,7 @@ impl Reading<'_> {
                         mac: m
                             .headers()
                             .and_then(|h| h.iter().find(|h| h.key == mac::HEADER))
-                            .map(|h| h.value.unwrap_or_default().to_vec()),
+                            .map(|h| MacHeader::from_slice(h.value.unwrap_or_default())),
                     });
                     if m.offset() + 1 >= end {
                         return Ok(Batch { records, at_end: true });

@@ -154,7 +154,7 @@ async fn an_entry_whose_mac_does_not_check_is_not_applied() {
     store.audit().record(entry(now_us(), "forged", &[("b", Some(("t", 0)))])).await.unwrap();
     let mut records = sink.records("t", 0);
     for r in &mut records {
-        r.mac = keys.sign("g.t.outboxd-dedup", 0, &r.key, r.value.as_deref()).map(|m| m.to_vec());
+        r.mac = keys.sign("g.t.outboxd-dedup", 0, &r.key, r.value.as_deref()).map(|m| crate::store::changelog::MacHeader::from_slice(&m));
     }
     // The second entry's text changed after it was signed.
     let forged = String::from_utf8(records[1].value.clone().unwrap()).unwrap().replace("forged", "framed");

@@ -50,8 +50,12 @@ pub struct ChangelogRecord {
     /// Its value ([`entry_value`]); `None`: a tombstone (the record is gone).
     pub value: Option<Vec<u8>>,
     /// Its [`mac::HEADER`](super::mac::HEADER), if it has one ([`mac::Keys::check`](super::mac::Keys::check)).
-    pub mac: Option<Vec<u8>>,
+    pub mac: Option<MacHeader>,
 }
+
+/// A MAC header's value: held inline up to [`mac::MAC_BYTES`](super::mac::MAC_BYTES),
+/// the length outboxd writes (a restore read one allocation per record for it).
+pub type MacHeader = smallvec::SmallVec<[u8; 18]>;
 
 /// After the event key, the dedup scope follows (when it is not the source topic).
 pub(in crate::store) const SCOPE_TAG: u8 = 0x01;
@@ -158,7 +162,7 @@ fn key_error(key: &[u8]) -> StoreError {
         // An entry of a kind a newer release writes (one that is not a record): skipped, never applied.
         Some(_) => "changelog key of a kind this release does not know (written by a newer outboxd?)",
     };
-    StoreError::Corrupt { id: format!("{key:02x?}"), error: error.to_owned() }
+    corrupt(key, error)
 }
 
 /// A changelog value read without decoding it into a [`Record`] (a restore writes
@@ -173,24 +177,33 @@ pub(in crate::store) struct Peeked<'v> {
 /// A changelog record's key and value read as [`decode_entry_with_copy`] reads them,
 /// with the same checks, without decoding them.
 pub(in crate::store) fn peek_entry<'v>(key: &[u8], value: &'v [u8]) -> Result<Peeked<'v>, StoreError> {
-    let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
     let (event_key, _) = key_parts(key).ok_or_else(|| key_error(key))?;
     if event_key.first() == Some(&keys::TAG_BYTES) {
-        keys::split(&keys::record_key(event_key, keys::LEGACY_SCOPE)).ok_or_else(|| corrupt("malformed key"))?;
+        keys::split(&keys::record_key(event_key, keys::LEGACY_SCOPE)).ok_or_else(|| corrupt(key, "malformed key"))?;
     }
-    let (&version, rest) = value.split_first().ok_or_else(|| corrupt("empty changelog value"))?;
+    peek_value(key, value)
+}
+
+/// [`peek_entry`] without checking the key (again).
+pub(in crate::store) fn peek_value<'v>(key: &[u8], value: &'v [u8]) -> Result<Peeked<'v>, StoreError> {
+    let (&version, rest) = value.split_first().ok_or_else(|| corrupt(key, "empty changelog value"))?;
     if version != VALUE_VERSION {
-        return Err(corrupt("changelog value of an unknown version (written by a newer outboxd?)"));
+        return Err(corrupt(key, "changelog value of an unknown version (written by a newer outboxd?)"));
     }
     let mut reader = Reader(rest);
     let event_type = reader.bytes().and_then(|b| std::str::from_utf8(b).ok());
-    let event_type = event_type.ok_or_else(|| corrupt("malformed changelog value"))?;
-    let (fields, rest) = Fields::read(reader.0, 0).ok_or_else(|| corrupt("malformed record"))?;
+    let event_type = event_type.ok_or_else(|| corrupt(key, "malformed changelog value"))?;
+    let (fields, rest) = Fields::read(reader.0, 0).ok_or_else(|| corrupt(key, "malformed record"))?;
     let copy = match rest {
         [] => None,
-        rest => Some(Reader(rest).bytes().ok_or_else(|| corrupt("malformed message copy"))?),
+        rest => Some(Reader(rest).bytes().ok_or_else(|| corrupt(key, "malformed message copy"))?),
     };
     Ok(Peeked { fields, event_type, copy })
+}
+
+/// A changelog record under `key` that cannot be read, and `why`.
+fn corrupt(key: &[u8], why: &str) -> StoreError {
+    StoreError::Corrupt { id: format!("{key:02x?}"), error: why.to_owned() }
 }
 
 impl Peeked<'_> {
@@ -223,7 +236,7 @@ pub fn decode_entry_with_copy(
     key: &[u8],
     value: &[u8],
 ) -> Result<(Record, Option<Vec<u8>>), StoreError> {
-    let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
+    let corrupt = |what: &str| corrupt(key, what);
     let (event_key, scope) = key_parts(key).ok_or_else(|| key_error(key))?;
     let (&version, rest) = value.split_first().ok_or_else(|| corrupt("empty changelog value"))?;
     if version != VALUE_VERSION {

@@ -49,7 +49,7 @@ pub(in crate::store) mod unwritten;
 pub(in crate::store) mod write;
 
 pub use apply::{Collapsed, Restoring};
-pub use entry::{Acked, ChangelogRecord, Entry};
+pub use entry::{Acked, ChangelogRecord, Entry, MacHeader};
 /// The entry format, for the benchmark's and the tests' own changelog records.
 #[cfg(any(test, feature = "internals"))]
 pub use entry::{decode_entry, entry_key, entry_value};

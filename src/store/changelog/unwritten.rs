@@ -8,6 +8,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::store::disk::filter::Hashed;
+use crate::store::disk::keys;
 use crate::store::disk::record::State;
 use crate::store::disk::slices::Slice;
 
@@ -57,7 +58,7 @@ impl Arena {
         c.extend_from_slice(key);
         c.extend_from_slice(value);
         let n = |x: usize| u32::try_from(x).expect("a chunk is far below 4 GiB");
-        Waiting { prefix: prefix(key), chunk: n(chunk), at: n(at), key_len: n(key.len()), len: n(len), state: None }
+        Waiting { prefix: keys::prefix(key), chunk: n(chunk), at: n(at), key_len: n(key.len()), len: n(len), state: None }
     }
 
     fn bytes(&self, w: &Waiting) -> &[u8] {
@@ -73,14 +74,6 @@ impl Arena {
     pub(in crate::store) fn value(&self, w: &Waiting) -> &[u8] {
         &self.bytes(w)[w.key_len as usize..]
     }
-}
-
-/// A key's first 8 bytes as a number that orders as the key does (up to them).
-fn prefix(key: &[u8]) -> u64 {
-    let mut first = [0u8; 8];
-    let n = key.len().min(8);
-    first[..n].copy_from_slice(&key[..n]);
-    u64::from_be_bytes(first)
 }
 
 /// Where a waiting record is: its slice's start, its place in that slice's list.

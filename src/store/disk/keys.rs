@@ -55,6 +55,16 @@ pub fn event_key(id: &str) -> KeyBuf {
     k
 }
 
+/// A key's first 8 bytes as a number that orders as the key does (up to them):
+/// sorting record keys (a tag, then 16 bytes of a UUID) by it first seldom reads
+/// further.
+pub fn prefix(key: &[u8]) -> u64 {
+    let mut first = [0u8; 8];
+    let n = key.len().min(8);
+    first[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(first)
+}
+
 /// The record key of an event key in a scope.
 pub fn record_key(event_key: &[u8], scope: u32) -> KeyBuf {
     let mut k = KeyBuf::from_slice(event_key);
