@@ -32,8 +32,8 @@ use crate::config::ChangelogConfig;
 use crate::kafka::{KafkaError, Restorer};
 use crate::metrics::names;
 use crate::offsets::PartitionId;
-use crate::store::changelog::mac::{Keys, Rejection};
-use crate::store::changelog::{Collapsed, Restoring};
+use crate::store::changelog::mac::{Authentic, Keys, Rejection};
+use crate::store::changelog::Restoring;
 use crate::store::{Store, StoreError};
 
 /// How long one read waits for changelog records before it asks whether to go on.
@@ -122,7 +122,8 @@ pub(super) struct Pass<'a> {
 
 /// A batch read ahead: checked, decoded and collapsed.
 struct Ahead {
-    collapsed: Collapsed,
+    /// The records to apply: their MACs checked.
+    records: Authentic,
     /// Records read (skipped and rejected ones included).
     read: u64,
     /// Of those, records whose MAC did not check.
@@ -193,10 +194,10 @@ impl Reader<'_> {
             store.start(topic, self.changelog.restore_run_bytes, records)
         };
         let reading = self.restorer.start(&changelog_topic, p, pass.from)?;
-        // While one batch is applied, a thread reads the next one from the brokers,
-        // checks its MACs and decodes and collapses it (`Restore::collapse` reads none
-        // of the store's records); it is one batch ahead, so a read holds about three
-        // batches at most.
+        // While one batch is collapsed and applied, a thread reads the next one from
+        // the brokers and checks its MACs; it is one batch ahead, so a read holds
+        // about three batches at most. (Collapsing on that thread too left the applier
+        // waiting for it: librdkafka's work per message is most of what it does.)
         let stop = AtomicBool::new(false);
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let read = std::thread::scope(|scope| {
@@ -209,14 +210,13 @@ impl Reader<'_> {
                     if batch.as_ref().is_ok_and(|b| b.records.is_empty() && !b.at_end) {
                         continue;
                     }
-                    let ahead = batch.map_err(RestoreError::from).and_then(|mut batch| {
+                    let ahead = batch.map_err(RestoreError::from).map(|mut batch| {
                         let read = batch.records.len() as u64;
                         let last = batch.records.last().map(|r| r.offset);
                         batch.records.retain(|r| !skip.contains(&r.offset));
-                        let (authentic, rejected) = keys.authentic(changelog_topic, p, &mut batch.records);
+                        let (records, rejected) = keys.authentic(changelog_topic, p, std::mem::take(&mut batch.records));
                         rejections(partition, changelog_topic, &rejected);
-                        let collapsed = store.collapse(topic, authentic)?;
-                        Ok(Ahead { collapsed, read, rejected: rejected.len() as u64, last, at_end: batch.at_end })
+                        Ahead { records, read, rejected: rejected.len() as u64, last, at_end: batch.at_end }
                     });
                     let over = ahead.as_ref().map_or(true, |a| a.at_end);
                     if tx.send(ahead).is_err() || over {
@@ -279,7 +279,8 @@ impl Reader<'_> {
                 next = pass.upto;
             }
             let t = Instant::now();
-            let applied = store.apply(topic, batch.collapsed, restoring)?;
+            let collapsed = store.collapse(topic, batch.records)?;
+            let applied = store.apply(topic, collapsed, restoring)?;
             if restoring.unwritten_full() || (batch.at_end && restoring.holds_unwritten()) {
                 store.write_unwritten(restoring)?;
             }

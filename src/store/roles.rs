@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use super::audit_log::AuditEntry;
 use super::chain_index::{ChainId, ChainInfo, Running};
 use super::changelog::mac::Authentic;
-use super::changelog::apply::{Collapsed, Restoring};
+use super::changelog::{Collapsed, Restoring};
 #[cfg(test)]
 use super::disk::sync::SyncStats;
 use super::base::Store;
@@ -252,12 +252,12 @@ impl Restore<'_> {
         self.0.write_unwritten(restoring)
     }
 
-    /// Decodes a batch of changelog records and collapses them per record key, ready
+    /// Reads a batch of changelog records and collapses them per record key, ready
     /// for [`Restore::apply`]; reads none of the store's records, so it may run on
     /// another thread while the batch before is applied. Only records whose MAC was
     /// checked ([`Keys::authentic`](crate::store::changelog::mac::Keys::authentic)) come in.
-    pub fn collapse(&self, source_topic: &str, records: Authentic<'_>) -> Result<Collapsed, StoreError> {
-        self.0.collapse(source_topic, records.0)
+    pub fn collapse(&self, source_topic: &str, mut records: Authentic) -> Result<Collapsed, StoreError> {
+        self.0.collapse(source_topic, &mut records.0)
     }
 
     /// Applies a collapsed batch (not yet durable: see [`Restore::restored_to`]);

@@ -398,8 +398,8 @@ impl Store {
 
     /// [`Store::apply_changelog`] within a restore: the same outcome, in one pass
     /// per batch ([`Store::collapse`], then [`Store::apply_collapsed`]). Returns how
-    /// many records were applied. (The store's tests; a read collapses on one thread
-    /// and applies on another.)
+    /// many records were applied. (The store's tests; a read calls the two through
+    /// `Restore`, with records whose MACs were checked.)
     #[cfg(test)]
     pub(in crate::store) fn apply_restoring(
         &self,
@@ -411,9 +411,9 @@ impl Store {
         self.apply_collapsed(source_topic, collapsed, restoring)
     }
 
-    /// The first half of a batch's apply: read, collapsed per record key (in key
-    /// order), without reading the store's records, so that a read-ahead thread can
-    /// make it while the batch before is written. Takes the records' keys and values.
+    /// The first half of a batch's apply: read, collapsed per record key (walked in
+    /// key order by [`Store::apply_collapsed`]), without reading the store's records.
+    /// Takes the records' keys and values.
     pub(in crate::store) fn collapse(
         &self,
         source_topic: &str,

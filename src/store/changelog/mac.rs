@@ -155,7 +155,7 @@ pub struct Rejection {
 
 /// Changelog records that passed [`Keys::authentic`]: the only records the
 /// store's apply path takes (`store.restore().apply`).
-pub struct Authentic<'a>(pub(in crate::store) &'a mut [ChangelogRecord]);
+pub struct Authentic(pub(in crate::store) Vec<ChangelogRecord>);
 
 /// How changelog records are signed, and which ones are applied: from
 /// `[store.changelog]` `key`, `previous_keys` and `accept_unsigned`.
@@ -242,12 +242,12 @@ impl Keys {
 
     /// Keeps the records of a batch read from `changelog_topic`/`partition` that
     /// may be applied, in order; returns them, and the others with the reason.
-    pub fn authentic<'a>(
+    pub fn authentic(
         &self,
         changelog_topic: &str,
         partition: i32,
-        records: &'a mut Vec<ChangelogRecord>,
-    ) -> (Authentic<'a>, Vec<Rejection>) {
+        mut records: Vec<ChangelogRecord>,
+    ) -> (Authentic, Vec<Rejection>) {
         let mut rejected = Vec::new();
         if self.signing.is_some() {
             records.retain(|r| match self.check(changelog_topic, partition, r) {

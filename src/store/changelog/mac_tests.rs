@@ -118,13 +118,13 @@ fn after_a_rotation_records_of_the_previous_key_still_check_and_new_ones_carry_t
 #[test]
 fn a_batch_keeps_its_authentic_records_in_order_and_names_the_others() {
     let k = keys("key = \"${KEY}\"");
-    let mut batch = vec![
+    let batch = vec![
         signed_by(&k, 10, 0, b"a", Some(b"1")),
         ChangelogRecord { offset: 11, key: b"b".to_vec(), value: None, mac: None },
         signed_by(&k, 12, 0, b"c", None),
         ChangelogRecord { mac: Some(MacHeader::from_elem(1, MAC_BYTES)), ..signed_by(&k, 13, 0, b"d", Some(b"4")) },
     ];
-    let (authentic, rejected) = k.authentic(TOPIC, 0, &mut batch);
+    let (authentic, rejected) = k.authentic(TOPIC, 0, batch);
     let offsets: Vec<i64> = authentic.0.iter().map(|r| r.offset).collect();
     assert_eq!(offsets, [10, 12]);
     assert_eq!(rejected.iter().map(|r| r.offset).collect::<Vec<_>>(), [11, 13]);
