@@ -120,7 +120,7 @@ pub(super) struct Pass<'a> {
     pub progress: &'a dyn Fn(Progress),
 }
 
-/// A batch read ahead: checked, decoded and collapsed.
+/// A batch read ahead, its MACs checked.
 struct Ahead {
     /// The records to apply: their MACs checked.
     records: Authentic,
@@ -279,8 +279,7 @@ impl Reader<'_> {
                 next = pass.upto;
             }
             let t = Instant::now();
-            let collapsed = store.collapse(topic, batch.records)?;
-            let applied = store.apply(topic, collapsed, restoring)?;
+            let applied = store.apply(topic, batch.records, restoring)?;
             if restoring.unwritten_full() || (batch.at_end && restoring.holds_unwritten()) {
                 store.write_unwritten(restoring)?;
             }

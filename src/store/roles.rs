@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use super::audit_log::AuditEntry;
 use super::chain_index::{ChainId, ChainInfo, Running};
 use super::changelog::mac::Authentic;
-use super::changelog::{Collapsed, Restoring};
+use super::changelog::Restoring;
 #[cfg(test)]
 use super::disk::sync::SyncStats;
 use super::base::Store;
@@ -252,23 +252,12 @@ impl Restore<'_> {
         self.0.write_unwritten(restoring)
     }
 
-    /// Reads a batch of changelog records and collapses them per record key, ready
-    /// for [`Restore::apply`]; reads none of the store's records, so it may run on
-    /// another thread while the batch before is applied. Only records whose MAC was
-    /// checked ([`Keys::authentic`](crate::store::changelog::mac::Keys::authentic)) come in.
-    pub fn collapse(&self, source_topic: &str, mut records: Authentic) -> Result<Collapsed, StoreError> {
-        self.0.collapse(source_topic, &mut records.0)
-    }
-
-    /// Applies a collapsed batch (not yet durable: see [`Restore::restored_to`]);
-    /// returns how many records changed the store.
-    pub fn apply(
-        &self,
-        source_topic: &str,
-        collapsed: Collapsed,
-        restoring: &mut Restoring,
-    ) -> Result<u64, StoreError> {
-        self.0.apply_collapsed(source_topic, collapsed, restoring)
+    /// Applies a batch of changelog records (not yet durable: see
+    /// [`Restore::restored_to`]); returns how many records changed the store. Only
+    /// records whose MAC was checked
+    /// ([`Keys::authentic`](crate::store::changelog::mac::Keys::authentic)) come in.
+    pub fn apply(&self, source_topic: &str, mut records: Authentic, restoring: &mut Restoring) -> Result<u64, StoreError> {
+        self.0.apply_batch(source_topic, &mut records.0, restoring)
     }
 
     /// Records below `next` are applied: the checkpoint moves, durably with them

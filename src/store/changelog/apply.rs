@@ -30,7 +30,7 @@ use super::unwritten::Unwritten;
 use crate::store::problem_index::is_problem_state;
 use crate::store::disk::slices::Slice;
 use crate::store::base::Store;
-use crate::store::disk::record::{now_us, Record, State};
+use crate::store::disk::record::{self, now_us, Record, State};
 use crate::store::error::StoreError;
 
 /// Refusals reported one by one; the rest of them in one line (records written
@@ -273,9 +273,9 @@ fn report(refused: &[Refused]) {
     }
 }
 
-/// A batch of changelog records decoded and collapsed (`Store::collapse`), to be
+/// A batch of changelog records read and collapsed (`Store::collapse`), to be
 /// written by `Store::apply_collapsed`.
-pub struct Collapsed {
+struct Collapsed {
     parts: Vec<Part>,
     /// Records older than a write of the same key before them in the batch.
     refused: Vec<(Vec<u8>, Refused)>,
@@ -325,7 +325,7 @@ impl Head {
     fn of(peeked: &Peeked<'_>) -> Head {
         let f = &peeked.fields;
         let state = f.state();
-        let in_chain = f.has_chain() && state != State::Done;
+        let in_chain = record::in_chain(f.has_chain(), state);
         Head {
             state,
             written: Written { version: f.version(), at_us: f.updated_at_us() },
@@ -368,10 +368,10 @@ struct Segment {
 /// reads a node back per record). The places are sorted, not the records (a
 /// record's entry is about 160 bytes: sorting them was 7% of a restore's CPU), and
 /// keys compare by their first 8 bytes first (`keys::prefix`).
-fn key_order(records: &[(KeyBuf, Pending)]) -> Vec<usize> {
+fn key_order(records: &[(KeyBuf, Pending)]) -> impl Iterator<Item = usize> {
     let mut order: Vec<(u64, usize)> = records.iter().enumerate().map(|(i, (k, _))| (keys::prefix(k), i)).collect();
     order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| records[a.1].0.cmp(&records[b.1].0)));
-    order.into_iter().map(|(_, i)| i).collect()
+    order.into_iter().map(|(_, i)| i)
 }
 
 /// The event id a changelog key names (for a refusal's report).
@@ -398,8 +398,18 @@ impl Store {
 
     /// [`Store::apply_changelog`] within a restore: the same outcome, in one pass
     /// per batch ([`Store::collapse`], then [`Store::apply_collapsed`]). Returns how
-    /// many records were applied. (The store's tests; a read calls the two through
-    /// `Restore`, with records whose MACs were checked.)
+    /// many records were applied. Takes the records' keys and values.
+    pub(in crate::store) fn apply_batch(
+        &self,
+        source_topic: &str,
+        records: &mut [ChangelogRecord],
+        restoring: &mut Restoring,
+    ) -> Result<u64, StoreError> {
+        let collapsed = self.collapse(source_topic, records)?;
+        self.apply_collapsed(source_topic, collapsed, restoring)
+    }
+
+    /// [`Store::apply_batch`] of copies of `records` (the store's tests).
     #[cfg(test)]
     pub(in crate::store) fn apply_restoring(
         &self,
@@ -407,14 +417,13 @@ impl Store {
         records: &[ChangelogRecord],
         restoring: &mut Restoring,
     ) -> Result<u64, StoreError> {
-        let collapsed = self.collapse(source_topic, &mut records.to_vec())?;
-        self.apply_collapsed(source_topic, collapsed, restoring)
+        self.apply_batch(source_topic, &mut records.to_vec(), restoring)
     }
 
     /// The first half of a batch's apply: read, collapsed per record key (walked in
     /// key order by [`Store::apply_collapsed`]), without reading the store's records.
     /// Takes the records' keys and values.
-    pub(in crate::store) fn collapse(
+    fn collapse(
         &self,
         source_topic: &str,
         records: &mut [ChangelogRecord],
@@ -477,7 +486,7 @@ impl Store {
 
     /// The second half of a batch's apply: writes what [`Store::collapse`] made,
     /// in order. Returns how many records were applied.
-    pub(in crate::store) fn apply_collapsed(
+    fn apply_collapsed(
         &self,
         source_topic: &str,
         collapsed: Collapsed,

@@ -169,6 +169,8 @@ fn key_error(key: &[u8]) -> StoreError {
 /// most records straight from it: [`Peeked::local`]).
 pub(in crate::store) struct Peeked<'v> {
     pub(in crate::store) fields: Fields<'v>,
+    /// The record's bytes (what `fields` were read from).
+    record: &'v [u8],
     event_type: &'v str,
     /// The message copy the value carries (a held chain's record).
     pub(in crate::store) copy: Option<&'v [u8]>,
@@ -194,11 +196,12 @@ pub(in crate::store) fn peek_value<'v>(key: &[u8], value: &'v [u8]) -> Result<Pe
     let event_type = reader.bytes().and_then(|b| std::str::from_utf8(b).ok());
     let event_type = event_type.ok_or_else(|| corrupt(key, "malformed changelog value"))?;
     let (fields, rest) = Fields::read(reader.0, 0).ok_or_else(|| corrupt(key, "malformed record"))?;
+    let record = &reader.0[..reader.0.len() - rest.len()];
     let copy = match rest {
         [] => None,
         rest => Some(Reader(rest).bytes().ok_or_else(|| corrupt(key, "malformed message copy"))?),
     };
-    Ok(Peeked { fields, event_type, copy })
+    Ok(Peeked { fields, record, event_type, copy })
 }
 
 /// A changelog record under `key` that cannot be read, and `why`.
@@ -236,23 +239,13 @@ pub fn decode_entry_with_copy(
     key: &[u8],
     value: &[u8],
 ) -> Result<(Record, Option<Vec<u8>>), StoreError> {
-    let corrupt = |what: &str| corrupt(key, what);
+    // Every check is `peek_entry`'s.
+    let peeked = peek_entry(key, value)?;
     let (event_key, scope) = key_parts(key).ok_or_else(|| key_error(key))?;
-    let (&version, rest) = value.split_first().ok_or_else(|| corrupt("empty changelog value"))?;
-    if version != VALUE_VERSION {
-        return Err(corrupt("changelog value of an unknown version (written by a newer outboxd?)"));
-    }
-    let mut reader = Reader(rest);
-    let event_type = reader.text().ok_or_else(|| corrupt("malformed changelog value"))?;
-    let texts = Texts { topic: source_topic, event_type: Some(&event_type) };
-    // The event id comes from the key (a malformed one fails here).
-    let (mut r, rest) =
-        format::decode_with_rest(&keys::record_key(event_key, keys::LEGACY_SCOPE), reader.0, &texts, 0, None)?;
+    let texts = Texts { topic: source_topic, event_type: Some(peeked.event_type) };
+    // The event id comes from the key.
+    let mut r = format::decode(&keys::record_key(event_key, keys::LEGACY_SCOPE), peeked.record, &texts, 0, None)?;
     r.scope = Some(scope.unwrap_or_else(|| source_topic.to_owned()));
-    let copy = match rest {
-        [] => None,
-        rest => Some(Reader(rest).bytes().ok_or_else(|| corrupt("malformed message copy"))?.to_vec()),
-    };
-    Ok((r, copy))
+    Ok((r, peeked.copy.map(<[u8]>::to_vec)))
 }
 

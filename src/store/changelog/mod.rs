@@ -48,7 +48,7 @@ pub(in crate::store) mod sink;
 pub(in crate::store) mod unwritten;
 pub(in crate::store) mod write;
 
-pub use apply::{Collapsed, Restoring};
+pub use apply::Restoring;
 pub use entry::{Acked, ChangelogRecord, Entry, MacHeader};
 /// The entry format, for the benchmark's and the tests' own changelog records.
 #[cfg(any(test, feature = "internals"))]

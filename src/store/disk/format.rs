@@ -206,17 +206,6 @@ pub fn decode(
     slice_start_us: i64,
     expires_at_us: Option<i64>,
 ) -> Result<Record, StoreError> {
-    decode_with_rest(key, value, names, slice_start_us, expires_at_us).map(|(r, _)| r)
-}
-
-/// [`decode`], and the bytes after the record (where a changelog value carries a message copy).
-pub fn decode_with_rest<'v>(
-    key: &[u8],
-    value: &'v [u8],
-    names: &impl NameIds,
-    slice_start_us: i64,
-    expires_at_us: Option<i64>,
-) -> Result<(Record, &'v [u8]), StoreError> {
     let corrupt = |what: &str| StoreError::Corrupt { id: format!("{key:02x?}"), error: what.to_owned() };
     let (event_id, scope) = keys::split(key).ok_or_else(|| corrupt("malformed key"))?;
     let mut r = Reader(value);
@@ -274,8 +263,7 @@ pub fn decode_with_rest<'v>(
             version: flags >> VERSION_SHIFT,
         })
     };
-    let record = parse().ok_or_else(|| corrupt("malformed record"))?;
-    Ok((record, r.0))
+    parse().ok_or_else(|| corrupt("malformed record"))
 }
 
 /// A stored value's fields, read without decoding its texts: enough to write the

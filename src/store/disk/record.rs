@@ -110,8 +110,14 @@ impl Record {
     /// parked), waits behind them (held), or is being run again (claimed). A done
     /// record has left its chain.
     pub fn in_chain(&self) -> bool {
-        self.chain.is_some() && self.state != State::Done
+        in_chain(self.chain.is_some(), self.state)
     }
+}
+
+/// [`Record::in_chain`] of a record in `state` that has a chain key or not (a
+/// restore reads both from a value it does not decode).
+pub fn in_chain(has_chain: bool, state: State) -> bool {
+    has_chain && state != State::Done
 }
 
 /// Now, in µs since the Unix epoch (0 before it).
