@@ -43,18 +43,18 @@ impl Store {
         self.chained(&key, Some(r), || {
             match from {
                 Some((old, was)) if Arc::ptr_eq(old, &to) => {
-                    to.insert(&key, value)?;
+                    to.insert(&key, value.as_slice())?;
                     to.moved(Some(was), Some(r.state));
                 }
                 Some((old, was)) => {
                     self.messages.moved(&copy_key(old.start, &key), &copy_key(to.start, &key))?;
-                    to.insert(&key, value)?;
+                    to.insert(&key, value.as_slice())?;
                     old.remove(&key)?;
                     old.moved(Some(was), None);
                     to.moved(None, Some(r.state));
                 }
                 None => {
-                    to.insert(&key, value)?;
+                    to.insert(&key, value.as_slice())?;
                     to.moved(None, Some(r.state));
                 }
             }

@@ -98,7 +98,7 @@ pub fn fabricate(dir: &Path, f: &Fabricate, progress: &mut dyn FnMut(u64)) -> Re
                 r.done_at_us = Some(t);
                 r.outcome = Some("http 200".into());
             }
-            entries.push((keys::record_key(&keys::event_key(&id), scope).into_vec(), format::encode(&r, &store.names, slice.start)?));
+            entries.push((keys::record_key(&keys::event_key(&id), scope).into_vec(), format::encode(&r, &store.names, slice.start)?.into_vec()));
             slice.moved(None, Some(r.state));
             i += 1;
         }

@@ -631,7 +631,7 @@ impl Store {
                     added += 1;
                 }
             }
-            self.chained(key, Some(&record), || Ok(slice.insert(key, value)?))?;
+            self.chained(key, Some(&record), || Ok(slice.insert(key, value.as_slice())?))?;
             if let Some(copy) = copy {
                 self.keep_copy(&copy_key(slice.start, key), &copy, &record)?;
             }

@@ -128,8 +128,12 @@ pub fn state(value: &[u8]) -> Option<State> {
     Reader(value).u64().map(state_of)
 }
 
+/// A record's compact value, held inline up to the size most records take (a done
+/// record with a UUID key is about 40 bytes): writing it to sled copies it anyway.
+pub type Value = smallvec::SmallVec<[u8; 64]>;
+
 /// `r` as stored in a slice that starts at `slice_start_us`.
-pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<Vec<u8>, StoreError> {
+pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<Value, StoreError> {
     let mut flags = state_bits(r.state);
     let key_uuid = r.key.as_deref().and_then(keys::parse_uuid);
     flags |= match (&r.key, key_uuid) {
@@ -159,7 +163,7 @@ pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<V
             flags |= bit;
         }
     }
-    let mut out = Vec::with_capacity(48);
+    let mut out = Value::new();
     varint::put_u64(&mut out, flags);
     varint::put_u64(&mut out, u64::from(r.attempts));
     varint::put_u64(&mut out, u64::from(names.id(&r.topic)?));
@@ -488,7 +492,7 @@ mod tests {
             let mut seen = Vec::new();
             varint::put_u64(&mut seen, flags & ((1 << VERSION_SHIFT) - 1));
             seen.extend_from_slice(r.0);
-            assert_eq!(seen, unversioned, "version {version}: the rest is what an earlier release wrote");
+            assert_eq!(seen, unversioned.as_slice(), "version {version}: the rest is what an earlier release wrote");
         }
         held.version = MAX_VERSION;
         held.next_version();

@@ -144,7 +144,7 @@ async fn a_conversion_cut_short_starts_over_and_loses_and_doubles_nothing() {
             let slice = slices.slice_for(r.updated_at_us).unwrap();
             let scope = names.id(r.scope.as_deref().unwrap()).unwrap();
             let key = super::keys::record_key(&super::keys::event_key(&r.event_id), scope);
-            slice.insert(&key, super::format::encode(r, &names, slice.start).unwrap()).unwrap();
+            slice.insert(&key, super::format::encode(r, &names, slice.start).unwrap().as_slice()).unwrap();
             slice.moved(None, Some(r.state));
         }
         slices.persist().unwrap();

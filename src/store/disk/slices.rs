@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use super::counts::{Counts, STATES};
 use super::filter::{self, Hashed, KeyFilter};
 use super::runs::{self, Run, RunIter, RunWriter, TOMBSTONE};
@@ -377,6 +379,12 @@ impl std::fmt::Debug for Slice {
     }
 }
 
+/// The slices of [`Slices::live`], newest first: held inline, since every
+/// lookup of an event asks for them (there are [`SLICES_PER_RETENTION`] and
+/// one more while the oldest waits to be dropped, or a few more after the
+/// retention was shortened).
+pub type LiveSlices = SmallVec<[Arc<Slice>; SLICES_PER_RETENTION as usize + 4]>;
+
 pub struct Slices {
     db: sled::Db,
     meta: sled::Tree,
@@ -556,7 +564,7 @@ impl Slices {
     }
 
     /// Slices whose records are still retained at `now`, newest first: where lookups look.
-    pub fn live(&self, now: i64) -> Vec<Arc<Slice>> {
+    pub fn live(&self, now: i64) -> LiveSlices {
         let list = self.list.read().expect("slices lock");
         list.iter().rev().filter(|s| self.expires_at(s) > now).cloned().collect()
     }

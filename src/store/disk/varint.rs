@@ -1,7 +1,7 @@
 //! LEB128 varints, zigzag for signed values, and length-prefixed bytes: the
 //! pieces of the compact record format (`format`) and of record keys (`keys`).
 
-/// Appends `v` to `out`: a `Vec`, or a key's inline buffer (`keys::KeyBuf`).
+/// Appends `v` to `out`: a `Vec`, or an inline buffer (`keys::KeyBuf`, `format::Value`).
 pub fn put_u64(out: &mut impl Extend<u8>, mut v: u64) {
     while v >= 0x80 {
         out.extend([(v as u8) | 0x80]);
@@ -10,13 +10,13 @@ pub fn put_u64(out: &mut impl Extend<u8>, mut v: u64) {
     out.extend([v as u8]);
 }
 
-pub fn put_i64(out: &mut Vec<u8>, v: i64) {
+pub fn put_i64(out: &mut impl Extend<u8>, v: i64) {
     put_u64(out, ((v << 1) ^ (v >> 63)) as u64);
 }
 
-pub fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+pub fn put_bytes(out: &mut impl Extend<u8>, bytes: &[u8]) {
     put_u64(out, bytes.len() as u64);
-    out.extend_from_slice(bytes);
+    out.extend(bytes.iter().copied());
 }
 
 /// Reads values from the front of a byte slice; `None` once the bytes run out
