@@ -107,7 +107,7 @@ async fn keep(shared: &Shared) {
         Err(e) => return shared.exec.fail(e),
     };
     for r in aging {
-        if owned(shared, &PartitionId::new(&r.topic, r.partition)).is_none() {
+        if owned(shared, &PartitionId::new(&*r.topic, r.partition)).is_none() {
             continue;
         }
         let _id = shared.exec.hold_id(r.scope.as_deref().unwrap_or_default(), &r.event_id).await;

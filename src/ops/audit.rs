@@ -54,7 +54,7 @@ impl Actor {
 /// An event a repair names, with the source partition of its record now (`None`:
 /// there is none), so that its entry follows that partition.
 pub(super) fn event(store: &Store, id: &str) -> AuditEvent {
-    let source = store.reads().get(id).ok().flatten().map(|r| (r.topic, r.partition));
+    let source = store.reads().get(id).ok().flatten().map(|r| (r.topic.to_string(), r.partition));
     AuditEvent { id: id.to_owned(), source }
 }
 

@@ -60,7 +60,7 @@ impl ChainId {
     pub fn of(r: &Record) -> Option<ChainId> {
         let key = r.chain.clone().filter(|_| r.in_chain())?;
         let route = route_of(r.scope.as_deref());
-        Some(ChainId { topic: r.topic.clone(), partition: r.partition, key, route })
+        Some(ChainId { topic: r.topic.to_string(), partition: r.partition, key, route })
     }
 
     /// The same Kafka key on another route: what the tree's entries say (their

@@ -79,7 +79,7 @@ impl Store {
                 if f.record.state.is_final() && !(f.record.state == State::Held && self.chains.is_running(&f.key)) =>
             {
                 let (r, p) = (&f.record, &event.position);
-                let same_offset = r.topic == p.topic && r.partition == p.partition && r.offset == p.offset;
+                let same_offset = *r.topic == *p.topic && r.partition == p.partition && r.offset == p.offset;
                 self.duplicates.fetch_add(1, Ordering::Relaxed);
                 // The record may be here only: written by a run that died before the
                 // changelog acknowledged it. The offset moves only once the changelog has it.
@@ -98,7 +98,7 @@ impl Store {
                 let r = Record {
                     state,
                     attempts: f.record.attempts + 1,
-                    topic: event.position.topic.clone(),
+                    topic: self.names.shared(&event.position.topic),
                     partition: event.position.partition,
                     offset: event.position.offset,
                     claimed_at_us: Some(now),
@@ -109,11 +109,18 @@ impl Store {
             }
             None => {
                 let r = Record {
-                    scope: Some(scope.to_owned()),
+                    scope: Some(self.names.shared(scope)),
                     key: event.aggregate_id.clone(),
-                    event_type: event.event_type.clone(),
+                    event_type: event.event_type.as_deref().map(|t| self.names.shared(t)),
                     claimed_at_us: Some(now),
-                    ..Record::first_seen(&event.id, State::Claimed, 1, &event.position, now)
+                    ..Record::first_seen_in(
+                        self.names.shared(&event.position.topic),
+                        &event.id,
+                        State::Claimed,
+                        1,
+                        &event.position,
+                        now,
+                    )
                 };
                 (r, None)
             }
@@ -225,7 +232,7 @@ impl Store {
             Some(f) => (f.record, Some(f.slice)),
             None => {
                 let r = Record {
-                    scope: Some(UNDECODABLE_SCOPE.to_owned()),
+                    scope: Some(UNDECODABLE_SCOPE.into()),
                     ..Record::first_seen(id, State::Dead, 0, &message.position(), now)
                 };
                 (r, None)

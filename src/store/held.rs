@@ -133,7 +133,7 @@ impl Store {
             Some(f) => (f.record, Some(f.slice)),
             None => {
                 let r = Record {
-                    scope: Some(UNDECODABLE_SCOPE.to_owned()),
+                    scope: Some(UNDECODABLE_SCOPE.into()),
                     ..Record::first_seen(id, State::Held, 0, &message.position(), now)
                 };
                 (r, None)

@@ -86,7 +86,7 @@ impl Inner {
     pub(in crate::store) fn join(&mut self, record_key: &[u8], r: &Record) {
         let g = self.group(GroupKey {
             state: r.state,
-            topic: r.topic.clone(),
+            topic: r.topic.to_string(),
             reason: reason_group(r.reason.as_deref().unwrap_or("")),
         });
         if let Some(old) = self.members.insert(record_key.to_vec(), g) {

@@ -89,7 +89,7 @@ impl Store {
         for item in self.problems.tree.iter() {
             let (key, _) = item?;
             if let Some(r) = self.record_under(&key)? {
-                if r.state == state && r.topic == topic && reason_group(r.reason.as_deref().unwrap_or("")) == reason {
+                if r.state == state && *r.topic == *topic && reason_group(r.reason.as_deref().unwrap_or("")) == reason {
                     ids.push(r.event_id);
                 }
             }

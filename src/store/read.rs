@@ -183,7 +183,7 @@ impl Store {
         for item in self.merged(Bound::Unbounded)? {
             let (k, v, slice) = item?;
             let r = self.decode(&slice, &k, &v)?;
-            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic) {
+            if state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == &*r.topic) {
                 f(r)?;
             }
         }
@@ -248,7 +248,7 @@ impl Store {
                 return self.list_problems(s, topic, start, limit, budget);
             }
         }
-        let wanted = |r: &Record| state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == r.topic);
+        let wanted = |r: &Record| state.is_none_or(|s| s == r.state) && topic.is_none_or(|t| t == &*r.topic);
         let mut in_memory = self.in_memory_claims(&start, &wanted).into_iter().peekable();
         let mut out = Vec::new();
         let mut examined = 0usize;
@@ -303,7 +303,7 @@ impl Store {
             examined += 1;
             let stop = budget.is_some_and(|b| examined >= b) && entries.peek().is_some();
             let resume = stop.then(|| page_cursor(&r));
-            if r.state == state && topic.is_none_or(|t| t == r.topic) {
+            if r.state == state && topic.is_none_or(|t| t == &*r.topic) {
                 out.push(r);
             }
             if resume.is_some() && out.len() < limit {

@@ -88,7 +88,7 @@ pub fn fabricate(dir: &Path, f: &Fabricate, progress: &mut dyn FnMut(u64)) -> Re
             let position = Position { topic: f.topic.clone(), partition: (i % f.partitions.max(1) as u64) as i32, offset: i as i64 };
             let id = event_id(f.salt, i);
             let mut r = Record::first_seen(&id, State::Claimed, 1, &position, t);
-            r.scope = Some(f.topic.clone());
+            r.scope = Some(r.topic.clone());
             r.claimed_at_us = Some(t);
             if dead {
                 r.state = State::Dead;

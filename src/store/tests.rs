@@ -1,3 +1,4 @@
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
@@ -489,9 +490,9 @@ async fn an_undecodable_message_is_kept_apart_from_an_event_with_the_same_id() {
     store.record_undecodable(id, &big_message("x", 10), "bad JSON".into(), None, false).await.unwrap();
     assert!(matches!(store.claim(&event(id, 8), "t").await.unwrap(), Claim::Claimed(_)));
     assert!(matches!(store.claim(&event(id, 8), "").await.unwrap(), Claim::Claimed(_)));
-    let mut scopes: Vec<Option<String>> = store.list(None, 10).unwrap().into_iter().map(|r| r.scope).collect();
+    let mut scopes: Vec<Option<Arc<str>>> = store.list(None, 10).unwrap().into_iter().map(|r| r.scope).collect();
     scopes.sort();
-    assert_eq!(scopes, [Some(String::new()), Some(UNDECODABLE_SCOPE.to_owned()), Some("t".to_owned())]);
+    assert_eq!(scopes, [Some("".into()), Some(UNDECODABLE_SCOPE.into()), Some("t".into())]);
     let stats = store.stats().unwrap();
     assert_eq!((stats.claimed, stats.dead), (2, 1));
 }

@@ -23,7 +23,7 @@ impl From<&Record> for RecordView {
             done_at: r.done_at_us.map(rfc3339),
             duplicates: r.duplicates,
             event_id: r.event_id.clone(),
-            event_type: r.event_type.clone(),
+            event_type: r.event_type.as_deref().map(str::to_owned),
             expires_at: r.expires_at_us.map(rfc3339),
             first_seen: rfc3339(r.first_seen_us),
             key: r.key.clone(),
@@ -31,9 +31,9 @@ impl From<&Record> for RecordView {
             outcome: r.outcome.clone(),
             partition: r.partition,
             reason: r.reason.clone(),
-            scope: r.scope.clone(),
+            scope: r.scope.as_deref().map(str::to_owned),
             state: r.state,
-            topic: r.topic.clone(),
+            topic: r.topic.to_string(),
             updated_at: rfc3339(r.updated_at_us),
         }
     }

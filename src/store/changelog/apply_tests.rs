@@ -23,7 +23,7 @@ fn versioned(offset: i64, id: &str, state: State, ago_s: i64, scope: Option<&str
     let at = now_us() - ago_s * 1_000_000;
     let position = Position { topic: "t".into(), partition: 0, offset };
     let mut r = Record::first_seen(id, state, 1, &position, at);
-    r.scope = Some(scope.unwrap_or("t").to_owned());
+    r.scope = Some(scope.unwrap_or("t").into());
     r.event_type = Some("OrderCreated".into());
     r.claimed_at_us = Some(at);
     if state.is_final() {
@@ -40,11 +40,11 @@ fn varied(offset: i64, id: &str, i: i64) -> ChangelogRecord {
     let at = now_us() - 10_000_000;
     let position = Position { topic: "t".into(), partition: 0, offset };
     let mut r = Record::first_seen(id, State::Done, 1 + i as u32 % 3, &position, at - i);
-    r.scope = Some("t".to_owned());
+    r.scope = Some("t".into());
     r.done_at_us = Some(at);
     r.updated_at_us = at;
     r.claimed_at_us = (i % 4 != 0).then_some(at - 7);
-    r.event_type = ["OrderCreated", "t", "Paid"].get(i as usize % 4).map(|t| t.to_string());
+    r.event_type = ["OrderCreated", "t", "Paid"].get(i as usize % 4).map(|t| (*t).into());
     r.outcome = ["http 201", "logged", "verified: http 200 on lookup"].get(i as usize % 4).map(|o| o.to_string());
     r.key = ["0190A3C4-5E6F-7A8B-9C0D-1E2F3A4B5C6D", "order-7"].get(i as usize % 3).map(|k| k.to_string());
     // A done record of a held chain's key has left the chain (on_dead = "hold" gives every keyed event one).

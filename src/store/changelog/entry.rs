@@ -1,6 +1,8 @@
 //! A changelog entry: its key and value (the format the module docs describe),
 //! the entry on its way, and where the broker put it.
 
+use std::sync::Arc;
+
 use crate::store::disk::format::{self, Fields, NameIds};
 use crate::store::disk::keys;
 use crate::store::disk::record::Record;
@@ -79,10 +81,10 @@ impl NameIds for Texts<'_> {
     fn id(&self, name: &str) -> Result<u32, StoreError> {
         Ok(if Some(name) == self.event_type { EVENT_TYPE_ID } else { TOPIC_ID })
     }
-    fn name(&self, id: u32) -> String {
+    fn name(&self, id: u32) -> Arc<str> {
         match id {
-            EVENT_TYPE_ID => self.event_type.unwrap_or_default().to_owned(),
-            _ => self.topic.to_owned(),
+            EVENT_TYPE_ID => self.event_type.unwrap_or_default().into(),
+            _ => self.topic.into(),
         }
     }
 }
@@ -90,7 +92,7 @@ impl NameIds for Texts<'_> {
 /// The changelog key of a record (its scope is the source topic unless it says otherwise).
 pub fn entry_key(r: &Record) -> Vec<u8> {
     let mut key = keys::event_key(&r.event_id);
-    if let Some(scope) = r.scope.as_deref().filter(|s| *s != r.topic) {
+    if let Some(scope) = r.scope.as_deref().filter(|s| *s != &*r.topic) {
         key.push(SCOPE_TAG);
         key.extend_from_slice(scope.as_bytes());
     }
@@ -245,7 +247,7 @@ pub fn decode_entry_with_copy(
     let texts = Texts { topic: source_topic, event_type: Some(peeked.event_type) };
     // The event id comes from the key.
     let mut r = format::decode(&keys::record_key(event_key, keys::LEGACY_SCOPE), peeked.record, &texts, 0, None)?;
-    r.scope = Some(scope.unwrap_or_else(|| source_topic.to_owned()));
+    r.scope = Some(scope.map_or_else(|| source_topic.into(), Arc::from));
     Ok((r, peeked.copy.map(<[u8]>::to_vec)))
 }
 

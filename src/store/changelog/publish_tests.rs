@@ -85,7 +85,7 @@ async fn records_written_without_the_changelog_are_copied_to_their_partitions_as
     assert!(store.changelog_complete());
     for e in broker.entries.lock().unwrap().iter() {
         let r = store.reads().get(&decode(e).event_id).unwrap().expect("a local record");
-        assert_eq!((e.topic.as_str(), e.partition), (r.topic.as_str(), r.partition));
+        assert_eq!((e.topic.as_str(), e.partition), (&*r.topic, r.partition));
         assert_eq!(e.key, entry_key(&r));
         assert_eq!(e.value.as_deref(), Some(entry_value(&r).unwrap().as_slice()));
     }

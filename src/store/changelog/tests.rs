@@ -92,7 +92,7 @@ fn a_changelog_record_is_self_contained_small_and_round_trips() {
     let uuid = "0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
     let position = Position { topic: "outbox.event.order".into(), partition: 3, offset: 1_234_567 };
     let mut r = Record::first_seen(uuid, State::Done, 1, &position, now_us());
-    r.scope = Some(position.topic.clone());
+    r.scope = Some(r.topic.clone());
     r.key = Some("order-1717".into());
     r.event_type = Some("OrderCreated".into());
     r.claimed_at_us = Some(r.first_seen_us);
@@ -107,7 +107,7 @@ fn a_changelog_record_is_self_contained_small_and_round_trips() {
     assert_eq!(back, Record { duplicates: 0, ..r.clone() }, "the duplicate count stays local");
 
     // A shared scope and an id that is not a UUID: the scope is in the key.
-    let mut shared = Record { event_id: "a\0b".into(), scope: Some(String::new()), event_type: None, ..r.clone() };
+    let mut shared = Record { event_id: "a\0b".into(), scope: Some("".into()), event_type: None, ..r.clone() };
     shared.state = State::Dead;
     shared.reason = Some("http 422".into());
     let key = entry_key(&shared);
@@ -157,7 +157,7 @@ async fn an_empty_store_restored_from_the_changelog_suppresses_what_another_inst
         assert_eq!(b.apply_changelog("t", &records).unwrap(), 20);
         b.restored_to("t.cl", 1, 20, true).await.unwrap();
         let r = b.get("e7").unwrap().unwrap();
-        assert_eq!((r.state, r.topic.as_str(), r.partition, r.offset), (State::Done, "t", 1, 7));
+        assert_eq!((r.state, &*r.topic, r.partition, r.offset), (State::Done, "t", 1, 7));
         assert_eq!(r.event_type.as_deref(), Some("OrderCreated"));
     }
     // The checkpoint is durable with the records.

@@ -20,6 +20,8 @@
 //! follows the record is read as its message copy. A record without those bits
 //! (every record earlier releases wrote) is version 0.
 
+use std::sync::Arc;
+
 use super::keys;
 use super::names::Names;
 use super::varint::{self, Reader};
@@ -30,7 +32,7 @@ use crate::store::error::StoreError;
 /// dictionary ([`Names`]), or a record's own texts (a changelog value).
 pub trait NameIds {
     fn id(&self, name: &str) -> Result<u32, StoreError>;
-    fn name(&self, id: u32) -> String;
+    fn name(&self, id: u32) -> Arc<str>;
 }
 
 /// [`Names`], remembering the last few names asked for: a restore encodes many
@@ -63,7 +65,7 @@ impl NameIds for Remembered<'_> {
         last.push((name.into(), id));
         Ok(id)
     }
-    fn name(&self, id: u32) -> String {
+    fn name(&self, id: u32) -> Arc<str> {
         self.names.name(id)
     }
 }
@@ -72,7 +74,7 @@ impl NameIds for Names {
     fn id(&self, name: &str) -> Result<u32, StoreError> {
         Names::id(self, name)
     }
-    fn name(&self, id: u32) -> String {
+    fn name(&self, id: u32) -> Arc<str> {
         Names::name(self, id)
     }
 }

@@ -8,6 +8,7 @@
 //! changes nothing, so a conversion cut short by a crash starts over with what
 //! is left. The counts are taken from the converted slices at the end.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::names::Names;
@@ -65,7 +66,7 @@ pub fn convert(p: &Parts<'_>) -> Result<(), StoreError> {
                     continue;
                 }
             };
-            r.scope = old_scope(old_key);
+            r.scope = old_scope(old_key).map(Arc::from);
             let slice = p.slices.slice_for(r.updated_at_us.min(now))?;
             let scope = match &r.scope {
                 Some(s) => p.names.id(s)?,

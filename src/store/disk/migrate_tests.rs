@@ -1,5 +1,6 @@
 //! Stores written in the earlier format, built here with that format's encoding.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::event::Position;
@@ -14,7 +15,7 @@ fn old_record(id: &str, scope: Option<&str>, state: State, age: Duration) -> (Ve
     let at = now_us() - age.as_micros() as i64;
     let position = Position { topic: "orders".into(), partition: 2, offset: 40 };
     let mut r = Record::first_seen(id, state, 1, &position, at - 1_000);
-    r.scope = scope.map(str::to_owned); // not in the serde form: the key says it
+    r.scope = scope.map(Arc::from); // not in the serde form: the key says it
     r.key = Some("order-1".into());
     r.event_type = Some("OrderCreated".into());
     r.claimed_at_us = Some(at - 1_000);
@@ -52,7 +53,7 @@ fn write_old_store(dir: &std::path::Path, records: &[(Vec<u8>, Record)]) {
         expiry.insert([&at.to_be_bytes()[..], key].concat(), &[]).unwrap();
         if matches!(r.state, State::Dead | State::Parked) {
             let message = crate::event::RawMessage {
-                topic: r.topic.clone(),
+                topic: r.topic.to_string(),
                 partition: r.partition,
                 offset: r.offset,
                 key: None,

@@ -7,7 +7,7 @@
 //! name is unknown.
 
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use crate::store::error::StoreError;
 
@@ -15,7 +15,8 @@ const BY_NAME: u8 = b'n';
 const BY_ID: u8 = b'i';
 
 /// Name → id, and id → name (index 0 is reserved: [`super::keys::LEGACY_SCOPE`]).
-type Maps = (HashMap<String, u32>, Vec<Option<String>>);
+/// A name is held once and shared by the records that carry it ([`Names::shared`]).
+type Maps = (HashMap<Arc<str>, u32>, Vec<Option<Arc<str>>>);
 
 pub struct Names {
     tree: sled::Tree,
@@ -28,7 +29,8 @@ impl Names {
         for item in tree.scan_prefix([BY_ID]) {
             let (k, v) = item?;
             let id = k.get(1..5).and_then(|b| <[u8; 4]>::try_from(b).ok()).map(u32::from_be_bytes);
-            let (Some(id), Ok(name)) = (id, String::from_utf8(v.to_vec())) else { continue };
+            let (Some(id), Ok(name)) = (id, std::str::from_utf8(&v)) else { continue };
+            let name: Arc<str> = name.into();
             if by_id.len() <= id as usize {
                 by_id.resize(id as usize + 1, None);
             }
@@ -59,15 +61,23 @@ impl Names {
         by_id.extend_from_slice(&id.to_be_bytes());
         self.tree.insert(by_id, name.as_bytes())?;
         self.tree.insert(by_name, &id.to_be_bytes()[..])?;
-        maps.0.insert(name.to_owned(), id);
-        maps.1.push(Some(name.to_owned()));
+        let shared: Arc<str> = name.into();
+        maps.0.insert(shared.clone(), id);
+        maps.1.push(Some(shared));
         Ok(id)
     }
 
     /// The name of `id` (empty for an id this store never gave, which a sound store has not).
-    pub fn name(&self, id: u32) -> String {
+    pub fn name(&self, id: u32) -> Arc<str> {
         let maps = self.maps.read().expect("names lock");
-        maps.1.get(id as usize).cloned().flatten().unwrap_or_default()
+        maps.1.get(id as usize).cloned().flatten().unwrap_or_else(|| "".into())
+    }
+
+    /// `name` as the dictionary holds it, so that a record carrying it costs no copy;
+    /// a copy of its own for a name that has no id yet.
+    pub fn shared(&self, name: &str) -> Arc<str> {
+        let maps = self.maps.read().expect("names lock");
+        maps.0.get_key_value(name).map_or_else(|| name.into(), |(shared, _)| shared.clone())
     }
 }
 
@@ -84,6 +94,7 @@ mod tests {
         assert_eq!((a, b, names.id("orders").unwrap()), (1, 2, 1));
         let again = Names::open(db.open_tree("names").unwrap()).unwrap();
         assert_eq!((again.find("orders"), again.find(""), again.find("x")), (Some(1), Some(2), None));
-        assert_eq!((again.name(1), again.id("x").unwrap()), ("orders".to_owned(), 3));
+        assert_eq!((again.name(1), again.id("x").unwrap()), ("orders".into(), 3));
+        assert!(Arc::ptr_eq(&again.shared("orders"), &again.name(1)), "a known name is shared, not copied");
     }
 }

@@ -1,5 +1,7 @@
 //! What the store keeps per event id.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 pub use crate::wire::State;
@@ -21,21 +23,21 @@ pub struct Record {
     /// The dedup scope the record is kept in (`store::keys`); `None` for a record of
     /// a store written before scopes. Part of the key (as a small id), not of the stored value.
     #[serde(skip)]
-    pub scope: Option<String>,
+    pub scope: Option<Arc<str>>,
     /// Where the event is: `claimed`, `done`, `dead`, `parked` or `held`.
     pub state: State,
     /// Handler executions started (a re-execution after a crash counts).
     pub attempts: u32,
-    /// Where the event was last claimed from.
-    pub topic: String,
+    /// Where the event was last claimed from (shared with the store's dictionary of names).
+    pub topic: Arc<str>,
     /// The partition of that message.
     pub partition: i32,
     /// The offset of that message.
     pub offset: i64,
     /// The event's aggregate id (the key whose events run one at a time), if it has one.
     pub key: Option<String>,
-    /// The event's type, if it has one.
-    pub event_type: Option<String>,
+    /// The event's type, if it has one (shared with the store's dictionary of names).
+    pub event_type: Option<Arc<str>>,
     /// When the id was first seen.
     pub first_seen_us: i64,
     /// When it was last claimed (or taken back for a re-run).
@@ -75,12 +77,26 @@ pub struct Record {
 impl Record {
     /// A record for an id seen for the first time, at `position`.
     pub fn first_seen(id: &str, state: State, attempts: u32, position: &crate::event::Position, now: i64) -> Record {
+        Record::first_seen_in(position.topic.as_str().into(), id, state, attempts, position, now)
+    }
+
+    /// As [`Record::first_seen`], with `position`'s topic as the store shares it
+    /// (`Names::shared`): the record holds no copy of the name.
+    pub fn first_seen_in(
+        topic: Arc<str>,
+        id: &str,
+        state: State,
+        attempts: u32,
+        position: &crate::event::Position,
+        now: i64,
+    ) -> Record {
+        debug_assert_eq!(*topic, *position.topic);
         Record {
             event_id: id.to_owned(),
             scope: None,
             state,
             attempts,
-            topic: position.topic.clone(),
+            topic,
             partition: position.partition,
             offset: position.offset,
             key: None,

@@ -85,7 +85,7 @@ pub async fn write_done(kafka: &Kafka, changelog: &str, topic: &str, partition: 
         let offset = i as i64;
         let position = outboxd::event::Position::new(topic, partition, offset);
         let mut r = Record::first_seen(id, State::Done, 1, &position, now);
-        r.scope = Some(topic.to_owned());
+        r.scope = Some(topic.into());
         r.key = Some(format!("agg-{}", offset % 1000));
         r.event_type = Some("OrderCreated".into());
         r.claimed_at_us = Some(now);
@@ -110,7 +110,7 @@ pub async fn write_tombstones(
     let records = ids.iter().map(|id| {
         let position = outboxd::event::Position::new(topic, partition, 0);
         let mut r = Record::first_seen(id, State::Done, 1, &position, now_us());
-        r.scope = Some(topic.to_owned());
+        r.scope = Some(topic.into());
         (entry_key(&r), None)
     });
     send(kafka, changelog, partition, records.collect(), mac).await;

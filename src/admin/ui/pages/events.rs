@@ -145,10 +145,10 @@ impl EventRow {
             link: link(&r.event_id),
             id: r.event_id.clone(),
             state: r.state.to_string(),
-            topic: r.topic.clone(),
+            topic: r.topic.to_string(),
             position: format!("{}@{}", r.partition, r.offset),
             attempts: r.attempts,
-            event_type: r.event_type.clone().unwrap_or_default(),
+            event_type: r.event_type.as_deref().unwrap_or_default().to_owned(),
             reason: shorten(r.reason.as_deref().unwrap_or(""), REASON_SHOWN),
             updated: format::at_us(r.updated_at_us, now),
         }
