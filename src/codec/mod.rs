@@ -239,13 +239,13 @@ fn last_header<'a>(msg: &'a RawMessage, name: &str) -> Option<&'a [u8]> {
 }
 
 fn id_from_header(msg: &RawMessage, name: &str) -> Result<String, DecodeError> {
-    let values: Vec<&[u8]> =
-        msg.headers.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_deref().unwrap_or_default()).collect();
-    let Some(first) = values.first() else {
+    // Walked twice rather than collected: this runs for every message.
+    let values = || msg.headers.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_deref().unwrap_or_default());
+    let Some(first) = values().next() else {
         return Err(DecodeError::MissingIdHeader(name.to_owned()));
     };
-    if values.iter().any(|v| v != first) {
-        return Err(DecodeError::ConflictingIdHeaders(name.to_owned(), values.len()));
+    if values().any(|v| v != first) {
+        return Err(DecodeError::ConflictingIdHeaders(name.to_owned(), values().count()));
     }
     if std::str::from_utf8(first).is_err() {
         return Err(DecodeError::IdNotUtf8);
