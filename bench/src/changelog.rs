@@ -49,7 +49,7 @@ fn record(source: &str, salt: u64, i: u64, state: State, now: i64) -> Record {
     let position = Position::new(source, 0, i as i64);
     let mut r = Record::first_seen(&event_id(salt, i), state, 1, &position, now);
     r.scope = Some(source.into());
-    r.key = Some(format!("agg-{}", i % 1000));
+    r.key = Some(format!("agg-{}", i % 1000).into());
     r.event_type = Some("OrderCreated".into());
     r.claimed_at_us = Some(now);
     if state == State::Done {

@@ -224,7 +224,7 @@ impl Chains {
         // The releaser looks whenever a member stops blocking its chain or leaves it.
         let left = old.is_some();
         if let Some((chain, r)) = now {
-            index.insert(record_key, chain, r.offset, Member { id: r.event_id.clone(), state: r.state });
+            index.insert(record_key, chain, r.offset, Member { id: r.event_id.to_string(), state: r.state });
             if !blocks(r.state) {
                 self.released.notify_one();
             }

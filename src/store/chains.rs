@@ -69,7 +69,7 @@ impl Store {
                     if ChainId::of(&r).is_some_and(|c| c.same_key(&entry)) && r.offset == offset =>
                 {
                     let chain = ChainId::of(&r).expect("checked above");
-                    index.insert(&record_key, chain, offset, Member { id: r.event_id.clone(), state: r.state });
+                    index.insert(&record_key, chain, offset, Member { id: r.event_id.to_string(), state: r.state });
                 }
                 _ => stale.push(k),
             }
@@ -89,7 +89,7 @@ impl Store {
         for (key, r) in members {
             if let Some(chain) = ChainId::of(r) {
                 found.remove(key);
-                found.insert(key, chain, r.offset, Member { id: r.event_id.clone(), state: r.state });
+                found.insert(key, chain, r.offset, Member { id: r.event_id.to_string(), state: r.state });
             }
         }
         let wanted: HashSet<Vec<u8>> =

@@ -96,7 +96,7 @@ async fn run_next(store: &Store, chain: &ChainId, outcome: State) -> String {
     }
     drop(running);
     store.after_held_run(&r).await.unwrap();
-    r.event_id
+    r.event_id.to_string()
 }
 
 #[tokio::test]
@@ -367,12 +367,12 @@ async fn the_owner_writes_aging_chain_records_again_with_their_copies_unless_the
     assert!(!arrives(&store, &message(12, Some("order-8"))).await);
     assert!(store.aging_members(now_us() - 60_000_000).unwrap().is_empty(), "nothing is old yet");
     let aging = store.aging_members(now_us() + 1).unwrap();
-    let mut ids: Vec<&str> = aging.iter().map(|r| r.event_id.as_str()).collect();
+    let mut ids: Vec<&str> = aging.iter().map(|r| &*r.event_id).collect();
     ids.sort();
     assert_eq!(ids, ["e10", "e11"], "the chain's records, not the done one");
 
     let sent = sink.records(TOPIC, 2).len();
-    let held = aging.iter().find(|r| r.event_id == "e11").unwrap();
+    let held = aging.iter().find(|r| &*r.event_id == "e11").unwrap();
     assert!(store.refresh_member(held).await.unwrap());
     let now = store.get("e11").unwrap().unwrap();
     assert!(now.updated_at_us > held.updated_at_us, "written again");
@@ -388,7 +388,7 @@ async fn the_owner_writes_aging_chain_records_again_with_their_copies_unless_the
     assert!(copy.is_some(), "with its copy");
 
     // A record that changed since it was read is left to whoever changed it.
-    let head = aging.iter().find(|r| r.event_id == "e10").unwrap();
+    let head = aging.iter().find(|r| &*r.event_id == "e10").unwrap();
     store.resolve_done("e10", "resolved by hand: done".into()).await.unwrap();
     assert!(!store.refresh_member(head).await.unwrap());
     assert_eq!(state(&store, "e10"), State::Done);
@@ -420,7 +420,7 @@ fn written_again(sink: &Recorded, id: &str, state: State, offset: i64) -> Change
         .find(|r| {
             r.value.as_ref().is_some_and(|v| {
                 let r = crate::store::changelog::decode_entry(TOPIC, &r.key, v).unwrap();
-                r.event_id == id && r.state == state
+                *r.event_id == *id && r.state == state
             })
         })
         .unwrap_or_else(|| panic!("no {state} record of {id}"))

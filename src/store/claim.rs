@@ -5,6 +5,10 @@ use crate::event::RawMessage;
 
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made once per event and moved a few times: boxing the record cost an allocation per event"
+)]
 pub enum Claim {
     /// Claimed now (durably, or in memory: see `store.handling().claim_in_memory`).
     Claimed(Claimed),
@@ -21,7 +25,7 @@ pub enum Claim {
 /// handed back to `store.handling().finish` so the final write reads nothing again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {
-    pub(in crate::store) record: Box<Record>,
+    pub(in crate::store) record: Record,
     /// Start of the slice the record is stored in (the final record replaces it there, or
     /// moves it to a newer one); `None`: nothing is stored yet (an in-memory claim of a new event).
     pub(in crate::store) slice: Option<i64>,

@@ -110,7 +110,7 @@ impl Store {
             None => {
                 let r = Record {
                     scope: Some(self.names.shared(scope)),
-                    key: event.aggregate_id.clone(),
+                    key: event.aggregate_id.as_deref().map(Arc::from),
                     event_type: event.event_type.as_deref().map(|t| self.names.shared(t)),
                     claimed_at_us: Some(now),
                     ..Record::first_seen_in(
@@ -129,7 +129,7 @@ impl Store {
         if !durable {
             self.claims.insert(scope, &record, from.is_some());
             let slice = from.map(|(s, _)| s.start);
-            return Ok(Claim::Claimed(Claimed { record: Box::new(record), slice, durable, stored }));
+            return Ok(Claim::Claimed(Claimed { record, slice, durable, stored }));
         }
         if !self.has_changelog() {
             self.written_without_changelog()?;
@@ -138,7 +138,7 @@ impl Store {
         let slice = self.write(&record, from.as_ref().map(|(s, was)| (s, *was)), None)?;
         self.durable().await?;
         let stored = record.state;
-        Ok(Claim::Claimed(Claimed { record: Box::new(record), slice: Some(slice.start), durable, stored }))
+        Ok(Claim::Claimed(Claimed { record, slice: Some(slice.start), durable, stored }))
     }
 
     /// A further attempt within the same claim (a retry after a handler error):
@@ -168,7 +168,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         debug_assert!(state.is_final());
         let from = claimed.slice.and_then(|s| self.slices.get(s));
-        let mut r = *claimed.record;
+        let mut r = claimed.record;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, claimed.stored)), None, state, text)?;
         self.release_written(&r);
         self.settle(&r).await
@@ -185,7 +185,7 @@ impl Store {
         dead_letter: Option<String>,
     ) -> Result<(), StoreError> {
         let from = claimed.slice.and_then(|s| self.slices.get(s));
-        let mut r = *claimed.record;
+        let mut r = claimed.record;
         let to = self.slices.current(now_us())?;
         let reason = self.keep_message(&copy_key(to.start, &self.key_of(&r)?), message, reason)?;
         r.dead_letter = dead_letter;

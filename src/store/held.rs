@@ -51,7 +51,7 @@ impl Store {
         }
         let Claim::Claimed(c) = claim else { unreachable!("matched above") };
         let from = c.slice.and_then(|s| self.slices.get(s));
-        let mut r = *c.record;
+        let mut r = c.record;
         r.chain = Some(chain.key.clone());
         // It never ran: no attempt, no claim to show (the claim only found it new).
         r.attempts = 0;
@@ -86,7 +86,7 @@ impl Store {
         let route = route_of(c.record.scope.as_deref());
         let key = message.key.clone().unwrap_or_default();
         let chain = ChainId { topic: message.topic.clone(), partition: message.partition, key, route };
-        let mut r = (*c.record).clone();
+        let mut r = c.record.clone();
         r.chain = Some(chain.key.clone());
         r.claimed_at_us = None;
         if !called {

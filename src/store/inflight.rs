@@ -31,7 +31,7 @@ fn id_hash(id: &str) -> u64 {
 
 /// Whether a claim is `id`'s in `scope`.
 fn is(c: &Record, id: &str, scope: &str) -> bool {
-    c.event_id == id && c.scope.as_deref().unwrap_or_default() == scope
+    *c.event_id == *id && c.scope.as_deref().unwrap_or_default() == scope
 }
 
 impl Claims {
@@ -60,7 +60,7 @@ impl Claims {
 
     /// The claim of `id` in any scope (the first).
     pub fn get(&self, id: &str) -> Option<Record> {
-        self.lock().get(&id_hash(id)).and_then(|l| l.iter().find(|(r, _)| r.event_id == id).map(|(r, _)| r.clone()))
+        self.lock().get(&id_hash(id)).and_then(|l| l.iter().find(|(r, _)| *r.event_id == *id).map(|(r, _)| r.clone()))
     }
 
     /// The claims of events with no stored record (what listings lack).
@@ -98,7 +98,7 @@ mod tests {
         assert_eq!(claims.unstored(), 3, "a in t, b, c (a in t#mail is stored)");
         claims.insert("t", &Record { attempts: 2, ..claim("a", "t") }, false);
         assert_eq!(claims.unstored(), 3, "replaced, not added");
-        let a_in_t = claims.unstored_records().into_iter().find(|r| r.event_id == "a").map(|r| r.attempts);
+        let a_in_t = claims.unstored_records().into_iter().find(|r| &*r.event_id == "a").map(|r| r.attempts);
         assert_eq!(a_in_t, Some(2));
         claims.remove("a", "t");
         assert_eq!(claims.get("a").and_then(|r| r.scope), Some("t#mail".into()), "the other scope stays");
@@ -107,6 +107,6 @@ mod tests {
         claims.remove("b", "t");
         assert_eq!(claims.unstored(), 1, "c stays in the list b left");
         claims.remove("a", "t#mail");
-        assert_eq!(claims.unstored_records().iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>(), ["c"]);
+        assert_eq!(claims.unstored_records().iter().map(|r| &*r.event_id).collect::<Vec<_>>(), ["c"]);
     }
 }

@@ -90,7 +90,7 @@ impl Store {
             let (key, _) = item?;
             if let Some(r) = self.record_under(&key)? {
                 if r.state == state && *r.topic == *topic && reason_group(r.reason.as_deref().unwrap_or("")) == reason {
-                    ids.push(r.event_id);
+                    ids.push(r.event_id.to_string());
                 }
             }
         }

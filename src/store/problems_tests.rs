@@ -112,9 +112,9 @@ async fn pages_of_dead_records_read_the_index_and_other_filters_stop_at_their_bu
     }
     // Four dead among two hundred: found with a budget of two (index entries, not records).
     let dead = store.list_page(Some(State::Dead), None, None, 100, Some(2)).unwrap();
-    assert_eq!(dead.records.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>(), ["e007", "e057"]);
+    assert_eq!(dead.records.iter().map(|r| &*r.event_id).collect::<Vec<_>>(), ["e007", "e057"]);
     let rest = store.list_page(Some(State::Dead), None, dead.resume.as_deref(), 100, Some(2)).unwrap();
-    assert_eq!(rest.records.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>(), ["e107", "e157"]);
+    assert_eq!(rest.records.iter().map(|r| &*r.event_id).collect::<Vec<_>>(), ["e107", "e157"]);
 
     // A filter the index does not serve stops after examining its budget and says where to go on.
     let first = store.list_page(None, Some("other"), None, 100, Some(50)).unwrap();

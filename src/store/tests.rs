@@ -186,7 +186,7 @@ async fn pages_after_an_id_cover_every_matching_record_once() {
         let state = if i % 3 == 0 { State::Done } else { State::Dead };
         store.finish(c, state, "x".into()).await.unwrap();
     }
-    let ids = |rs: Vec<Record>| rs.into_iter().map(|r| r.event_id).collect::<Vec<_>>();
+    let ids = |rs: Vec<Record>| rs.into_iter().map(|r| r.event_id.to_string()).collect::<Vec<_>>();
     assert_eq!(ids(store.list_after(Some(State::Dead), None, None, 2).unwrap()), ["e1", "e2"]);
     assert_eq!(ids(store.list_after(Some(State::Dead), None, Some("e2"), 2).unwrap()), ["e4", "e5"]);
     assert_eq!(ids(store.list_after(Some(State::Dead), None, Some("e5"), 2).unwrap()), ["e7"]);
@@ -323,7 +323,7 @@ async fn in_memory_claims_are_listed_with_the_stored_records_in_key_order() {
         store.finish(c, State::Done, "ok".into()).await.unwrap();
     }
     store.claim_in_memory(&event("b", 2), "t").await.unwrap();
-    let ids = |rs: Vec<Record>| rs.into_iter().map(|r| r.event_id).collect::<Vec<_>>();
+    let ids = |rs: Vec<Record>| rs.into_iter().map(|r| r.event_id.to_string()).collect::<Vec<_>>();
     assert_eq!(ids(store.list(None, 10).unwrap()), ["a", "b", "c"]);
     assert_eq!(ids(store.list(None, 2).unwrap()), ["a", "b"]);
     assert_eq!(ids(store.list(Some(State::Claimed), 10).unwrap()), ["b"]);

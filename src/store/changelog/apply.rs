@@ -376,7 +376,7 @@ fn key_order(records: &[(KeyBuf, Pending)]) -> impl Iterator<Item = usize> {
 
 /// The event id a changelog key names (for a refusal's report).
 fn event_id(entry_key: &[u8]) -> String {
-    split_key(entry_key).map(|(_, id, _)| id).unwrap_or_default()
+    split_key(entry_key).map(|(_, id, _)| id.to_string()).unwrap_or_default()
 }
 
 fn total(store: &Store) -> i64 {

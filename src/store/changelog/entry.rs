@@ -138,7 +138,7 @@ fn event_key_len(key: &[u8]) -> Option<usize> {
 }
 
 /// A changelog key read back: the event key, the event id and the scope (`None`: the source topic).
-pub(in crate::store) fn split_key(key: &[u8]) -> Option<(&[u8], String, Option<String>)> {
+pub(in crate::store) fn split_key(key: &[u8]) -> Option<(&[u8], Arc<str>, Option<String>)> {
     let (event_key, scope) = key_parts(key)?;
     let (id, _) = keys::split(&keys::record_key(event_key, keys::LEGACY_SCOPE))?;
     Some((event_key, id, scope))

@@ -32,7 +32,7 @@ impl Broker {
 
     fn ids(&self) -> Vec<String> {
         let entries = self.entries.lock().unwrap();
-        entries.iter().map(|e| decode(e).event_id).collect()
+        entries.iter().map(|e| decode(e).event_id.to_string()).collect()
     }
 }
 

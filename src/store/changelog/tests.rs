@@ -344,7 +344,7 @@ async fn a_final_record_found_again_goes_to_the_changelog_before_its_duplicate_c
     let records = sink.records("t", 0);
     assert_eq!(records.len(), 1, "the record went to the changelog");
     let r = decode_entry("t", &records[0].key, records[0].value.as_deref().unwrap()).unwrap();
-    assert_eq!((r.event_id.as_str(), r.state), ("e1", State::Done));
+    assert_eq!((&*r.event_id, r.state), ("e1", State::Done));
 }
 
 /// The version of every record `sink` received, in order (`None`: a tombstone).

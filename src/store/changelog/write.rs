@@ -170,7 +170,7 @@ impl Store {
                     let replay = restoring.wrote_every_record_of(r.scope.as_deref());
                     restoring.refused.push(
                         &key,
-                        apply::Refused::new(source_topic, r.partition, rec.offset, r.event_id.clone(), written, held),
+                        apply::Refused::new(source_topic, r.partition, rec.offset, r.event_id.to_string(), written, held),
                         replay,
                     );
                     continue;

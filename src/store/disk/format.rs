@@ -238,7 +238,7 @@ pub fn decode(
             r.0 = &r.0[17..];
             Some(keys::format_uuid(bytes, upper))
         } else if flags & KEY_TEXT != 0 {
-            Some(r.text()?)
+            Some(r.text()?.into())
         } else {
             None
         };

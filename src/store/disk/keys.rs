@@ -16,6 +16,8 @@
 //! stay deduplicated until the records expire. The records of one id are
 //! neighbours: a prefix scan finds them for `outboxd store get ID`.
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 
 use super::varint::{self, Reader};
@@ -73,7 +75,7 @@ pub fn record_key(event_key: &[u8], scope: u32) -> KeyBuf {
 }
 
 /// The event id and scope id a record key names.
-pub fn split(key: &[u8]) -> Option<(String, u32)> {
+pub fn split(key: &[u8]) -> Option<(Arc<str>, u32)> {
     let (id, rest) = match *key.first()? {
         tag @ (TAG_UUID_LOWER | TAG_UUID_UPPER) => {
             let bytes: &[u8; 16] = key.get(1..17)?.try_into().ok()?;
@@ -95,7 +97,7 @@ pub fn split(key: &[u8]) -> Option<(String, u32)> {
                 }
                 i += 2;
             }
-            (String::from_utf8(id).ok()?, &key[i + 2..])
+            (Arc::from(std::str::from_utf8(&id).ok()?), &key[i + 2..])
         }
         _ => return None,
     };
@@ -172,18 +174,22 @@ pub fn parse_uuid(text: &str) -> Option<([u8; 16], bool)> {
     Some((out, upper))
 }
 
-pub fn format_uuid(bytes: &[u8; 16], upper: bool) -> String {
-    // Every record read back formats its id: digits from a table, not `format!` per byte.
+pub fn format_uuid(bytes: &[u8; 16], upper: bool) -> Arc<str> {
+    // Every record read back formats its id: digits from a table, not `format!` per
+    // byte, on the stack, then copied once into the record's own text.
     let digits: &[u8; 16] = if upper { b"0123456789ABCDEF" } else { b"0123456789abcdef" };
-    let mut s = String::with_capacity(36);
+    let mut s = [0u8; 36];
+    let mut at = 0;
     for (i, b) in bytes.iter().enumerate() {
         if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
+            s[at] = b'-';
+            at += 1;
         }
-        s.push(char::from(digits[usize::from(b >> 4)]));
-        s.push(char::from(digits[usize::from(b & 0xF)]));
+        s[at] = digits[usize::from(b >> 4)];
+        s[at + 1] = digits[usize::from(b & 0xF)];
+        at += 2;
     }
-    s
+    Arc::from(std::str::from_utf8(&s).expect("hex digits and dashes"))
 }
 
 #[cfg(test)]
@@ -195,11 +201,11 @@ mod tests {
         for id in ["0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d", "0190A3C4-5E6F-7A8B-9C0D-1E2F3A4B5C6D"] {
             let key = record_key(&event_key(id), 5);
             assert_eq!(key.len(), 1 + 16 + 1);
-            assert_eq!(split(&key), Some((id.to_owned(), 5)));
+            assert_eq!(split(&key), Some((id.into(), 5)));
         }
         let mixed = "0190a3c4-5e6f-7a8b-9c0d-1E2F3A4B5C6D";
         assert_eq!(event_key(mixed)[0], TAG_BYTES, "mixed case would not round-trip as 16 bytes");
-        assert_eq!(split(&record_key(&event_key(mixed), 1)), Some((mixed.to_owned(), 1)));
+        assert_eq!(split(&record_key(&event_key(mixed), 1)), Some((mixed.into(), 1)));
     }
 
     #[test]
@@ -208,7 +214,7 @@ mod tests {
         assert_eq!(parse_uuid(digits).map(|(b, upper)| (b[0], b[15], upper)), Some((0x01, 0x06, false)));
         let (bytes, upper) = parse_uuid("ABCDEF01-2345-6789-ABCD-EF0123456789").unwrap();
         assert!(upper);
-        assert_eq!(format_uuid(&bytes, upper), "ABCDEF01-2345-6789-ABCD-EF0123456789");
+        assert_eq!(&*format_uuid(&bytes, upper), "ABCDEF01-2345-6789-ABCD-EF0123456789");
         for not in [
             "abcdef01-2345-6789-ABCD-ef0123456789", // mixed case
             "abcdef01-2345-6789-abcd-ef012345678g", // not hex
@@ -227,8 +233,8 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.starts_with(&event_key("42")) && b.starts_with(&event_key("42")));
         assert!(!record_key(&event_key("420"), 1).starts_with(&event_key("42")));
-        assert_eq!(split(&record_key(&event_key("a\0b"), 300)), Some(("a\0b".to_owned(), 300)));
-        assert_eq!(split(&record_key(&event_key(""), LEGACY_SCOPE)), Some((String::new(), 0)));
+        assert_eq!(split(&record_key(&event_key("a\0b"), 300)), Some(("a\0b".into(), 300)));
+        assert_eq!(split(&record_key(&event_key(""), LEGACY_SCOPE)), Some(("".into(), 0)));
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub(in crate::store) const MAX_VERSION: u64 = u64::MAX >> VERSION_SHIFT;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     /// The event's id.
-    pub event_id: String,
+    pub event_id: Arc<str>,
     /// The dedup scope the record is kept in (`store::keys`); `None` for a record of
     /// a store written before scopes. Part of the key (as a small id), not of the stored value.
     #[serde(skip)]
@@ -35,7 +35,7 @@ pub struct Record {
     /// The offset of that message.
     pub offset: i64,
     /// The event's aggregate id (the key whose events run one at a time), if it has one.
-    pub key: Option<String>,
+    pub key: Option<Arc<str>>,
     /// The event's type, if it has one (shared with the store's dictionary of names).
     pub event_type: Option<Arc<str>>,
     /// When the id was first seen.
@@ -92,7 +92,7 @@ impl Record {
     ) -> Record {
         debug_assert_eq!(*topic, *position.topic);
         Record {
-            event_id: id.to_owned(),
+            event_id: id.into(),
             scope: None,
             state,
             attempts,

@@ -40,8 +40,13 @@ pub fn entries_by_id(kafka: &Kafka, changelog: &str, topic: &str) -> HashMap<Str
         let r = decode_entry(topic, key, value)
             .unwrap_or_else(|e| panic!("{changelog}/{}@{} does not decode: {e}", m.partition, m.offset));
         let timestamp_ms = m.timestamp_ms.unwrap_or_else(|| panic!("{changelog}/{} has no timestamp", m.partition));
-        let entry =
-            Entry { event_id: r.event_id, state: r.state, partition: m.partition, offset: m.offset, timestamp_ms };
+        let entry = Entry {
+            event_id: r.event_id.to_string(),
+            state: r.state,
+            partition: m.partition,
+            offset: m.offset,
+            timestamp_ms,
+        };
         out.entry(entry.event_id.clone()).or_default().push(entry);
     }
     out
@@ -54,7 +59,7 @@ pub fn entries_by_id(kafka: &Kafka, changelog: &str, topic: &str) -> HashMap<Str
 pub fn written(kafka: &Kafka, changelog: &str, topic: &str, id: &str, state: State) -> Option<Message> {
     kafka.read_topic(changelog, READ_TIMEOUT).into_iter().rev().find(|m| {
         let (Some(key), Some(value)) = (m.key.as_deref(), m.value.as_deref()) else { return false };
-        decode_entry(topic, key, value).is_ok_and(|r| r.event_id == id && r.state == state)
+        decode_entry(topic, key, value).is_ok_and(|r| *r.event_id == *id && r.state == state)
     })
 }
 
@@ -86,7 +91,7 @@ pub async fn write_done(kafka: &Kafka, changelog: &str, topic: &str, partition: 
         let position = outboxd::event::Position::new(topic, partition, offset);
         let mut r = Record::first_seen(id, State::Done, 1, &position, now);
         r.scope = Some(topic.into());
-        r.key = Some(format!("agg-{}", offset % 1000));
+        r.key = Some(format!("agg-{}", offset % 1000).into());
         r.event_type = Some("OrderCreated".into());
         r.claimed_at_us = Some(now);
         r.done_at_us = Some(now + 1_500);

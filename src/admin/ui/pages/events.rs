@@ -143,7 +143,7 @@ impl EventRow {
     fn of(r: &Record, now: SystemTime) -> EventRow {
         EventRow {
             link: link(&r.event_id),
-            id: r.event_id.clone(),
+            id: r.event_id.to_string(),
             state: r.state.to_string(),
             topic: r.topic.to_string(),
             position: format!("{}@{}", r.partition, r.offset),
