@@ -536,7 +536,8 @@ impl Outboxd {
     }
 
     /// The last `lines` lines of the last run's stderr and the last `earlier` lines of
-    /// every earlier run's.
+    /// every earlier run's, each after its first [`HEAD_LINES`] lines: a run that
+    /// stalls repeats itself at the end, and what led there is at its start.
     pub fn log_tails(&self, lines: usize, earlier: usize) -> String {
         let mut out = String::new();
         for (i, p) in self.logs.iter().enumerate() {
@@ -544,13 +545,14 @@ impl Outboxd {
             let text = std::fs::read_to_string(p).unwrap_or_default();
             let all: Vec<&str> = text.lines().collect();
             let from = all.len().saturating_sub(lines);
-            let _ = writeln!(
-                out,
-                "----- outboxd run {} stderr ({} lines{}) -----",
-                i + 1,
-                all.len(),
-                if from > 0 { format!(", last {lines}") } else { String::new() }
-            );
+            let head = HEAD_LINES.min(from);
+            let _ = writeln!(out, "----- outboxd run {} stderr ({} lines) -----", i + 1, all.len());
+            for l in &all[..head] {
+                let _ = writeln!(out, "{l}");
+            }
+            if from > head {
+                let _ = writeln!(out, "----- ({} lines left out) -----", from - head);
+            }
             for l in &all[from..] {
                 let _ = writeln!(out, "{l}");
             }
@@ -558,6 +560,9 @@ impl Outboxd {
         out
     }
 }
+
+/// The lines of each run's start that [`Outboxd::log_tails`] shows besides its tail.
+const HEAD_LINES: usize = 150;
 
 /// The read ends of a run's stdout and stderr ([`Outboxd::start_piped`]), read by tasks
 /// of the test's runtime.
