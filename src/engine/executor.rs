@@ -15,7 +15,7 @@ use tracing::{debug, error, info, warn, Instrument, Span};
 use super::circuit::{Admit, Circuits, Health};
 use super::concurrency::Signal;
 use super::fatal::Fatal;
-use super::guards::{live_guard, LiveIds, Release};
+use super::guards::{live_guard, live_guard_unless, LiveIds, Release};
 use super::retry::{backoff, next_delay};
 use super::slots::{Slot, TopicMetrics, TopicsMetrics};
 use super::spans;
@@ -578,7 +578,22 @@ impl Executor {
     /// ours) claims and runs it.
     async fn handle(&self, job: &Job<'_>) -> Result<Executed, StoreError> {
         let event = job.event;
-        let _live = live_guard(&self.live, job.scope, &event.id).await;
+        // A consumed delivery (`may_hold`) of an event the releaser of its held chain runs
+        // now (a redelivery: Kafka's after a rebalance, Debezium's after a restart) does not
+        // wait for that run, which waits for its receiver as long as the receiver is away:
+        // it would hold up its key, then read-ahead and every partition behind it. The
+        // chain runs the event; this delivery is a duplicate.
+        let chain_runs = || job.may_hold && self.store.holds().runs(job.scope, &event.id);
+        let Some(_live) = live_guard_unless(&self.live, job.scope, &event.id, chain_runs).await else {
+            self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+            job.slot.tally.duplicate();
+            job.metrics.new_offset.increment(1);
+            let p = &event.position;
+            debug!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset,
+                "duplicate suppressed: the event's held chain runs it now");
+            spans::ended_here("duplicate");
+            return Ok(Executed::Final);
+        };
         if !(job.owned)() {
             let p = &event.position;
             info!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset,

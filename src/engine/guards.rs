@@ -54,15 +54,32 @@ impl Drop for LiveGuard<'_> {
 }
 
 pub(super) async fn live_guard<'a>(ids: &'a LiveIds, scope: &str, id: &str) -> LiveGuard<'a> {
+    match live_guard_unless(ids, scope, id, || false).await {
+        Some(guard) => guard,
+        None => unreachable!("a wait that never gives up ended without the id"),
+    }
+}
+
+/// [`live_guard`], except that it gives up (`None`) when `gives_up` says so while
+/// the id is held: asked before each wait for the holder.
+pub(super) async fn live_guard_unless<'a>(
+    ids: &'a LiveIds,
+    scope: &str,
+    id: &str,
+    gives_up: impl Fn() -> bool,
+) -> Option<LiveGuard<'a>> {
     let hash = ids.hasher.hash_one((scope, id));
     loop {
         let busy = match ids.held.lock().expect("live ids lock").entry(hash) {
             Entry::Vacant(free) => {
                 free.insert(None);
-                return LiveGuard { live: ids, hash };
+                return Some(LiveGuard { live: ids, hash });
             }
             Entry::Occupied(mut held) => held.get_mut().get_or_insert_with(|| Arc::new(Semaphore::new(0))).clone(),
         };
+        if gives_up() {
+            return None;
+        }
         // Closed (never granted) when the holder finishes.
         let _ = busy.acquire().await;
     }

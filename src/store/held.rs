@@ -8,7 +8,7 @@ use super::chain_index::{route_of, ChainId, Running};
 use super::disk::messages::copy_key;
 use super::base::Store;
 use super::claim::{Claim, Claimed};
-use super::disk::keys::UNDECODABLE_SCOPE;
+use super::disk::keys::{self, UNDECODABLE_SCOPE};
 use super::disk::record::{now_us, Record, State};
 use super::error::StoreError;
 use crate::event::RawMessage;
@@ -287,6 +287,15 @@ impl Store {
     /// Keys whose new events are held now (chains that wait for a dead or parked event).
     pub(in crate::store) fn held_keys(&self) -> usize {
         self.chains.held_keys()
+    }
+
+    /// Whether the releaser runs the held event `id` of `scope` now.
+    pub(in crate::store) fn runs_held(&self, scope: &str, id: &str) -> bool {
+        if !self.chains.any() {
+            return false;
+        }
+        let Some(scope) = self.names.find(scope) else { return false };
+        self.chains.is_running(&keys::record_key(&keys::event_key(id), scope))
     }
 }
 

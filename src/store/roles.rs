@@ -216,6 +216,11 @@ impl<'a> Holds<'a> {
         self.0.held_keys()
     }
 
+    /// Whether the releaser runs the held event `id` of `scope` now (see `engine::hold`).
+    pub fn runs(self, scope: &str, id: &str) -> bool {
+        self.0.runs_held(scope, id)
+    }
+
     /// Waits until a chain may have been released.
     pub async fn released_notified(self) {
         self.0.chains.released_notified().await
