@@ -629,10 +629,11 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         humantime::format_duration(config.kafka.drain_timeout)
     );
     println!(
-        "store: path={} retention={} commit_interval={} max_in_flight={} fsync={}",
+        "store: path={} retention={} commit_interval={} backlog_commit_interval={} max_in_flight={} fsync={}",
         config.store.path.display(),
         humantime::format_duration(config.store.retention),
         humantime::format_duration(config.store.commit_interval),
+        humantime::format_duration(config.store.backlog_commit_interval),
         config.store.max_in_flight,
         config.store.fsync
     );

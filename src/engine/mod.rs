@@ -174,7 +174,11 @@ impl Engine {
                         }
                         match self.try_permits(size).filter(|_| full.is_empty()) {
                             Some(permits) => worker::dispatch(&self.shared, raw, generation, Some(permits)),
-                            None => full.push(consumer, Wait { msg: raw, generation, size }),
+                            None => {
+                                // A backlog: the group commit may wait longer for company meanwhile.
+                                self.shared.exec.store.handling().backlog_seen();
+                                full.push(consumer, Wait { msg: raw, generation, size });
+                            }
                         }
                     }
                     Err(RecvError::Fatal(reason)) => {

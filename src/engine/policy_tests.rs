@@ -97,6 +97,7 @@ fn fixture(entry: Entry, handler: Arc<Scripted>) -> Fixture {
     let opts = StoreOptions {
         retention: Duration::from_secs(3600),
         commit_interval: Duration::from_millis(1),
+        backlog_commit_interval: Duration::from_millis(1),
         fsync: false,
         role: Role::Test,
         cache_bytes: crate::store::SMALL_CACHE_BYTES,

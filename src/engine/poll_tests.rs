@@ -166,6 +166,7 @@ fn start_with_routes(store: &str, handler: &str, routes: &str, sink: Option<Arc<
     let opts = StoreOptions {
         retention: Duration::from_secs(3600),
         commit_interval: Duration::from_millis(1),
+        backlog_commit_interval: Duration::from_millis(1),
         fsync: false,
         role: Role::Test,
         cache_bytes: crate::store::SMALL_CACHE_BYTES,
@@ -224,6 +225,8 @@ fn p(topic: &str, partition: i32) -> PartitionId {
 #[tokio::test(start_paused = true)]
 async fn a_full_read_ahead_pauses_the_partitions_and_resumes_them_once_events_finish() {
     let l = start(2, "");
+    let store = l.engine.shared.exec.store.clone();
+    assert!(!store.handling().backlog_ever_seen(), "no backlog before any event");
     l.receiver.hold_all.store(true, Ordering::SeqCst);
     let ids: Vec<String> = (0..6).map(|i| format!("e{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -231,6 +234,7 @@ async fn a_full_read_ahead_pauses_the_partitions_and_resumes_them_once_events_fi
     }
     wait_until("two calls in flight", || l.receiver.running.load(Ordering::SeqCst) == 2).await;
     wait_until("the partitions to pause", || l.source.is_paused(&p("t", 0)) && l.source.is_paused(&p("t", 1))).await;
+    assert!(store.handling().backlog_ever_seen(), "events waited for room: group commits may wait longer");
     let_pass(Duration::from_secs(2)).await;
     assert_eq!(l.receiver.calls().len(), 2, "read-ahead bounds what starts: {:?}", l.receiver.calls());
     assert!(

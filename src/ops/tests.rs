@@ -11,6 +11,7 @@ async fn store_with_done(dir: &Path, ids: &[&str]) -> Arc<Store> {
     let opts = StoreOptions {
         retention: Duration::from_secs(3600),
         commit_interval: Duration::ZERO,
+        backlog_commit_interval: Duration::ZERO,
         fsync: true,
         role: Role::Test,
         cache_bytes: crate::store::SMALL_CACHE_BYTES,

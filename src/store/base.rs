@@ -116,7 +116,12 @@ impl Store {
             legacy_until,
             duplicates,
             claims: Claims::default(),
-            sync: sync::Syncer::start(db.clone(), data_file, opts.commit_interval, Box::new(persist)),
+            sync: sync::Syncer::start(
+                db.clone(),
+                data_file,
+                sync::Windows { usual: opts.commit_interval, backlog: opts.backlog_commit_interval },
+                Box::new(persist),
+            ),
             db,
             owner: Mutex::new(owner),
             changelog,

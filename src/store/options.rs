@@ -70,6 +70,8 @@ pub struct StoreOptions {
     pub retention: Duration,
     /// Group-commit window.
     pub commit_interval: Duration,
+    /// Group-commit window while the engine has a backlog (at least `commit_interval`).
+    pub backlog_commit_interval: Duration,
     /// fdatasync after flush (power-loss safe) or not (process-crash safe only).
     pub fsync: bool,
     /// Who opens it, recorded for `store` commands that find it locked.
@@ -88,6 +90,7 @@ impl From<&StoreConfig> for StoreOptions {
         StoreOptions {
             retention: config.retention,
             commit_interval: config.commit_interval,
+            backlog_commit_interval: config.backlog_commit_interval,
             fsync: config.fsync,
             role: Role::Run,
             cache_bytes: config.cache_bytes,
@@ -110,6 +113,7 @@ impl StoreOptions {
         StoreOptions {
             retention: retention.unwrap_or(crate::config::DEFAULT_RETENTION),
             commit_interval: Duration::ZERO,
+            backlog_commit_interval: Duration::ZERO,
             fsync: true,
             role: Role::Store,
             cache_bytes: SMALL_CACHE_BYTES,
@@ -123,7 +127,12 @@ impl StoreOptions {
 #[cfg(test)]
 impl StoreOptions {
     pub(crate) fn for_tests(retention: Option<Duration>) -> StoreOptions {
-        StoreOptions { commit_interval: Duration::from_millis(1), role: Role::Test, ..StoreOptions::inspect(retention) }
+        StoreOptions {
+            commit_interval: Duration::from_millis(1),
+            backlog_commit_interval: Duration::from_millis(1),
+            role: Role::Test,
+            ..StoreOptions::inspect(retention)
+        }
     }
 }
 

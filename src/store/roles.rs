@@ -107,6 +107,18 @@ impl Handling<'_> {
         self.0.release(id, scope)
     }
 
+    /// An event waited for room to start: more events wait than may run. Group
+    /// commits wait up to `store.backlog_commit_interval` meanwhile.
+    pub fn backlog_seen(&self) {
+        self.0.sync.backlog_seen();
+    }
+
+    /// Whether an event ever waited for room since the store opened.
+    #[cfg(test)]
+    pub fn backlog_ever_seen(&self) -> bool {
+        self.0.sync.backlog_ever_seen()
+    }
+
     /// Puts a durable claim into the changelog too, before its handler runs.
     pub async fn log_claim(&self, claimed: &Claimed) -> Result<(), StoreError> {
         self.0.log_claim(claimed).await

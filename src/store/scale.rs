@@ -130,7 +130,10 @@ pub struct Probe {
 impl Probe {
     /// Opens the store at `dir` as `outboxd run` does (lookup filters built on a thread).
     pub fn open(dir: &Path, retention: Duration, cache_bytes: u64) -> Result<Probe, StoreError> {
-        let opts = StoreOptions { commit_interval: Duration::from_millis(1), ..options(retention, Role::Run, cache_bytes) };
+        let opts = StoreOptions {
+            commit_interval: Duration::from_millis(1),
+            backlog_commit_interval: Duration::from_millis(1),
+            ..options(retention, Role::Run, cache_bytes) };
         Ok(Probe { store: Arc::new(Store::open(dir, &opts)?) })
     }
 

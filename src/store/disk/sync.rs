@@ -14,6 +14,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,27 @@ const IDLE_GAP_PARTS: u32 = 4;
 pub type SyncResult = Result<(), Arc<std::io::Error>>;
 
 pub type BeforeFlush = Box<dyn Fn() -> Result<(), sled::Error> + Send>;
+
+/// How long a batch may wait for more writers, once the previous batch showed
+/// there is load (and only while they keep arriving: see `IDLE_GAP_PARTS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Windows {
+    /// As a rule (`store.commit_interval`): short, since an event waits for it.
+    pub usual: Duration,
+    /// While the engine has a backlog (`store.backlog_commit_interval`): more
+    /// events wait to start than may run, so what an event waits for here does not
+    /// delay the backlog's end, and a larger batch spreads the flush and the
+    /// fdatasync over more events. At least `usual`.
+    pub backlog: Duration,
+}
+
+#[cfg(test)]
+impl Windows {
+    /// The same window with and without a backlog.
+    pub fn fixed(window: Duration) -> Windows {
+        Windows { usual: window, backlog: window }
+    }
+}
 
 /// Statistics of the batches, for benchmarks and logs.
 #[derive(Debug, Default, Clone, Copy)]
@@ -150,12 +172,43 @@ impl Waiter {
     }
 }
 
+/// A backlog is assumed for this long after an event last waited for room
+/// ([`Syncer::backlog_seen`]). In a backlog events wait for room every few µs to
+/// ms, as places free up; once none has waited for this long, the stream has
+/// thinned and a batch again waits only the usual window.
+const BACKLOG_MEMORY: Duration = Duration::from_millis(50);
+
 /// The writers waiting for the next batch, and how the sync thread is to be woken.
-#[derive(Default)]
 struct Queue {
     state: Mutex<Queued>,
     /// Notified when a writer arrives while the thread waits for a first one, and at close.
     arrived: Condvar,
+    /// What the times below count from.
+    epoch: Instant,
+    /// When an event last waited for room to start ([`Syncer::backlog_seen`]), in
+    /// µs since `epoch` and plus one (0: never).
+    backlog_seen: AtomicU64,
+}
+
+impl Queue {
+    fn new() -> Queue {
+        Queue {
+            state: Mutex::default(),
+            arrived: Condvar::new(),
+            epoch: Instant::now(),
+            backlog_seen: AtomicU64::new(0),
+        }
+    }
+
+    fn since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX).saturating_add(1)
+    }
+
+    /// Whether an event waited for room within [`BACKLOG_MEMORY`].
+    fn in_backlog(&self) -> bool {
+        let seen = self.backlog_seen.load(Ordering::Relaxed);
+        seen != 0 && self.since_epoch().saturating_sub(seen) < BACKLOG_MEMORY.as_micros() as u64
+    }
 }
 
 #[derive(Default)]
@@ -224,19 +277,31 @@ pub struct Syncer {
 }
 
 impl Syncer {
-    /// `window`: how long a batch may wait for more writers once the previous
-    /// batch showed there is load (and only while they keep arriving: see `IDLE_GAP_PARTS`). `data_file`: sled's log and blob files,
-    /// fdatasync'ed after each flush when `Some`.
+    /// `windows`: how long a batch may wait for more writers. `data_file`: sled's
+    /// log and blob files, fdatasync'ed after each flush when `Some`.
     /// `before_flush` writes what must become durable with every batch (the per-state counts).
-    pub fn start(db: sled::Db, data_file: Option<DataFiles>, window: Duration, before_flush: BeforeFlush) -> Syncer {
-        let queue = Arc::new(Queue::default());
+    pub fn start(db: sled::Db, data_file: Option<DataFiles>, windows: Windows, before_flush: BeforeFlush) -> Syncer {
+        let queue = Arc::new(Queue::new());
         let stats = Arc::new(Mutex::new(SyncStats::default()));
         let (thread_queue, thread_stats) = (queue.clone(), stats.clone());
         let thread = std::thread::Builder::new()
             .name("outboxd-sync".into())
-            .spawn(move || run(db, data_file, window, before_flush, &thread_queue, thread_stats))
+            .spawn(move || run(db, data_file, windows, before_flush, &thread_queue, thread_stats))
             .expect("spawning the store sync thread");
         Syncer { queue, thread: Some(thread), stats }
+    }
+
+    /// An event waited for room to start (more events wait than may run): the
+    /// batches of the next [`BACKLOG_MEMORY`] wait up to [`Windows::backlog`] for
+    /// more writers.
+    pub fn backlog_seen(&self) {
+        self.queue.backlog_seen.store(self.queue.since_epoch(), Ordering::Relaxed);
+    }
+
+    /// Whether an event ever waited for room since the store opened.
+    #[cfg(test)]
+    pub fn backlog_ever_seen(&self) -> bool {
+        self.queue.backlog_seen.load(Ordering::Relaxed) != 0
     }
 
     /// Resolves once everything written before this call is durable.
@@ -305,7 +370,7 @@ impl Drop for Syncer {
 fn run(
     db: sled::Db,
     mut data_file: Option<DataFiles>,
-    window: Duration,
+    windows: Windows,
     before_flush: BeforeFlush,
     queue: &Queue,
     stats: Arc<Mutex<SyncStats>>,
@@ -329,6 +394,10 @@ fn run(
         // at the first idle gap, so that nobody waits for writers who are not coming.
         // Writers who come meanwhile queue without waking this thread.
         let mut waited_out = false;
+        let window = match queue.in_backlog() {
+            true => windows.backlog.max(windows.usual),
+            false => windows.usual,
+        };
         if last_batch > 1 && !window.is_zero() {
             let deadline = Instant::now() + window;
             let gap = window / IDLE_GAP_PARTS;
@@ -418,6 +487,18 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_backlog_is_remembered_for_a_while_then_forgotten() {
+        let queue = Queue::new();
+        assert!(!queue.in_backlog(), "no event waited for room yet");
+        queue.backlog_seen.store(queue.since_epoch(), Ordering::Relaxed);
+        assert!(queue.in_backlog(), "an event waited for room just now");
+        let long_ago = Instant::now().checked_sub(BACKLOG_MEMORY * 4).expect("the clock is past that");
+        let queue = Queue { epoch: long_ago, ..Queue::new() };
+        queue.backlog_seen.store(1, Ordering::Relaxed);
+        assert!(!queue.in_backlog(), "the last wait for room was {:?} ago", BACKLOG_MEMORY * 4);
+    }
+
     #[tokio::test]
     async fn after_a_failed_sync_every_later_wait_fails_too() {
         let dir = tempfile::tempdir().unwrap();
@@ -431,7 +512,7 @@ mod tests {
                 Ok(())
             }
         });
-        let syncer = Syncer::start(db, None, Duration::ZERO, flaky);
+        let syncer = Syncer::start(db, None, Windows::fixed(Duration::ZERO), flaky);
         let first = syncer.durable().await.unwrap_err();
         assert!(first.to_string().contains("disk went away"), "{first}");
         let later = syncer.durable().await.unwrap_err();
@@ -473,7 +554,7 @@ mod tests {
             }
             Ok(())
         });
-        let syncer = Syncer::start(db, None, window, held);
+        let syncer = Syncer::start(db, None, Windows::fixed(window), held);
         let mut writers: Vec<_> = (0..8).map(|_| Box::pin(syncer.durable())).collect();
         assert!(futures::poll!(writers[0].as_mut()).is_pending());
         began.recv().unwrap();
