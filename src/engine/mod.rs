@@ -381,9 +381,13 @@ impl OpenCircuits {
         self.paused.iter().any(|ps| ps.contains(p))
     }
 
+    /// Pauses `p` for handler `h`'s circuit. Asked again for a partition it paused
+    /// already, it pauses it again: a message of it came, so something resumed it
+    /// meanwhile (the restore of a partition assigned again), and its messages would
+    /// otherwise come without bound, none of them holding read-ahead.
     fn pause(&mut self, consumer: &dyn Source, h: usize, p: PartitionId) {
+        consumer.pause(std::slice::from_ref(&p));
         if !self.paused[h].contains(&p) {
-            consumer.pause(std::slice::from_ref(&p));
             self.paused[h].push(p);
         }
     }

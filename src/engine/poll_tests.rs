@@ -345,6 +345,32 @@ async fn an_open_circuit_pauses_its_handlers_partitions_while_other_handlers_flo
     assert!(failure.is_none());
 }
 
+/// A partition paused for an open circuit and resumed by something else (the restore
+/// of a partition assigned again resumes it) pauses again at its next message:
+/// its messages must not come without bound while the receiver is away.
+#[tokio::test(start_paused = true)]
+async fn a_partition_resumed_while_its_circuit_is_open_pauses_again() {
+    use crate::kafka::Source;
+
+    let l = start(100, "[handlers.circuit]\nfailures = 1\nprobe_after = \"1s\"\nprobe_max = \"1s\"\n");
+    l.receiver.down.lock().unwrap().insert("t".to_owned());
+    l.source.produce("t", 0, "t0", "t0");
+    wait_until("t's partition to pause", || l.source.is_paused(&p("t", 0))).await;
+
+    l.source.resume_restored(&[p("t", 0)]);
+    for i in 1..4 {
+        l.source.produce("t", 0, &format!("t{i}"), &format!("t{i}"));
+    }
+    wait_until("t's partition to pause again", || l.source.is_paused(&p("t", 0))).await;
+    assert!(l.source.undelivered(&p("t", 0)) >= 2, "the partition's later messages wait in the source");
+
+    l.receiver.down.lock().unwrap().clear();
+    wait_until("t's events answered after the circuit closed", || l.source.stored(&p("t", 0)) == Some(4)).await;
+    assert!(!l.source.is_paused(&p("t", 0)), "a closed circuit resumes its partitions");
+    let (failure, _, _) = l.finish().await;
+    assert!(failure.is_none());
+}
+
 #[tokio::test(start_paused = true)]
 async fn events_of_one_key_run_one_at_a_time_in_offset_order_and_keys_run_side_by_side() {
     let l = start(50, "");
