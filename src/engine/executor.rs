@@ -587,9 +587,16 @@ impl Executor {
         let Some(_live) = live_guard_unless(&self.live, job.scope, &event.id, chain_runs).await else {
             self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
             job.slot.tally.duplicate();
-            job.metrics.new_offset.increment(1);
             let p = &event.position;
-            debug!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset,
+            let held = self.store.reads().get_in(job.scope, &event.id)?;
+            let same_offset =
+                held.is_some_and(|r| *r.topic == *p.topic && r.partition == p.partition && r.offset == p.offset);
+            let (cause, counter) = match same_offset {
+                true => ("redelivered_offset", &job.metrics.redelivered),
+                false => ("new_offset", &job.metrics.new_offset),
+            };
+            counter.increment(1);
+            debug!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, cause,
                 "duplicate suppressed: the event's held chain runs it now");
             spans::ended_here("duplicate");
             return Ok(Executed::Final);
