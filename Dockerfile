@@ -8,6 +8,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
+# sled, patched (vendor/README.md), through [patch.crates-io].
+COPY vendor ./vendor
 COPY src ./src
 # The console's templates and assets are compiled into the binary.
 COPY templates ./templates
