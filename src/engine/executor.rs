@@ -585,20 +585,13 @@ impl Executor {
         // chain runs the event; this delivery is a duplicate.
         let chain_runs = || job.may_hold && self.store.holds().runs(job.scope, &event.id);
         let Some(_live) = live_guard_unless(&self.live, job.scope, &event.id, chain_runs).await else {
-            self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-            job.slot.tally.duplicate();
             let p = &event.position;
             let held = self.store.reads().get_in(job.scope, &event.id)?;
             let same_offset =
                 held.is_some_and(|r| *r.topic == *p.topic && r.partition == p.partition && r.offset == p.offset);
-            let (cause, counter) = match same_offset {
-                true => ("redelivered_offset", &job.metrics.redelivered),
-                false => ("new_offset", &job.metrics.new_offset),
-            };
-            counter.increment(1);
+            let cause = self.suppressed(job, same_offset);
             debug!(event_id = %event.id, topic = %p.topic, partition = p.partition, offset = p.offset, cause,
                 "duplicate suppressed: the event's held chain runs it now");
-            spans::ended_here("duplicate");
             return Ok(Executed::Final);
         };
         if !(job.owned)() {
@@ -658,6 +651,21 @@ impl Executor {
         self.run_attempts(job, claimed, admitted).await
     }
 
+    /// Counts `job`'s event as a suppressed duplicate and ends its span there; the
+    /// cause it is counted under: `same_offset` when its record came from this very
+    /// offset (Kafka redelivered it), else a new one (a replay). For the caller's log line.
+    fn suppressed(&self, job: &Job<'_>, same_offset: bool) -> &'static str {
+        self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+        job.slot.tally.duplicate();
+        let (cause, counter) = match same_offset {
+            true => ("redelivered_offset", &job.metrics.redelivered),
+            false => ("new_offset", &job.metrics.new_offset),
+        };
+        counter.increment(1);
+        spans::ended_here("duplicate");
+        cause
+    }
+
     /// What a claim comes to before the handler runs: `None` when the event is
     /// final already (a duplicate suppressed; parked or verified as done under
     /// `on_uncertain`), else the claim to run it under (a re-execution logged).
@@ -666,15 +674,8 @@ impl Executor {
         let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
         Ok(Some(match claim {
             Claim::Finished { state, same_offset } => {
-                self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
-                job.slot.tally.duplicate();
-                let (cause, counter) = match same_offset {
-                    true => ("redelivered_offset", &job.metrics.redelivered),
-                    false => ("new_offset", &job.metrics.new_offset),
-                };
-                counter.increment(1);
+                let cause = self.suppressed(job, same_offset);
                 debug!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
-                spans::ended_here("duplicate");
                 return Ok(None);
             }
             Claim::Claimed(c) if !c.reexecution() => c,
