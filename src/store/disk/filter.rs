@@ -7,10 +7,11 @@
 //! they would have cost anyway) and never "absent" for a present key (that would
 //! run an event again):
 //!
-//! - [`RunFilter`], a packed run's (store/disk/runs.rs): a binary fuse filter built
-//!   once from the run's keys when the run is written, exact in size (about 9
-//!   bits a key, under 0.4% false positives), and stored beside the run, so a
-//!   start loads it instead of reading every key.
+//! - [`RunFilter`], a packed run's (store/disk/runs.rs): binary fuse filters built
+//!   once from the run's keys as the run is written, one per [`SHARD_KEYS`] keys
+//!   so that building them needs little memory, exact in size (about 9 bits a
+//!   key, under 0.4% false positives), and stored beside the run, so a start
+//!   loads them instead of reading every key.
 //! - [`KeyFilter`], a slice's overlay's (the records written since its last
 //!   seal): a Bloom filter that grows as keys arrive. Every write into an overlay,
 //!   tombstones included, goes through [`super::slices::Slice::insert`] or
@@ -29,6 +30,8 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use growable_bloom_filter::{GrowableBloom, GrowableBloomBuilder};
 use xorf::{BinaryFuse8, BinaryFuse8Ref, DmaSerializable, Filter, FilterRef};
+
+use super::varint::{put_bytes, put_u64, Reader};
 
 /// A record key and its hash, computed once for all the slices a lookup probes.
 #[derive(Debug, Clone, Copy)]
@@ -133,16 +136,36 @@ fn bloom_for(keys: usize) -> GrowableBloom {
         .build()
 }
 
-/// The layout of a persisted [`RunFilter`]: [`hash`] of each key, a `BinaryFuse8` of
-/// xorf 0.12 (its descriptor, then its fingerprints). A value of another version is
-/// not used: the run's filter is built again from its keys.
-const RUN_FILTER_VERSION: u8 = 1;
+/// The layout of a persisted [`RunFilter`]: [`hash`] of each key; per shard, in key
+/// order, its last key (a varint length and the bytes), the length of its
+/// fingerprints (a varint) and a `BinaryFuse8` of xorf 0.12 (its descriptor, then
+/// its fingerprints). A value of another version is not used: the run's filter is
+/// built again from its keys. Version 1 (one filter for the whole run, no last key)
+/// is still read, as one shard without a bound.
+const RUN_FILTER_VERSION: u8 = 2;
+const RUN_FILTER_V1: u8 = 1;
 const DESCRIPTOR_LEN: usize = <BinaryFuse8 as DmaSerializable>::DESCRIPTOR_LEN;
 
-/// A packed run's filter: exact in size, immutable, built from every key of the run.
+/// Keys per shard of a run's filter. Building a shard holds its keys' hashes (8
+/// bytes a key) and xorf's construction (about 25 bytes a key) until the shard is
+/// done, so a run of any size is filtered with at most about 35 MB of transient
+/// memory (a 15M-record slice at once took about 500 MB). A lookup still probes one
+/// shard: the one whose key range holds its key. Smaller shards would cost more
+/// last keys to search and store and nothing else; larger ones more transient memory.
+pub const SHARD_KEYS: usize = 1 << 20;
+
+/// A packed run's filter: exact in size, immutable, built from every key of the
+/// run in key order, one `BinaryFuse8` per [`SHARD_KEYS`] keys.
 pub struct RunFilter {
-    /// `None`: the run has no key.
-    fuse: Option<Fuse>,
+    /// In key order; none: the run has no key.
+    shards: Vec<Shard>,
+}
+
+/// The filter of consecutive keys of a run, up to and including `last`; `None`:
+/// up to the end (a version-1 filter's only shard).
+struct Shard {
+    last: Option<Box<[u8]>>,
+    fuse: Fuse,
 }
 
 /// A `BinaryFuse8` as its parts, read through `BinaryFuse8Ref` (what xorf offers
@@ -152,53 +175,130 @@ struct Fuse {
     fingerprints: Box<[u8]>,
 }
 
-impl RunFilter {
-    /// The filter of the keys whose hashes are `hashes` (in any order, repeats allowed).
-    pub fn build(mut hashes: Vec<u64>) -> Result<RunFilter, String> {
-        if hashes.is_empty() {
-            return Ok(RunFilter { fuse: None });
-        }
+impl Fuse {
+    /// Of `hashes` (in any order, repeats allowed; left sorted).
+    fn build(hashes: &mut Vec<u64>) -> Result<Fuse, String> {
         hashes.sort_unstable();
         hashes.dedup();
-        let fuse = BinaryFuse8::try_from(&hashes).map_err(|e| format!("building a run's lookup filter: {e}"))?;
+        let fuse = BinaryFuse8::try_from(hashes.as_slice()).map_err(|e| format!("building a run's lookup filter: {e}"))?;
         let mut descriptor = [0; DESCRIPTOR_LEN];
         fuse.dma_copy_descriptor_to(&mut descriptor);
-        Ok(RunFilter { fuse: Some(Fuse { descriptor, fingerprints: fuse.dma_fingerprints().into() }) })
+        Ok(Fuse { descriptor, fingerprints: fuse.dma_fingerprints().into() })
     }
 
+    fn contains(&self, hash: u64) -> bool {
+        BinaryFuse8Ref::from_dma(&self.descriptor, &self.fingerprints).contains(&hash)
+    }
+}
+
+impl RunFilter {
     /// False only if the run does not hold `key`.
     pub fn may_contain(&self, key: &Hashed) -> bool {
-        match &self.fuse {
-            Some(f) => BinaryFuse8Ref::from_dma(&f.descriptor, &f.fingerprints).contains(&key.hash),
-            None => false,
-        }
+        // The first shard whose last key is not below the key; past the last one the run holds nothing.
+        let i = self.shards.partition_point(|s| s.last.as_deref().is_some_and(|last| last < key.key));
+        self.shards.get(i).is_some_and(|s| s.fuse.contains(key.hash))
     }
 
     /// Its memory, in bytes.
     pub fn bytes(&self) -> usize {
-        self.fuse.as_ref().map_or(0, |f| DESCRIPTOR_LEN + f.fingerprints.len())
+        self.shards.iter().map(|s| DESCRIPTOR_LEN + s.fuse.fingerprints.len() + s.last.as_ref().map_or(0, |l| l.len())).sum()
     }
 
     /// The persisted form (see [`RUN_FILTER_VERSION`]).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![RUN_FILTER_VERSION];
-        if let Some(f) = &self.fuse {
-            out.extend_from_slice(&f.descriptor);
-            out.extend_from_slice(&f.fingerprints);
+        for s in &self.shards {
+            put_bytes(&mut out, s.last.as_deref().unwrap_or_default());
+            put_u64(&mut out, s.fuse.fingerprints.len() as u64);
+            out.extend_from_slice(&s.fuse.descriptor);
+            out.extend_from_slice(&s.fuse.fingerprints);
         }
         out
     }
 
-    /// A persisted filter; `None` for another version or a value too short to be one.
+    /// A persisted filter; `None` for another version or a value that is not one.
     pub fn decode(v: &[u8]) -> Option<RunFilter> {
-        match v.split_first()? {
-            (&RUN_FILTER_VERSION, []) => Some(RunFilter { fuse: None }),
-            (&RUN_FILTER_VERSION, rest) if rest.len() > DESCRIPTOR_LEN => {
-                let (descriptor, fingerprints) = rest.split_at(DESCRIPTOR_LEN);
-                let descriptor = descriptor.try_into().ok()?;
-                Some(RunFilter { fuse: Some(Fuse { descriptor, fingerprints: fingerprints.into() }) })
+        let (&version, rest) = v.split_first()?;
+        let fuse = |r: &mut Reader, len: usize| -> Option<Fuse> {
+            let descriptor = r.0.get(..DESCRIPTOR_LEN)?.try_into().ok()?;
+            let fingerprints = r.0.get(DESCRIPTOR_LEN..DESCRIPTOR_LEN + len)?.into();
+            r.0 = &r.0[DESCRIPTOR_LEN + len..];
+            Some(Fuse { descriptor, fingerprints })
+        };
+        let mut r = Reader(rest);
+        let mut shards = Vec::new();
+        match version {
+            RUN_FILTER_V1 if rest.is_empty() => {}
+            RUN_FILTER_V1 => {
+                let len = rest.len().checked_sub(DESCRIPTOR_LEN).filter(|n| *n > 0)?;
+                shards.push(Shard { last: None, fuse: fuse(&mut r, len)? });
             }
-            _ => None,
+            RUN_FILTER_VERSION => {
+                while !r.is_empty() {
+                    let last = r.bytes()?.into();
+                    let len = usize::try_from(r.u64()?).ok().filter(|n| *n > 0)?;
+                    shards.push(Shard { last: Some(last), fuse: fuse(&mut r, len)? });
+                }
+            }
+            _ => return None,
+        }
+        Some(RunFilter { shards })
+    }
+}
+
+/// Builds a [`RunFilter`] from a run's keys as they are written or read, in
+/// increasing order, a shard at a time.
+pub struct RunFilterBuilder {
+    shard_keys: usize,
+    /// Of the keys pushed since the last shard was built.
+    hashes: Vec<u64>,
+    last: Vec<u8>,
+    shards: Vec<Shard>,
+    /// A shard could not be built (xorf gives up only on keys it cannot tell apart).
+    failed: Option<String>,
+}
+
+impl Default for RunFilterBuilder {
+    fn default() -> Self {
+        RunFilterBuilder::with_shard_keys(SHARD_KEYS)
+    }
+}
+
+impl RunFilterBuilder {
+    fn with_shard_keys(shard_keys: usize) -> RunFilterBuilder {
+        RunFilterBuilder { shard_keys, hashes: Vec::new(), last: Vec::new(), shards: Vec::new(), failed: None }
+    }
+
+    /// The next key of the run: above every key pushed before.
+    pub fn push(&mut self, key: &[u8]) {
+        debug_assert!(self.hashes.is_empty() && self.shards.is_empty() || key > self.last.as_slice(), "keys in order");
+        if self.failed.is_some() {
+            return;
+        }
+        self.hashes.push(hash(key));
+        self.last.clear();
+        self.last.extend_from_slice(key);
+        if self.hashes.len() == self.shard_keys {
+            self.end_shard();
+        }
+    }
+
+    fn end_shard(&mut self) {
+        match Fuse::build(&mut self.hashes) {
+            Ok(fuse) => self.shards.push(Shard { last: Some(self.last.as_slice().into()), fuse }),
+            Err(e) => self.failed = Some(e),
+        }
+        self.hashes.clear();
+    }
+
+    /// The filter of every key pushed; an error if a shard could not be built.
+    pub fn finish(mut self) -> Result<RunFilter, String> {
+        if !self.hashes.is_empty() && self.failed.is_none() {
+            self.end_shard();
+        }
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok(RunFilter { shards: self.shards }),
         }
     }
 }
@@ -241,31 +341,50 @@ mod tests {
         assert!(!has(&f, 7) || !has(&f, 8), "filled: absent keys are answered absent");
     }
 
+    fn run_filter(keys: impl IntoIterator<Item = u64>, shard_keys: usize) -> RunFilter {
+        let mut b = RunFilterBuilder::with_shard_keys(shard_keys);
+        keys.into_iter().for_each(|i| b.push(&key(i)));
+        b.finish().unwrap()
+    }
+
     #[test]
     fn a_run_filter_has_every_key_answers_most_others_absent_and_survives_its_bytes() {
-        for n in [0u64, 1, 2, 3, 63, 64, 65, 1_000, 100_000] {
-            let hashes: Vec<u64> = (0..n).map(|i| hash(&key(i))).collect();
-            let mut repeated = hashes.clone();
-            repeated.extend(hashes.iter().take(10));
-            let f = RunFilter::build(repeated).unwrap();
+        for (n, shard_keys) in [(0u64, 10), (1, 10), (2, 10), (3, 10), (63, 10), (64, 64), (65, 64), (1_000, 1_000), (100_000, 30_000)] {
+            // Keys in order, every other one, so that absent keys fall inside every shard's range too.
+            let f = run_filter((0..n).map(|i| i * 2), shard_keys);
             let back = RunFilter::decode(&f.encode()).unwrap();
+            assert_eq!(f.shards.len() as u64, n.div_ceil(shard_keys as u64), "{n}");
             for g in [&f, &back] {
-                assert!((0..n).all(|i| g.may_contain(&Hashed::of(&key(i)))), "{n}: no false negative");
-                let maybe = (1_000_000..1_100_000).filter(|i| g.may_contain(&Hashed::of(&key(*i)))).count();
-                assert!(maybe < 1_000, "{n}: {maybe} of 100000 absent keys answered maybe");
+                assert!((0..n).all(|i| g.may_contain(&Hashed::of(&key(i * 2)))), "{n}: no false negative");
+                let maybe = (0..n).filter(|i| g.may_contain(&Hashed::of(&key(i * 2 + 1)))).count() as u64;
+                assert!(maybe <= 3 + n / 100, "{n}: {maybe} of {n} absent keys between present ones answered maybe");
+                let above = (1_000_000..1_100_000).filter(|i| g.may_contain(&Hashed::of(&key(*i)))).count();
+                assert_eq!(above, 0, "{n}: a key above the run's last is absent without a probe");
             }
-            assert!(f.bytes() as u64 <= 64 + n * 3 / 2, "{n} keys, {} bytes", f.bytes());
+            assert!(f.bytes() as u64 <= (64 + 16) * f.shards.len() as u64 + n * 3 / 2, "{n} keys, {} bytes", f.bytes());
         }
         assert!(RunFilter::decode(&[RUN_FILTER_VERSION + 1, 1, 2]).is_none(), "another version is not used");
         assert!(RunFilter::decode(&[RUN_FILTER_VERSION, 1, 2]).is_none(), "too short");
+        assert!(RunFilter::decode(&[RUN_FILTER_V1, 1, 2]).is_none(), "too short");
+    }
+
+    #[test]
+    fn a_version_1_filter_of_a_store_written_before_shards_is_read_as_one_shard() {
+        let mut hashes: Vec<u64> = (0..5_000).map(|i| hash(&key(i * 2))).collect();
+        let fuse = Fuse::build(&mut hashes).unwrap();
+        let v1 = [[RUN_FILTER_V1].as_slice(), &fuse.descriptor, &fuse.fingerprints].concat();
+        let f = RunFilter::decode(&v1).unwrap();
+        assert!((0..5_000).all(|i| f.may_contain(&Hashed::of(&key(i * 2)))), "no false negative");
+        let maybe = (0..5_000).filter(|i| f.may_contain(&Hashed::of(&key(i * 2 + 1)))).count();
+        assert!(maybe < 100, "{maybe} of 5000 absent keys answered maybe");
+        assert!(RunFilter::decode(&[RUN_FILTER_V1]).unwrap().shards.is_empty(), "an empty run's");
     }
 
     /// Persisted filters are read by the layout and hash they were written with: a
     /// new version of either (a crate update) must change [`RUN_FILTER_VERSION`].
     #[test]
     fn the_persisted_run_filter_layout_is_the_one_it_was() {
-        let hashes: Vec<u64> = (0..5_000).map(|i| hash(&key(i))).collect();
-        let bytes = RunFilter::build(hashes).unwrap().encode();
-        assert_eq!((bytes.len(), hash(&bytes)), (6_677, 144_451_989_068_167_567), "the layout of RUN_FILTER_VERSION changed");
+        let bytes = run_filter(0..5_000, 2_000).encode();
+        assert_eq!((bytes.len(), hash(&bytes)), (7_137, 7_227_351_052_421_871_801), "the layout of RUN_FILTER_VERSION changed");
     }
 }

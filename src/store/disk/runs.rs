@@ -24,7 +24,7 @@
 use std::ops::Bound;
 use std::sync::OnceLock;
 
-use super::filter::{self, Hashed, RunFilter};
+use super::filter::{Hashed, RunFilter, RunFilterBuilder};
 use super::varint::{put_bytes, Reader};
 
 /// Records per block: about 4 KiB of values, one sled entry.
@@ -97,11 +97,11 @@ impl Run {
         self.filter.get().map_or(0, RunFilter::bytes)
     }
 
-    /// Builds its filter from the hashes of every key of the run, stores it and
-    /// uses it. A filter that cannot be built (xorf gives up only on keys it cannot
-    /// tell apart) leaves the run without one: lookups read it.
-    pub fn set_filter(&self, hashes: Vec<u64>) -> Result<(), sled::Error> {
-        match RunFilter::build(hashes) {
+    /// Stores the filter built from every key of the run and uses it. A filter that
+    /// could not be built (xorf gives up only on keys it cannot tell apart) leaves the
+    /// run without one: lookups read it.
+    pub fn set_filter(&self, built: Result<RunFilter, String>) -> Result<(), sled::Error> {
+        match built {
             Ok(f) => {
                 self.filters.insert(self.tree.name(), f.encode())?;
                 let _ = self.filter.set(f);
@@ -245,8 +245,8 @@ impl Iterator for RunIter {
 /// found before the slice installs it (`slices`).
 pub struct RunWriter {
     run: Run,
-    /// Of every key pushed, for the run's filter.
-    hashes: Vec<u64>,
+    /// Of every key pushed.
+    filter: RunFilterBuilder,
     block: Vec<u8>,
     in_block: usize,
     last: Vec<u8>,
@@ -260,7 +260,7 @@ impl RunWriter {
     pub fn new(db: &sled::Db, start: i64, id: u64) -> Result<RunWriter, sled::Error> {
         Ok(RunWriter {
             run: Run::new(db, start, id, 0)?,
-            hashes: Vec::new(),
+            filter: RunFilterBuilder::default(),
             block: Vec::new(),
             in_block: 0,
             last: Vec::new(),
@@ -279,7 +279,7 @@ impl RunWriter {
         }
         put_bytes(&mut self.block, key);
         put_bytes(&mut self.block, value);
-        self.hashes.push(filter::hash(key));
+        self.filter.push(key);
         self.last.clear();
         self.last.extend_from_slice(key);
         self.in_block += 1;
@@ -308,7 +308,7 @@ impl RunWriter {
             self.end_block()?;
         }
         self.run.tree.apply_batch(std::mem::take(&mut self.batch))?;
-        self.run.set_filter(std::mem::take(&mut self.hashes))?;
+        self.run.set_filter(std::mem::take(&mut self.filter).finish())?;
         Ok(Run { records: self.records, ..self.run })
     }
 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::counts::{Counts, STATES};
-use super::filter::{self, Hashed, KeyFilter};
+use super::filter::{Hashed, KeyFilter, RunFilterBuilder};
 use super::runs::{self, Run, RunIter, RunWriter, TOMBSTONE};
 use crate::store::error::StoreError;
 
@@ -898,13 +898,13 @@ fn fill_run(weak: &std::sync::Weak<Slice>) -> Result<(), sled::Error> {
     let ids: Vec<u64> = slice.runs().iter().filter(|r| !r.has_filter()).map(|r| r.id).collect();
     drop(slice);
     for id in ids {
-        let (mut hashes, mut after) = (Vec::new(), None);
+        let (mut filter, mut after) = (RunFilterBuilder::default(), None);
         loop {
             let run = weak.upgrade().and_then(|s| s.runs().iter().find(|r| r.id == id).cloned());
             let Some(run) = run else { break };
-            after = run.each_key(after.as_deref(), FILL_BLOCKS, &mut |k| hashes.push(filter::hash(k)))?;
+            after = run.each_key(after.as_deref(), FILL_BLOCKS, &mut |k| filter.push(k))?;
             if after.is_none() {
-                run.set_filter(hashes)?;
+                run.set_filter(filter.finish())?;
                 break;
             }
         }
