@@ -259,6 +259,9 @@ enum Cli {
         /// Then seal what a gc pass would (a store written before runs).
         #[arg(long)]
         seal: bool,
+        /// Then pack the largest slice anew, as a merge of a grown live slice does.
+        #[arg(long)]
+        merge: bool,
         /// sled's page cache, MiB (the shipped default; smaller to see what the cache holds).
         #[arg(long, default_value_t = outboxd_bench::scale::CACHE_BYTES >> 20)]
         cache_mib: u64,
@@ -313,9 +316,9 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&made)?);
             return Ok(());
         }
-        Cli::ScaleMeasure { dir, retention_secs, events, seal, cache_mib } => {
+        Cli::ScaleMeasure { dir, retention_secs, events, seal, merge, cache_mib } => {
             let retention = Duration::from_secs(retention_secs);
-            let m = outboxd_bench::scale::measure(&dir, retention, events, seal, cache_mib << 20).await?;
+            let m = outboxd_bench::scale::measure(&dir, retention, events, seal, merge, cache_mib << 20).await?;
             println!("{}", serde_json::to_string(&m)?);
             return Ok(());
         }

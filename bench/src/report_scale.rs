@@ -36,6 +36,12 @@ pub(crate) fn scale_section(r: &ScaleResult) -> Section {
         format!("{:.1}", s.measured.drop_rss_rise as f64 / 1048576.0)
     }));
     md.push(format!(
+        "| largest slice packed anew, as a grown live slice's merge: records, s, RSS rise (VmHWM − RSS before), MB | {} in {:.1} s, {:.1} | |",
+        p.measured.merge_records,
+        p.measured.merge_secs,
+        p.measured.merge_rss_rise as f64 / 1048576.0
+    ));
+    md.push(format!(
         "| sealing a store written before runs: records, s, records/s | | {} in {:.1} s ({:.0}/s) |",
         o.measured.sealed_records,
         o.measured.seal_secs,

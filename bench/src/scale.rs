@@ -52,6 +52,14 @@ pub struct Measured {
     /// Sealing the slices whose time has passed (a store written before runs): records, seconds.
     pub sealed_records: u64,
     pub seal_secs: f64,
+    /// Packing the largest slice anew (a merge, as a grown live slice's): records,
+    /// seconds, VmHWM during it minus VmRSS before.
+    #[serde(default)]
+    pub merge_records: u64,
+    #[serde(default)]
+    pub merge_secs: f64,
+    #[serde(default)]
+    pub merge_rss_rise: i64,
     /// Slices, and those with a packed run, at the open.
     pub slices: usize,
     pub packed_slices: usize,
@@ -75,12 +83,14 @@ fn cpu_secs() -> f64 {
 
 /// Opens the store at `dir`, handles `events` new events through it (64 at a
 /// time, as handlers finish in the service), drops its oldest slice, and with
-/// `seal` then seals what a gc pass would; sled's page cache is `cache_bytes`.
+/// `seal` then seals what a gc pass would, with `merge` packs the largest slice
+/// anew; sled's page cache is `cache_bytes`.
 pub async fn measure(
     dir: &Path,
     retention: Duration,
     events: u64,
     seal: bool,
+    merge: bool,
     cache_bytes: u64,
 ) -> anyhow::Result<Measured> {
     let mut m = Measured::default();
@@ -118,6 +128,14 @@ pub async fn measure(
         let t = Instant::now();
         m.sealed_records = probe.seal().await?;
         m.seal_secs = t.elapsed().as_secs_f64();
+    }
+    if merge {
+        let before = status_kb("VmRSS:");
+        std::fs::write("/proc/self/clear_refs", "5")?;
+        let t = Instant::now();
+        m.merge_records = probe.merge_largest().await?;
+        m.merge_secs = t.elapsed().as_secs_f64();
+        m.merge_rss_rise = status_kb("VmHWM:") as i64 - before as i64;
     }
     let probe = std::sync::Arc::into_inner(probe).expect("every task ended");
     probe.close().await?;

@@ -10,7 +10,7 @@ use super::chain_index::Chains;
 use super::changelog::checkpoints::Changelog;
 use super::disk::db::{open_db, read_i64, DUPLICATES_KEY, LEGACY_UNTIL_KEY, META_TREE, NAMES_TREE};
 use super::disk::record::Record;
-use super::disk::slices::{Slice, Slices};
+use super::disk::slices::{Packing, Slice, Slices};
 use super::disk::messages;
 use super::disk::migrate;
 use super::disk::names;
@@ -226,33 +226,38 @@ impl Store {
         for slice in self.slices.to_seal(now_us)? {
             // A restore is writing its records into this slice: the next pass seals it.
             let Some(packing) = slice.try_packing() else { continue };
-            // A slice with runs already is merged: its runs and its overlay packed anew into one.
-            let merge = slice.packing().0 > 0;
-            let crash_at = |step: &str| crash_point(Crash::Seal, &if merge { format!("merge-{step}") } else { step.into() });
-            let started = std::time::Instant::now();
-            let (slices, s) = (self.slices.clone(), slice.clone());
-            // The packing right comes back with the run: held until the run is settled.
-            let ((run, writes), _packing) = blocking(move || Ok((slices.pack(&s, &packing)?, packing))).await?;
-            let records = run.records;
-            crash_at("packed");
-            self.durable().await?;
-            self.slices.install(&slice, run, writes)?;
-            crash_at("installed");
-            self.durable().await?;
-            crash_at("durable");
-            let settled = self.settle_overlay(&slice).await?;
-            tracing::info!(
-                slice_start_us = slice.start,
-                records,
-                merge,
-                overlay_entries_removed = settled,
-                took_ms = started.elapsed().as_millis() as u64,
-                "a slice's records packed into a run"
-            );
-            packed += records;
+            packed += self.seal_slice(&slice, packing).await?;
         }
         self.slices.drop_retired()?;
         Ok(packed)
+    }
+
+    /// Packs one slice into a run, its runs and its overlay together (a merge, if it
+    /// has runs already), holding its packing right; returns the records packed.
+    pub(in crate::store) async fn seal_slice(&self, slice: &Arc<Slice>, packing: Packing) -> Result<u64, StoreError> {
+        let merge = slice.packing().0 > 0;
+        let crash_at = |step: &str| crash_point(Crash::Seal, &if merge { format!("merge-{step}") } else { step.into() });
+        let started = std::time::Instant::now();
+        let (slices, s) = (self.slices.clone(), slice.clone());
+        // The packing right comes back with the run: held until the run is settled.
+        let ((run, writes), _packing) = blocking(move || Ok((slices.pack(&s, &packing)?, packing))).await?;
+        let records = run.records;
+        crash_at("packed");
+        self.durable().await?;
+        self.slices.install(slice, run, writes)?;
+        crash_at("installed");
+        self.durable().await?;
+        crash_at("durable");
+        let settled = self.settle_overlay(slice).await?;
+        tracing::info!(
+            slice_start_us = slice.start,
+            records,
+            merge,
+            overlay_entries_removed = settled,
+            took_ms = started.elapsed().as_millis() as u64,
+            "a slice's records packed into a run"
+        );
+        Ok(records)
     }
 
     /// [`slices::Slices::settle`] of `slice` on a blocking thread (it reads the whole

@@ -179,6 +179,17 @@ impl Probe {
         self.store.drop_expired_slices(self.store.slices.expires_at(&oldest))
     }
 
+    /// Packs the slice holding the most records into one run anew, its runs and
+    /// overlay together (what a merge of a grown live slice does); returns the
+    /// records packed.
+    pub async fn merge_largest(&self) -> Result<u64, StoreError> {
+        let Some(largest) = self.store.slices.all().into_iter().max_by_key(|s| s.counts.total()) else { return Ok(0) };
+        let packing = largest.try_packing().ok_or_else(|| StoreError::Io(std::io::Error::other("the slice is being packed already")))?;
+        let packed = self.store.seal_slice(&largest, packing).await?;
+        self.store.slices.drop_retired()?;
+        Ok(packed)
+    }
+
     /// Seals every slice whose time has passed (a gc pass's sealing), as a store
     /// written before runs is converted; returns the records packed.
     pub async fn seal(&self) -> Result<u64, StoreError> {

@@ -49,18 +49,22 @@ async fn one(b: &Bench, name: &str, records: u64, packed: bool, events: u64) -> 
     let made = fabricate(&dir, records, packed).await?;
     let du_bytes = crate::scenarios::store::dir_bytes(Path::new(&dir));
     eprintln!("bench: scale: measuring the {name} store");
-    let measured = measure(&dir, events, !packed).await?;
+    // The packed store also packs its largest slice anew; the other is sealed.
+    let measured = measure(&dir, events, !packed, packed).await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ScaleStore { made, du_bytes, measured })
 }
 
 /// Opens the store at `dir` in a process of its own and measures it (with `seal`,
-/// seals what a gc pass would).
-async fn measure(dir: &Path, events: u64, seal: bool) -> anyhow::Result<Measured> {
+/// seals what a gc pass would; with `merge`, packs its largest slice anew).
+async fn measure(dir: &Path, events: u64, seal: bool, merge: bool) -> anyhow::Result<Measured> {
     let mut args = vec!["scale-measure".into(), "--dir".into(), dir.display().to_string()];
     args.extend(["--events".into(), events.to_string(), "--retention-secs".into(), RETENTION.as_secs().to_string()]);
     if seal {
         args.push("--seal".into());
+    }
+    if merge {
+        args.push("--merge".into());
     }
     serde_json::from_str(&child(&args).await?).context("scale-measure's answer")
 }
@@ -82,7 +86,7 @@ async fn cpu_of_copy(dir: &Path, events: u64) -> anyhow::Result<f64> {
     let _ = std::fs::remove_dir_all(&copy);
     let cp = tokio::process::Command::new("cp").arg("-a").arg(dir).arg(&copy).status().await?;
     anyhow::ensure!(cp.success(), "copying {} failed: {cp}", dir.display());
-    let measured = measure(&copy, events, false).await;
+    let measured = measure(&copy, events, false, false).await;
     let _ = std::fs::remove_dir_all(&copy);
     Ok(measured?.cpu_per_event_us)
 }
