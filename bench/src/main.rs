@@ -38,6 +38,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+
+/// outboxd's allocator (src/main.rs): the scale scenario's child processes measure the
+/// store's RSS, and the allocator decides how much of what the store frees stays resident.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 
@@ -263,7 +268,7 @@ enum Cli {
         #[arg(long)]
         merge: bool,
         /// sled's page cache, MiB (the shipped default; smaller to see what the cache holds).
-        #[arg(long, default_value_t = outboxd_bench::scale::CACHE_BYTES >> 20)]
+        #[arg(long, default_value_t = outboxd_bench::scale::shipped_cache_bytes() >> 20)]
         cache_mib: u64,
     },
     /// Investigation: append the suite's outbox messages to an existing topic (create it
@@ -286,6 +291,7 @@ enum Cli {
 
 #[tokio::main(worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    outboxd_bench::small_pages();
     let args = match Cli::parse() {
         Cli::Suite(args) => *args,
         Cli::StoreProbe { records, variant, cache_mb, batch, dir } => {

@@ -13,8 +13,12 @@ use serde::{Deserialize, Serialize};
 pub const TOPIC: &str = "scale";
 /// Ids of the fabricated records.
 pub const SALT: u64 = 0x5ca1e;
-/// sled's page cache in the measured process: the shipped default (`store.cache_size`).
-pub const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// sled's page cache in the measured process: `store.cache_size` as a config that does
+/// not set it gets it (the shipped default, read from outboxd's own config parser).
+pub fn shipped_cache_bytes() -> u64 {
+    let minimal = "[kafka]\nbrokers = \"b\"\ngroup_id = \"g\"\n[store]\npath = \"p\"\n[[handlers]]\ntopics = [\"t\"]\nkind = \"log\"\n";
+    outboxd::config::Config::parse(minimal, &|_| None).expect("a minimal config parses").store.cache_bytes
+}
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct Fabricated {

@@ -7,6 +7,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    outboxd_bench::small_pages();
     let args: Vec<String> = std::env::args().collect();
     let config = match args.as_slice() {
         [_, flag, path] if flag == "--config" => path.clone(),
