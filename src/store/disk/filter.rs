@@ -271,16 +271,22 @@ impl RunFilterBuilder {
 
     /// The next key of the run: above every key pushed before.
     pub fn push(&mut self, key: &[u8]) {
-        debug_assert!(self.hashes.is_empty() && self.shards.is_empty() || key > self.last.as_slice(), "keys in order");
+        // Record keys are never empty: an empty `last` means nothing was pushed yet.
+        debug_assert!(self.last.is_empty() || key > self.last.as_slice(), "keys in increasing order");
+        self.last.clear();
+        self.last.extend_from_slice(key);
         if self.failed.is_some() {
             return;
         }
         self.hashes.push(hash(key));
-        self.last.clear();
-        self.last.extend_from_slice(key);
         if self.hashes.len() == self.shard_keys {
             self.end_shard();
         }
+    }
+
+    /// The last key pushed (empty before the first).
+    pub fn last(&self) -> &[u8] {
+        &self.last
     }
 
     fn end_shard(&mut self) {

@@ -245,11 +245,10 @@ impl Iterator for RunIter {
 /// found before the slice installs it (`slices`).
 pub struct RunWriter {
     run: Run,
-    /// Of every key pushed.
+    /// Of every key pushed; it also holds the last key pushed, which ends a block.
     filter: RunFilterBuilder,
     block: Vec<u8>,
     in_block: usize,
-    last: Vec<u8>,
     batch: sled::Batch,
     in_batch: usize,
     records: u64,
@@ -263,7 +262,6 @@ impl RunWriter {
             filter: RunFilterBuilder::default(),
             block: Vec::new(),
             in_block: 0,
-            last: Vec::new(),
             batch: sled::Batch::default(),
             in_batch: 0,
             records: 0,
@@ -272,7 +270,6 @@ impl RunWriter {
 
     /// Adds a record; `key` must be above every key pushed before.
     pub fn push(&mut self, key: &[u8], value: &[u8]) -> Result<(), sled::Error> {
-        debug_assert!(self.records == 0 || key > self.last.as_slice(), "keys in increasing order");
         if self.in_block == 0 {
             self.block.clear();
             self.block.push(BLOCK_VERSION);
@@ -280,8 +277,6 @@ impl RunWriter {
         put_bytes(&mut self.block, key);
         put_bytes(&mut self.block, value);
         self.filter.push(key);
-        self.last.clear();
-        self.last.extend_from_slice(key);
         self.in_block += 1;
         self.records += 1;
         if self.in_block == BLOCK_RECORDS {
@@ -291,7 +286,7 @@ impl RunWriter {
     }
 
     fn end_block(&mut self) -> Result<(), sled::Error> {
-        self.batch.insert(self.last.as_slice(), self.block.as_slice());
+        self.batch.insert(self.filter.last(), self.block.as_slice());
         self.in_block = 0;
         self.in_batch += 1;
         if self.in_batch == BATCH_BLOCKS {
