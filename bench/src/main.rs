@@ -38,11 +38,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-
-/// outboxd's allocator (src/main.rs): the scale scenario's child processes measure the
-/// store's RSS, and the allocator decides how much of what the store frees stays resident.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 
@@ -61,6 +56,11 @@ use crate::scenarios::slow::slow_run;
 use crate::scenarios::store::{store_scenario, StoreResult};
 use crate::stats::pct;
 use crate::watch::end_offsets;
+
+/// outboxd's allocator (src/main.rs): the scale scenario's child processes measure the
+/// store's RSS, and the allocator decides how much of what the store frees stays resident.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const PARTITIONS: i32 = 8;
 const KEYS: u64 = 10_000;
@@ -291,7 +291,8 @@ enum Cli {
 
 #[tokio::main(worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    outboxd_bench::small_pages();
+    // Huge pages off, as outboxd starts: the processes hold memory as the service does.
+    outboxd::cli::small_pages();
     let args = match Cli::parse() {
         Cli::Suite(args) => *args,
         Cli::StoreProbe { records, variant, cache_mb, batch, dir } => {

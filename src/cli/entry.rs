@@ -48,8 +48,9 @@ pub fn main() -> ExitCode {
 /// regions, and a 2 MiB page that holds a few live objects stays resident whole: a
 /// store of 10M records opened with them held 158 MB, without them 104 MB, and the
 /// drains' CPU per event did not move (bench/findings.md, 2026-12-05). Called before
-/// any thread starts; a kernel without the setting runs as before.
-fn small_pages() {
+/// any thread starts; a kernel without the setting runs as before. The benchmark's
+/// processes call it too, so that they hold memory as the service does.
+pub fn small_pages() {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
         let _ = nix::sys::prctl::set_thp_disable(true);
     }

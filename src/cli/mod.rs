@@ -16,7 +16,7 @@ mod entry;
 mod replay;
 mod tables;
 
-pub use entry::main;
+pub use entry::{main, small_pages};
 
 /// The `outboxd` command line.
 #[derive(Debug, Parser)]

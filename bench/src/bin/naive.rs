@@ -7,7 +7,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    outboxd_bench::small_pages();
+    // Huge pages off, as outboxd starts: the processes hold memory as the service does.
+    outboxd::cli::small_pages();
     let args: Vec<String> = std::env::args().collect();
     let config = match args.as_slice() {
         [_, flag, path] if flag == "--config" => path.clone(),

@@ -23,7 +23,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    outboxd_bench::small_pages();
+    // Huge pages off, as outboxd starts: the processes hold memory as the service does.
+    outboxd::cli::small_pages();
     let a = Args::parse();
     anyhow::ensure!(a.table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "--table: letters, digits, _");
     let dedup = outboxd_bench::contender::Dedup::Pg { url: a.pg, table: a.table, pool: a.pool };
