@@ -16,6 +16,10 @@ use crate::{
 #[cfg(any(test, feature = "lock_free_delays"))]
 const MAX_QUEUE_ITEMS: usize = 4;
 
+// Patched (vendor/README.md): 64 upstream. An access counts against the
+// cache's size only once its shard's queue is full, and the pages behind the
+// uncounted ones stay resident: up to N_SHARDS * (MAX_QUEUE_ITEMS - 1) pages
+// beyond the cache's capacity.
 #[cfg(not(any(test, feature = "lock_free_delays")))]
 const MAX_QUEUE_ITEMS: usize = 8;
 
