@@ -16,7 +16,10 @@ mod entry;
 mod replay;
 mod tables;
 
-pub use entry::{main, small_pages};
+pub use entry::main;
+/// For the benchmark's processes, which start as `outboxd` does.
+#[cfg(feature = "internals")]
+pub use entry::small_pages;
 
 /// The `outboxd` command line.
 #[derive(Debug, Parser)]
