@@ -96,6 +96,8 @@ impl Store {
             let (meta, slices, copy_bytes, duplicates, checkpoints) =
                 (meta.clone(), slices.clone(), messages.total(), duplicates.clone(), changelog.checkpoints.clone());
             move || {
+                // The records in memory first: the counts written next count them.
+                slices.journal()?;
                 slices.persist()?;
                 checkpoints.persist(&meta)?;
                 let copies = copy_bytes.load(Ordering::Relaxed);
@@ -226,7 +228,7 @@ impl Store {
         for slice in self.slices.to_seal(now_us)? {
             // A restore is writing its records into this slice: the next pass seals it.
             let Some(packing) = slice.try_packing() else { continue };
-            packed += self.seal_slice(&slice, packing).await?;
+            packed += self.seal_slice(&slice, packing, now_us).await?;
         }
         self.slices.drop_retired()?;
         Ok(packed)
@@ -234,25 +236,40 @@ impl Store {
 
     /// Packs one slice into a run, its runs and its overlay together (a merge, if it
     /// has runs already), holding its packing right; returns the records packed.
-    pub(in crate::store) async fn seal_slice(&self, slice: &Arc<Slice>, packing: Packing) -> Result<u64, StoreError> {
-        let merge = slice.packing().0 > 0;
-        let crash_at = |step: &str| crash_point(Crash::Seal, &if merge { format!("merge-{step}") } else { step.into() });
+    pub(in crate::store) async fn seal_slice(
+        &self,
+        slice: &Arc<Slice>,
+        packing: Packing,
+        now_us: i64,
+    ) -> Result<u64, StoreError> {
+        let had_runs = slice.packing().0 > 0;
         let started = std::time::Instant::now();
         let (slices, s) = (self.slices.clone(), slice.clone());
         // The packing right comes back with the run: held until the run is settled.
-        let ((run, writes), _packing) = blocking(move || Ok((slices.pack(&s, &packing)?, packing))).await?;
+        let (fold, run, _packing) = blocking(move || {
+            let fold = slices.begin(&s, now_us, &packing)?;
+            let run = slices.pack(&s, &fold, &packing)?;
+            Ok((fold, run, packing))
+        })
+        .await?;
+        let merge = fold.merge && had_runs;
+        let crash_at = |step: &str| crash_point(Crash::Seal, &if merge { format!("merge-{step}") } else { step.into() });
         let records = run.records;
         crash_at("packed");
         self.durable().await?;
-        self.slices.install(slice, run, writes)?;
+        let (slices, s) = (self.slices.clone(), slice.clone());
+        let fold = blocking(move || slices.unshadow(&s, &fold).map(|()| fold)).await?;
+        self.slices.install(slice, run, &fold)?;
         crash_at("installed");
         self.durable().await?;
         crash_at("durable");
         let settled = self.settle_overlay(slice).await?;
+        self.slices.settle_memory(slice, &fold)?;
         tracing::info!(
             slice_start_us = slice.start,
             records,
             merge,
+            spill = !fold.merge,
             overlay_entries_removed = settled,
             took_ms = started.elapsed().as_millis() as u64,
             "a slice's records packed into a run"

@@ -25,7 +25,8 @@ impl Store {
             // The index of dead and parked records, kept the same way (store/problems.rs).
             self.problems.before(key, new)?;
             let out = self.chains_kept(key, new, write)?;
-            self.problems.after(key, new)?;
+            // An entry removed goes after its record's write in sled's log too.
+            self.problems.after(key, new, || self.slices.journal())?;
             return Ok(out);
         }
         self.chains_kept(key, new, write)
@@ -47,6 +48,9 @@ impl Store {
         }
         let out = write()?;
         if let Some(stale) = self.chains.update(key, new) {
+            // After the record's write in sled's log, or an open could find the
+            // record in the chain and the chain without it (store/disk/journal.rs).
+            self.slices.journal()?;
             self.chains.tree.remove(stale)?;
         }
         Ok(out)

@@ -146,8 +146,14 @@ impl Problems {
         Ok(())
     }
 
-    /// After the write: the member moved to its new group, or left (its entry removed).
-    pub(in crate::store) fn after(&self, record_key: &[u8], new: Option<&Record>) -> Result<(), StoreError> {
+    /// After the write: the member moved to its new group, or left (its entry
+    /// removed, once `journal` put the record's write into sled's log before it).
+    pub(in crate::store) fn after(
+        &self,
+        record_key: &[u8],
+        new: Option<&Record>,
+        journal: impl FnOnce() -> Result<(), sled::Error>,
+    ) -> Result<(), StoreError> {
         let left = {
             let mut inner = self.lock();
             match new.filter(|r| is_problem(r)) {
@@ -159,6 +165,7 @@ impl Problems {
             }
         };
         if left {
+            journal()?;
             self.tree.remove(record_key)?;
         }
         Ok(())

@@ -63,7 +63,7 @@ impl Store {
             }
         }
         for key in gone {
-            self.problems.after(&key, None)?;
+            self.problems.after(&key, None, || Ok(()))?;
         }
         Ok(())
     }

@@ -59,6 +59,8 @@ impl Store {
         self.settle_entry(Change::Gone(&f.record), || {
             self.chained(&f.key, None, || {
                 f.slice.remove(&f.key)?;
+                // The copy goes after the record in sled's log too (store/disk/journal.rs).
+                self.slices.journal()?;
                 self.messages.remove(&copy_key(f.slice.start, &f.key))?;
                 f.slice.moved(Some(f.record.state), None);
                 Ok(())

@@ -185,7 +185,7 @@ impl Probe {
     pub async fn merge_largest(&self) -> Result<u64, StoreError> {
         let Some(largest) = self.store.slices.all().into_iter().max_by_key(|s| s.counts.total()) else { return Ok(0) };
         let packing = largest.try_packing().ok_or_else(|| StoreError::Io(std::io::Error::other("the slice is being packed already")))?;
-        let packed = self.store.seal_slice(&largest, packing).await?;
+        let packed = self.store.seal_slice(&largest, packing, now_us()).await?;
         self.store.slices.drop_retired()?;
         Ok(packed)
     }

@@ -76,7 +76,7 @@ pub fn convert(p: &Parts<'_>) -> Result<(), StoreError> {
                 legacy_until = legacy_until.max(Some(p.slices.expires_at(&slice)));
             }
             let key = keys::record_key(&keys::event_key(&r.event_id), scope);
-            slice.insert(&key, format::encode(&r, p.names, slice.start)?.as_slice())?;
+            slice.insert_tree(&key, format::encode(&r, p.names, slice.start)?.as_slice())?;
             if let Some(copy) = old_messages.get(old_key)? {
                 p.messages.insert_raw(&messages::copy_key(slice.start, &key), &copy)?;
             }

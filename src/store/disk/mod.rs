@@ -8,6 +8,8 @@
 //! - `slices`: one tree per slice of time, per-slice counts (`counts`), dropped whole;
 //!   a slice whose time has passed is sealed into a packed run (`runs`) and its tree
 //!   becomes an overlay; `filter`: the lookup filters of both.
+//! - `journal`: the records of the slice taking live writes, in memory, journaled
+//!   one sled value per group commit instead of one sled entry per record.
 //! - `sync`: the group commit (flush + fdatasync, one per batch of writers).
 //! - `messages`: copies of failed messages, within a quota, per slice.
 //! - `migrate`: converts stores written in the earlier format on open.
@@ -17,6 +19,7 @@ pub(in crate::store) mod counts;
 pub(in crate::store) mod db;
 pub(in crate::store) mod filter;
 pub(in crate::store) mod format;
+pub(in crate::store) mod journal;
 pub(in crate::store) mod keys;
 pub(in crate::store) mod messages;
 pub(in crate::store) mod migrate;

@@ -8,10 +8,11 @@
 //! dropped tree's pages one by one. One entry per block instead of one per
 //! record makes both about 64 times smaller (docs/architecture.md, "Packed runs").
 //!
-//! A run is immutable once written: a slice's later changes go to its overlay
-//! (the slice's own tree, `slices`), which shadows the run, removals included
-//! (a [`TOMBSTONE`]). A new seal writes a new run from both and replaces the
-//! old one (`slices::Slices::pack`).
+//! A run is immutable once written: a slice's later changes go to memory or to
+//! its overlay (the slice's own tree, `slices`), which shadow the run, removals
+//! included (a [`TOMBSTONE`]); a run spilled from memory is newer than the runs
+//! before it and may hold tombstones too. A merge writes a new run from all of
+//! them and replaces the old ones (`slices::Slices::pack`).
 //!
 //! Block format: a version byte, then per record its key and its value, each
 //! as a varint length and the bytes (`varint`).

@@ -11,9 +11,13 @@
 //! slice's tree and removed before the tree is dropped: a tree without an entry
 //! is the rest of an interrupted drop, and is dropped on open.
 //!
-//! A slice whose time has passed is *sealed*: its records packed into a run
-//! (store/disk/runs.rs; the steps are under [`Slices::pack`]'s `impl`), its tree left
-//! as an overlay of later changes that shadows the run.
+//! The current slice keeps the records written into it in memory, journaled one
+//! sled value per group commit (store/disk/journal.rs), until they are packed into a
+//! run: a *spill* each time memory holds [`LIVE_SEAL_RECORDS`] of them (a run of
+//! their own, added to the slice's), a *merge* of all its runs now and then. A slice
+//! whose time has passed is *sealed* (merged) once more, and later writes into it
+//! (rare: a record moving out, a repair) go to its tree, an overlay of changes that
+//! shadows the run (the steps are under [`Slices::pack`]'s `impl`).
 //!
 //! A slice may hold several runs: a restore adds one per batch of records it held
 //! back ([`Slices::write_run`], [`Slices::add`]), records the slice did not hold, so
@@ -30,6 +34,8 @@ use smallvec::SmallVec;
 
 use super::counts::{Counts, STATES};
 use super::filter::{Hashed, KeyFilter, RunFilterBuilder};
+use super::journal::{Journal, Table};
+use super::record::now_us;
 use super::runs::{self, Run, RunIter, RunWriter, TOMBSTONE};
 use crate::store::error::StoreError;
 
@@ -53,10 +59,11 @@ pub const MAX_RUNS: usize = 8;
 /// A sealed slice is sealed again once its overlay took this many writes, and
 /// at least an eighth of its runs' records.
 const RESEAL_WRITES: u64 = 4_096;
-/// The current slice is sealed each time its overlay holds this many records
-/// (and an eighth of its runs'): what stays one sled entry per record. Each seal
-/// rewrites the slice's runs as one, so the eighth keeps a record's rewrites to about
-/// nine over the slice's life.
+/// The current slice's records in memory are spilled into a run each time they
+/// are this many (about 15 MB of memory), and the slice is merged each time it took
+/// this many writes and an eighth of its runs' records since its last merge: each
+/// merge rewrites the slice's runs as one, so the eighth keeps a record's rewrites
+/// to about nine over the slice's life.
 const LIVE_SEAL_RECORDS: u64 = 131_072;
 
 /// The width of new slices for a retention.
@@ -68,10 +75,17 @@ pub struct Slice {
     /// µs since the epoch; also the tree's name. Records' times are stored relative to it.
     pub start: i64,
     pub width: i64,
-    /// One entry per record: every record while the slice takes live writes, and
-    /// after a seal the changes since (an overlay that shadows `runs`; a removal is
-    /// a [`TOMBSTONE`]). Written only through [`Slice::insert`] and
-    /// [`Slice::remove`], which keep `filter` whole.
+    /// The records written while the slice takes live writes, not yet packed into a
+    /// run: newer than the tree and the runs, which they shadow (a removal is empty).
+    /// Every write into it is journaled in the same order (store/disk/journal.rs).
+    /// Shared with the slice's iterators.
+    mem: Arc<RwLock<Table>>,
+    journal: Arc<Journal>,
+    /// One entry per record written while the slice does not take live writes (a
+    /// record moving out, a repair of an old one; and every record of a store
+    /// written before records were kept in memory): changes since its last seal, an
+    /// overlay that shadows `runs` (a removal is a [`TOMBSTONE`]). Written only
+    /// through [`Slice::insert`] and [`Slice::remove`], which keep `filter` whole.
     tree: sled::Tree,
     /// The slice's packed records (store/disk/runs.rs), oldest run first: its last
     /// seal's, then those a restore added since. A newer run shadows an older one.
@@ -97,13 +111,21 @@ pub struct Slice {
     dirty: AtomicBool,
 }
 
+/// What a slice is made with besides its trees and filter.
+struct Parts {
+    counts: Counts,
+    journal: Arc<Journal>,
+}
+
 impl Slice {
-    fn new(start: i64, width: i64, tree: sled::Tree, runs: Vec<Run>, filter: KeyFilter, counts: Counts) -> Slice {
+    fn new(start: i64, width: i64, tree: sled::Tree, runs: Vec<Run>, filter: KeyFilter, parts: Parts) -> Slice {
         let sealed = !runs.is_empty();
         let unsettled = sealed && !tree.is_empty();
         Slice {
             start,
             width,
+            mem: Arc::default(),
+            journal: parts.journal,
             tree,
             runs: RwLock::new(Arc::new(runs.into_iter().map(Arc::new).collect())),
             sealing: RwLock::new(sealed),
@@ -111,9 +133,29 @@ impl Slice {
             filter,
             packing: AtomicBool::new(false),
             unsettled: AtomicBool::new(unsettled),
-            counts,
+            counts: parts.counts,
             dirty: AtomicBool::new(false),
         }
+    }
+
+    fn mem(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.mem.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn mem_mut(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
+        self.mem.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records (and removals) it holds in memory.
+    pub fn mem_len(&self) -> usize {
+        self.mem().len()
+    }
+
+    /// Whether a write goes into memory: while the slice is the current one, and
+    /// while it holds records there (until a seal packs them). The caller holds the
+    /// journal, so that the answer does not change before the write is made.
+    fn takes_live_writes(&self) -> bool {
+        self.end() > now_us() || !self.mem().is_empty()
     }
 
     /// Whether the slice was opened with a run and an overlay not known to be
@@ -139,26 +181,43 @@ impl Slice {
         self.runs.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// The value the runs hold under `key`: the newest run's that has it.
+    /// The value the runs hold under `key`: the newest run's that has it (a removal
+    /// there, which a run packed from memory may hold: none).
     fn find_in_runs(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
         for run in self.runs().iter().rev() {
             if run.may_contain(key) {
                 if let Some(v) = run.get(key.key)? {
-                    return Ok(Some(v));
+                    return Ok((!v.is_empty()).then_some(v));
                 }
             }
         }
         Ok(None)
     }
 
-    /// Writes a record key: into the filter first, so that no lookup ever finds the
-    /// slice holding a key the filter calls absent.
+    /// Writes a record: into memory and the journal while the slice takes live
+    /// writes, else into its tree (and the tree's filter first, so that no lookup
+    /// ever finds the slice holding a key the filter calls absent).
     pub fn insert(&self, key: &[u8], value: impl Into<sled::IVec>) -> Result<(), sled::Error> {
         let value = value.into();
         debug_assert!(!value.is_empty(), "no record value is empty: that is a tombstone");
-        self.filter.add(&Hashed::of(key));
+        let mut journal = self.journal.lock();
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
-        self.tree.insert(key, value).map(drop)
+        if self.takes_live_writes() {
+            journal.append(self.start, key, &value);
+            self.mem_mut().insert(key.into(), value);
+            return Ok(());
+        }
+        // What memory took before this write is journaled first: a crash keeps a
+        // prefix of sled's log, and this write must not be in it without them.
+        journal.cut()?;
+        self.insert_tree(key, value)
+    }
+
+    /// Writes a record into the tree, whatever the slice takes: a store made in bulk,
+    /// or converted from the earlier format, at its open.
+    pub fn insert_tree(&self, key: &[u8], value: impl Into<sled::IVec>) -> Result<(), sled::Error> {
+        self.filter.add(&Hashed::of(key));
+        self.tree.insert(key, value.into()).map(drop)
     }
 
     /// The value under `key` (see [`Slice::find`]; callers outside the tests hash once for all slices).
@@ -170,6 +229,9 @@ impl Slice {
     /// The value under `key`: the overlay's entry if it has one (a tombstone: none),
     /// else the newest run's. A part whose filter knows the key to be absent reads no page.
     pub fn find(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
+        if let Some(v) = self.mem().get(key.key) {
+            return Ok((!v.is_empty()).then(|| v.clone()));
+        }
         if self.filter.may_contain(key) {
             match self.tree.get(key.key)? {
                 Some(v) if v.is_empty() => return Ok(None),
@@ -182,11 +244,19 @@ impl Slice {
         self.find_in_runs(key)
     }
 
-    /// Removes the record of `key`: a tombstone once the slice is (being) sealed,
-    /// added to the overlay's filter first (it must shadow the run's record).
+    /// Removes the record of `key`: in memory (and the journal) while the slice
+    /// takes live writes; else in its tree, a tombstone once the slice is (being)
+    /// sealed, added to the overlay's filter first (it must shadow the run's record).
     pub fn remove(&self, key: &[u8]) -> Result<(), sled::Error> {
-        let sealing = self.sealing.read().unwrap_or_else(PoisonError::into_inner);
+        let mut journal = self.journal.lock();
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
+        if self.takes_live_writes() {
+            journal.append(self.start, key, TOMBSTONE);
+            self.mem_mut().insert(key.into(), sled::IVec::default());
+            return Ok(());
+        }
+        journal.cut()?;
+        let sealing = self.sealing.read().unwrap_or_else(PoisonError::into_inner);
         if *sealing {
             self.filter.add(&Hashed::of(key));
             self.tree.insert(key, TOMBSTONE).map(drop)
@@ -202,14 +272,20 @@ impl Slice {
 
     /// The records from `from` on, in key order.
     pub fn range_from(&self, from: Bound<Vec<u8>>) -> SliceIter {
+        self.range_over(self.mem.clone(), from)
+    }
+
+    /// [`Slice::range_from`] with `mem` in place of its records in memory.
+    fn range_over(&self, mem: Arc<RwLock<Table>>, from: Bound<Vec<u8>>) -> SliceIter {
         let overlay = match &from {
             Bound::Included(k) => self.tree.range(k.clone()..),
             Bound::Excluded(k) => self.tree.range((Bound::Excluded(k.clone()), Bound::Unbounded)),
             Bound::Unbounded => self.tree.iter(),
         };
+        let mem = Source::Mem(MemIter::new(mem, &from));
         let held = self.runs();
         let runs = held.iter().rev().map(|r| Source::Run(r.range(from.clone())));
-        let sources: Vec<_> = std::iter::once(Source::Overlay(overlay)).chain(runs).map(Some).collect();
+        let sources: Vec<_> = [mem, Source::Overlay(overlay)].into_iter().chain(runs).map(Some).collect();
         let heads = vec![None; sources.len()];
         SliceIter { sources, heads, held, done: false, prefix: None }
     }
@@ -273,6 +349,18 @@ impl Slice {
 /// The right to pack a slice ([`Slice::try_packing`]), given back when dropped.
 pub struct Packing(Arc<Slice>);
 
+/// A pack of a slice under way ([`Slices::begin`]): its records in memory as the
+/// pack found them, and how they are packed.
+pub struct Fold {
+    mem: Arc<RwLock<Table>>,
+    /// The last journal chunk holding a record of `mem`.
+    seq: u64,
+    /// With the slice's runs and overlay, into one run (else into a run of their own).
+    pub merge: bool,
+    /// The slice's writes when the pack began (a merge packs them all).
+    writes: u64,
+}
+
 impl Drop for Packing {
     fn drop(&mut self) {
         self.0.packing.store(false, Ordering::Release);
@@ -281,10 +369,11 @@ impl Drop for Packing {
 
 type Entry = (sled::IVec, sled::IVec);
 
-/// A slice's records in key order: its overlay merged with its runs, the
-/// overlay's entry winning, then the newest run's; tombstones left out.
+/// A slice's records in key order: its records in memory, its overlay and its
+/// runs merged, memory's entry winning, then the overlay's, then the newest
+/// run's; removals left out.
 pub struct SliceIter {
-    /// The overlay, then the runs newest first (on equal keys the first wins);
+    /// Memory, the overlay, then the runs newest first (on equal keys the first wins);
     /// `None` once read to its end.
     sources: Vec<Option<Source>>,
     /// Keeps the runs from being dropped while they are read (see [`Slices::drop_retired`]).
@@ -299,6 +388,7 @@ pub struct SliceIter {
 }
 
 enum Source {
+    Mem(MemIter),
     Overlay(sled::Iter),
     Run(RunIter),
 }
@@ -306,9 +396,52 @@ enum Source {
 impl Source {
     fn next(&mut self) -> Option<Result<Entry, sled::Error>> {
         match self {
+            Source::Mem(i) => i.next().map(Ok),
             Source::Overlay(i) => i.next(),
             Source::Run(i) => i.next(),
         }
+    }
+}
+
+/// Entries a [`MemIter`] copies out of its table at a time.
+const MEM_READ: usize = 512;
+
+/// A slice's records in memory from a bound on, copied out a few hundred at a
+/// time: the table is not held locked between them.
+struct MemIter {
+    table: Arc<RwLock<Table>>,
+    from: Bound<sled::IVec>,
+    read: std::vec::IntoIter<Entry>,
+}
+
+impl MemIter {
+    fn new(table: Arc<RwLock<Table>>, from: &Bound<Vec<u8>>) -> MemIter {
+        let from = match from {
+            Bound::Included(k) => Bound::Included(k.as_slice().into()),
+            Bound::Excluded(k) => Bound::Excluded(k.as_slice().into()),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        MemIter { table, from, read: Vec::new().into_iter() }
+    }
+}
+
+impl Iterator for MemIter {
+    type Item = Entry;
+
+    fn next(&mut self) -> Option<Entry> {
+        if let Some(e) = self.read.next() {
+            return Some(e);
+        }
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let read: Vec<Entry> = table
+            .range::<sled::IVec, _>((self.from.clone(), Bound::Unbounded))
+            .take(MEM_READ)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        drop(table);
+        self.from = Bound::Excluded(read.last()?.0.clone());
+        self.read = read.into_iter();
+        self.read.next()
     }
 }
 
@@ -388,6 +521,8 @@ pub type LiveSlices = SmallVec<[Arc<Slice>; SLICES_PER_RETENTION as usize + 4]>;
 pub struct Slices {
     db: sled::Db,
     meta: sled::Tree,
+    /// Of the records in memory (store/disk/journal.rs).
+    journal: Arc<Journal>,
     /// Runs a newer seal replaced, dropped once no reader holds them.
     retired: std::sync::Mutex<Vec<Arc<Run>>>,
     /// The id of the next run written: above every run tree this database has
@@ -418,6 +553,13 @@ fn entry(width: i64, counts: &Counts) -> Vec<u8> {
 
 impl Slices {
     pub fn open(db: &sled::Db, meta: &sled::Tree, retention: Duration) -> Result<Slices, StoreError> {
+        let starts: Vec<i64> = meta
+            .scan_prefix(PREFIX)
+            .keys()
+            .filter_map(|k| k.ok()?.get(PREFIX.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(i64::from_be_bytes))
+            .collect();
+        let (journal, mut replay) = Journal::open(db, &starts)?;
+        let journal = Arc::new(journal);
         let mut list = Vec::new();
         let trees = db.tree_names();
         for item in meta.scan_prefix(PREFIX) {
@@ -452,7 +594,9 @@ impl Slices {
             // for those still to come.
             let packed: u64 = runs.iter().map(|r| r.records).sum();
             let beyond = counts.total().saturating_sub(packed) as usize;
-            let slice = Slice::new(start, width, tree, runs, KeyFilter::unfilled(beyond + beyond / 8), counts);
+            let filter = KeyFilter::unfilled(beyond + beyond / 8);
+            let slice = Slice::new(start, width, tree, runs, filter, Parts { counts, journal: journal.clone() });
+            slice.mem_mut().extend(replay.remove(&start).unwrap_or_default());
             if kept.is_none() {
                 slice.counts.set(count(&slice)?.values());
             }
@@ -489,6 +633,7 @@ impl Slices {
         Ok(Slices {
             db: db.clone(),
             meta: meta.clone(),
+            journal,
             retired: std::sync::Mutex::default(),
             next_run: AtomicU64::new(next_run),
             live_seal: LIVE_SEAL_RECORDS,
@@ -557,7 +702,8 @@ impl Slices {
         let tree = self.db.open_tree(&key)?;
         // A tree of that name would be the rest of an interrupted drop (dropped on open): empty.
         let filter = if tree.is_empty() { KeyFilter::filled() } else { KeyFilter::unfilled(0) };
-        let slice = Arc::new(Slice::new(start, width, tree, Vec::new(), filter, counts));
+        let parts = Parts { counts, journal: self.journal.clone() };
+        let slice = Arc::new(Slice::new(start, width, tree, Vec::new(), filter, parts));
         let at = list.partition_point(|s| s.start < start);
         list.insert(at, slice.clone());
         Ok(slice)
@@ -621,8 +767,22 @@ impl Slices {
             for run in slice.runs().iter() {
                 run.drop_tree(&self.db)?;
             }
+            self.journal.lock().folded(slice.start, u64::MAX, true)?;
         }
         Ok(dropped)
+    }
+
+    /// Writes the records taken into memory since the last call as one chunk of
+    /// the journal (with each group commit, before its flush; and before a write
+    /// that must not be kept without them).
+    pub fn journal(&self) -> Result<(), sled::Error> {
+        self.journal.lock().cut().map(drop)
+    }
+
+    /// Chunks in the journal.
+    #[cfg(test)]
+    pub fn journal_chunks(&self) -> usize {
+        self.journal.chunks()
     }
 
     /// Writes the counts that changed into the meta tree (with each group commit).
@@ -669,13 +829,18 @@ fn decode_run_entry(v: &[u8]) -> Option<Vec<(u64, u64)>> {
     Some(v.chunks_exact(16).map(|c| (word(&c[..8]), word(&c[8..]))).collect())
 }
 
-/// Sealing: a slice that no longer takes live writes is packed into a run
-/// (store/disk/runs.rs) in three steps, each safe to cut short by a crash:
-/// [`Slices::pack`] writes a new run from the slice's runs and overlay (nothing
-/// finds it yet; an open drops it); once that is durable, [`Slices::install`]
-/// names it in the meta tree and hands it to lookups (the overlay still
-/// shadows it with the same values); once that is durable, [`Slices::settle`]
-/// removes from the overlay what the run answers the same for.
+/// Sealing: a slice's records are packed into a run (store/disk/runs.rs) in steps,
+/// each safe to cut short by a crash: [`Slices::begin`] journals what the slice
+/// holds in memory and copies it; [`Slices::pack`] writes a new run of the copy
+/// with the slice's runs and overlay (a merge) or of the copy alone (a spill;
+/// nothing finds it yet; an open drops it); once that is durable,
+/// [`Slices::unshadow`] removes from the overlay the keys the copy holds (memory
+/// and, after a crash, the journal still have them) and [`Slices::install`] names
+/// the run in the meta tree and hands it to lookups (memory and the overlay still
+/// shadow it with the same values); once that is durable, [`Slices::settle`]
+/// removes from the overlay what the runs answer the same for, and
+/// [`Slices::settle_memory`] lets go of the copied records in memory and in the
+/// journal.
 impl Slices {
     /// Sealed slices opened with an overlay that may repeat their run, oldest first
     /// ([`Slice::unsettled`]): [`Slices::settle`] them before anything else.
@@ -683,58 +848,123 @@ impl Slices {
         self.all().into_iter().filter(|s| s.unsettled()).collect()
     }
 
-    /// Slices with records to pack, oldest first: one whose time has passed once
-    /// its overlay holds anything (again once it took [`RESEAL_WRITES`] and an
-    /// eighth of its runs' records), the current one each time its overlay holds
-    /// [`LIVE_SEAL_RECORDS`] and an eighth of its runs' records, so that at most
-    /// about that many records of it are one sled entry each, and any slice with
-    /// more than [`MAX_RUNS`] runs.
+    /// Slices with records to pack, oldest first ([`Slices::due`]).
     pub fn to_seal(&self, now: i64) -> Result<Vec<Arc<Slice>>, StoreError> {
         let mut found = Vec::new();
         for s in self.all() {
-            let (packed, writes) = s.packing();
-            let held = s.counts.total();
-            // Writes since the open, or the records beyond the run (an overlay kept over a restart).
-            let overlay = writes.max(held.saturating_sub(packed));
-            let due = if s.run_count() > MAX_RUNS {
-                true
-            } else if s.end() > now {
-                overlay >= self.live_seal.max(packed / 8)
-            } else if s.run_count() == 0 {
-                s.tree.first()?.is_some()
-            } else {
-                overlay >= self.reseal_writes.max(packed / 8)
-            };
-            if due {
+            if self.due(&s, now)?.is_some() {
                 found.push(s);
             }
         }
         Ok(found)
     }
 
-    /// Writes a new run of `slice`'s records (its runs and its overlay). Returns it
-    /// (not yet durable, not yet found) and the overlay writes it includes. The
-    /// caller holds [`Packing`].
-    pub fn pack(&self, slice: &Slice, _: &Packing) -> Result<(Run, u64), StoreError> {
-        // From now on a removal leaves a tombstone: this pass may read the record before it goes.
-        *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
-        let writes = slice.overlay_writes.load(Ordering::Relaxed);
-        let id = self.next_run.fetch_add(1, Ordering::Relaxed);
-        let mut w = RunWriter::new(&self.db, slice.start, id)?;
-        for item in slice.iter() {
-            let (k, v) = item?;
-            w.push(&k, &v)?;
+    /// Whether `s` is to be packed at `now`, and how. `Some(true)`, a merge of its
+    /// runs, overlay and records in memory into one run: a slice whose time has
+    /// passed once it holds anything beyond its runs (again once it took
+    /// [`RESEAL_WRITES`] and an eighth of its runs' records), the current one each
+    /// time it took [`LIVE_SEAL_RECORDS`] and an eighth of its runs' records since its
+    /// last merge, so that a record is rewritten about nine times over the slice's
+    /// life, and any slice with more than [`MAX_RUNS`] runs. `Some(false)`, a spill:
+    /// the current slice's records in memory written as a run of their own once they
+    /// are [`LIVE_SEAL_RECORDS`], so that memory holds about that many at most.
+    fn due(&self, s: &Slice, now: i64) -> Result<Option<bool>, StoreError> {
+        let (packed, writes) = s.packing();
+        let held = s.counts.total();
+        // Writes since the open, or the records beyond the runs (kept over a restart).
+        let overlay = writes.max(held.saturating_sub(packed));
+        let current = s.end() > now;
+        let merge = if s.run_count() > MAX_RUNS {
+            true
+        } else if current {
+            overlay >= self.live_seal.max(packed / 8)
+        } else if s.run_count() == 0 {
+            s.mem_len() > 0 || s.tree.first()?.is_some()
+        } else {
+            s.mem_len() > 0 || overlay >= self.reseal_writes.max(packed / 8)
+        };
+        if merge {
+            return Ok(Some(true));
         }
-        Ok((w.finish()?, writes))
+        Ok((current && s.mem_len() as u64 >= self.live_seal).then_some(false))
     }
 
-    /// Makes a durable `run` from [`Slices::pack`] the slice's only run, in place of
-    /// the runs it packed (the caller makes this durable in turn). A slice dropped
-    /// meanwhile drops the run instead.
-    pub fn install(&self, slice: &Arc<Slice>, run: Run, writes: u64) -> Result<(), StoreError> {
+    /// The first step of a pack of `slice` ([`Slices::due`] at `now`; a merge if it is
+    /// not due): what the slice holds in memory is journaled, and copied. The caller
+    /// holds [`Packing`].
+    pub fn begin(&self, slice: &Slice, now: i64, _: &Packing) -> Result<Fold, StoreError> {
+        let merge = self.due(slice, now)?.unwrap_or(true);
+        let mut journal = self.journal.lock();
+        let seq = journal.cut()?;
+        let mem = slice.mem().clone();
+        drop(journal);
+        Ok(Fold { mem: Arc::new(RwLock::new(mem)), seq, merge, writes: slice.overlay_writes.load(Ordering::Relaxed) })
+    }
+
+    /// Writes a new run of the fold: of the slice's runs, overlay and the records in
+    /// memory the fold copied (a merge), or of those records alone, removals kept (a
+    /// spill). Returns it, not yet durable, not yet found.
+    pub fn pack(&self, slice: &Slice, fold: &Fold, _: &Packing) -> Result<Run, StoreError> {
+        // From now on a removal from the tree leaves a tombstone: this pass may read the record before it goes.
+        *slice.sealing.write().unwrap_or_else(PoisonError::into_inner) = true;
+        let id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let mut w = RunWriter::new(&self.db, slice.start, id)?;
+        if fold.merge {
+            for item in slice.range_over(fold.mem.clone(), Bound::Unbounded) {
+                let (k, v) = item?;
+                w.push(&k, &v)?;
+            }
+        } else {
+            for (k, v) in fold.mem.read().unwrap_or_else(PoisonError::into_inner).iter() {
+                w.push(k, v)?;
+            }
+        }
+        Ok(w.finish()?)
+    }
+
+    /// Before the install of a durable run of `fold`: removes from the slice's tree
+    /// each key the fold holds in memory. Those entries are older than memory's, and
+    /// once the run is found they would shadow it; until then memory shadows them,
+    /// and after a crash the journal does (it keeps the fold's records until
+    /// [`Slices::settle_memory`]).
+    pub fn unshadow(&self, slice: &Slice, fold: &Fold) -> Result<(), StoreError> {
+        for key in fold.mem.read().unwrap_or_else(PoisonError::into_inner).keys() {
+            if slice.filter.may_contain(&Hashed::of(key)) {
+                slice.tree.remove(key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes a durable `run` of `fold` the slice's only run, in place of the runs it
+    /// packed (a merge), or its newest (a spill); the caller makes this durable in
+    /// turn. A slice dropped meanwhile drops the run instead.
+    pub fn install(&self, slice: &Arc<Slice>, run: Run, fold: &Fold) -> Result<(), StoreError> {
+        if !fold.merge {
+            return self.add(slice, run);
+        }
         let Some(old) = self.name_run(slice, run, true)? else { return Ok(()) };
-        let _ = slice.overlay_writes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| Some(w.saturating_sub(writes)));
+        let written = fold.writes;
+        let _ = slice.overlay_writes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| Some(w.saturating_sub(written)));
         self.retired.lock().unwrap_or_else(PoisonError::into_inner).extend(old.iter().cloned());
+        Ok(())
+    }
+
+    /// After [`Slices::install`] is durable: the fold's records leave memory where
+    /// they are as the fold found them (a later write stays: it is newer than the
+    /// run), and the journal lets go of the chunks that held them.
+    pub fn settle_memory(&self, slice: &Slice, fold: &Fold) -> Result<(), StoreError> {
+        let mut journal = self.journal.lock();
+        {
+            let folded = fold.mem.read().unwrap_or_else(PoisonError::into_inner);
+            let mut mem = slice.mem_mut();
+            for (k, v) in folded.iter() {
+                if mem.get(k) == Some(v) {
+                    mem.remove(k);
+                }
+            }
+        }
+        journal.folded(slice.start, fold.seq, false)?;
         Ok(())
     }
 
@@ -821,7 +1051,7 @@ impl Slices {
             return self.add(slice, run);
         }
         for (k, v) in &entries {
-            slice.insert(k, v.as_slice())?;
+            slice.insert_tree(k, v.as_slice())?;
         }
         Ok(())
     }
@@ -1012,9 +1242,12 @@ mod tests {
         assert!(slices.to_seal(now).unwrap().is_empty(), "not yet");
         add(1_000 - 1, 1_000);
         assert_eq!(slices.to_seal(now).unwrap().len(), 1);
-        let (run, writes) = slices.pack(&current, &current.try_packing().unwrap()).unwrap();
-        slices.install(&current, run, writes).unwrap();
+        let packing = current.try_packing().unwrap();
+        let fold = slices.begin(&current, now, &packing).unwrap();
+        let run = slices.pack(&current, &fold, &packing).unwrap();
+        slices.install(&current, run, &fold).unwrap();
         slices.settle(&current).unwrap();
+        slices.settle_memory(&current, &fold).unwrap();
         assert_eq!((current.packing().0, current.overlay_len()), (1_000, 0));
         assert!(slices.to_seal(now).unwrap().is_empty(), "packed");
         // Reopened: the records beyond the run count, though no write since the open.
@@ -1049,13 +1282,29 @@ mod tests {
     /// A seeded model test: random writes, removals, reads and scans of one slice,
     /// with seals and a restore's added runs cut at each of their steps, writes
     /// between the steps, and reopens (a crash: every step is written before the
-    /// next begins), checked against a plain map after every operation.
+    /// next begins), checked against a plain map after every operation. Of a slice
+    /// past its time (its writes go to its tree) ...
     #[test]
     fn a_slice_answers_as_a_map_through_seals_cut_anywhere_and_reopens() {
+        slice_model(1_000 * S, Duration::from_secs(80), RESEAL_WRITES);
+    }
+
+    /// ... and of the current slice (its writes go to memory and the journal), with
+    /// spills of its records in memory as well as merges.
+    #[test]
+    fn the_current_slice_answers_as_a_map_through_seals_and_spills_cut_anywhere_and_reopens() {
+        let retention = Duration::from_secs(8 * 3_600);
+        let width = width_for(retention).as_micros() as i64;
+        let now = now_us();
+        slice_model(now - now % width, retention, 50);
+    }
+
+    fn slice_model(t0: i64, retention: Duration, live_seal: u64) {
         use rand::{Rng, SeedableRng};
         use std::collections::BTreeMap;
         let (_dir, db, meta) = database();
-        let open = || Slices::open(&db, &meta, Duration::from_secs(80)).unwrap();
+        let open = || Slices { live_seal, ..Slices::open(&db, &meta, retention).unwrap() };
+        let now = || if t0 == 1_000 * S { t0 } else { now_us() };
         let mut slices = open();
         let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
@@ -1065,7 +1314,7 @@ mod tests {
         // a scope the store held nothing of when it began).
         let mut ever = std::collections::BTreeSet::new();
         let check = |slices: &Slices, model: &BTreeMap<Vec<u8>, Vec<u8>>, rng: &mut rand::rngs::StdRng| {
-            let slice = slices.get(1_000 * S).unwrap();
+            let slice = slices.get(t0).unwrap();
             for _ in 0..20 {
                 let k = key(rng.random_range(0..KEYS));
                 assert_eq!(slice.get(&k).unwrap().map(|v| v.to_vec()), model.get(&k).cloned(), "{k:?}");
@@ -1090,10 +1339,11 @@ mod tests {
                 model.insert(k, b"between".to_vec());
             }
         };
-        slices.current(1_000 * S).unwrap();
+        slices.current(t0).unwrap();
         let mut most_runs = 0;
+        let mut spills = 0;
         for round in 0..300 {
-            let slice = slices.get(1_000 * S).unwrap();
+            let slice = slices.get(t0).unwrap();
             for _ in 0..rng.random_range(0..40) {
                 let k = key(rng.random_range(0..KEYS));
                 ever.insert(k.clone());
@@ -1110,15 +1360,24 @@ mod tests {
             // A seal, cut after a random step (0: none), with writes between its steps.
             let steps = rng.random_range(0..4);
             let mut packed = None;
+            let mut installed = None;
             for step in 1..=steps {
                 match step {
-                    1 => packed = Some(slices.pack(&slice, &slice.try_packing().unwrap()).unwrap()),
+                    1 => {
+                        let packing = slice.try_packing().unwrap();
+                        let fold = slices.begin(&slice, now(), &packing).unwrap();
+                        spills += usize::from(!fold.merge);
+                        packed = Some((slices.pack(&slice, &fold, &packing).unwrap(), fold));
+                    }
                     2 => {
-                        let (run, writes) = packed.take().unwrap();
-                        slices.install(&slice, run, writes).unwrap();
+                        let (run, fold) = packed.take().unwrap();
+                        slices.unshadow(&slice, &fold).unwrap();
+                        slices.install(&slice, run, &fold).unwrap();
+                        installed = Some(fold);
                     }
                     _ => {
                         slices.settle(&slice).unwrap();
+                        slices.settle_memory(&slice, &installed.take().unwrap()).unwrap();
                     }
                 }
                 let k = key(rng.random_range(0..KEYS));
@@ -1163,11 +1422,14 @@ mod tests {
             if rng.random_bool(0.2) {
                 drop(slice);
                 drop(packed);
+                drop(installed);
                 drop(added);
                 if rng.random_bool(0.3) {
                     // As a run written before filters were stored: the filling thread builds one.
                     db.open_tree(runs::FILTERS_TREE).unwrap().clear().unwrap();
                 }
+                // What a group commit would have made durable: the writes in memory too.
+                slices.journal().unwrap();
                 slices = open();
                 slices.fill_filters();
                 check(&slices, &model, &mut rng);
@@ -1184,10 +1446,13 @@ mod tests {
         drop(slices);
         let slices = open();
         let runs = db.tree_names().into_iter().filter(|n| runs::is_run_tree(n)).count();
-        let slice = slices.get(1_000 * S).unwrap();
+        let slice = slices.get(t0).unwrap();
         assert_eq!(slice.run_count(), runs, "{runs} run trees");
         assert!(most_runs > 1, "the test reached a slice of several runs");
         let filters = db.open_tree(runs::FILTERS_TREE).unwrap().len();
         assert!(filters <= runs, "{filters} stored filters for {runs} runs: none left behind");
+        if t0 != 1_000 * S {
+            assert!(spills > 0, "the test spilled records from memory");
+        }
     }
 }

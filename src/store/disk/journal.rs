@@ -1,0 +1,231 @@
+//! Live records in memory, journaled with each group commit.
+//!
+//! A record written into a slice that takes live writes (the current one, or one
+//! still holding records in memory) is not a sled entry of its own: it goes into
+//! the slice's in-memory table ([`Table`]) and into the journal's pending bytes,
+//! and the group commit writes everything pending as one sled value, a *chunk*,
+//! before it flushes (`Slices::journal`). So a batch of records costs sled one
+//! insert, not one each: a sled insert into a tree of records was the largest
+//! single cost of an event (a leaf found and copied, a log entry written, its
+//! page kept in memory), and it does not shrink for keys written in order
+//! (bench/findings.md, "Live records in memory").
+//!
+//! A chunk holds the records of every slice written in its batch, in the order
+//! they were written, and is written whole (one sled value): a crash keeps a
+//! prefix of sled's log, so what it keeps of the records is what it kept before,
+//! a prefix of the writes. A write to another tree that must not outlive the
+//! record written before it (an index entry removed after its record changed)
+//! journals what is pending first ([`Guard::cut`]).
+//!
+//! Records leave memory when their slice is packed: the run holds them, and the
+//! slice's mark (`f` + start in the journal tree) says up to which chunk its
+//! records are in runs. A chunk is removed once every slice with records in it
+//! has folded it, or is gone. An open replays the chunks in order into the
+//! tables, each slice's records after its mark.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use smallvec::SmallVec;
+
+use super::varint::{put_bytes, put_i64, Reader};
+
+/// The tree of chunks and marks.
+pub const JOURNAL_TREE: &str = "journal";
+const CHUNK: u8 = b'c';
+const MARK: u8 = b'f';
+const CHUNK_VERSION: u8 = 1;
+
+/// A slice's records in memory, key → value (empty: removed), newest write.
+pub type Table = BTreeMap<sled::IVec, sled::IVec>;
+
+/// Slices with records in a chunk (rarely more than two: the current one, and
+/// the one a record moved out of).
+type Starts = SmallVec<[i64; 2]>;
+
+pub struct Journal {
+    tree: sled::Tree,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Records written since the last chunk, encoded.
+    pending: Vec<u8>,
+    /// The slices with records in `pending`.
+    pending_starts: Starts,
+    /// The number of the next chunk: from 1 on (0 stands for none).
+    next: u64,
+    /// Chunks in the tree → the slices with records in them that have not folded them.
+    chunks: BTreeMap<u64, Starts>,
+}
+
+/// The journal held: writers append under it, so that the order of the
+/// in-memory writes and the order of the journal are one.
+pub struct Guard<'a> {
+    inner: MutexGuard<'a, Inner>,
+    tree: &'a sled::Tree,
+}
+
+/// What an open reads back from the journal: per slice start, the records to put
+/// back into memory, in the order they were written.
+pub type Replay = BTreeMap<i64, Vec<(sled::IVec, sled::IVec)>>;
+
+fn chunk_key(seq: u64) -> [u8; 9] {
+    let mut k = [CHUNK; 9];
+    k[1..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn mark_key(start: i64) -> [u8; 9] {
+    let mut k = [MARK; 9];
+    k[1..].copy_from_slice(&start.to_be_bytes());
+    k
+}
+
+fn word(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(bytes.get(1..9)?.try_into().ok()?))
+}
+
+fn corrupt(what: &str) -> sled::Error {
+    sled::Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the journal's {what} is corrupt")))
+}
+
+impl Journal {
+    /// Opens the journal and reads back what the slices in `starts` hold in it
+    /// (the records of slices not among them are gone with their slice).
+    pub fn open(db: &sled::Db, starts: &[i64]) -> Result<(Journal, Replay), sled::Error> {
+        let tree = db.open_tree(JOURNAL_TREE)?;
+        let mut marks = BTreeMap::new();
+        for item in tree.scan_prefix([MARK]) {
+            let (k, v) = item?;
+            let (Some(start), Some(seq)) = (word(&k), v.get(..8).and_then(|b| b.try_into().ok())) else {
+                return Err(corrupt("mark"));
+            };
+            marks.insert(start as i64, u64::from_be_bytes(seq));
+        }
+        let mut inner = Inner { next: 1, ..Inner::default() };
+        let mut replay = Replay::default();
+        let mut spent = Vec::new();
+        for item in tree.scan_prefix([CHUNK]) {
+            let (k, v) = item?;
+            let seq = word(&k).ok_or_else(|| corrupt("chunk key"))?;
+            inner.next = seq + 1;
+            let mut held = Starts::new();
+            for (start, key, value) in entries(&v)? {
+                let folded = marks.get(&start).is_some_and(|&m| seq <= m);
+                if folded || !starts.contains(&start) {
+                    continue;
+                }
+                if !held.contains(&start) {
+                    held.push(start);
+                }
+                replay.entry(start).or_default().push((key.into(), value.into()));
+            }
+            if held.is_empty() {
+                spent.push(k);
+            } else {
+                inner.chunks.insert(seq, held);
+            }
+        }
+        for k in spent {
+            tree.remove(k)?;
+        }
+        for start in marks.keys().filter(|s| !starts.contains(s)) {
+            tree.remove(mark_key(*start))?;
+        }
+        Ok((Journal { tree, inner: Mutex::new(inner) }, replay))
+    }
+
+    pub fn lock(&self) -> Guard<'_> {
+        Guard { inner: self.inner.lock().unwrap_or_else(PoisonError::into_inner), tree: &self.tree }
+    }
+
+    /// Chunks in the tree.
+    #[cfg(test)]
+    pub fn chunks(&self) -> usize {
+        self.lock().inner.chunks.len()
+    }
+}
+
+impl Drop for Journal {
+    /// What memory took since the last group commit goes into the journal (sled
+    /// flushes it as the database closes); a store closed with `close` has none.
+    fn drop(&mut self) {
+        if let Err(error) = self.lock().cut() {
+            tracing::warn!(%error, "could not journal the last records written before the store closed");
+        }
+    }
+}
+
+impl Guard<'_> {
+    /// Adds a record write (an empty `value`: a removal) of the slice at `start`.
+    pub fn append(&mut self, start: i64, key: &[u8], value: &[u8]) {
+        let inner = &mut *self.inner;
+        if inner.pending.is_empty() {
+            inner.pending.push(CHUNK_VERSION);
+        }
+        put_i64(&mut inner.pending, start);
+        put_bytes(&mut inner.pending, key);
+        put_bytes(&mut inner.pending, value);
+        if !inner.pending_starts.contains(&start) {
+            inner.pending_starts.push(start);
+        }
+    }
+
+    /// Writes what is pending as one chunk (not yet durable: the group commit's
+    /// flush makes it so). Returns the number of the last chunk written (0: none
+    /// yet): every record appended so far is in it or in one before.
+    pub fn cut(&mut self) -> Result<u64, sled::Error> {
+        let inner = &mut *self.inner;
+        if !inner.pending.is_empty() {
+            let seq = inner.next;
+            self.tree.insert(chunk_key(seq), inner.pending.as_slice())?;
+            inner.pending.clear();
+            inner.chunks.insert(seq, std::mem::take(&mut inner.pending_starts));
+            inner.next = seq + 1;
+        }
+        Ok(inner.next - 1)
+    }
+
+    /// The slice at `start` has every record it wrote up to chunk `seq` in its
+    /// runs (or is gone): its mark moves there (for an open), and the chunks no
+    /// slice needs any more go. The caller made the runs durable first.
+    pub fn folded(&mut self, start: i64, seq: u64, gone: bool) -> Result<(), sled::Error> {
+        if gone {
+            self.tree.remove(mark_key(start))?;
+        } else {
+            self.tree.insert(mark_key(start), &seq.to_be_bytes())?;
+        }
+        let inner = &mut *self.inner;
+        let mut spent = Vec::new();
+        for (&chunk, starts) in inner.chunks.range_mut(..=seq) {
+            starts.retain(|s| *s != start);
+            if starts.is_empty() {
+                spent.push(chunk);
+            }
+        }
+        for chunk in spent {
+            inner.chunks.remove(&chunk);
+            self.tree.remove(chunk_key(chunk))?;
+        }
+        Ok(())
+    }
+}
+
+/// A record write in a chunk: the slice's start, the key, the value.
+type Written<'a> = (i64, &'a [u8], &'a [u8]);
+
+/// The record writes of a chunk, in the order made.
+fn entries(chunk: &[u8]) -> Result<Vec<Written<'_>>, sled::Error> {
+    let Some((&CHUNK_VERSION, rest)) = chunk.split_first() else { return Err(corrupt("chunk")) };
+    let mut r = Reader(rest);
+    let mut out = Vec::new();
+    while !r.is_empty() {
+        match (r.i64(), r.bytes(), r.bytes()) {
+            (Some(start), Some(key), Some(value)) => out.push((start, key, value)),
+            _ => return Err(corrupt("chunk")),
+        }
+    }
+    Ok(out)
+}
