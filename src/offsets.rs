@@ -3,11 +3,12 @@
 //! nothing is pending. Offsets never move past an unfinished event
 //! (invariant 3), whatever order events finish in.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rustc_hash::FxHashMap;
 use tracing::warn;
 
 /// A partition's identity. Shown as `topic/partition`, as logs and `/readyz` name it.
@@ -181,7 +182,8 @@ impl PartitionState {
 /// Offsets of all assigned partitions.
 #[derive(Debug, Default)]
 pub struct OffsetTracker {
-    partitions: HashMap<PartitionId, PartitionState>,
+    /// Looked up several times per event: Fx, not SipHash (the keys are the consumer's own partitions).
+    partitions: FxHashMap<PartitionId, PartitionState>,
     next_generation: u64,
     /// Every assigned partition is restored from its changelog before its events begin.
     restore: bool,

@@ -1,10 +1,12 @@
 //! The store's changelog state: the sink once attached, and the checkpoints of the
 //! changelog partitions it holds records of.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+
+use rustc_hash::FxHashMap;
 
 use super::sink::Sink;
 use crate::store::error::StoreError;
@@ -36,7 +38,7 @@ pub(in crate::store) struct Checkpoint {
 #[derive(Default)]
 pub struct Checkpoints {
     /// By changelog topic, then partition (looked up by `&str`: no key is built per acknowledgement).
-    pub(in crate::store) parts: Mutex<HashMap<String, HashMap<i32, Checkpoint>>>,
+    pub(in crate::store) parts: Mutex<FxHashMap<String, FxHashMap<i32, Checkpoint>>>,
 }
 
 fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
@@ -45,7 +47,7 @@ fn checkpoint_key(topic: &str, partition: i32) -> Vec<u8> {
 
 impl Checkpoints {
     pub(in crate::store) fn open(meta: &sled::Tree) -> Result<Checkpoints, StoreError> {
-        let mut parts = HashMap::new();
+        let mut parts = FxHashMap::default();
         for item in meta.scan_prefix(CHECKPOINT_PREFIX) {
             let (k, v) = item?;
             let rest = &k[CHECKPOINT_PREFIX.len()..];
@@ -58,12 +60,12 @@ impl Checkpoints {
                 continue;
             };
             let cp = Checkpoint { next: i64::from_be_bytes(next), ..Checkpoint::default() };
-            parts.entry(topic.to_owned()).or_insert_with(HashMap::new).insert(i32::from_be_bytes(p), cp);
+            parts.entry(topic.to_owned()).or_insert_with(FxHashMap::default).insert(i32::from_be_bytes(p), cp);
         }
         Ok(Checkpoints { parts: Mutex::new(parts) })
     }
 
-    pub(in crate::store) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<i32, Checkpoint>>> {
+    pub(in crate::store) fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<String, FxHashMap<i32, Checkpoint>>> {
         self.parts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
