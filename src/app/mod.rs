@@ -200,6 +200,7 @@ impl App {
             tasks.spawn(tasks::metrics_upkeep(prometheus, background.clone()));
         }
         tasks.spawn(tasks::retention(store.clone(), gc_interval, background.clone()));
+        tasks.spawn(tasks::packing(store.clone(), background.clone()));
         tasks.spawn(tasks::log_summary(exec.clone(), summary_interval, background.clone()));
         if let Some(setup) = restore {
             tasks.spawn(engine.restore_task(setup, token.clone()));

@@ -81,6 +81,21 @@ pub async fn retention(store: Arc<Store>, interval: Duration, stop: Cancellation
     }
 }
 
+/// Packs the current slice's records in memory each time they are many enough
+/// (store/disk/journal.rs), between the gc passes.
+pub async fn packing(store: Arc<Store>, stop: CancellationToken) {
+    let repairs = store.repairs();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = repairs.memory_full() => {}
+        }
+        if let Err(error) = repairs.pack(now_us()).await {
+            warn!(%error, "packing the records in memory failed; the next gc pass tries again");
+        }
+    }
+}
+
 /// Each handler's summary line every `log.summary_interval`, and a last one (what
 /// the drain finished) once stopped.
 pub async fn log_summary(exec: Arc<Executor>, interval: Duration, stop: CancellationToken) {

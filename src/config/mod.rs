@@ -82,6 +82,7 @@ internal_use!(schema_registry::RawSchemaRegistry);
 internal_use!(store::RawStore);
 internal_use!(traces::RawTracing);
 pub(crate) use changelog::DEFAULT_MAX_CLOCK_SKEW;
+pub(crate) use store::DEFAULT_MEMORY_RECORDS;
 pub(crate) use store::DEFAULT_RETENTION;
 
 /// Added to the longest legitimate wait of a partition's head event (see

@@ -101,6 +101,7 @@ fn fixture(entry: Entry, handler: Arc<Scripted>) -> Fixture {
         fsync: false,
         role: Role::Test,
         cache_bytes: crate::store::SMALL_CACHE_BYTES,
+        memory_records: crate::config::DEFAULT_MEMORY_RECORDS,
         clock_skew: Duration::ZERO,
     };
     let store = Arc::new(Store::open(&config.store.path, &opts).unwrap());

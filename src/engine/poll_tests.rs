@@ -170,6 +170,7 @@ fn start_with_routes(store: &str, handler: &str, routes: &str, sink: Option<Arc<
         fsync: false,
         role: Role::Test,
         cache_bytes: crate::store::SMALL_CACHE_BYTES,
+        memory_records: crate::config::DEFAULT_MEMORY_RECORDS,
         clock_skew: Duration::ZERO,
     };
     let store = Arc::new(Store::open(&config.store.path, &opts).unwrap());

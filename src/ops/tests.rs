@@ -15,6 +15,7 @@ async fn store_with_done(dir: &Path, ids: &[&str]) -> Arc<Store> {
         fsync: true,
         role: Role::Test,
         cache_bytes: crate::store::SMALL_CACHE_BYTES,
+        memory_records: crate::config::DEFAULT_MEMORY_RECORDS,
         clock_skew: Duration::ZERO,
     };
     let store = Arc::new(Store::open(dir, &opts).unwrap());

@@ -80,7 +80,7 @@ impl Store {
         let owner = owner::OwnerFile::write(path, opts.role).ok();
         let meta = db.open_tree(META_TREE)?;
         let names = names::Names::open(db.open_tree(NAMES_TREE)?)?;
-        let slices = Arc::new(Slices::open(&db, &meta, opts.retention)?);
+        let slices = Arc::new(Slices::open_with(&db, &meta, opts.retention, opts.memory_records)?);
         let messages = messages::MessageCopies::open(&db, &meta)?;
         migrate::convert(&migrate::Parts {
             db: &db,

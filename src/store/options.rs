@@ -78,6 +78,8 @@ pub struct StoreOptions {
     pub role: Role,
     /// sled's page cache (its default, 1 GiB, dominates outboxd's memory).
     pub cache_bytes: u64,
+    /// Records of the current slice kept in memory before they are packed.
+    pub memory_records: u64,
     /// How far another instance's clock may be ahead of this one's: a changelog
     /// record is expired at restore only once its writer's time is older than
     /// `retention` plus this (`store.changelog.max_clock_skew`).
@@ -94,6 +96,7 @@ impl From<&StoreConfig> for StoreOptions {
             fsync: config.fsync,
             role: Role::Run,
             cache_bytes: config.cache_bytes,
+            memory_records: config.memory_records,
             clock_skew: config.changelog.as_ref().map_or(crate::config::DEFAULT_MAX_CLOCK_SKEW, |c| c.max_clock_skew),
         }
     }
@@ -117,6 +120,7 @@ impl StoreOptions {
             fsync: true,
             role: Role::Store,
             cache_bytes: SMALL_CACHE_BYTES,
+            memory_records: crate::config::DEFAULT_MEMORY_RECORDS,
             clock_skew: crate::config::DEFAULT_MAX_CLOCK_SKEW,
         }
     }

@@ -342,6 +342,17 @@ impl Repairs<'_> {
     pub async fn gc(&self, now_us: i64) -> Result<u64, StoreError> {
         self.0.gc(now_us).await
     }
+
+    /// Returns once the current slice's records in memory are many enough to pack
+    /// (store/disk/journal.rs).
+    pub async fn memory_full(&self) {
+        self.0.slices.full().await
+    }
+
+    /// Packs the slices due for it ([`Repairs::gc`] without the rest); answers the records packed.
+    pub async fn pack(&self, now_us: i64) -> Result<u64, StoreError> {
+        self.0.seal(now_us).await
+    }
 }
 
 /// Records, counts and message copies ([`Store::reads`]).

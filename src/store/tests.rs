@@ -613,6 +613,39 @@ async fn a_slice_opened_between_a_seals_install_and_its_settle_lets_go_of_its_re
     assert_eq!((in_memory(&store), store.len()), (0, 50));
 }
 
+/// The current slice's records in memory are packed once they are
+/// `store.memory_records`, not at the next gc pass (minutes and maybe millions of
+/// records away): the store says when, and a pack takes them out of memory.
+#[tokio::test]
+async fn records_in_memory_are_packed_once_there_are_memory_records_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &StoreOptions { memory_records: 256, ..opts(Duration::from_secs(3_600)) }).unwrap();
+    let in_memory = |store: &Store| store.slices.all().iter().map(|s| s.mem_len()).sum::<usize>();
+    let mut ids = Vec::new();
+    for i in 0..255 {
+        let id = format!("e{i:03}");
+        let c = claimed(&store, &id, i).await;
+        store.finish(c, State::Done, "ok".into()).await.unwrap();
+        ids.push(id);
+    }
+    let told = tokio::time::timeout(Duration::from_millis(200), store.slices.full()).await;
+    assert!(told.is_err(), "told before there were enough");
+    for i in 255..300 {
+        let id = format!("e{i:03}");
+        let c = claimed(&store, &id, i).await;
+        store.finish(c, State::Done, "ok".into()).await.unwrap();
+        ids.push(id);
+    }
+    assert_eq!(in_memory(&store), 300);
+    tokio::time::timeout(Duration::from_secs(10), store.slices.full()).await.expect("told once there were enough");
+    assert_eq!(store.seal(now_us()).await.unwrap(), 300, "packed");
+    assert_eq!(in_memory(&store), 0);
+    assert_eq!(store.len(), 300);
+    for id in &ids {
+        assert_eq!(store.get(id).unwrap().unwrap().state, State::Done, "{id}");
+    }
+}
+
 /// Once a slice stops taking live writes, gc packs it into a run; its records
 /// are found, deduplicated, repaired, counted and listed as before, and after a reopen.
 #[tokio::test]

@@ -13,7 +13,7 @@
 //!
 //! The current slice keeps the records written into it in memory, journaled one
 //! sled value per group commit (store/disk/journal.rs), until they are packed into a
-//! run: a *spill* each time memory holds [`LIVE_SEAL_RECORDS`] of them (a run of
+//! run: a *spill* each time memory holds `store.memory_records` of them (a run of
 //! their own, added to the slice's), a *merge* of all its runs now and then. A slice
 //! whose time has passed is *sealed* (merged) once more, and later writes into it
 //! (rare: a record moving out, a repair) go to its tree, an overlay of changes that
@@ -59,11 +59,8 @@ pub const MAX_RUNS: usize = 8;
 /// A sealed slice is sealed again once its overlay took this many writes, and
 /// at least an eighth of its runs' records.
 const RESEAL_WRITES: u64 = 4_096;
-/// The current slice's records in memory are spilled into a run each time they
-/// are this many (about 15 MB of memory), and the slice is merged each time it took
-/// this many writes and an eighth of its runs' records since its last merge: each
-/// merge rewrites the slice's runs as one, so the eighth keeps a record's rewrites
-/// to about nine over the slice's life.
+/// `store.memory_records` as the tests of this file take it (the store's default).
+#[cfg(test)]
 const LIVE_SEAL_RECORDS: u64 = 131_072;
 
 /// The width of new slices for a retention.
@@ -81,6 +78,7 @@ pub struct Slice {
     /// Shared with the slice's iterators.
     mem: Arc<RwLock<Table>>,
     journal: Arc<Journal>,
+    full: Arc<Full>,
     /// One entry per record written while the slice does not take live writes (a
     /// record moving out, a repair of an old one; and every record of a store
     /// written before records were kept in memory): changes since its last seal, an
@@ -115,6 +113,15 @@ pub struct Slice {
 struct Parts {
     counts: Counts,
     journal: Arc<Journal>,
+    full: Arc<Full>,
+}
+
+/// Told when a slice's records in memory reach `store.memory_records`: the service
+/// packs them then ([`Slices::full`]), not at its next gc pass, which could be
+/// minutes and millions of records away.
+pub struct Full {
+    at: u64,
+    notify: tokio::sync::Notify,
 }
 
 impl Slice {
@@ -126,6 +133,7 @@ impl Slice {
             width,
             mem: Arc::default(),
             journal: parts.journal,
+            full: parts.full,
             tree,
             runs: RwLock::new(Arc::new(runs.into_iter().map(Arc::new).collect())),
             sealing: RwLock::new(sealed),
@@ -204,7 +212,12 @@ impl Slice {
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
         if self.takes_live_writes() {
             journal.append(self.start, key, &value);
-            self.mem_mut().insert(key.into(), value);
+            let mut mem = self.mem_mut();
+            mem.insert(key.into(), value);
+            if mem.len() as u64 >= self.full.at {
+                // Coalesced: one wake-up however many writes tell it.
+                self.full.notify.notify_one();
+            }
             return Ok(());
         }
         // What memory took before this write is journaled first: a crash keeps a
@@ -523,6 +536,7 @@ pub struct Slices {
     meta: sled::Tree,
     /// Of the records in memory (store/disk/journal.rs).
     journal: Arc<Journal>,
+    full: Arc<Full>,
     /// Runs a newer seal replaced, dropped once no reader holds them.
     retired: std::sync::Mutex<Vec<Arc<Run>>>,
     /// The id of the next run written: above every run tree this database has
@@ -530,7 +544,11 @@ pub struct Slices {
     /// tree dropped, then made again under its name) the model test below lost
     /// records, so a new run never meets the rest of a dropped one.
     next_run: AtomicU64,
-    /// [`LIVE_SEAL_RECORDS`] (smaller in tests).
+    /// `store.memory_records`: the current slice's records in memory are spilled into
+    /// a run each time they are this many, and the slice is merged each time it took
+    /// this many writes and an eighth of its runs' records since its last merge (each
+    /// merge rewrites the slice's runs as one, so the eighth keeps a record's rewrites
+    /// to about nine over the slice's life).
     live_seal: u64,
     /// [`RESEAL_WRITES`] (in debug builds, `OUTBOXD_DEBUG_RESEAL_WRITES` if set: the
     /// test of a crash in a merge, tests/it/seal_crashes.rs, reaches one with a few writes).
@@ -552,7 +570,20 @@ fn entry(width: i64, counts: &Counts) -> Vec<u8> {
 }
 
 impl Slices {
+    /// [`Slices::open_with`] the default records in memory.
+    #[cfg(test)]
     pub fn open(db: &sled::Db, meta: &sled::Tree, retention: Duration) -> Result<Slices, StoreError> {
+        Slices::open_with(db, meta, retention, LIVE_SEAL_RECORDS)
+    }
+
+    /// Opens the slices, each with the records the journal holds of it in memory;
+    /// the current one's are packed each time they are `memory_records`.
+    pub fn open_with(
+        db: &sled::Db,
+        meta: &sled::Tree,
+        retention: Duration,
+        memory_records: u64,
+    ) -> Result<Slices, StoreError> {
         let starts: Vec<i64> = meta
             .scan_prefix(PREFIX)
             .keys()
@@ -560,6 +591,7 @@ impl Slices {
             .collect();
         let (journal, mut replay) = Journal::open(db, &starts)?;
         let journal = Arc::new(journal);
+        let full = Arc::new(Full { at: memory_records, notify: tokio::sync::Notify::new() });
         let mut list = Vec::new();
         let trees = db.tree_names();
         for item in meta.scan_prefix(PREFIX) {
@@ -595,7 +627,8 @@ impl Slices {
             let packed: u64 = runs.iter().map(|r| r.records).sum();
             let beyond = counts.total().saturating_sub(packed) as usize;
             let filter = KeyFilter::unfilled(beyond + beyond / 8);
-            let slice = Slice::new(start, width, tree, runs, filter, Parts { counts, journal: journal.clone() });
+            let parts = Parts { counts, journal: journal.clone(), full: full.clone() };
+            let slice = Slice::new(start, width, tree, runs, filter, parts);
             slice.mem_mut().extend(replay.remove(&start).unwrap_or_default());
             if kept.is_none() {
                 slice.counts.set(count(&slice)?.values());
@@ -634,9 +667,10 @@ impl Slices {
             db: db.clone(),
             meta: meta.clone(),
             journal,
+            full,
             retired: std::sync::Mutex::default(),
             next_run: AtomicU64::new(next_run),
-            live_seal: LIVE_SEAL_RECORDS,
+            live_seal: memory_records,
             reseal_writes: debug_knob("OUTBOXD_DEBUG_RESEAL_WRITES").unwrap_or(RESEAL_WRITES),
             list: RwLock::new(list),
             retention: retention.as_micros() as i64,
@@ -702,7 +736,7 @@ impl Slices {
         let tree = self.db.open_tree(&key)?;
         // A tree of that name would be the rest of an interrupted drop (dropped on open): empty.
         let filter = if tree.is_empty() { KeyFilter::filled() } else { KeyFilter::unfilled(0) };
-        let parts = Parts { counts, journal: self.journal.clone() };
+        let parts = Parts { counts, journal: self.journal.clone(), full: self.full.clone() };
         let slice = Arc::new(Slice::new(start, width, tree, Vec::new(), filter, parts));
         let at = list.partition_point(|s| s.start < start);
         list.insert(at, slice.clone());
@@ -770,6 +804,12 @@ impl Slices {
             self.journal.lock().folded(slice.start, u64::MAX, true)?;
         }
         Ok(dropped)
+    }
+
+    /// Returns once a slice's records in memory are `memory_records` (at once if
+    /// they reached it since the last call): time to pack them.
+    pub async fn full(&self) {
+        self.full.notify.notified().await;
     }
 
     /// Writes the records taken into memory since the last call as one chunk of
@@ -863,11 +903,11 @@ impl Slices {
     /// runs, overlay and records in memory into one run: a slice whose time has
     /// passed once it holds anything beyond its runs (again once it took
     /// [`RESEAL_WRITES`] and an eighth of its runs' records), the current one each
-    /// time it took [`LIVE_SEAL_RECORDS`] and an eighth of its runs' records since its
+    /// time it took `memory_records` writes and an eighth of its runs' records since its
     /// last merge, so that a record is rewritten about nine times over the slice's
     /// life, and any slice with more than [`MAX_RUNS`] runs. `Some(false)`, a spill:
     /// the current slice's records in memory written as a run of their own once they
-    /// are [`LIVE_SEAL_RECORDS`], so that memory holds about that many at most.
+    /// are `memory_records`, so that memory holds about that many at most.
     fn due(&self, s: &Slice, now: i64) -> Result<Option<bool>, StoreError> {
         let (packed, writes) = s.packing();
         let held = s.counts.total();
