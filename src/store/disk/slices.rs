@@ -94,8 +94,9 @@ pub struct Slice {
     sealing: RwLock<bool>,
     /// Writes into `tree` since the last seal (or since the slice was opened).
     overlay_writes: AtomicU64,
-    /// Which keys the overlay may hold (the run has a filter of its own): a lookup
-    /// of a new id skips both (store/disk/filter.rs).
+    /// Which keys memory and the overlay may hold (the runs have filters of their
+    /// own): a lookup of a new id skips both (store/disk/filter.rs). Keys stay in it
+    /// once packed.
     filter: KeyFilter,
     /// Held by whoever is packing the slice, from its pack to its settle ([`Packing`]).
     packing: AtomicBool,
@@ -211,6 +212,7 @@ impl Slice {
         let mut journal = self.journal.lock();
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
         if self.takes_live_writes() {
+            self.filter.add(&Hashed::of(key));
             journal.append(self.start, key, &value);
             let mut mem = self.mem_mut();
             mem.insert(key.into(), value);
@@ -242,10 +244,10 @@ impl Slice {
     /// The value under `key`: the overlay's entry if it has one (a tombstone: none),
     /// else the newest run's. A part whose filter knows the key to be absent reads no page.
     pub fn find(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
-        if let Some(v) = self.mem().get(key.key) {
-            return Ok((!v.is_empty()).then(|| v.clone()));
-        }
         if self.filter.may_contain(key) {
+            if let Some(v) = self.mem().get(key.key) {
+                return Ok((!v.is_empty()).then(|| v.clone()));
+            }
             match self.tree.get(key.key)? {
                 Some(v) if v.is_empty() => return Ok(None),
                 Some(v) => return Ok(Some(v)),
@@ -264,6 +266,7 @@ impl Slice {
         let mut journal = self.journal.lock();
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
         if self.takes_live_writes() {
+            self.filter.add(&Hashed::of(key));
             journal.append(self.start, key, TOMBSTONE);
             self.mem_mut().insert(key.into(), sled::IVec::default());
             return Ok(());
@@ -629,7 +632,11 @@ impl Slices {
             let filter = KeyFilter::unfilled(beyond + beyond / 8);
             let parts = Parts { counts, journal: journal.clone(), full: full.clone() };
             let slice = Slice::new(start, width, tree, runs, filter, parts);
-            slice.mem_mut().extend(replay.remove(&start).unwrap_or_default());
+            let replayed = replay.remove(&start).unwrap_or_default();
+            for (key, _) in &replayed {
+                slice.filter.add(&Hashed::of(key));
+            }
+            slice.mem_mut().extend(replayed);
             if kept.is_none() {
                 slice.counts.set(count(&slice)?.values());
             }
@@ -968,10 +975,13 @@ impl Slices {
     /// and after a crash the journal does (it keeps the fold's records until
     /// [`Slices::settle_memory`]).
     pub fn unshadow(&self, slice: &Slice, fold: &Fold) -> Result<(), StoreError> {
+        // Most often empty: a slice holding records in memory writes none into its
+        // tree (a store written before memory took the live writes has them there).
+        if slice.tree.first()?.is_none() {
+            return Ok(());
+        }
         for key in fold.mem.read().unwrap_or_else(PoisonError::into_inner).keys() {
-            if slice.filter.may_contain(&Hashed::of(key)) {
-                slice.tree.remove(key)?;
-            }
+            slice.tree.remove(key)?;
         }
         Ok(())
     }
