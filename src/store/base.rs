@@ -264,12 +264,15 @@ impl Store {
         self.durable().await?;
         crash_at("durable");
         let settled = self.settle_overlay(slice).await?;
-        self.slices.settle_memory(slice, &fold)?;
+        let spill = !fold.merge;
+        // On a blocking thread: the fold's table is freed there, not on a worker.
+        let (slices, s) = (self.slices.clone(), slice.clone());
+        blocking(move || slices.settle_memory(&s, fold)).await?;
         tracing::info!(
             slice_start_us = slice.start,
             records,
             merge,
-            spill = !fold.merge,
+            spill,
             overlay_entries_removed = settled,
             took_ms = started.elapsed().as_millis() as u64,
             "a slice's records packed into a run"

@@ -77,6 +77,10 @@ pub struct Slice {
     /// Every write into it is journaled in the same order (store/disk/journal.rs).
     /// Shared with the slice's iterators.
     mem: Arc<RwLock<Table>>,
+    /// The records a pack under way took out of `mem` ([`Slices::begin`]): newer than
+    /// the overlay and the runs, older than `mem`. Taken whole and let go whole, so
+    /// that a pack holds no lock for longer than a swap.
+    frozen: RwLock<Option<Arc<RwLock<Table>>>>,
     journal: Arc<Journal>,
     full: Arc<Full>,
     /// One entry per record written while the slice does not take live writes (a
@@ -133,6 +137,7 @@ impl Slice {
             start,
             width,
             mem: Arc::default(),
+            frozen: RwLock::new(None),
             journal: parts.journal,
             full: parts.full,
             tree,
@@ -155,16 +160,20 @@ impl Slice {
         self.mem.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records (and removals) it holds in memory.
+    fn frozen(&self) -> Option<Arc<RwLock<Table>>> {
+        self.frozen.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Records (and removals) it holds in memory, a pack's included.
     pub fn mem_len(&self) -> usize {
-        self.mem().len()
+        self.mem().len() + self.frozen().map_or(0, |f| read(&f).len())
     }
 
     /// Whether a write goes into memory: while the slice is the current one, and
-    /// while it holds records there (until a seal packs them). The caller holds the
+    /// while it holds records there (until a pack takes them). The caller holds the
     /// journal, so that the answer does not change before the write is made.
     fn takes_live_writes(&self) -> bool {
-        self.end() > now_us() || !self.mem().is_empty()
+        self.end() > now_us() || !self.mem().is_empty() || self.frozen().is_some()
     }
 
     /// Whether the slice was opened with a run and an overlay not known to be
@@ -248,6 +257,12 @@ impl Slice {
             if let Some(v) = self.mem().get(key.key) {
                 return Ok((!v.is_empty()).then(|| v.clone()));
             }
+            // After `mem`: a pack takes `mem`'s records into `frozen` with `frozen` held.
+            if let Some(frozen) = self.frozen() {
+                if let Some(v) = read(&frozen).get(key.key) {
+                    return Ok((!v.is_empty()).then(|| v.clone()));
+                }
+            }
             match self.tree.get(key.key)? {
                 Some(v) if v.is_empty() => return Ok(None),
                 Some(v) => return Ok(Some(v)),
@@ -288,20 +303,20 @@ impl Slice {
 
     /// The records from `from` on, in key order.
     pub fn range_from(&self, from: Bound<Vec<u8>>) -> SliceIter {
-        self.range_over(self.mem.clone(), from)
+        self.range_over([Some(self.mem.clone()), self.frozen()].into_iter().flatten().collect(), from)
     }
 
-    /// [`Slice::range_from`] with `mem` in place of its records in memory.
-    fn range_over(&self, mem: Arc<RwLock<Table>>, from: Bound<Vec<u8>>) -> SliceIter {
+    /// [`Slice::range_from`] with `tables` (newest first) in place of its records in memory.
+    fn range_over(&self, tables: Vec<Arc<RwLock<Table>>>, from: Bound<Vec<u8>>) -> SliceIter {
         let overlay = match &from {
             Bound::Included(k) => self.tree.range(k.clone()..),
             Bound::Excluded(k) => self.tree.range((Bound::Excluded(k.clone()), Bound::Unbounded)),
             Bound::Unbounded => self.tree.iter(),
         };
-        let mem = Source::Mem(MemIter::new(mem, &from));
+        let mem = tables.into_iter().map(|t| Source::Mem(MemIter::new(t, &from)));
         let held = self.runs();
         let runs = held.iter().rev().map(|r| Source::Run(r.range(from.clone())));
-        let sources: Vec<_> = [mem, Source::Overlay(overlay)].into_iter().chain(runs).map(Some).collect();
+        let sources: Vec<_> = mem.chain([Source::Overlay(overlay)]).chain(runs).map(Some).collect();
         let heads = vec![None; sources.len()];
         SliceIter { sources, heads, held, done: false, prefix: None }
     }
@@ -365,8 +380,8 @@ impl Slice {
 /// The right to pack a slice ([`Slice::try_packing`]), given back when dropped.
 pub struct Packing(Arc<Slice>);
 
-/// A pack of a slice under way ([`Slices::begin`]): its records in memory as the
-/// pack found them, and how they are packed.
+/// A pack of a slice under way ([`Slices::begin`]): the records it took out of
+/// memory, and how they are packed.
 pub struct Fold {
     mem: Arc<RwLock<Table>>,
     /// The last journal chunk holding a record of `mem`.
@@ -419,6 +434,10 @@ impl Source {
     }
 }
 
+fn read(table: &RwLock<Table>) -> std::sync::RwLockReadGuard<'_, Table> {
+    table.read().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Entries a [`MemIter`] copies out of its table at a time.
 const MEM_READ: usize = 512;
 
@@ -448,7 +467,7 @@ impl Iterator for MemIter {
         if let Some(e) = self.read.next() {
             return Some(e);
         }
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = read(&self.table);
         let read: Vec<Entry> = table
             .range::<sled::IVec, _>((self.from.clone(), Bound::Unbounded))
             .take(MEM_READ)
@@ -878,16 +897,16 @@ fn decode_run_entry(v: &[u8]) -> Option<Vec<(u64, u64)>> {
 
 /// Sealing: a slice's records are packed into a run (store/disk/runs.rs) in steps,
 /// each safe to cut short by a crash: [`Slices::begin`] journals what the slice
-/// holds in memory and copies it; [`Slices::pack`] writes a new run of the copy
-/// with the slice's runs and overlay (a merge) or of the copy alone (a spill;
-/// nothing finds it yet; an open drops it); once that is durable,
-/// [`Slices::unshadow`] removes from the overlay the keys the copy holds (memory
-/// and, after a crash, the journal still have them) and [`Slices::install`] names
-/// the run in the meta tree and hands it to lookups (memory and the overlay still
-/// shadow it with the same values); once that is durable, [`Slices::settle`]
-/// removes from the overlay what the runs answer the same for, and
-/// [`Slices::settle_memory`] lets go of the copied records in memory and in the
-/// journal.
+/// holds in memory and takes it aside whole (lookups still read it; new writes go
+/// to an empty table); [`Slices::pack`] writes a new run of it with the slice's
+/// runs and overlay (a merge) or of it alone (a spill; nothing finds the run yet;
+/// an open drops it); once that is durable, [`Slices::unshadow`] removes from the
+/// overlay the keys it holds (memory and, after a crash, the journal still have
+/// them) and [`Slices::install`] names the run in the meta tree and hands it to
+/// lookups (memory and the overlay still shadow it with the same values); once that
+/// is durable, [`Slices::settle`] removes from the overlay what the runs answer the
+/// same for, and [`Slices::settle_memory`] lets go of the records taken aside, in
+/// memory and in the journal.
 impl Slices {
     /// Sealed slices opened with an overlay that may repeat their run, oldest first
     /// ([`Slice::unsettled`]): [`Slices::settle`] them before anything else.
@@ -937,15 +956,30 @@ impl Slices {
     }
 
     /// The first step of a pack of `slice` ([`Slices::due`] at `now`; a merge if it is
-    /// not due): what the slice holds in memory is journaled, and copied. The caller
-    /// holds [`Packing`].
+    /// not due): what the slice holds in memory is journaled, and taken aside whole
+    /// (`frozen`, still read by lookups) while new writes go to an empty table. The
+    /// caller holds [`Packing`].
     pub fn begin(&self, slice: &Slice, now: i64, _: &Packing) -> Result<Fold, StoreError> {
         let merge = self.due(slice, now)?.unwrap_or(true);
+        let writes = slice.overlay_writes.load(Ordering::Relaxed);
         let mut journal = self.journal.lock();
         let seq = journal.cut()?;
-        let mem = slice.mem().clone();
-        drop(journal);
-        Ok(Fold { mem: Arc::new(RwLock::new(mem)), seq, merge, writes: slice.overlay_writes.load(Ordering::Relaxed) })
+        // `frozen` held first: a lookup that missed in `mem` finds the records there.
+        let mut frozen = slice.frozen.write().unwrap_or_else(PoisonError::into_inner);
+        let taken = std::mem::take(&mut *slice.mem_mut());
+        let table = match frozen.take() {
+            // A pack that did not settle (it failed): its records are older than memory's.
+            Some(older) => {
+                let mut table = read(&older).clone();
+                table.extend(taken);
+                table
+            }
+            None => taken,
+        };
+        let table = Arc::new(RwLock::new(table));
+        *frozen = Some(table.clone());
+        drop((frozen, journal));
+        Ok(Fold { mem: table, seq, merge, writes })
     }
 
     /// Writes a new run of the fold: of the slice's runs, overlay and the records in
@@ -957,7 +991,7 @@ impl Slices {
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut w = RunWriter::new(&self.db, slice.start, id)?;
         if fold.merge {
-            for item in slice.range_over(fold.mem.clone(), Bound::Unbounded) {
+            for item in slice.range_over(vec![fold.mem.clone()], Bound::Unbounded) {
                 let (k, v) = item?;
                 w.push(&k, &v)?;
             }
@@ -1000,21 +1034,21 @@ impl Slices {
         Ok(())
     }
 
-    /// After [`Slices::install`] is durable: the fold's records leave memory where
-    /// they are as the fold found them (a later write stays: it is newer than the
-    /// run), and the journal lets go of the chunks that held them.
-    pub fn settle_memory(&self, slice: &Slice, fold: &Fold) -> Result<(), StoreError> {
+    /// After [`Slices::install`] is durable: the fold's records leave memory (the run
+    /// has them; later writes are in `mem`, newer), and the journal lets go of the
+    /// chunks that held them. The table is freed with the fold, outside any lock.
+    pub fn settle_memory(&self, slice: &Slice, fold: Fold) -> Result<(), StoreError> {
         let mut journal = self.journal.lock();
-        {
-            let folded = fold.mem.read().unwrap_or_else(PoisonError::into_inner);
-            let mut mem = slice.mem_mut();
-            for (k, v) in folded.iter() {
-                if mem.get(k) == Some(v) {
-                    mem.remove(k);
-                }
+        let taken = {
+            let mut frozen = slice.frozen.write().unwrap_or_else(PoisonError::into_inner);
+            match &*frozen {
+                Some(f) if Arc::ptr_eq(f, &fold.mem) => frozen.take(),
+                _ => None,
             }
-        }
+        };
         journal.folded(slice.start, fold.seq, false)?;
+        drop(journal);
+        drop((taken, fold));
         Ok(())
     }
 
@@ -1297,7 +1331,7 @@ mod tests {
         let run = slices.pack(&current, &fold, &packing).unwrap();
         slices.install(&current, run, &fold).unwrap();
         slices.settle(&current).unwrap();
-        slices.settle_memory(&current, &fold).unwrap();
+        slices.settle_memory(&current, fold).unwrap();
         assert_eq!((current.packing().0, current.overlay_len()), (1_000, 0));
         assert!(slices.to_seal(now).unwrap().is_empty(), "packed");
         // Reopened: the records beyond the run count, though no write since the open.
@@ -1427,7 +1461,7 @@ mod tests {
                     }
                     _ => {
                         slices.settle(&slice).unwrap();
-                        slices.settle_memory(&slice, &installed.take().unwrap()).unwrap();
+                        slices.settle_memory(&slice, installed.take().unwrap()).unwrap();
                     }
                 }
                 let k = key(rng.random_range(0..KEYS));
