@@ -234,8 +234,9 @@ impl Store {
         Ok(packed)
     }
 
-    /// Packs one slice into a run, its runs and its overlay together (a merge, if it
-    /// has runs already), holding its packing right; returns the records packed.
+    /// Packs one slice, holding its packing right: its records in memory into a run
+    /// of their own (a spill), or everything it holds into one run (a merge, or a
+    /// first seal); see [`Slices::due`]. Returns the records packed.
     pub(in crate::store) async fn seal_slice(
         &self,
         slice: &Arc<Slice>,

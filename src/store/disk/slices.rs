@@ -34,7 +34,7 @@ use smallvec::SmallVec;
 
 use super::counts::{Counts, STATES};
 use super::filter::{Hashed, KeyFilter, RunFilterBuilder};
-use super::journal::{Journal, Table};
+use super::journal::{Guard, Journal, Table};
 use super::record::now_us;
 use super::runs::{self, Run, RunIter, RunWriter, TOMBSTONE};
 use crate::store::error::StoreError;
@@ -221,20 +221,27 @@ impl Slice {
         let mut journal = self.journal.lock();
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
         if self.takes_live_writes() {
-            self.filter.add(&Hashed::of(key));
-            journal.append(self.start, key, &value);
-            let mut mem = self.mem_mut();
-            mem.insert(key.into(), value);
-            if mem.len() as u64 >= self.full.at {
-                // Coalesced: one wake-up however many writes tell it.
-                self.full.notify.notify_one();
-            }
+            self.write_in_memory(&mut journal, key, value);
             return Ok(());
         }
         // What memory took before this write is journaled first: a crash keeps a
         // prefix of sled's log, and this write must not be in it without them.
         journal.cut()?;
         self.insert_tree(key, value)
+    }
+
+    /// A write (an empty `value`: a removal) into memory and, in the same order, the
+    /// journal held by the caller; the key into the filter first, so that no lookup
+    /// finds it absent.
+    fn write_in_memory(&self, journal: &mut Guard<'_>, key: &[u8], value: sled::IVec) {
+        self.filter.add(&Hashed::of(key));
+        journal.append(self.start, key, &value);
+        let mut mem = self.mem_mut();
+        mem.insert(key.into(), value);
+        if mem.len() as u64 >= self.full.at {
+            // Coalesced: one wake-up however many writes tell it.
+            self.full.notify.notify_one();
+        }
     }
 
     /// Writes a record into the tree, whatever the slice takes: a store made in bulk,
@@ -281,9 +288,7 @@ impl Slice {
         let mut journal = self.journal.lock();
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
         if self.takes_live_writes() {
-            self.filter.add(&Hashed::of(key));
-            journal.append(self.start, key, TOMBSTONE);
-            self.mem_mut().insert(key.into(), sled::IVec::default());
+            self.write_in_memory(&mut journal, key, sled::IVec::default());
             return Ok(());
         }
         journal.cut()?;
@@ -606,21 +611,23 @@ impl Slices {
         retention: Duration,
         memory_records: u64,
     ) -> Result<Slices, StoreError> {
-        let starts: Vec<i64> = meta
-            .scan_prefix(PREFIX)
-            .keys()
-            .filter_map(|k| k.ok()?.get(PREFIX.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(i64::from_be_bytes))
-            .collect();
+        // Each slice's start, width and meta entry; the journal keeps the records of these.
+        let mut entries = Vec::new();
+        for item in meta.scan_prefix(PREFIX) {
+            let (k, v) = item?;
+            let start = k.get(PREFIX.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(i64::from_be_bytes);
+            let width = v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(i64::from_be_bytes);
+            if let (Some(start), Some(width)) = (start, width) {
+                entries.push((start, width, v));
+            }
+        }
+        let starts: Vec<i64> = entries.iter().map(|(start, _, _)| *start).collect();
         let (journal, mut replay) = Journal::open(db, &starts)?;
         let journal = Arc::new(journal);
         let full = Arc::new(Full { at: memory_records, notify: tokio::sync::Notify::new() });
         let mut list = Vec::new();
         let trees = db.tree_names();
-        for item in meta.scan_prefix(PREFIX) {
-            let (k, v) = item?;
-            let start = k.get(PREFIX.len()..).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(i64::from_be_bytes);
-            let width = v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(i64::from_be_bytes);
-            let (Some(start), Some(width)) = (start, width) else { continue };
+        for (start, width, v) in entries {
             let tree = db.open_tree(tree_name(start))?;
             let mut runs = Vec::new();
             if let Some(v) = meta.get(run_key(start))? {
@@ -982,8 +989,8 @@ impl Slices {
         Ok(Fold { mem: table, seq, merge, writes })
     }
 
-    /// Writes a new run of the fold: of the slice's runs, overlay and the records in
-    /// memory the fold copied (a merge), or of those records alone, removals kept (a
+    /// Writes a new run of the fold: of the slice's runs, overlay and the records the
+    /// fold took out of memory (a merge), or of those records alone, removals kept (a
     /// spill). Returns it, not yet durable, not yet found.
     pub fn pack(&self, slice: &Slice, fold: &Fold, _: &Packing) -> Result<Run, StoreError> {
         // From now on a removal from the tree leaves a tombstone: this pass may read the record before it goes.
@@ -996,7 +1003,7 @@ impl Slices {
                 w.push(&k, &v)?;
             }
         } else {
-            for (k, v) in fold.mem.read().unwrap_or_else(PoisonError::into_inner).iter() {
+            for (k, v) in read(&fold.mem).iter() {
                 w.push(k, v)?;
             }
         }
@@ -1014,7 +1021,7 @@ impl Slices {
         if slice.tree.first()?.is_none() {
             return Ok(());
         }
-        for key in fold.mem.read().unwrap_or_else(PoisonError::into_inner).keys() {
+        for key in read(&fold.mem).keys() {
             slice.tree.remove(key)?;
         }
         Ok(())
@@ -1028,8 +1035,7 @@ impl Slices {
             return self.add(slice, run);
         }
         let Some(old) = self.name_run(slice, run, true)? else { return Ok(()) };
-        let written = fold.writes;
-        let _ = slice.overlay_writes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| Some(w.saturating_sub(written)));
+        let _ = slice.overlay_writes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| Some(w.saturating_sub(fold.writes)));
         self.retired.lock().unwrap_or_else(PoisonError::into_inner).extend(old.iter().cloned());
         Ok(())
     }
