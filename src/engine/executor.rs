@@ -301,22 +301,25 @@ impl Executor {
         span: &Span,
     ) -> Result<Executed, StoreError> {
         let Some(hc) = self.config.handler_for(&msg.topic) else {
-            self.undecodable(None, msg, "no handler is configured for this topic".to_owned()).await?;
+            Box::pin(self.undecodable(None, msg, "no handler is configured for this topic".to_owned())).await?;
             return Ok(Executed::Final);
         };
         let decode = spans::decode();
-        match self.decode(hc, msg).instrument(decode.clone()).await {
+        match Box::pin(self.decode(hc, msg)).instrument(decode.clone()).await {
             Err(reason) => {
                 let reason = reason.to_string();
                 spans::failed(&decode, &reason);
                 drop(decode);
-                self.undecodable(Some(hc), msg, reason).await?;
+                Box::pin(self.undecodable(Some(hc), msg, reason)).await?;
                 Ok(Executed::Final)
             }
             Ok(event) => {
                 drop(decode);
                 spans::decoded(span, &hc.name, &event);
-                let executed = self.run_routes(event, msg, owned, call_over, how).await;
+                // Boxed here, and the handler's attempts below: an event's future is a
+                // few KB deep, and each level that awaits one moves it whole (memcpy,
+                // levels up to the task's cell); a box per level keeps each level small.
+                let executed = Box::pin(self.run_routes(event, msg, owned, call_over, how)).await;
                 if let Ok(Executed::Abandoned) = executed {
                     spans::ended(span, "abandoned");
                 }
@@ -636,7 +639,7 @@ impl Executor {
             return Ok(Executed::Final);
         };
         let (claimed, admitted) = match admitted {
-            Admit::Hold(reason) => match self.hold_for_receiver(job, claimed, &reason, false).await? {
+            Admit::Hold(reason) => match Box::pin(self.hold_for_receiver(job, claimed, &reason, false)).await? {
                 None => return Ok(Executed::Final),
                 // Its copy does not fit: it waits in memory after all.
                 Some(claimed) => (claimed, self.circuits.get(hc.index).admit(job.owned, false).await),
@@ -648,7 +651,7 @@ impl Executor {
             let ack = spans::changelog_ack("claim", self.changelog());
             self.store.handling().log_claim(&claimed).instrument(ack).await?;
         }
-        self.run_attempts(job, claimed, admitted).await
+        Box::pin(self.run_attempts(job, claimed, admitted)).await
     }
 
     /// Counts `job`'s event as a suppressed duplicate and ends its span there; the
@@ -690,15 +693,15 @@ impl Executor {
                     }
                     OnUncertain::Park => {
                         let reason = "parked: an earlier attempt's outcome is unknown (on_uncertain = park); resolve with `outboxd store resolve`";
-                        self.failed(job, c, State::Parked, reason.to_owned()).await?;
+                        Box::pin(self.failed(job, c, State::Parked, reason.to_owned())).await?;
                         return Ok(None);
                     }
-                    OnUncertain::Verify => match self.verify(job).await {
+                    OnUncertain::Verify => match Box::pin(self.verify(job)).await {
                         Ok(Verified::Happened(outcome)) => {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
                             let record = spans::record(State::Done, self.changelog());
-                            self.store.handling().finish(c, State::Done, outcome).instrument(record).await?;
+                            Box::pin(self.store.handling().finish(c, State::Done, outcome).instrument(record)).await?;
                             self.counters.handled.fetch_add(1, Ordering::Relaxed);
                             job.slot.tally.handled();
                             return Ok(None);
@@ -708,7 +711,7 @@ impl Executor {
                                 "re-executing: verify found no trace of the earlier attempt");
                         }
                         Err(Unverified(reason)) => {
-                            self.failed(job, c, State::Dead, reason).await?;
+                            Box::pin(self.failed(job, c, State::Dead, reason)).await?;
                             return Ok(None);
                         }
                     },
@@ -758,10 +761,10 @@ impl Executor {
                     return Ok(Executed::Abandoned);
                 }
                 Admit::GaveUp(reason) => {
-                    self.failed(job, claimed, State::Dead, reason).await?;
+                    Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
                     return Ok(Executed::Final);
                 }
-                Admit::Hold(reason) => match self.hold_for_receiver(job, claimed, &reason, called).await? {
+                Admit::Hold(reason) => match Box::pin(self.hold_for_receiver(job, claimed, &reason, called)).await? {
                     None => return Ok(Executed::Final),
                     Some(c) => {
                         claimed = c;
@@ -783,7 +786,7 @@ impl Executor {
                 continue;
             }
             if called {
-                attempt = self.store.handling().record_attempt(&mut claimed).await?;
+                attempt = Box::pin(self.store.handling().record_attempt(&mut claimed)).await?;
             }
             called = true;
             #[cfg(debug_assertions)]
@@ -815,7 +818,7 @@ impl Executor {
                     return Ok(Executed::Final);
                 }
                 Err(HandlerError::Permanent(reason)) => {
-                    self.failed(job, claimed, State::Dead, reason).await?;
+                    Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
                     return Ok(Executed::Final);
                 }
                 Err(HandlerError::Unavailable { reason, .. }) if open => {
@@ -832,7 +835,7 @@ impl Executor {
             charged += 1;
             let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
                 let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
-                self.failed(job, claimed, State::Dead, reason).await?;
+                Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
                 return Ok(Executed::Final);
             };
             warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");

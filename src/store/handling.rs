@@ -73,7 +73,10 @@ impl Store {
 
     pub(super) async fn claim_as(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Claim, StoreError> {
         let now = now_us();
-        let (mut record, from) = match self.find_in(scope, &event.id)? {
+        // Bound first: a scrutinee's temporaries would live across the awaits below,
+        // each as large as a found record, in every event's future.
+        let found = self.find_in(scope, &event.id)?;
+        let (mut record, from) = match found {
             // A held event is final, except to the releaser of its chain (`chains`), which runs it now.
             Some(f)
                 if f.record.state.is_final() && !(f.record.state == State::Held && self.chains.is_running(&f.key)) =>

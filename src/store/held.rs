@@ -50,6 +50,19 @@ impl Store {
             return Ok(Some(claim));
         }
         let Claim::Claimed(c) = claim else { unreachable!("matched above") };
+        // Boxed: the rare path, kept out of the size of every event's future.
+        Box::pin(self.hold_in(c, chain, behind_head, message)).await?;
+        Ok(None)
+    }
+
+    /// [`Store::hold_behind`]'s claimed event held in `chain`, its message kept.
+    async fn hold_in(
+        &self,
+        c: Claimed,
+        chain: ChainId,
+        behind_head: bool,
+        message: &RawMessage,
+    ) -> Result<(), StoreError> {
         let from = c.slice.and_then(|s| self.slices.get(s));
         let mut r = c.record;
         r.chain = Some(chain.key.clone());
@@ -62,8 +75,7 @@ impl Store {
         self.finish_record(&mut r, from.as_ref().map(|s| (s, c.stored)), Some(to), State::Held, reason)?;
         self.release_written(&r);
         self.held_now(&r, &chain);
-        self.settle(&r).await?;
-        Ok(None)
+        self.settle(&r).await
     }
 
     /// A claimed event whose route's receiver has been away longer than
