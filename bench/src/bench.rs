@@ -27,6 +27,9 @@ pub(crate) enum Contender {
     RelaxedW0,
     /// outboxd with `[store.changelog] enabled = false` (drain: what the changelog costs).
     NoChangelog,
+    /// outboxd with `on_uncertain = "park"`: every claim written, durable and in the
+    /// changelog before the call (what a durable claim costs).
+    Park,
     /// Apache Camel's Idempotent Consumer (bench/camel, see `camel.rs`): the at-least-once recipe.
     Camel,
     /// The same Camel route with Camel's defaults (eager, 1000 ids cached, auto commit).
@@ -36,11 +39,12 @@ pub(crate) enum Contender {
 }
 
 /// The default four are in `--contenders`; also selectable with --contenders (investigation): outboxd with `store.commit_interval = "0ms"`.
-pub(crate) const ALL: [Contender; 10] = [
+pub(crate) const ALL: [Contender; 11] = [
     Contender::Naive,
     Contender::PgTable,
     Contender::Outboxd,
     Contender::NoChangelog,
+    Contender::Park,
     Contender::Relaxed,
     Contender::OutboxdW0,
     Contender::RelaxedW0,
@@ -59,6 +63,7 @@ impl Contender {
             Contender::OutboxdW0 => "outboxd-window0",
             Contender::RelaxedW0 => "outboxd-relaxed-window0",
             Contender::NoChangelog => "outboxd-nochangelog",
+            Contender::Park => "outboxd-park",
             Contender::Camel => "camel",
             Contender::CamelDefaults => "camel-defaults",
             Contender::CamelMemory => "camel-memory",
@@ -83,6 +88,13 @@ impl Contender {
     pub(crate) fn store_extra(self) -> &'static str {
         match self {
             Contender::NoChangelog => "[store.changelog]\nenabled = false\n",
+            _ => "",
+        }
+    }
+    /// What goes into the `[[handlers]]` entry besides the common settings.
+    pub(crate) fn handler_settings(self) -> &'static str {
+        match self {
+            Contender::Park => "on_uncertain = \"park\"\n",
             _ => "",
         }
     }

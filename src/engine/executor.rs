@@ -26,7 +26,7 @@ use crate::event::{OutboxEvent, RawMessage};
 use crate::handler::{self, Handler, HandlerError, Verified};
 use crate::kafka::{DeadLetterInfo, DeadLetters, DlqError};
 use crate::metrics::names;
-use crate::store::{Claim, Claimed, Record, State, Store, StoreError};
+use crate::store::{ClaimHow, Claimed, Record, State, Store, StoreError, Turn};
 
 /// First pause, and the longest, while the schema registry cannot be reached.
 const REGISTRY_RETRY_INITIAL: Duration = Duration::from_millis(500);
@@ -622,20 +622,14 @@ impl Executor {
         let scope = job.scope;
         // With `retry`, a crash during the handler leads to the same re-execution with
         // the same idempotency key whether or not the claim was durable (docs/architecture.md §2, invariant 1).
+        // A durable claim is in the changelog too before the call: a new owner of the
+        // partition must find the outcome uncertain, not absent.
         let durable = hc.on_uncertain != OnUncertain::Retry;
-        let claim = if durable {
-            self.store.handling().claim(event, scope).instrument(spans::claim(durable)).await?
-        } else {
-            self.store.handling().claim_in_memory(event, scope).instrument(spans::claim(durable)).await?
-        };
-        let _release = Release { store: &self.store, id: &event.id, scope };
         // A key that waits behind a dead or parked event holds this one (`on_dead = "hold"`).
-        let Some(claim) = self.store.handling().hold_behind(claim, hc.on_dead.holds(), job.msg).await? else {
-            spans::ended_here(State::Held);
-            job.slot.tally.held();
-            return Ok(Executed::Final);
-        };
-        let Some(claimed) = self.resolve_claim(job, claim).await? else {
+        let how = ClaimHow { durable, hold: hc.on_dead.holds(), message: job.msg };
+        let _release = Release { store: &self.store, id: &event.id, scope };
+        let turn = self.store.handling().claim_to_run(event, scope, how).instrument(spans::claim(durable, self.changelog())).await?;
+        let Some(claimed) = self.resolve_claim(job, turn).await? else {
             return Ok(Executed::Final);
         };
         let (claimed, admitted) = match admitted {
@@ -646,11 +640,6 @@ impl Executor {
             },
             admitted => (claimed, admitted),
         };
-        if claimed.is_durable() {
-            // A new owner of the partition must find the outcome uncertain, not absent.
-            let ack = spans::changelog_ack("claim", self.changelog());
-            self.store.handling().log_claim(&claimed).instrument(ack).await?;
-        }
         Box::pin(self.run_attempts(job, claimed, admitted)).await
     }
 
@@ -670,19 +659,25 @@ impl Executor {
     }
 
     /// What a claim comes to before the handler runs: `None` when the event is
-    /// final already (a duplicate suppressed; parked or verified as done under
-    /// `on_uncertain`), else the claim to run it under (a re-execution logged).
-    async fn resolve_claim(&self, job: &Job<'_>, claim: Claim) -> Result<Option<Claimed>, StoreError> {
+    /// final already (a duplicate suppressed; held behind its key's dead or parked
+    /// event; parked or verified as done under `on_uncertain`), else the claim to
+    /// run it under (a re-execution logged).
+    async fn resolve_claim(&self, job: &Job<'_>, turn: Turn) -> Result<Option<Claimed>, StoreError> {
         let (hc, event) = (job.hc, job.event);
         let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
-        Ok(Some(match claim {
-            Claim::Finished { state, same_offset } => {
+        Ok(Some(match turn {
+            Turn::Finished { state, same_offset } => {
                 let cause = self.suppressed(job, same_offset);
                 debug!(event_id = %event.id, %topic, partition, offset, %state, cause, "duplicate suppressed");
                 return Ok(None);
             }
-            Claim::Claimed(c) if !c.reexecution() => c,
-            Claim::Claimed(c) => {
+            Turn::Held => {
+                spans::ended_here(State::Held);
+                job.slot.tally.held();
+                return Ok(None);
+            }
+            Turn::Run(c) if !c.reexecution() => c,
+            Turn::Run(c) => {
                 let attempt = c.attempt();
                 self.counters.reexecuted.fetch_add(1, Ordering::Relaxed);
                 job.metrics.reexecuted.increment(1);

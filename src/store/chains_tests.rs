@@ -8,7 +8,7 @@ use super::*;
 use crate::event::{OutboxEvent, Payload, Position, RawMessage};
 use crate::store::changelog::tests::{rejected_as_stale, Recorded};
 use crate::store::changelog::ChangelogRecord;
-use crate::store::{now_us, Claim, Claimed, StoreOptions};
+use crate::store::{now_us, Claim, ClaimHow, Claimed, StoreOptions, Turn};
 
 const TOPIC: &str = "outbox.event.order";
 
@@ -53,20 +53,26 @@ fn claimed(claim: Claim) -> Claimed {
     }
 }
 
+/// The event at `m` claimed to run as the executor claims it (in memory, `on_dead = "hold"`).
+async fn turn(store: &Store, m: &RawMessage) -> Turn {
+    store.claim_to_run(&event(m), TOPIC, ClaimHow { durable: false, hold: true, message: m }).await.unwrap()
+}
+
 /// The event at `m` fails for good, holding its key's later events.
 async fn dies(store: &Store, m: &RawMessage) {
-    let c = claimed(store.hold_behind(claim(store, m).await, true, m).await.unwrap().expect("not held"));
+    let Turn::Run(c) = turn(store, m).await else { panic!("not run") };
     store.finish_failed(c.holding(true, m), State::Dead, "http 400".into(), m, None).await.unwrap();
 }
 
 /// The event at `m` comes: `true` when it was recorded held (else it ran and is done).
 async fn arrives(store: &Store, m: &RawMessage) -> bool {
-    match store.hold_behind(claim(store, m).await, true, m).await.unwrap() {
-        None => true,
-        Some(c) => {
-            store.finish(claimed(c), State::Done, "http 200".into()).await.unwrap();
+    match turn(store, m).await {
+        Turn::Held => true,
+        Turn::Run(c) => {
+            store.finish(c, State::Done, "http 200".into()).await.unwrap();
             false
         }
+        Turn::Finished { .. } => panic!("a new event found final"),
     }
 }
 

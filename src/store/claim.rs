@@ -21,6 +21,41 @@ pub enum Claim {
     },
 }
 
+/// How an event about to run is claimed (`store.handling().claim_to_run`),
+/// from its handler's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimHow<'a> {
+    /// `on_uncertain = verify | park`: the claim is written, durable here and
+    /// acknowledged by the changelog before the call; else it is kept in memory.
+    pub durable: bool,
+    /// `on_dead = "hold"`: an event of a key whose chain has a dead or parked
+    /// event before it is held behind it.
+    pub hold: bool,
+    /// The event's message: its key names its chain, and a held event keeps its copy.
+    pub message: &'a RawMessage,
+}
+
+/// What claiming an event about to run came to.
+#[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "made once per event and moved a few times: boxing the claim would cost an allocation per event"
+)]
+pub enum Turn {
+    /// Run it under this claim (an earlier attempt's outcome is unknown when it is
+    /// a re-execution: [`Claimed::reexecution`]).
+    Run(Claimed),
+    /// Already final: do not run; the duplicate was counted.
+    Finished {
+        /// The final state the record is in.
+        state: State,
+        /// The very message came again (a redelivered offset), not the id at a new offset.
+        same_offset: bool,
+    },
+    /// Recorded held behind an earlier event of its key (durably, and in the changelog): final.
+    Held,
+}
+
 /// A claimed event: the record as claimed and the slice it is stored in,
 /// handed back to `store.handling().finish` so the final write reads nothing again.
 #[derive(Debug, Clone, PartialEq)]

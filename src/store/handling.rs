@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::disk::messages::copy_key;
 use super::disk::slices::Slice;
 use super::base::Store;
-use super::claim::{Claim, Claimed};
+use super::claim::{Claim, ClaimHow, Claimed, Turn};
 use super::disk::keys::{self, UNDECODABLE_SCOPE};
 use super::disk::format;
 use super::disk::record::{now_us, Record, State};
@@ -71,12 +71,61 @@ impl Store {
         self.claim_as(event, scope, true).await
     }
 
+    /// A claim, durable (and then awaited: durable here) or in memory.
     pub(super) async fn claim_as(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Claim, StoreError> {
+        match self.claim_written(event, scope, durable)? {
+            Written::Finished { state, same_offset, unsettled } => {
+                if let Some(r) = unsettled {
+                    self.settle(&r).await?;
+                }
+                Ok(Claim::Finished { state, same_offset })
+            }
+            Written::Claimed(c) => {
+                if c.durable {
+                    self.durable().await?;
+                }
+                Ok(Claim::Claimed(c))
+            }
+        }
+    }
+
+    /// The whole claim of an event about to run ([`Turn`]): the claim (durable
+    /// with `how.durable`), then, with `how.hold`, the hold behind a dead or parked
+    /// event of its key, then a durable claim's wait: durable here and, with a
+    /// changelog, acknowledged there, in one wait, so that a new owner of the
+    /// partition finds the outcome uncertain, not absent, should this one die
+    /// during the call.
+    pub(in crate::store) async fn claim_to_run(
+        &self,
+        event: &OutboxEvent,
+        scope: &str,
+        how: ClaimHow<'_>,
+    ) -> Result<Turn, StoreError> {
+        let c = match self.claim_written(event, scope, how.durable)? {
+            Written::Finished { state, same_offset, unsettled } => {
+                if let Some(r) = unsettled {
+                    self.settle(&r).await?;
+                }
+                return Ok(Turn::Finished { state, same_offset });
+            }
+            Written::Claimed(c) => c,
+        };
+        if let Some((chain, behind_head)) = self.holds_behind(&c, how.hold, how.message) {
+            // Its held record replaces the claim, in the same group commit or a later one.
+            Box::pin(self.hold_in(c, chain, behind_head, how.message)).await?;
+            return Ok(Turn::Held);
+        }
+        if c.durable {
+            self.settle(&c.record).await?;
+        }
+        Ok(Turn::Run(c))
+    }
+
+    /// A claim's lookup and write, before any wait: the record is written (a
+    /// durable claim) or kept in memory, unless the event is final already.
+    fn claim_written(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Written, StoreError> {
         let now = now_us();
-        // Bound first: a scrutinee's temporaries would live across the awaits below,
-        // each as large as a found record, in every event's future.
-        let found = self.find_in(scope, &event.id)?;
-        let (mut record, from) = match found {
+        let (mut record, from) = match self.find_in(scope, &event.id)? {
             // A held event is final, except to the releaser of its chain (`chains`), which runs it now.
             Some(f)
                 if f.record.state.is_final() && !(f.record.state == State::Held && self.chains.is_running(&f.key)) =>
@@ -86,10 +135,8 @@ impl Store {
                 self.duplicates.fetch_add(1, Ordering::Relaxed);
                 // The record may be here only: written by a run that died before the
                 // changelog acknowledged it. The offset moves only once the changelog has it.
-                if self.has_changelog() {
-                    self.settle(r).await?;
-                }
-                return Ok(Claim::Finished { state: r.state, same_offset });
+                let (state, unsettled) = (r.state, self.has_changelog().then_some(f.record));
+                return Ok(Written::Finished { state, same_offset, unsettled });
             }
             // Claimed and never finished: by an earlier run with a durable claim, or reopened by
             // `store retry`; or held, and run by its released chain: a durable claim of it stays
@@ -132,16 +179,15 @@ impl Store {
         if !durable {
             self.claims.insert(scope, &record, from.is_some());
             let slice = from.map(|(s, _)| s.start);
-            return Ok(Claim::Claimed(Claimed { record, slice, durable, stored }));
+            return Ok(Written::Claimed(Claimed { record, slice, durable, stored }));
         }
         if !self.has_changelog() {
             self.written_without_changelog()?;
         }
         record.next_version();
         let slice = self.write(&record, from.as_ref().map(|(s, was)| (s, *was)), None)?;
-        self.durable().await?;
         let stored = record.state;
-        Ok(Claim::Claimed(Claimed { record, slice: Some(slice.start), durable, stored }))
+        Ok(Written::Claimed(Claimed { record, slice: Some(slice.start), durable, stored }))
     }
 
     /// A further attempt within the same claim (a retry after a handler error):
@@ -277,4 +323,12 @@ impl Store {
     pub(super) fn release_written(&self, r: &Record) {
         self.claims.remove(&r.event_id, r.scope.as_deref().unwrap_or_default());
     }
+}
+
+/// A claim's lookup and write, before its wait ([`Store::claim_written`]).
+enum Written {
+    /// Final already; `unsettled`: its record, to be settled with the changelog first.
+    Finished { state: State, same_offset: bool, unsettled: Option<Record> },
+    /// Claimed (written, not yet durable, when durable).
+    Claimed(Claimed),
 }

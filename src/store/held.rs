@@ -7,7 +7,7 @@
 use super::chain_index::{route_of, ChainId, Running};
 use super::disk::messages::copy_key;
 use super::base::Store;
-use super::claim::{Claim, Claimed};
+use super::claim::Claimed;
 use super::disk::keys::{self, UNDECODABLE_SCOPE};
 use super::disk::record::{now_us, Record, State};
 use super::error::StoreError;
@@ -28,35 +28,47 @@ impl Store {
     /// and in the changelog): `None`, the event is final. Anything else is handed
     /// back to run: a claim of a chain's own member (a held event its released chain
     /// runs, a head run again), an event without a key, one of a key that is not held.
+    /// [`Store::claim_to_run`]'s step, on its own (tests).
+    #[cfg(test)]
     pub(in crate::store) async fn hold_behind(
         &self,
-        claim: Claim,
+        claim: super::claim::Claim,
         hold: bool,
         message: &RawMessage,
-    ) -> Result<Option<Claim>, StoreError> {
-        let Claim::Claimed(c) = &claim else { return Ok(Some(claim)) };
-        if c.record.chain.is_some() || !self.chains.any() {
-            return Ok(Some(claim));
-        }
-        let route = route_of(c.record.scope.as_deref());
-        // Without `hold` only a chain that waits for its receiver holds (no dead head):
-        // the key's events must not overtake the ones held there.
-        let Some(chain) = held_chain(true, message, route) else { return Ok(Some(claim)) };
-        if !self.chains.holds(&chain, message.offset) {
-            return Ok(Some(claim));
-        }
-        let behind_head = self.chains.blocked(&chain);
-        if !hold && behind_head {
-            return Ok(Some(claim));
-        }
-        let Claim::Claimed(c) = claim else { unreachable!("matched above") };
+    ) -> Result<Option<super::claim::Claim>, StoreError> {
+        let super::claim::Claim::Claimed(c) = claim else { return Ok(Some(claim)) };
+        let Some((chain, behind_head)) = self.holds_behind(&c, hold, message) else {
+            return Ok(Some(super::claim::Claim::Claimed(c)));
+        };
         // Boxed: the rare path, kept out of the size of every event's future.
         Box::pin(self.hold_in(c, chain, behind_head, message)).await?;
         Ok(None)
     }
 
+    /// The chain a claimed event is to be held in ([`Store::hold_behind`]), and
+    /// whether it is behind a dead or parked head there; `None`: it runs.
+    pub(in crate::store) fn holds_behind(
+        &self,
+        c: &Claimed,
+        hold: bool,
+        message: &RawMessage,
+    ) -> Option<(ChainId, bool)> {
+        if c.record.chain.is_some() || !self.chains.any() {
+            return None;
+        }
+        let route = route_of(c.record.scope.as_deref());
+        // Without `hold` only a chain that waits for its receiver holds (no dead head):
+        // the key's events must not overtake the ones held there.
+        let chain = held_chain(true, message, route)?;
+        if !self.chains.holds(&chain, message.offset) {
+            return None;
+        }
+        let behind_head = self.chains.blocked(&chain);
+        (hold || !behind_head).then_some((chain, behind_head))
+    }
+
     /// [`Store::hold_behind`]'s claimed event held in `chain`, its message kept.
-    async fn hold_in(
+    pub(in crate::store) async fn hold_in(
         &self,
         c: Claimed,
         chain: ChainId,

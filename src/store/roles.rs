@@ -21,7 +21,7 @@ use super::changelog::Restoring;
 #[cfg(test)]
 use super::disk::sync::SyncStats;
 use super::base::Store;
-use super::claim::{Claim, Claimed};
+use super::claim::{Claim, ClaimHow, Claimed, Turn};
 use super::disk::record::{Record, State};
 use super::error::StoreError;
 use super::problem_index::{GroupCount, GroupKey};
@@ -97,6 +97,13 @@ impl Handling<'_> {
         self.0.claim(event, scope).await
     }
 
+    /// Claims `event` to run it now, as `how` says: the claim, the hold behind a
+    /// dead or parked event of its key, and a durable claim's wait for the group
+    /// commit and the changelog, in that order and in one call.
+    pub async fn claim_to_run(&self, event: &OutboxEvent, scope: &str, how: ClaimHow<'_>) -> Result<Turn, StoreError> {
+        self.0.claim_to_run(event, scope, how).await
+    }
+
     /// Claims `event` in memory (`on_uncertain = retry`): see [`Handling::claim`].
     pub async fn claim_in_memory(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
         self.0.claim_in_memory(event, scope).await
@@ -117,11 +124,6 @@ impl Handling<'_> {
     #[cfg(test)]
     pub fn backlog_ever_seen(&self) -> bool {
         self.0.sync.backlog_ever_seen()
-    }
-
-    /// Puts a durable claim into the changelog too, before its handler runs.
-    pub async fn log_claim(&self, claimed: &Claimed) -> Result<(), StoreError> {
-        self.0.log_claim(claimed).await
     }
 
     /// Counts one more attempt of a claimed event; returns the attempt's number.
@@ -157,18 +159,6 @@ impl Handling<'_> {
         hold: bool,
     ) -> Result<(), StoreError> {
         self.0.record_undecodable(id, message, reason, dead_letter, hold).await
-    }
-
-    /// With `hold` (`on_dead = "hold"`): a claimed event of a key that waits behind
-    /// a dead or parked event is recorded held (`None`: it is final); any other
-    /// claim comes back to run.
-    pub async fn hold_behind(
-        &self,
-        claim: Claim,
-        hold: bool,
-        message: &RawMessage,
-    ) -> Result<Option<Claim>, StoreError> {
-        self.0.hold_behind(claim, hold, message).await
     }
 
     /// A claimed event whose route's receiver has been away longer than

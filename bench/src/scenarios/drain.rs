@@ -49,7 +49,7 @@ pub(crate) async fn drain_run(
         drain_timeout: "10s",
         store_extra: who.store_extra().to_owned(),
         kafka_extra: Vec::new(),
-        handler_extra: String::new(),
+        handler_extra: who.handler_settings().to_owned(),
     })?;
     b.recv.reset(0);
     let table = format!("processed_events_{}_{}_{rep}", b.run_id.replace('-', "_"), hk.name());

@@ -41,7 +41,7 @@ pub(crate) async fn latency_run(b: &Bench, who: Contender, rep: usize) -> anyhow
         drain_timeout: "10s",
         store_extra: who.store_extra().to_owned(),
         kafka_extra: Vec::new(),
-        handler_extra: String::new(),
+        handler_extra: who.handler_settings().to_owned(),
     })?;
     let table = format!("processed_events_{}_lat_{rep}", b.run_id.replace('-', "_"));
     let ids = b.args.rate * b.sizes.latency_secs;

@@ -16,7 +16,7 @@ fn one(msg: &RawMessage, event: &OutboxEvent) {
     let d = decode();
     drop(d);
     decoded(&span, "h", event);
-    let c = claim(false);
+    let c = claim(false, false);
     drop(c);
     let call = call("bench", 1);
     answered(&call, "http 200");

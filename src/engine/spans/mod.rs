@@ -4,8 +4,8 @@
 //! ```text
 //! event            one per message; its parent is the trace context the message carried
 //! ├─ decode
-//! ├─ claim         the claim (written, for `on_uncertain = verify | park`)
-//! ├─ changelog ack a durable claim's changelog record, acknowledged (with the changelog on)
+//! ├─ claim         the claim (written, for `on_uncertain = verify | park`, and then
+//! │                acknowledged by the changelog when it is on)
 //! ├─ handler call  one per attempt: retries are siblings; status and HTTP status
 //! └─ record        the final record, durable (group commit, and the changelog's ack when it is on)
 //! ```
@@ -66,19 +66,10 @@ pub(super) fn decode() -> Span {
     debug_span!("decode", otel.status_code = Empty, otel.status_description = Empty)
 }
 
-pub(super) fn claim(durable: bool) -> Span {
-    debug_span!("claim", outboxd.claim.durable = durable)
-}
-
-/// Waiting for the changelog to acknowledge a `record` of outboxd's own (a durable
-/// claim); none while the changelog is off. The final record's acknowledgement is
-/// part of its `record` span: the store awaits it together with the group commit.
-pub(super) fn changelog_ack(record: &'static str, changelog: bool) -> Span {
-    if changelog {
-        debug_span!("changelog ack", outboxd.changelog.record = record)
-    } else {
-        Span::none()
-    }
+/// The claim; a durable one's wait includes the changelog's acknowledgement of it
+/// when the changelog is on (`outboxd.changelog`): the store awaits both at once.
+pub(super) fn claim(durable: bool, changelog: bool) -> Span {
+    debug_span!("claim", outboxd.claim.durable = durable, outboxd.changelog = durable && changelog)
 }
 
 /// One attempt of `handler` (the route: a topic's routes are calls of their own in the

@@ -8,7 +8,7 @@ use super::entry::*;
 use super::*;
 use crate::store::tests::event_at as event;
 use crate::store::disk::keys;
-use crate::store::{now_us, Record, State, Store, StoreError};
+use crate::store::{now_us, ClaimHow, Record, State, Store, StoreError, Turn};
 use crate::event::{Position, RawMessage};
 use crate::store::{Claim, StoreOptions};
 
@@ -365,9 +365,13 @@ async fn every_write_of_a_record_gives_it_one_more_than_the_version_it_replaces(
     let version = |id: &str| store.get(id).unwrap().unwrap().version;
 
     // A durable claim, an attempt, the final record: three writes.
-    let Claim::Claimed(mut c) = store.claim(&event("durable", "t", 0, 1), "t").await.unwrap() else { panic!() };
-    store.log_claim(&c).await.unwrap();
+    let m = message("t", 0, 1);
+    let how = ClaimHow { durable: true, hold: true, message: &m };
+    let Turn::Run(mut c) = store.claim_to_run(&event("durable", "t", 0, 1), "t", how).await.unwrap() else {
+        panic!()
+    };
     assert_eq!(version("durable"), 1);
+    assert_eq!(versions(&sink, "t", 0), [(State::Claimed, 1)], "acknowledged before the call");
     store.record_attempt(&mut c).await.unwrap();
     assert_eq!(version("durable"), 2);
     store.finish(c, State::Done, "http 200".into()).await.unwrap();

@@ -14,7 +14,6 @@ use super::sink::{SendFuture, Sink};
 use crate::store::audit_log;
 use crate::store::disk::messages;
 use crate::store::base::Store;
-use crate::store::claim::Claimed;
 use crate::store::disk::record::{now_us, Record, State};
 use crate::store::error::StoreError;
 
@@ -112,10 +111,11 @@ impl Store {
         }
     }
 
-    /// Puts a durable claim into the changelog too (before its handler runs), so
-    /// that a new owner of the partition finds the outcome uncertain. Without a
+    /// Puts a durable claim into the changelog too, as [`Store::claim_to_run`] does
+    /// for an event about to run (tests that take its steps one by one). Without a
     /// changelog, nothing to do.
-    pub(in crate::store) async fn log_claim(&self, claimed: &Claimed) -> Result<(), StoreError> {
+    #[cfg(test)]
+    pub(in crate::store) async fn log_claim(&self, claimed: &crate::store::claim::Claimed) -> Result<(), StoreError> {
         if self.has_changelog() {
             self.settle(&claimed.record).await?;
         }
