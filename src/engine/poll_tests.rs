@@ -271,7 +271,7 @@ impl Sink for HeldAcks {
         let gate = self.0.clone();
         Box::pin(async move {
             gate.acquire().await.expect("gate open").forget();
-            Ok(Acked { changelog_topic: format!("{}.cl", entry.topic), partition: entry.partition, offset: 0 })
+            Ok(Acked { changelog_topic: format!("{}.cl", entry.topic).into(), partition: entry.partition, offset: 0 })
         })
     }
 }

@@ -6,7 +6,7 @@
 //! replayed event lands in the partition whose changelog holds its record.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use rdkafka::admin::{
@@ -20,6 +20,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
+use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::{debug, info, warn};
 
 use super::health::{serving_events, BrokerHealth, ClientCtx};
@@ -375,9 +376,48 @@ const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
 /// Writes changelog records, waiting for the broker's acknowledgement.
 pub struct ChangelogProducer {
     producer: Arc<ThreadedProducer<ChangelogCtx>>,
-    changelog: ChangelogConfig,
     /// Signs every record with `store.changelog.key` (when set).
     keys: Arc<Keys>,
+    names: Arc<TopicNames>,
+}
+
+/// The changelog topic of each source topic, named once and shared by every
+/// record sent there and every acknowledgement from there (`topic_for` builds a
+/// `String`: two allocations per record otherwise).
+struct TopicNames {
+    changelog: ChangelogConfig,
+    known: RwLock<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    /// Source topic → changelog topic.
+    by_source: FxHashMap<Arc<str>, Arc<str>>,
+    /// Every changelog topic named so far.
+    names: FxHashSet<Arc<str>>,
+}
+
+impl TopicNames {
+    fn new(changelog: &ChangelogConfig) -> TopicNames {
+        TopicNames { changelog: changelog.clone(), known: RwLock::default() }
+    }
+
+    /// The changelog topic of `source`.
+    fn of(&self, source: &str) -> Arc<str> {
+        if let Some(name) = self.known.read().unwrap_or_else(PoisonError::into_inner).by_source.get(source) {
+            return name.clone();
+        }
+        let name: Arc<str> = self.changelog.topic_for(source).into();
+        let mut known = self.known.write().unwrap_or_else(PoisonError::into_inner);
+        known.names.insert(name.clone());
+        known.by_source.entry(source.into()).or_insert(name).clone()
+    }
+
+    /// `changelog_topic`'s shared name (a new one for a topic never sent to).
+    fn shared(&self, changelog_topic: &str) -> Arc<str> {
+        let known = self.known.read().unwrap_or_else(PoisonError::into_inner);
+        known.names.get(changelog_topic).cloned().unwrap_or_else(|| changelog_topic.into())
+    }
 }
 
 /// The changelog producer's client context: the client's health and log lines,
@@ -385,6 +425,7 @@ pub struct ChangelogProducer {
 /// producer's polling thread (no future, no channel, no task per record).
 struct ChangelogCtx {
     client: ClientCtx,
+    names: Arc<TopicNames>,
 }
 
 impl ClientContext for ChangelogCtx {
@@ -403,7 +444,7 @@ impl ProducerContext for ChangelogCtx {
     fn delivery(&self, result: &DeliveryResult<'_>, settling: Arc<Settling>) {
         settling.delivered(match result {
             Ok(m) => Delivered::Acked(Acked {
-                changelog_topic: m.topic().to_owned(),
+                changelog_topic: self.names.shared(m.topic()),
                 partition: m.partition(),
                 offset: m.offset(),
             }),
@@ -438,12 +479,12 @@ impl ChangelogProducer {
     /// `changelog`, signing what it writes with its key.
     pub fn build(kafka: &KafkaConfig, changelog: &ChangelogConfig) -> Result<ChangelogProducer, KafkaError> {
         let client = ClientCtx::new(kafka, "changelog");
+        let names = Arc::new(TopicNames::new(changelog));
+        let context = ChangelogCtx { client, names: names.clone() };
         Ok(ChangelogProducer {
-            producer: Arc::new(
-                super::options::changelog_producer(kafka, changelog).create_with_context(ChangelogCtx { client })?,
-            ),
-            changelog: changelog.clone(),
+            producer: Arc::new(super::options::changelog_producer(kafka, changelog).create_with_context(context)?),
             keys: Arc::new(Keys::new(changelog)),
+            names,
         })
     }
 
@@ -452,7 +493,7 @@ impl ChangelogProducer {
     /// take it or the producer is unusable. `failed_before`: an attempt already came
     /// back to be made again, so the partition is looked for and the pause taken first.
     fn resend(&self, entry: Entry, failed_before: bool) -> SendFuture {
-        let topic = self.changelog.topic_for(&entry.topic);
+        let topic = self.names.of(&entry.topic);
         let (producer, keys) = (self.producer.clone(), self.keys.clone());
         Box::pin(async move {
             // Whether the brokers are reachable: while they are not, a resend is no news.
@@ -530,7 +571,7 @@ impl Sink for ChangelogProducer {
 
     /// One attempt; a full client queue is told as one to make again.
     fn send_settling(&self, entry: Entry, settling: Arc<Settling>) {
-        let topic = self.changelog.topic_for(&entry.topic);
+        let topic = self.names.of(&entry.topic);
         if let Err(settling) = produce(&self.producer, &topic, &entry, &self.keys, settling) {
             settling.delivered(Delivered::Again);
         }
@@ -608,6 +649,22 @@ mod tests {
         assert_eq!(plan.mismatched.len(), 1);
         let m = &plan.mismatched[0];
         assert!(m.contains("g.c.outboxd-dedup has 3 partitions") && m.contains("source topic c has 4"), "{m}");
+    }
+
+    #[test]
+    fn a_changelog_topic_is_named_once_and_shared_by_its_records_and_acknowledgements() {
+        let config = crate::config::Config::parse(
+            "[kafka]\nbrokers=\"b\"\ngroup_id=\"g\"\n[store]\npath=\"p\"\n[[handlers]]\ntopics=[\"a\"]\nkind=\"log\"\n",
+            &|_| None,
+        )
+        .unwrap();
+        let names = TopicNames::new(config.store.changelog.as_ref().unwrap());
+        let a = names.of("a");
+        assert_eq!(&*a, "g.a.outboxd-dedup");
+        assert!(Arc::ptr_eq(&a, &names.of("a")), "named once");
+        assert!(Arc::ptr_eq(&a, &names.shared("g.a.outboxd-dedup")), "an acknowledgement shares it");
+        assert_eq!(&*names.shared("g.b.outboxd-dedup"), "g.b.outboxd-dedup", "one never sent to is named as it came");
+        assert_eq!(&*names.of("b"), "g.b.outboxd-dedup");
     }
 
     #[test]

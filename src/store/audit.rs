@@ -20,7 +20,7 @@ impl Store {
             let sent = match (source, self.changelog.sink()) {
                 (Some((topic, partition)), Some(sink)) => {
                     let changelog_key = [&[AUDIT_TAG][..], &key].concat();
-                    Some(sink.send(Entry { topic, partition, key: changelog_key, value: Some(value.clone()) }))
+                    Some(sink.send(Entry { topic: topic.into(), partition, key: changelog_key, value: Some(value.clone()) }))
                 }
                 _ => None,
             };

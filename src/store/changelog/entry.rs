@@ -12,8 +12,8 @@ use crate::store::error::StoreError;
 /// A record on its way to the changelog topic of `topic` (the source topic).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
-    /// The source topic: the entry goes to its changelog topic.
-    pub topic: String,
+    /// The source topic: the entry goes to its changelog topic (the store's shared name).
+    pub topic: Arc<str>,
     /// The source partition: the entry goes to the changelog partition of that number.
     pub partition: i32,
     /// The record's changelog key ([`entry_key`]).
@@ -34,8 +34,8 @@ pub(in crate::store) enum Change<'a> {
 /// Where the broker put an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acked {
-    /// The changelog topic.
-    pub changelog_topic: String,
+    /// The changelog topic (shared: one allocation per topic, not per record).
+    pub changelog_topic: Arc<str>,
     /// Its partition.
     pub partition: i32,
     /// The entry's offset there.
@@ -107,10 +107,10 @@ pub fn entry_value(r: &Record) -> Result<Vec<u8>, StoreError> {
 /// [`entry_value`], followed by a message copy (as `messages` keeps it) when there is one.
 pub fn entry_value_with_copy(r: &Record, copy: Option<&[u8]>) -> Result<Vec<u8>, StoreError> {
     let event_type = r.event_type.as_deref();
-    let local = Record { duplicates: 0, expires_at_us: None, ..r.clone() };
     let mut out = vec![VALUE_VERSION];
     varint::put_bytes(&mut out, event_type.unwrap_or_default().as_bytes());
-    out.extend(format::encode(&local, &Texts { topic: &r.topic, event_type }, 0)?);
+    // Its duplicates are this instance's count, not the changelog's.
+    out.extend(format::encode_counting(r, &Texts { topic: &r.topic, event_type }, 0, 0)?);
     if let Some(copy) = copy {
         varint::put_bytes(&mut out, copy);
     }

@@ -45,14 +45,14 @@ impl Sink for Broker {
         let n = self.sent.fetch_add(1, Ordering::SeqCst);
         let refused = n >= self.refuse_after;
         let acked =
-            Acked { changelog_topic: format!("{}.cl", entry.topic), partition: entry.partition, offset: n as i64 };
+            Acked { changelog_topic: format!("{}.cl", entry.topic).into(), partition: entry.partition, offset: n as i64 };
         if !refused {
             self.entries.lock().unwrap().push(entry);
         }
         Box::pin(async move {
             if refused {
                 Err(SendError::Refused {
-                    changelog_topic: acked.changelog_topic,
+                    changelog_topic: acked.changelog_topic.to_string(),
                     partition: acked.partition,
                     error: "broker down".into(),
                 })
@@ -85,7 +85,7 @@ async fn records_written_without_the_changelog_are_copied_to_their_partitions_as
     assert!(store.changelog_complete());
     for e in broker.entries.lock().unwrap().iter() {
         let r = store.reads().get(&decode(e).event_id).unwrap().expect("a local record");
-        assert_eq!((e.topic.as_str(), e.partition), (&*r.topic, r.partition));
+        assert_eq!((&*e.topic, e.partition), (&*r.topic, r.partition));
         assert_eq!(e.key, entry_key(&r));
         assert_eq!(e.value.as_deref(), Some(entry_value(&r).unwrap().as_slice()));
     }

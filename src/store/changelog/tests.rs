@@ -29,13 +29,13 @@ impl Sink for Recorded {
         let mut entries = self.entries.lock().unwrap();
         let offset = entries.iter().filter(|(_, e)| e.topic == entry.topic && e.partition == entry.partition).count();
         let acked =
-            Acked { changelog_topic: format!("{}.cl", entry.topic), partition: entry.partition, offset: offset as i64 };
+            Acked { changelog_topic: format!("{}.cl", entry.topic).into(), partition: entry.partition, offset: offset as i64 };
         entries.push((offset as i64, entry));
         let fail = self.fail;
         Box::pin(async move {
             if fail {
                 Err(SendError::Refused {
-                    changelog_topic: acked.changelog_topic,
+                    changelog_topic: acked.changelog_topic.to_string(),
                     partition: acked.partition,
                     error: "broker said no".into(),
                 })
@@ -57,7 +57,7 @@ impl Recorded {
         let entries = self.entries.lock().unwrap();
         entries
             .iter()
-            .filter(|(_, e)| e.topic == topic && e.partition == partition)
+            .filter(|(_, e)| &*e.topic == topic && e.partition == partition)
             .map(|(offset, e)| ChangelogRecord {
                 offset: *offset,
                 key: e.key.clone(),
@@ -126,7 +126,7 @@ async fn a_final_record_goes_to_the_changelog_partition_of_its_source_partition(
     handle(&store, "e1", "t", 2, 10, "t").await;
     handle(&store, "e2", "t", 0, 11, "").await;
     let entries = sink.entries.lock().unwrap().clone();
-    assert_eq!(entries.iter().map(|(_, e)| (e.topic.as_str(), e.partition)).collect::<Vec<_>>(), [("t", 2), ("t", 0)]);
+    assert_eq!(entries.iter().map(|(_, e)| (&*e.topic, e.partition)).collect::<Vec<_>>(), [("t", 2), ("t", 0)]);
     assert_eq!(entries[0].1.key, keys::event_key("e1").to_vec());
     assert!(entries[1].1.key.ends_with(&[SCOPE_TAG]), "the shared scope (\"\") is named in the key");
 }

@@ -101,7 +101,7 @@ impl Store {
             Change::Now(r) => (r, Some(entry_value(r)?)),
             Change::Gone(r) => (r, None),
         };
-        Ok(Entry { topic: r.topic.to_string(), partition: r.partition, key: entry_key(r), value })
+        Ok(Entry { topic: r.topic.clone(), partition: r.partition, key: entry_key(r), value })
     }
 
     /// This instance's write is acknowledged (and durable here): the checkpoint may follow it.

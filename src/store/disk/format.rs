@@ -136,6 +136,16 @@ pub type Value = smallvec::SmallVec<[u8; 64]>;
 
 /// `r` as stored in a slice that starts at `slice_start_us`.
 pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<Value, StoreError> {
+    encode_counting(r, names, slice_start_us, r.duplicates)
+}
+
+/// [`encode`] with `duplicates` in place of the record's own count.
+pub fn encode_counting(
+    r: &Record,
+    names: &impl NameIds,
+    slice_start_us: i64,
+    duplicates: u64,
+) -> Result<Value, StoreError> {
     let mut flags = state_bits(r.state);
     let key_uuid = r.key.as_deref().and_then(keys::parse_uuid);
     flags |= match (&r.key, key_uuid) {
@@ -177,7 +187,7 @@ pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<V
     for t in [r.claimed_at_us, r.done_at_us].into_iter().flatten() {
         varint::put_i64(&mut out, at.wrapping_sub(t));
     }
-    varint::put_u64(&mut out, r.duplicates);
+    varint::put_u64(&mut out, duplicates);
     match (outcome, r.outcome.as_deref()) {
         ((_, Some(code)), _) => varint::put_u64(&mut out, code),
         ((OUTCOME_TEXT, _), Some(text)) => varint::put_bytes(&mut out, text.as_bytes()),
