@@ -3,7 +3,9 @@
 use super::disk::record::{Record, State};
 use crate::event::RawMessage;
 
-/// What a claim found.
+/// What a claim found (the claim's steps one by one: the store's tests; the
+/// service claims with `claim_to_run`, which answers a [`Turn`]).
+#[cfg(any(test, feature = "internals"))]
 #[derive(Debug, Clone, PartialEq)]
 #[expect(
     clippy::large_enum_variant,
@@ -83,7 +85,8 @@ impl Claimed {
         self.record.attempts > 1
     }
 
-    /// The claim is on disk (and, with a changelog, may be sent there): see [`Store::claim`].
+    /// The claim is on disk (and, with a changelog, acknowledged there).
+    #[cfg(test)]
     pub fn is_durable(&self) -> bool {
         self.durable
     }

@@ -51,7 +51,9 @@ pub mod view;
 pub use audit_log::{AuditAction, AuditEntry, AuditEvent};
 pub use base::Store;
 pub use chain_index::ChainId;
-pub use claim::{Claim, ClaimHow, Claimed, Turn};
+#[cfg(any(test, feature = "internals"))]
+pub use claim::Claim;
+pub use claim::{ClaimHow, Claimed, Turn};
 pub(crate) use disk::owner::Owner;
 pub use disk::record::{now_us, Record, State};
 #[cfg(test)]

@@ -21,7 +21,9 @@ use super::changelog::Restoring;
 #[cfg(test)]
 use super::disk::sync::SyncStats;
 use super::base::Store;
-use super::claim::{Claim, ClaimHow, Claimed, Turn};
+#[cfg(any(test, feature = "internals"))]
+use super::claim::Claim;
+use super::claim::{ClaimHow, Claimed, Turn};
 use super::disk::record::{Record, State};
 use super::error::StoreError;
 use super::problem_index::{GroupCount, GroupKey};
@@ -92,7 +94,9 @@ pub struct Handling<'a>(&'a Store);
 
 impl Handling<'_> {
     /// Claims `event` in `scope` durably (`on_uncertain = verify | park`), or
-    /// finds it final or claimed already.
+    /// finds it final or claimed already (step by step: the service claims with
+    /// [`Handling::claim_to_run`]).
+    #[cfg(any(test, feature = "internals"))]
     pub async fn claim(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
         self.0.claim(event, scope).await
     }
@@ -105,6 +109,7 @@ impl Handling<'_> {
     }
 
     /// Claims `event` in memory (`on_uncertain = retry`): see [`Handling::claim`].
+    #[cfg(test)]
     pub async fn claim_in_memory(&self, event: &OutboxEvent, scope: &str) -> Result<Claim, StoreError> {
         self.0.claim_in_memory(event, scope).await
     }
