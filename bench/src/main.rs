@@ -117,8 +117,9 @@ struct Args {
     kafka_options: Vec<String>,
     /// Comma-separated subset of the contenders for drain and latency: naive, pg-table,
     /// outboxd, outboxd-relaxed, outboxd-park (the handler with `on_uncertain = "park"`:
-    /// every claim written, durable and in the changelog before the call), camel (Apache Camel's Idempotent Consumer, the
-    /// at-least-once recipe), camel-defaults (the same route with Camel's defaults),
+    /// every claim written, durable and in the changelog before the call), camel (Apache
+    /// Camel's Idempotent Consumer, the at-least-once recipe), camel-defaults (the same
+    /// route with Camel's defaults),
     /// camel-memory (the recipe with the in-memory repository). The Camel routes run with
     /// the HTTP handler only.
     #[arg(long, default_value = "naive,pg-table,outboxd,outboxd-relaxed")]
