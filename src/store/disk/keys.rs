@@ -143,36 +143,58 @@ pub fn parse_cursor(cursor: &str) -> (Vec<u8>, Option<Option<String>>) {
 /// Digits only is lower case; mixed case is neither (it would not come back as
 /// written). Every lookup of an event parses its id: no allocation here.
 pub fn parse_uuid(text: &str) -> Option<([u8; 16], bool)> {
-    let t = text.as_bytes();
-    if t.len() != 36 || [8, 13, 18, 23].iter().any(|&i| t[i] != b'-') {
+    let t: &[u8; 36] = text.as_bytes().try_into().ok()?;
+    if t[8] != b'-' || t[13] != b'-' || t[18] != b'-' || t[23] != b'-' {
         return None;
     }
-    let (mut out, mut n) = ([0u8; 16], 0);
-    let (mut lower, mut upper) = (false, false);
-    for (i, &c) in t.iter().enumerate() {
-        if matches!(i, 8 | 13 | 18 | 23) {
-            continue;
-        }
-        let v = match c {
-            b'0'..=b'9' => c - b'0',
-            b'a'..=b'f' => {
-                lower = true;
-                c - b'a' + 10
-            }
-            b'A'..=b'F' => {
-                upper = true;
-                c - b'A' + 10
-            }
-            _ => return None,
-        };
-        out[n / 2] |= if n % 2 == 0 { v << 4 } else { v };
-        n += 1;
+    // One table read per digit, its case and validity ORed together and judged
+    // once at the end: three ids are parsed per event, so no branch per character.
+    let (mut out, mut seen) = ([0u8; 16], 0u8);
+    for (i, byte) in out.iter_mut().enumerate() {
+        let (hi, lo) = (HEX[usize::from(t[DIGIT_AT[2 * i]])], HEX[usize::from(t[DIGIT_AT[2 * i + 1]])]);
+        seen |= hi | lo;
+        *byte = (hi & 0x0f) << 4 | (lo & 0x0f);
     }
-    if lower && upper {
-        return None;
+    match seen & (BAD | LOWER | UPPER) {
+        0 | LOWER => Some((out, false)),
+        UPPER => Some((out, true)),
+        _ => None,
     }
-    Some((out, upper))
 }
+
+/// A text character's digit value (low 4 bits) and what it is: [`LOWER`] for
+/// `a-f`, [`UPPER`] for `A-F`, [`BAD`] for anything but a hex digit.
+const HEX: [u8; 256] = {
+    let mut t = [BAD; 256];
+    let mut c = 0;
+    while c < 10 {
+        t[b'0' as usize + c] = c as u8;
+        c += 1;
+    }
+    let mut c = 0;
+    while c < 6 {
+        t[b'a' as usize + c] = (10 + c as u8) | LOWER;
+        t[b'A' as usize + c] = (10 + c as u8) | UPPER;
+        c += 1;
+    }
+    t
+};
+const LOWER: u8 = 0x10;
+const UPPER: u8 = 0x20;
+const BAD: u8 = 0x40;
+/// Where a canonical UUID's 32 digits are (past its four dashes).
+const DIGIT_AT: [usize; 32] = {
+    let mut at = [0; 32];
+    let (mut i, mut n) = (0, 0);
+    while i < 36 {
+        if !matches!(i, 8 | 13 | 18 | 23) {
+            at[n] = i;
+            n += 1;
+        }
+        i += 1;
+    }
+    at
+};
 
 pub fn format_uuid(bytes: &[u8; 16], upper: bool) -> Arc<str> {
     // Every record read back formats its id: digits from a table, not `format!` per
@@ -224,6 +246,23 @@ mod tests {
             "{bcdef01-2345-6789-abcd-ef0123456789",
         ] {
             assert_eq!(parse_uuid(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn every_character_at_every_place_of_a_uuid_is_judged_as_a_plain_reading_would() {
+        let base = "0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
+        for at in 0..36 {
+            for c in (0x20u8..0x7f).map(char::from).chain(['é']) {
+                let mut text = base.to_owned();
+                text.replace_range(at..=at, c.encode_utf8(&mut [0; 4]));
+                let dashes = [8, 13, 18, 23].iter().all(|&i| text.as_bytes().get(i) == Some(&b'-'));
+                let digits: String = text.chars().enumerate().filter(|(i, _)| ![8, 13, 18, 23].contains(i)).map(|(_, c)| c).collect();
+                let one_case = !(digits.chars().any(|c| c.is_ascii_lowercase()) && digits.chars().any(|c| c.is_ascii_uppercase()));
+                let plain = (text.len() == 36 && dashes && one_case && digits.chars().all(|c| c.is_ascii_hexdigit()))
+                    .then(|| (u128::from_str_radix(&digits, 16).unwrap().to_be_bytes(), digits.chars().any(|c| c.is_ascii_uppercase())));
+                assert_eq!(parse_uuid(&text), plain, "{text}");
+            }
         }
     }
 
