@@ -31,11 +31,12 @@ pub use executor::{check_custom_topics, Counters, Executor};
 pub use fatal::Fatal;
 pub use restore::{restore_partition, RestoreSetup, Restored};
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use foldhash::{HashMap, HashMapExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};

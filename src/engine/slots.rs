@@ -1,7 +1,7 @@
 //! What the executor keeps per `[[handlers]]` entry (a [`Slot`]) and per topic (its
 //! metric handles, resolved at the topic's first event instead of once per event).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 

@@ -1,10 +1,11 @@
 //! The per-key chains that keep events of one key in offset order, and the
 //! step after an event is durably final: letting its offset move.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
+use foldhash::HashMap;
 use futures::FutureExt;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};

@@ -6,7 +6,7 @@
 //! commit: a crash in between leaves an unused name, never a record whose
 //! name is unknown.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::{Arc, RwLock};
 
 use crate::store::error::StoreError;
