@@ -24,6 +24,7 @@
 //! tables, each slice's records after its mark.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
@@ -36,8 +37,88 @@ const CHUNK: u8 = b'c';
 const MARK: u8 = b'f';
 const CHUNK_VERSION: u8 = 1;
 
-/// A slice's records in memory, key → value (empty: removed), newest write.
-pub type Table = BTreeMap<sled::IVec, sled::IVec>;
+/// A slice's records in memory, key → value (empty: removed), newest write, in
+/// key order.
+#[derive(Clone, Default)]
+pub struct Table(BTreeMap<TableKey, sled::IVec>);
+
+/// A key of a [`Table`]: its first eight bytes as a number, compared first, then the
+/// whole key. An event's key starts with its id's random bytes, so the number alone
+/// orders almost every pair: one integer comparison per key passed on the way down
+/// the tree, not a call to `memcmp` (the table's insert was 3.9% of a log drain's
+/// samples). Zero-padded, a shorter key still sorts as its bytes do: where the
+/// numbers tie, the bytes decide.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct TableKey {
+    head: u64,
+    key: sled::IVec,
+}
+
+impl TableKey {
+    fn new(key: &[u8]) -> TableKey {
+        TableKey { head: head(key), key: key.into() }
+    }
+}
+
+fn head(key: &[u8]) -> u64 {
+    let mut first = [0u8; 8];
+    let n = key.len().min(8);
+    first[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(first)
+}
+
+impl Table {
+    /// Sets `key`'s newest write.
+    pub fn insert(&mut self, key: &[u8], value: sled::IVec) {
+        self.0.insert(TableKey::new(key), value);
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&sled::IVec> {
+        self.0.get(&TableKey::new(key))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&sled::IVec, &sled::IVec)> {
+        self.0.iter().map(|(k, v)| (&k.key, v))
+    }
+
+    /// Every key, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &sled::IVec> {
+        self.0.keys().map(|k| &k.key)
+    }
+
+    /// The entries from `from` on, in key order.
+    pub fn range_from(&self, from: Bound<&[u8]>) -> impl Iterator<Item = (&sled::IVec, &sled::IVec)> {
+        let from = match from {
+            Bound::Included(k) => Bound::Included(TableKey::new(k)),
+            Bound::Excluded(k) => Bound::Excluded(TableKey::new(k)),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        self.0.range((from, Bound::Unbounded)).map(|(k, v)| (&k.key, v))
+    }
+}
+
+impl Extend<(sled::IVec, sled::IVec)> for Table {
+    fn extend<I: IntoIterator<Item = (sled::IVec, sled::IVec)>>(&mut self, entries: I) {
+        self.0.extend(entries.into_iter().map(|(k, v)| (TableKey { head: head(&k), key: k }, v)));
+    }
+}
+
+impl Extend<Table> for Table {
+    fn extend<I: IntoIterator<Item = Table>>(&mut self, tables: I) {
+        for t in tables {
+            self.0.extend(t.0);
+        }
+    }
+}
 
 /// Slices with records in a chunk (rarely more than two: the current one, and
 /// the one a record moved out of).
@@ -228,4 +309,48 @@ fn entries(chunk: &[u8]) -> Result<Vec<Written<'_>>, sled::Error> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::ops::Bound;
+
+    use rand::{Rng, SeedableRng};
+
+    use super::Table;
+
+    /// Short keys, zero bytes and shared prefixes: where a comparison of the first
+    /// eight bytes as a number could disagree with the bytes' own order.
+    fn key(rng: &mut rand::rngs::StdRng) -> Vec<u8> {
+        let len = rng.random_range(0..12);
+        (0..len).map(|_| [0u8, 1, 0x7f, 0x80, 0xff][rng.random_range(0..5)]).collect()
+    }
+
+    #[test]
+    fn a_table_keeps_its_keys_in_the_order_of_their_bytes() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (mut table, mut model) = (Table::default(), BTreeMap::new());
+        for i in 0..5_000u32 {
+            let k = key(&mut rng);
+            table.insert(&k, i.to_be_bytes().as_slice().into());
+            model.insert(k, i.to_be_bytes().to_vec());
+        }
+        let all: Vec<_> = table.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+        assert_eq!(all, model.clone().into_iter().collect::<Vec<_>>());
+        assert_eq!(table.len(), model.len());
+        for _ in 0..500 {
+            let from = key(&mut rng);
+            let (got, want): (Vec<_>, Vec<_>) = if rng.random_bool(0.5) {
+                let got = table.range_from(Bound::Included(&from)).map(|(k, _)| k.to_vec()).collect();
+                (got, model.range::<Vec<u8>, _>(&from..).map(|(k, _)| k.clone()).collect())
+            } else {
+                let got = table.range_from(Bound::Excluded(&from)).map(|(k, _)| k.to_vec()).collect();
+                let want = model.range::<Vec<u8>, _>((Bound::Excluded(&from), Bound::Unbounded));
+                (got, want.map(|(k, _)| k.clone()).collect())
+            };
+            assert_eq!(got, want, "from {from:?}");
+            assert_eq!(table.get(&from).map(|v| v.to_vec()), model.get(&from).cloned());
+        }
+    }
 }

@@ -237,7 +237,7 @@ impl Slice {
         self.filter.add(&Hashed::of(key));
         journal.append(self.start, key, &value);
         let mut mem = self.mem_mut();
-        mem.insert(key.into(), value);
+        mem.insert(key, value);
         if mem.len() as u64 >= self.full.at {
             // Coalesced: one wake-up however many writes tell it.
             self.full.notify.notify_one();
@@ -474,7 +474,7 @@ impl Iterator for MemIter {
         }
         let table = read(&self.table);
         let read: Vec<Entry> = table
-            .range::<sled::IVec, _>((self.from.clone(), Bound::Unbounded))
+            .range_from(self.from.as_ref().map(|k| &k[..]))
             .take(MEM_READ)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -978,7 +978,7 @@ impl Slices {
             // A pack that did not settle (it failed): its records are older than memory's.
             Some(older) => {
                 let mut table = read(&older).clone();
-                table.extend(taken);
+                table.extend([taken]);
                 table
             }
             None => taken,
