@@ -198,6 +198,11 @@ fn the_checkpoint_follows_own_writes_only_while_they_are_contiguous() {
     assert_eq!(cps.get("c", 0), Some(12));
     cps.acked("c", 0, 13);
     assert_eq!(cps.get("c", 0), Some(12), "12 was written by another instance: read it at the next restore");
+    cps.set("c", 1, 0, true);
+    for offset in 0..3 {
+        cps.acked("c", 1, offset);
+    }
+    assert_eq!(cps.get("c", 1), Some(3), "acknowledgements in order move it one by one");
 }
 
 fn message(topic: &str, partition: i32, offset: i64) -> RawMessage {
