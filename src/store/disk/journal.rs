@@ -55,14 +55,14 @@ struct TableKey {
 }
 
 impl TableKey {
-    fn new(key: &[u8]) -> TableKey {
-        TableKey { head: head(key), key: key.into() }
+    fn new(key: sled::IVec) -> TableKey {
+        TableKey { head: head(&key), key }
     }
 }
 
-/// A key as its bytes: the table's order is theirs (see [`TableKey`]), so a lookup of
-/// a key too long for an `IVec`'s inline bytes compares bytes instead of copying the
-/// key to the heap to make a [`TableKey`] of it.
+/// A key as its bytes: the table's order is theirs (see [`TableKey`]), so a range, or a
+/// lookup of a key too long for an `IVec`'s inline bytes, compares bytes instead of
+/// copying the key to the heap to make a [`TableKey`] of it.
 impl std::borrow::Borrow<[u8]> for TableKey {
     fn borrow(&self) -> &[u8] {
         &self.key
@@ -82,12 +82,12 @@ fn head(key: &[u8]) -> u64 {
 impl Table {
     /// Sets `key`'s newest write.
     pub fn insert(&mut self, key: &[u8], value: sled::IVec) {
-        self.0.insert(TableKey::new(key), value);
+        self.0.insert(TableKey::new(key.into()), value);
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&sled::IVec> {
         match key.len() {
-            0..=INLINE_KEY => self.0.get(&TableKey::new(key)),
+            0..=INLINE_KEY => self.0.get(&TableKey::new(key.into())),
             _ => self.0.get(key),
         }
     }
@@ -112,26 +112,18 @@ impl Table {
 
     /// The entries from `from` on, in key order.
     pub fn range_from(&self, from: Bound<&[u8]>) -> impl Iterator<Item = (&sled::IVec, &sled::IVec)> {
-        let from = match from {
-            Bound::Included(k) => Bound::Included(TableKey::new(k)),
-            Bound::Excluded(k) => Bound::Excluded(TableKey::new(k)),
-            Bound::Unbounded => Bound::Unbounded,
-        };
-        self.0.range((from, Bound::Unbounded)).map(|(k, v)| (&k.key, v))
+        self.0.range::<[u8], _>((from, Bound::Unbounded)).map(|(k, v)| (&k.key, v))
+    }
+
+    /// `newer`'s entries take the place of this table's under the same keys.
+    pub fn overlay(&mut self, newer: Table) {
+        self.0.extend(newer.0);
     }
 }
 
 impl Extend<(sled::IVec, sled::IVec)> for Table {
     fn extend<I: IntoIterator<Item = (sled::IVec, sled::IVec)>>(&mut self, entries: I) {
-        self.0.extend(entries.into_iter().map(|(k, v)| (TableKey { head: head(&k), key: k }, v)));
-    }
-}
-
-impl Extend<Table> for Table {
-    fn extend<I: IntoIterator<Item = Table>>(&mut self, tables: I) {
-        for t in tables {
-            self.0.extend(t.0);
-        }
+        self.0.extend(entries.into_iter().map(|(k, v)| (TableKey::new(k), v)));
     }
 }
 

@@ -978,7 +978,7 @@ impl Slices {
             // A pack that did not settle (it failed): its records are older than memory's.
             Some(older) => {
                 let mut table = read(&older).clone();
-                table.extend([taken]);
+                table.overlay(taken);
                 table
             }
             None => taken,
