@@ -1,11 +1,12 @@
 //! Guards of one event's handling: the id held while it is worked on in this
 //! process, and its in-memory claim, both let go however the handling ends.
 
-use std::collections::hash_map::{Entry, RandomState};
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
+use foldhash::fast::RandomState;
+use foldhash::HashMap;
 use tokio::sync::Semaphore;
 
 use crate::store::Store;
@@ -31,7 +32,9 @@ impl Drop for Release<'_> {
 /// Kept by a hash of the id, with a gate made only when a second delivery comes
 /// (a semaphore that is never granted, only closed when the holder finishes), so
 /// that holding an id allocates nothing. Two ids with the same 64-bit hash would
-/// only make the second wait for the first.
+/// only make the second wait for the first. The hash is foldhash's, seeded per
+/// process like the other maps of an event's path: ids come from messages, but
+/// none can be chosen to collide with another.
 #[derive(Default)]
 pub(super) struct LiveIds {
     held: Mutex<HashMap<u64, Option<Arc<Semaphore>>>>,
