@@ -315,6 +315,40 @@ async fn settling_bound(store: &str, calls: usize) {
 }
 
 #[tokio::test(start_paused = true)]
+async fn events_queued_behind_a_settling_event_of_their_key_give_their_place_too() {
+    // One place: a2 waits behind a1, whose call is over and whose record is not
+    // acknowledged; it waits for that record in a settling place, and b1 (another
+    // key) takes the place and runs meanwhile.
+    queued_behind_settling("max_in_flight = 1\nmax_settling = 4", &["a1", "b1"]).await;
+    // No settling place left for a2 once a1 took the only one: a2 keeps the place.
+    queued_behind_settling("max_in_flight = 1\nmax_settling = 1", &["a1"]).await;
+}
+
+/// a1 and a2 of one key, then b1 of another, acknowledgements held back: exactly
+/// `answered` are answered until the acknowledgements come, and no offset moves.
+async fn queued_behind_settling(store: &str, answered: &[&str]) {
+    let acks = Arc::new(Semaphore::new(0));
+    let l = start_with(store, "", Some(Arc::new(HeldAcks(acks.clone()))));
+    for (key, id) in [("ka", "a1"), ("ka", "a2"), ("kb", "b1")] {
+        l.source.produce("t", 0, key, id);
+    }
+    let all = ["a1", "a2", "b1"];
+    wait_until("the calls the bounds allow answered", || answered.iter().all(|id| l.receiver.answered(id))).await;
+    let_pass(Duration::from_secs(2)).await;
+    let now: Vec<&str> = all.into_iter().filter(|id| l.receiver.answered(id)).collect();
+    assert_eq!(now, answered, "{store}: answered before any acknowledgement");
+    assert_eq!(l.source.stored(&p("t", 0)), None, "no offset moves unacknowledged");
+
+    acks.add_permits(all.len());
+    wait_until("every event answered", || all.iter().all(|id| l.receiver.answered(id))).await;
+    wait_until("the offset stored to the end", || l.source.stored(&p("t", 0)) == Some(3)).await;
+    let (failure, _, receiver) = l.finish().await;
+    assert!(failure.is_none());
+    let order: Vec<String> = receiver.calls().into_iter().map(|c| c.id).filter(|id| id.starts_with('a')).collect();
+    assert_eq!(order, ["a1", "a2"], "{store}: one key's events in offset order, once each");
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_open_circuit_pauses_its_handlers_partitions_while_other_handlers_flow() {
     let l = start(100, "[handlers.circuit]\nfailures = 1\nprobe_after = \"1s\"\nprobe_max = \"1s\"\n");
     l.receiver.down.lock().unwrap().insert("t".to_owned());

@@ -31,7 +31,8 @@ pub struct KeyId {
 /// places and its size of `max_in_flight_bytes`. Holding them bounds read-ahead.
 /// Once its call is over and it only waits for its record to be durable (and
 /// acknowledged by the changelog), it gives its place to the next message for one
-/// of the `max_settling` places ([`call_over`]); its bytes stay counted.
+/// of the `max_settling` places ([`call_over`]); so do the events queued behind it
+/// in its key's chain, which wait for that record too. Its bytes stay counted.
 pub struct Permits {
     events: Option<OwnedSemaphorePermit>,
     settling: Option<OwnedSemaphorePermit>,
@@ -42,6 +43,18 @@ impl Permits {
     /// A message's place and bytes, as the poll loop takes them.
     pub fn new(events: OwnedSemaphorePermit, bytes: OwnedSemaphorePermit) -> Permits {
         Permits { events: Some(events), settling: None, _bytes: bytes }
+    }
+
+    /// Trades the event's place for one of the `settling` places, if it still holds
+    /// its place and one is free. Returns whether it holds a settling place now.
+    fn settle(&mut self, settling: &Arc<Semaphore>) -> bool {
+        if self.events.is_none() {
+            return true;
+        }
+        let Ok(place) = settling.clone().try_acquire_owned() else { return false };
+        self.settling = Some(place);
+        self.events = None;
+        true
     }
 }
 
@@ -58,7 +71,30 @@ pub struct Job {
 #[derive(Default)]
 pub struct Chain {
     running: Option<Permits>,
+    /// The running event's call is over: it only waits for its record ([`call_over`]).
+    call_over: bool,
     queue: VecDeque<Job>,
+}
+
+impl Chain {
+    /// Queues `job`. Behind an event that only waits for its record, it waits for that
+    /// record too: it takes a settling place, if one is free, and gives its own back.
+    fn push(&mut self, mut job: Job, settling: &Arc<Semaphore>) {
+        if self.call_over {
+            if let Some(permits) = job.permits.as_mut() {
+                permits.settle(settling);
+            }
+        }
+        self.queue.push_back(job);
+    }
+
+    /// The next queued job becomes the running one (its permits, whichever places they are).
+    fn next(&mut self) -> Option<Job> {
+        let mut next = self.queue.pop_front()?;
+        self.running = next.permits.take();
+        self.call_over = false;
+        Some(next)
+    }
 }
 
 /// Everything the workers share.
@@ -92,10 +128,10 @@ pub fn dispatch(shared: &Arc<Shared>, msg: RawMessage, generation: u64, permits:
     let mut job = Job { msg, generation, permits };
     let mut chains = lock(&shared.chains);
     if let Some(chain) = chains.get_mut(&key) {
-        chain.queue.push_back(job);
+        chain.push(job, &shared.settling);
         return;
     }
-    chains.insert(key.clone(), Chain { running: job.permits.take(), queue: VecDeque::new() });
+    chains.insert(key.clone(), Chain { running: job.permits.take(), call_over: false, queue: VecDeque::new() });
     drop(chains);
     tokio::spawn(run_chain(shared.clone(), key, job));
 }
@@ -143,17 +179,12 @@ impl ChainGuard {
         let key = self.key.as_ref()?;
         let mut chains = lock(&self.shared.chains);
         let chain = chains.get_mut(key).expect("an active chain has its entry");
-        match chain.queue.pop_front() {
-            Some(mut j) => {
-                chain.running = j.permits.take();
-                Some(j)
-            }
-            None => {
-                chains.remove(key);
-                self.key = None;
-                None
-            }
+        let next = chain.next();
+        if next.is_none() {
+            chains.remove(key);
+            self.key = None;
         }
+        next
     }
 }
 
@@ -163,11 +194,7 @@ impl Drop for ChainGuard {
         // Reached only when the task unwinds: hand the queue to a new task.
         let next = {
             let mut chains = lock(&self.shared.chains);
-            let next = chains.get_mut(&key).and_then(|c| {
-                let mut next = c.queue.pop_front()?;
-                c.running = next.permits.take();
-                Some(next)
-            });
+            let next = chains.get_mut(&key).and_then(Chain::next);
             if next.is_none() {
                 chains.remove(&key);
             }
@@ -188,19 +215,22 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The running event of `key` has had its call and now only waits for its record
 /// to be durable and acknowledged (the changelog's linger and round trip, the
 /// group commit): its place among `max_in_flight` goes to the next message, for
-/// one of the `max_settling` places. Without one free, it keeps its place: the
-/// settling are bounded too, and their messages' bytes stay counted.
+/// one of the `max_settling` places, and so do the places of the events queued
+/// behind it, which wait for the same record before they can begin (under a
+/// backlog of many keys, most places were held by such events while their keys'
+/// records settled: bench/findings.md, "what holds the places"). Without a
+/// settling place free, an event keeps its place: the settling are bounded too,
+/// and their messages' bytes stay counted.
 pub fn call_over(shared: &Shared, key: &KeyId) {
     let mut chains = lock(&shared.chains);
-    let Some(permits) = chains.get_mut(key).and_then(|c| c.running.as_mut()) else { return };
-    if permits.events.is_none() {
-        return;
+    let Some(chain) = chains.get_mut(key) else { return };
+    chain.call_over = true;
+    let queued = chain.queue.iter_mut().filter_map(|j| j.permits.as_mut());
+    for permits in chain.running.iter_mut().chain(queued) {
+        if !permits.settle(&shared.settling) {
+            break;
+        }
     }
-    let Ok(settling) = shared.settling.clone().try_acquire_owned() else { return };
-    permits.settling = Some(settling);
-    let place = permits.events.take();
-    drop(chains);
-    drop(place);
 }
 
 async fn process(shared: &Shared, key: &KeyId, job: &Job) {
