@@ -211,7 +211,7 @@ impl<'de> serde::Deserialize<'de> for Name {
 /// exponent or a run of over 300 digits (`Value` refuses those beyond `f64`), no
 /// `\u` escape (`Value` refuses a lone surrogate), no line break (the `log`
 /// handler writes one line per event). Anything else takes the path that parses.
-/// A byte scan, no allocation.
+/// A byte scan (strings' text skipped to their next quote or backslash), no allocation.
 pub(super) fn plain(text: &str) -> bool {
     const MAX_DEPTH: usize = 64;
     const MAX_DIGITS: usize = 300;
@@ -219,15 +219,19 @@ pub(super) fn plain(text: &str) -> bool {
     let (mut depth, mut digits, mut in_string) = (0usize, 0usize, false);
     let mut i = 0;
     while i < bytes.len() {
-        let b = bytes[i];
         if in_string {
-            match b {
+            // A string's text runs to its next quote or backslash: skipped at once.
+            let Some(n) = memchr::memchr2(b'"', b'\\', &bytes[i..]) else {
+                return true;
+            };
+            i += n;
+            match bytes[i] {
                 b'\\' if bytes.get(i + 1) == Some(&b'u') => return false,
                 b'\\' => i += 1,
-                b'"' => in_string = false,
-                _ => {}
+                _ => in_string = false,
             }
         } else {
+            let b = bytes[i];
             match b {
                 b'0'..=b'9' => {
                     digits += 1;

@@ -696,7 +696,7 @@ impl Executor {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
                             let record = spans::record(State::Done, self.changelog());
-                            Box::pin(self.store.handling().finish(c, State::Done, outcome).instrument(record)).await?;
+                            Box::pin(record.in_scope(|| self.store.handling().finish(c, State::Done, outcome)).instrument(record)).await?;
                             self.counters.handled.fetch_add(1, Ordering::Relaxed);
                             job.slot.tally.handled();
                             return Ok(None);
@@ -808,7 +808,9 @@ impl Executor {
                 Ok(outcome) => {
                     (job.call_over)();
                     let record = spans::record(State::Done, self.changelog());
-                    self.store.handling().finish(claimed, State::Done, outcome.0.clone()).instrument(record).await?;
+                    // The record is written at the call (`finish`), inside its span too.
+                    let settled = record.in_scope(|| self.store.handling().finish(claimed, State::Done, outcome.0.clone()));
+                    settled.instrument(record).await?;
                     self.handled(job, attempt, &outcome.0);
                     return Ok(Executed::Final);
                 }

@@ -550,7 +550,7 @@ fn produce(
         record = record.payload(value.as_slice());
     }
     if let Some(mac) = &mac {
-        record = record.headers(OwnedHeaders::new().insert(Header { key: mac::HEADER, value: Some(&mac[..]) }));
+        record = record.headers(OwnedHeaders::new_with_capacity(1).insert(Header { key: mac::HEADER, value: Some(&mac[..]) }));
     }
     match producer.send(record) {
         Ok(()) => Ok(()),

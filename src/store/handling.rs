@@ -1,6 +1,7 @@
 //! The handling path: claiming an event, its attempts, its final record (with
 //! the message copy of a failed one), and how a record moves between slices.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -225,18 +226,28 @@ impl Store {
     }
 
     /// Records the final state of a claimed event durably; only then may the offset move on.
-    pub(in crate::store) async fn finish(
+    ///
+    /// The record is written when this is called, not when the future is first
+    /// polled: the future holds the written record and its settling only, not the
+    /// claim and the text as well (each event's future moves whole, level by level).
+    pub(in crate::store) fn finish(
         &self,
         claimed: Claimed,
         state: State,
         text: String,
-    ) -> Result<(), StoreError> {
+    ) -> impl Future<Output = Result<(), StoreError>> + '_ {
+        let written = self.finish_written(claimed, state, text);
+        async move { self.settle(&written?).await }
+    }
+
+    /// [`Store::finish`]'s write: the final record, written, its claim released.
+    fn finish_written(&self, claimed: Claimed, state: State, text: String) -> Result<Record, StoreError> {
         debug_assert!(state.is_final());
         let from = claimed.slice.and_then(|s| self.slices.get(s));
         let mut r = claimed.record;
         self.finish_record(&mut r, from.as_ref().map(|s| (s, claimed.stored)), None, state, text)?;
         self.release_written(&r);
-        self.settle(&r).await
+        Ok(r)
     }
 
     /// Records a dead or parked event with its message copy and, when one was

@@ -13,6 +13,7 @@
 //! changelog it writes to, the admin address it advertises.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 
 use super::audit_log::AuditEntry;
 use super::chain_index::{ChainId, ChainInfo, Running};
@@ -92,7 +93,7 @@ impl Audit<'_> {
 #[derive(Clone, Copy)]
 pub struct Handling<'a>(&'a Store);
 
-impl Handling<'_> {
+impl<'a> Handling<'a> {
     /// Claims `event` in `scope` durably (`on_uncertain = verify | park`), or
     /// finds it final or claimed already (step by step: the service claims with
     /// [`Handling::claim_to_run`]).
@@ -104,8 +105,19 @@ impl Handling<'_> {
     /// Claims `event` to run it now, as `how` says: the claim, the hold behind a
     /// dead or parked event of its key, and a durable claim's wait for the group
     /// commit and the changelog, in that order and in one call.
-    pub async fn claim_to_run(&self, event: &OutboxEvent, scope: &str, how: ClaimHow<'_>) -> Result<Turn, StoreError> {
-        self.0.claim_to_run(event, scope, how).await
+    ///
+    /// The store's future itself, not one that awaits it (so for `finish`): a wrapper
+    /// would hold the arguments a second time, and each event's future moves whole.
+    pub fn claim_to_run<'e>(
+        &self,
+        event: &'e OutboxEvent,
+        scope: &'e str,
+        how: ClaimHow<'e>,
+    ) -> impl Future<Output = Result<Turn, StoreError>> + 'e
+    where
+        'a: 'e,
+    {
+        self.0.claim_to_run(event, scope, how)
     }
 
     /// Claims `event` in memory (`on_uncertain = retry`): see [`Handling::claim`].
@@ -137,8 +149,8 @@ impl Handling<'_> {
     }
 
     /// Records the event final (`done`, with the handler's outcome).
-    pub async fn finish(&self, claimed: Claimed, state: State, text: String) -> Result<(), StoreError> {
-        self.0.finish(claimed, state, text).await
+    pub fn finish(&self, claimed: Claimed, state: State, text: String) -> impl Future<Output = Result<(), StoreError>> + 'a {
+        self.0.finish(claimed, state, text)
     }
 
     /// Records the event dead or parked, with its message copy and dead-letter position.
