@@ -313,13 +313,13 @@ impl Executor {
                 Box::pin(self.undecodable(Some(hc), msg, reason)).await?;
                 Ok(Executed::Final)
             }
-            Ok(event) => {
+            Ok(mut event) => {
                 drop(decode);
                 spans::decoded(span, &hc.name, &event);
                 // Boxed here, and the handler's attempts below: an event's future is a
                 // few KB deep, and each level that awaits one moves it whole (memcpy,
                 // levels up to the task's cell); a box per level keeps each level small.
-                let executed = Box::pin(self.run_routes(event, msg, owned, call_over, how)).await;
+                let executed = Box::pin(self.run_routes(&mut event, msg, owned, call_over, how)).await;
                 if let Ok(Executed::Abandoned) = executed {
                     spans::ended(span, "abandoned");
                 }
@@ -335,7 +335,9 @@ impl Executor {
     /// the finished routes' records) when one is.
     async fn run_routes(
         &self,
-        mut event: OutboxEvent,
+        // Borrowed: an event taken by value is held twice in the future (the
+        // argument and the binding), each copy moved with it.
+        event: &mut OutboxEvent,
         msg: &RawMessage,
         owned: &Ownership<'_>,
         call_over: &CallOver<'_>,
@@ -344,19 +346,19 @@ impl Executor {
         let (topic, may_hold) = (msg.topic.as_str(), how.may_hold);
         let mut selected: smallvec::SmallVec<[crate::config::Route<'_>; 2]> = smallvec::SmallVec::new();
         for route in self.config.routes_for(topic) {
-            match selects(&route, &event, msg) {
+            match selects(&route, event, msg) {
                 true => selected.push(route),
-                false => self.filtered(route.handler, topic, &event),
+                false => self.filtered(route.handler, topic, event),
             }
         }
         match selected.as_slice() {
             [] => {
-                self.unrouted(topic, &event);
+                self.unrouted(topic, event);
                 Ok(Executed::Final)
             }
             [route] => {
                 event.route_key = how.key(route, &event.id);
-                self.run_route(route, &event, msg, owned, call_over, may_hold).await
+                self.run_route(route, event, msg, owned, call_over, may_hold).await
             }
             routes => {
                 // Each route its own copy (its own idempotency key). The read-ahead place
@@ -401,12 +403,13 @@ impl Executor {
             false => slot.handler.as_ref(),
         };
         let metrics = self.metrics.of(topic, Some(hc));
-        // Headers are copied onto the event only for a handler that reads them.
+        // Headers are copied onto the event only for a handler that reads them (boxed:
+        // the copy would otherwise take its room in every event's future).
         let with_headers;
         let event = match &hc.spec {
             crate::config::HandlerSpec::Postgres(pg) if pg.reads_headers() => {
-                with_headers = OutboxEvent { headers: msg.headers.clone(), ..event.clone() };
-                &with_headers
+                with_headers = Box::new(OutboxEvent { headers: msg.headers.clone(), ..event.clone() });
+                &*with_headers
             }
             _ => event,
         };
@@ -628,16 +631,29 @@ impl Executor {
         // A key that waits behind a dead or parked event holds this one (`on_dead = "hold"`).
         let how = ClaimHow { durable, hold: hc.on_dead.holds(), message: job.msg };
         let _release = Release { store: &self.store, id: &event.id, scope };
-        let turn = self.store.handling().claim_to_run(event, scope, how).instrument(spans::claim(durable, self.changelog())).await?;
-        let Some(claimed) = self.resolve_claim(job, turn).await? else {
-            return Ok(Executed::Final);
+        // In blocks, and bound before the next await: what a scope or a match keeps
+        // (the turn, the claim, again and again) stays in the event's future across
+        // every later await, a few hundred bytes each.
+        let claimed = {
+            let claim = spans::claim(durable, self.changelog());
+            let turn = self.store.handling().claim_to_run(event, scope, how).instrument(claim).await?;
+            match turn {
+                // An event run for the first time, most of them: no wait, and the other
+                // cases' future boxed, off every event's.
+                Turn::Run(c) if !c.reexecution() => c,
+                turn => match Box::pin(self.resolve_claim(job, turn)).await? {
+                    Some(c) => c,
+                    None => return Ok(Executed::Final),
+                },
+            }
         };
         let (claimed, admitted) = match admitted {
-            Admit::Hold(reason) => match Box::pin(self.hold_for_receiver(job, claimed, &reason, false)).await? {
-                None => return Ok(Executed::Final),
+            Admit::Hold(reason) => {
+                let back = Box::pin(self.hold_for_receiver(job, claimed, &reason, false)).await?;
+                let Some(claimed) = back else { return Ok(Executed::Final) };
                 // Its copy does not fit: it waits in memory after all.
-                Some(claimed) => (claimed, self.circuits.get(hc.index).admit(job.owned, false).await),
-            },
+                (claimed, self.circuits.get(hc.index).admit(job.owned, false).await)
+            }
             admitted => (claimed, admitted),
         };
         Box::pin(self.run_attempts(job, claimed, admitted)).await
@@ -759,14 +775,14 @@ impl Executor {
                     Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
                     return Ok(Executed::Final);
                 }
-                Admit::Hold(reason) => match Box::pin(self.hold_for_receiver(job, claimed, &reason, called)).await? {
-                    None => return Ok(Executed::Final),
-                    Some(c) => {
-                        claimed = c;
-                        admitted = Some(circuit.admit(job.owned, false).await);
-                        continue;
-                    }
-                },
+                Admit::Hold(reason) => {
+                    // Bound before the next await (see `claim_and_run`).
+                    let back = Box::pin(self.hold_for_receiver(job, claimed, &reason, called)).await?;
+                    let Some(c) = back else { return Ok(Executed::Final) };
+                    claimed = c;
+                    admitted = Some(circuit.admit(job.owned, false).await);
+                    continue;
+                }
             };
             if pass.waited() {
                 // What failed before the wait was the outage's.

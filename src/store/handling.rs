@@ -5,6 +5,8 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures::future::Either;
+
 use super::disk::messages::copy_key;
 use super::disk::slices::Slice;
 use super::base::Store;
@@ -127,7 +129,8 @@ impl Store {
             return Ok(Turn::Held);
         }
         if c.durable {
-            self.settle(&c.record).await?;
+            // Boxed: a claim in memory (`on_uncertain = "retry"`) does not wait at all.
+            Box::pin(self.settle(&c.record)).await?;
         }
         Ok(Turn::Run(c))
     }
@@ -236,8 +239,10 @@ impl Store {
         state: State,
         text: String,
     ) -> impl Future<Output = Result<(), StoreError>> + '_ {
-        let written = self.finish_written(claimed, state, text);
-        async move { self.settle(&written?).await }
+        match self.finish_written(claimed, state, text) {
+            Ok(r) => Either::Left(async move { self.settle(&r).await }),
+            Err(e) => Either::Right(std::future::ready(Err(e))),
+        }
     }
 
     /// [`Store::finish`]'s write: the final record, written, its claim released.
