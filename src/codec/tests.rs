@@ -198,7 +198,19 @@ fn json_a_value_cannot_hold_as_written_takes_the_parsing_path() {
     for text in ["1e5", "[1E3]", "[-2.5e-3]", "\"\\u00e9\"", "{\"a\":\n1}", "\r\n{}", &deep(65), &"9".repeat(301)] {
         assert!(!json::plain(text), "{text:?} is parsed");
     }
-    for text in ["true", "false", "{\"e\":1,\"E\":[true]}", "\"1e5\"", "\"a\\nb\"", &deep(64), &"9".repeat(300)] {
+    // A string's escapes end it only at its closing quote: an escaped quote and an
+    // escaped backslash before a `u` are the string's text.
+    for text in [
+        "true",
+        "false",
+        "{\"e\":1,\"E\":[true]}",
+        "\"1e5\"",
+        "\"a\\nb\"",
+        r#"{"s":"x\"1e5"}"#,
+        r#"{"s":"a\\u0041"}"#,
+        &deep(64),
+        &"9".repeat(300),
+    ] {
         assert!(json::plain(text), "{text:?} is kept as text");
     }
     // What a `Value` refuses stays text, as before.

@@ -148,7 +148,8 @@ impl<'a> Handling<'a> {
         self.0.record_attempt(claimed).await
     }
 
-    /// Records the event final (`done`, with the handler's outcome).
+    /// Records the event final (`done`, with the handler's outcome): written when
+    /// this is called, durable (and acknowledged by the changelog) when the future is.
     pub fn finish(&self, claimed: Claimed, state: State, text: String) -> impl Future<Output = Result<(), StoreError>> + 'a {
         self.0.finish(claimed, state, text)
     }
