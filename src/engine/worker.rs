@@ -149,15 +149,21 @@ pub fn release(shared: &Shared, on: impl Fn(&str) -> bool) -> usize {
     released
 }
 
-async fn run_chain(shared: Arc<Shared>, key: KeyId, first: Job) {
-    let mut chain = ChainGuard { shared: shared.clone(), key: Some(key) };
-    let mut job = first;
-    loop {
-        process(&shared, chain.key.as_ref().expect("a running chain has its key"), &job).await;
-        drop(job);
-        match chain.next() {
-            Some(j) => job = j,
-            None => return,
+/// The task of a key's chain: `job`, then each queued behind it. An `async fn` would
+/// move its arguments into locals of its own, so its future held the first job twice
+/// (and every spawn copied both); the block runs from the one slot it captured. The
+/// guard holds the only handle on `shared`.
+#[expect(clippy::manual_async_fn, reason = "an async fn's future holds its arguments twice (above)")]
+fn run_chain(shared: Arc<Shared>, key: KeyId, mut job: Job) -> impl std::future::Future<Output = ()> {
+    async move {
+        let mut chain = ChainGuard { shared, key: Some(key) };
+        loop {
+            process(&chain.shared, chain.key.as_ref().expect("a running chain has its key"), &job).await;
+            drop(job);
+            match chain.next() {
+                Some(j) => job = j,
+                None => return,
+            }
         }
     }
 }

@@ -107,10 +107,15 @@ pub fn entry_value(r: &Record) -> Result<Vec<u8>, StoreError> {
 /// [`entry_value`], followed by a message copy (as `messages` keeps it) when there is one.
 pub fn entry_value_with_copy(r: &Record, copy: Option<&[u8]>) -> Result<Vec<u8>, StoreError> {
     let event_type = r.event_type.as_deref();
-    let mut out = vec![VALUE_VERSION];
-    varint::put_bytes(&mut out, event_type.unwrap_or_default().as_bytes());
     // Its duplicates are this instance's count, not the changelog's.
-    out.extend(format::encode_counting(r, &Texts { topic: &r.topic, event_type }, 0, 0)?);
+    let record = format::encode_counting(r, &Texts { topic: &r.topic, event_type }, 0, 0)?;
+    let event_type = event_type.unwrap_or_default().as_bytes();
+    // Sized once (a length is at most 10 bytes as a varint): grown from one byte, the
+    // value was reallocated four or five times per record.
+    let mut out = Vec::with_capacity(1 + 10 + event_type.len() + record.len() + copy.map_or(0, |c| 10 + c.len()));
+    out.push(VALUE_VERSION);
+    varint::put_bytes(&mut out, event_type);
+    out.extend_from_slice(&record);
     if let Some(copy) = copy {
         varint::put_bytes(&mut out, copy);
     }
