@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use harness::broker::PrivateBroker;
 use harness::logs::{log_lines, log_time, strip_ansi};
 use harness::metrics::{sample, try_scrape};
+use harness::ports::ClosedPort;
 use harness::{new_event_id, turns, unique_name, wait_for, wait_until, Kafka, Outboxd, Receiver, Scenario};
 use outboxd::metrics::names;
 use serde_json::{json, Value};
@@ -29,12 +30,6 @@ const BACK: &str = "Kafka brokers reachable again";
 const CONNECTING: &str = "connecting to the Kafka brokers";
 
 const HANDLED_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A port of 127.0.0.1 that nothing listens on: bound, then closed.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("addr").port()
-}
 
 /// The current run's lines at WARN or ERROR level.
 fn warnings(od: &Outboxd) -> Vec<String> {
@@ -58,7 +53,9 @@ async fn scrape(od: &Outboxd) -> String {
 async fn unreachable_brokers_at_start_up_are_one_warning_and_a_summary_per_interval() {
     let receiver = Receiver::start();
     let mut od = Outboxd::new(&Kafka::connect(), &[&unique_name("never-there")], &receiver);
-    od.config.brokers = format!("127.0.0.1:{}", closed_port());
+    // Refusing until the end of the test (its admin server listens on a port of its own).
+    let brokers = ClosedPort::bind();
+    od.config.brokers = format!("127.0.0.1:{}", brokers.port());
     od.config.kafka_extra = "outage_summary_interval = \"7s\"\n".into();
     let started = SystemTime::now();
     let clock = Instant::now();

@@ -11,6 +11,7 @@ use std::time::Duration;
 use harness::avro::framed;
 use harness::daemon::{dead_letter_toml, instance_header_toml};
 use harness::logs::{self, all_logs, assert_no_panic};
+use harness::ports::ClosedPort;
 use harness::receiver::{Receiver, Reply};
 use harness::wait::keep_looking;
 use harness::{new_event_id, unique_name, Kafka, Outboxd, Scenario};
@@ -132,8 +133,9 @@ async fn readyz_reports_a_partition_that_has_not_moved_while_events_wait() {
 async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
     let Scenario { kafka, topic, receiver: _rx, mut od, offsets, producer } = Scenario::new("hostile-secret", 1).await;
     let dlq = kafka.create_topic(&unique_name("hostile-secret-dlq"), 1, &[]).await;
-    // A port nothing listens on: bind one, note it, close it.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    // A port that refuses connections until the end of the test.
+    let refusing = ClosedPort::bind();
+    let closed = refusing.port();
     let suffix: u32 = rand::random();
     let (path_var, code_var) = (format!("OUTBOXD_IT_HOOK_{suffix:08x}"), format!("OUTBOXD_IT_CODE_{suffix:08x}"));
     let (path_secret, code_secret) = (format!("hookpath{suffix:08x}s3cr3t"), format!("codek3y{suffix:08x}"));
@@ -199,8 +201,9 @@ async fn a_secret_in_the_url_never_appears_in_logs_records_or_dead_letters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_degraded_handler_but_not_why_it_failed() {
     let Scenario { topic, receiver: _rx, mut od, producer, .. } = Scenario::new("hostile-readyz-reason", 1).await;
-    // A port nothing listens on: bind one, note it, close it.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    // A port that refuses connections until the end of the test.
+    let refusing = ClosedPort::bind();
+    let closed = refusing.port();
     od.config.url = format!("http://127.0.0.1:{closed}/events/{{event_id}}");
     producer.send_event(&topic, "k", &new_event_id(), Some("Test"), &json!({"n": 1})).await;
     od.start();

@@ -11,6 +11,7 @@ use crate::harness::daemon::changelog_off;
 use crate::harness::logs::log_lines;
 use crate::harness::metrics::{sample, try_scrape};
 use crate::harness::otlp::{OtlpReceiver, Span};
+use crate::harness::ports::ClosedPort;
 use crate::harness::{new_event_id, wait_until, wait_until_async, Behaviour, Scenario};
 
 /// Generous bound for "outboxd handled it and exported its spans" (batches go out every second).
@@ -115,9 +116,10 @@ async fn an_events_spans_continue_the_producers_trace_to_the_receiver() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_is_away_costs_spans_not_events() {
     let mut s = Scenario::new("traces-away", 1).await;
-    // A loopback port nothing listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    s.od.config.extra_toml = format!("\n[tracing.otlp]\nendpoint = \"http://{closed}\"\ntimeout = \"1s\"\n");
+    // A loopback port that refuses connections until the end of the test.
+    let closed = ClosedPort::bind();
+    s.od.config.extra_toml =
+        format!("\n[tracing.otlp]\nendpoint = \"http://127.0.0.1:{}\"\ntimeout = \"1s\"\n", closed.port());
     s.run().await;
     let Scenario { topic, receiver, mut od, producer, .. } = s;
 

@@ -43,6 +43,7 @@ pub mod kafka;
 pub mod logs;
 pub mod metrics;
 pub mod otlp;
+pub mod ports;
 pub mod receiver;
 pub mod scenario;
 pub mod store;
