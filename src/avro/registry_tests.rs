@@ -20,6 +20,17 @@ async fn serve(router: Router) -> String {
     addr.to_string()
 }
 
+/// A loopback address that refuses connections while the returned socket lives: bound,
+/// never listened on, without `SO_REUSEADDR`, so the stand-in registries the other tests
+/// serve on `127.0.0.1:0` meanwhile cannot be given its port (as they could one bound and
+/// closed again). The integration tests' `harness::ports::ClosedPort` is its twin there.
+fn refusing() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
+}
+
 fn options(url: String) -> RegistryOptions {
     RegistryOptions {
         url: Some(url),
@@ -92,7 +103,7 @@ async fn an_outage_heals_by_waiting_and_never_shows_the_credentials() {
     assert!(matches!(e, AvroError::Unavailable(_)) && !e.needs_operator(), "{e:?}");
     assert!(e.to_string().contains("503") && !e.to_string().contains("s3cret"), "{e}");
     // Nothing listens there: the transport error names the URL without credentials.
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let (_held, closed) = refusing();
     let e = Registry::new(options(format!("http://reader:s3cret@{closed}")))
         .unwrap()
         .schema(1, "orders", Part::Value)
@@ -187,7 +198,7 @@ async fn known_subjects_survive_a_restart_with_the_registry_down() {
     let addr = with_subjects(subjects(Some(vec!["orders-value"]))).await;
     let opts = |url: String| RegistryOptions { cache_dir: Some(cache.path().to_owned()), ..options(url) };
     assert!(Registry::new(opts(format!("http://{addr}"))).unwrap().schema(1, "orders", Part::Value).await.is_ok());
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let (_held, closed) = refusing();
     let restarted = Registry::new(opts(format!("http://{closed}"))).unwrap();
     assert!(restarted.schema(1, "orders", Part::Value).await.is_ok(), "decodes from the disk cache");
     // Another topic needs the registry to ask again: it waits, it is not accepted.
