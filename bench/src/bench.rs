@@ -20,6 +20,9 @@ use crate::{Args, Sizes};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Contender {
     Naive,
+    /// naive with one changelog record per event awaited before its offset
+    /// (`naive --changelog`): the floor of outboxd's design.
+    NaiveChangelog,
     PgTable,
     Outboxd,
     Relaxed,
@@ -39,8 +42,9 @@ pub(crate) enum Contender {
 }
 
 /// The default four are in `--contenders`; also selectable with --contenders (investigation): outboxd with `store.commit_interval = "0ms"`.
-pub(crate) const ALL: [Contender; 11] = [
+pub(crate) const ALL: [Contender; 12] = [
     Contender::Naive,
+    Contender::NaiveChangelog,
     Contender::PgTable,
     Contender::Outboxd,
     Contender::NoChangelog,
@@ -57,6 +61,7 @@ impl Contender {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Contender::Naive => "naive",
+            Contender::NaiveChangelog => "naive-changelog",
             Contender::PgTable => "pg-table",
             Contender::Outboxd => "outboxd",
             Contender::Relaxed => "outboxd-relaxed",
@@ -78,7 +83,7 @@ impl Contender {
     }
     /// The outboxd binary (not a contender of bench/).
     pub(crate) fn is_outboxd(self) -> bool {
-        !matches!(self, Contender::Naive | Contender::PgTable) && !self.is_camel()
+        !matches!(self, Contender::Naive | Contender::NaiveChangelog | Contender::PgTable) && !self.is_camel()
     }
     /// A Camel route (a JVM, started by `camel::spawn`), not a binary of this workspace.
     pub(crate) fn is_camel(self) -> bool {
@@ -247,6 +252,11 @@ impl Bench {
             Contender::Naive => {
                 let mut c = tokio::process::Command::new(self.bin.join("naive"));
                 c.arg("--config").arg(config);
+                c
+            }
+            Contender::NaiveChangelog => {
+                let mut c = tokio::process::Command::new(self.bin.join("naive"));
+                c.arg("--config").arg(config).arg("--changelog");
                 c
             }
             Contender::PgTable => {

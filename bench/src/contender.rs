@@ -16,7 +16,15 @@
 //!   table is created when missing and kept otherwise, so a restarted pg-table
 //!   recovers from it (the driver names a fresh table per run).
 //!
-//! Both run up to `store.max_in_flight` events at once without per-key ordering
+//! - `naive --changelog`: naive, and after the handler one record per event to a
+//!   compacted topic (`<source>.floor`, the source's partition, keyed by the event
+//!   id, a value and a header of the sizes of outboxd's final record and MAC) with
+//!   outboxd's changelog producer settings; the offset is stored once the broker
+//!   acknowledged it and every earlier one of its partition. No store, no MAC
+//!   computed: what one changelog record per event costs by itself, the floor of
+//!   outboxd's design (docs/architecture.md, the store as a cache of its changelog).
+//!
+//! They run up to `store.max_in_flight` events at once without per-key ordering
 //! (outboxd orders per key; these do not, which only makes them faster).
 
 use std::path::Path;
@@ -28,17 +36,33 @@ use outboxd::config::Config;
 use outboxd::event::RawMessage;
 use outboxd::handler::Handler;
 use outboxd::offsets::OffsetTracker;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How a contender deduplicates.
 #[derive(Debug, Clone)]
 pub enum Dedup {
     None,
-    Pg { url: String, table: String, pool: usize },
+    Pg {
+        url: String,
+        table: String,
+        pool: usize,
+    },
+    /// A changelog record per event, awaited before the offset (`naive --changelog`).
+    Changelog,
 }
+
+/// The changelog records' value and header: outboxd's final record of a handled
+/// event encodes in about this many bytes, and its MAC header carries 18.
+const FLOOR_VALUE_BYTES: usize = 24;
+const FLOOR_HEADER_BYTES: usize = 18;
 
 type Tracker = Arc<Mutex<OffsetTracker>>;
 
@@ -78,16 +102,20 @@ struct Shared {
     consumer: Arc<Kc>,
     tracker: Tracker,
     pg: Option<(deadpool_postgres::Pool, String, String)>,
+    changelog: Option<FutureProducer>,
+    /// Places for events that only wait for their changelog record (`store.max_settling`,
+    /// as outboxd gives them: their in-flight place goes to the next message).
+    settling: Arc<Semaphore>,
 }
 
 pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
     anyhow::ensure!(config.handlers.len() == 1, "the contenders take a config with exactly one handler");
     let handler = outboxd::handler::build(&config.handlers[0])?;
-    let track_offsets = matches!(dedup, Dedup::Pg { .. });
+    let track_offsets = !matches!(dedup, Dedup::None);
 
     let pg = match &dedup {
-        Dedup::None => None,
+        Dedup::None | Dedup::Changelog => None,
         Dedup::Pg { url, table, pool } => {
             let pg_config: tokio_postgres::Config = url.parse().context("--pg")?;
             let mgr = deadpool_postgres::Manager::from_config(
@@ -108,6 +136,11 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
             let update = format!("UPDATE {table} SET state = 'done', done_at = now() WHERE event_id = $1");
             Some((pool, insert, update))
         }
+    };
+
+    let changelog = match dedup {
+        Dedup::Changelog => Some(floor_producer(&config).await?),
+        _ => None,
     };
 
     let tracker: Tracker = Arc::default();
@@ -133,7 +166,8 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
     let consumer = Arc::new(consumer);
 
     let max_in_flight = config.store.max_in_flight;
-    let shared = Arc::new(Shared { config, handler, consumer: consumer.clone(), tracker, pg });
+    let settling = Arc::new(Semaphore::new(config.store.max_settling));
+    let shared = Arc::new(Shared { config, handler, consumer: consumer.clone(), tracker, pg, changelog, settling });
     let permits = Arc::new(Semaphore::new(max_in_flight));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
@@ -158,10 +192,9 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
                 };
                 let shared = shared.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = process(&shared, &raw, generation).await {
+                    if let Err(e) = process(&shared, &raw, generation, permit).await {
                         eprintln!("error at {}/{}@{}: {e:#}", raw.topic, raw.partition, raw.offset);
                     }
-                    drop(permit);
                 });
             }
             Err(e) => {
@@ -176,7 +209,14 @@ pub async fn run(config_path: &Path, dedup: Dedup) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn process(shared: &Shared, raw: &RawMessage, generation: u64) -> anyhow::Result<()> {
+async fn process(
+    shared: &Shared,
+    raw: &RawMessage,
+    generation: u64,
+    permit: OwnedSemaphorePermit,
+) -> anyhow::Result<()> {
+    // The event's place: in flight, or settling once its call is over.
+    let mut place = permit;
     let hc = shared.config.handler_for(&raw.topic).context("no handler for topic")?;
     match outboxd::codec::Decoder::default().decode(raw, &outboxd::codec::Layout::from(hc)).await {
         Err(e) => eprintln!("undecodable {}/{}@{}: {e}", raw.topic, raw.partition, raw.offset),
@@ -184,6 +224,23 @@ async fn process(shared: &Shared, raw: &RawMessage, generation: u64) -> anyhow::
             None => {
                 if let Err(e) = shared.handler.handle(&event).await {
                     eprintln!("handler failed for {}: {e}", event.id);
+                }
+                if let Some(producer) = &shared.changelog {
+                    // A free settling place frees its in-flight place; without one it keeps it.
+                    if let Ok(settling) = shared.settling.clone().try_acquire_owned() {
+                        place = settling;
+                    }
+                    let value = [1u8; FLOOR_VALUE_BYTES];
+                    let mac = [2u8; FLOOR_HEADER_BYTES];
+                    let topic = floor_topic(&raw.topic);
+                    let record = FutureRecord::to(&topic)
+                        .partition(raw.partition)
+                        .key(event.id.as_bytes())
+                        .payload(&value[..])
+                        .headers(
+                            OwnedHeaders::new_with_capacity(1).insert(Header { key: "mac", value: Some(&mac[..]) }),
+                        );
+                    producer.send(record, Timeout::Never).await.map_err(|(e, _)| e)?;
                 }
             }
             Some((pool, insert, update)) => {
@@ -200,7 +257,7 @@ async fn process(shared: &Shared, raw: &RawMessage, generation: u64) -> anyhow::
             }
         },
     }
-    if shared.pg.is_some() {
+    if shared.pg.is_some() || shared.changelog.is_some() {
         let p = outboxd::offsets::PartitionId::new(&raw.topic, raw.partition);
         let mut t = shared.tracker.lock().unwrap();
         if let Some(next) = t.finish(&p, generation, raw.offset) {
@@ -211,5 +268,44 @@ async fn process(shared: &Shared, raw: &RawMessage, generation: u64) -> anyhow::
             }
         }
     }
+    drop(place);
     Ok(())
+}
+
+/// The compacted topic `naive --changelog` writes the records of `source` to.
+fn floor_topic(source: &str) -> String {
+    format!("{source}.floor")
+}
+
+/// A producer with outboxd's changelog settings (src/kafka/options.rs, the
+/// changelog's default linger), after creating each source's `.floor` topic
+/// with the source's partitions, compacted as outboxd's changelogs are.
+async fn floor_producer(config: &Config) -> anyhow::Result<FutureProducer> {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &config.kafka.brokers);
+    let admin: AdminClient<DefaultClientContext> = cc.create()?;
+    let probe: BaseConsumer = cc.create()?;
+    let mut topics = Vec::new();
+    for source in config.subscriptions() {
+        let md = probe.fetch_metadata(Some(&source), Duration::from_secs(10))?;
+        let partitions = md.topics().first().map_or(0, |t| t.partitions().len());
+        anyhow::ensure!(partitions > 0, "source topic {source} not found");
+        topics.push((floor_topic(&source), i32::try_from(partitions)?));
+    }
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(name, n)| NewTopic::new(name, *n, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"))
+        .collect();
+    for result in admin.create_topics(&new, &AdminOptions::new()).await? {
+        match result {
+            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => anyhow::bail!("creating {topic}: {code}"),
+        }
+    }
+    cc.set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "10")
+        .set("compression.type", "lz4")
+        .set("allow.auto.create.topics", "false");
+    Ok(cc.create()?)
 }

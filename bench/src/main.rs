@@ -2,7 +2,8 @@
 //! `bench/run`, which builds the release binaries and brings up the local stack).
 //!
 //! Contenders, on the same broker, topics, receiver and run, interleaved:
-//! `naive` (no dedup, upper bound), `pg-table` (dedup in a PostgreSQL table),
+//! `naive` (no dedup, upper bound), `naive-changelog` (naive and a changelog record
+//! per event: the floor of outboxd's design), `pg-table` (dedup in a PostgreSQL table),
 //! `outboxd` (release binary, `store.fsync = true`), `outboxd-relaxed`
 //! (`store.fsync = false`) and Apache Camel's Idempotent Consumer (`camel`, the
 //! at-least-once recipe, and `camel-defaults`; HTTP handler only). Scenarios: drain, added latency, slow receiver,
@@ -129,9 +130,11 @@ struct Args {
     #[arg(long, default_value = "outboxd-window0,outboxd-relaxed-window0")]
     latency_extra: String,
     /// Extra contenders in the drain scenario only: outboxd with the changelog off
-    /// (`[store.changelog] enabled = false`), to show what the changelog costs, and
-    /// Apache Camel's Idempotent Consumer (recipe and defaults; HTTP handler only).
-    #[arg(long, default_value = "outboxd-nochangelog,camel,camel-defaults")]
+    /// (`[store.changelog] enabled = false`), to show what the changelog costs;
+    /// naive-changelog (naive and one changelog record per event, awaited before its
+    /// offset: what the design's changelog costs without a store); Apache Camel's
+    /// Idempotent Consumer (recipe and defaults; HTTP handler only).
+    #[arg(long, default_value = "outboxd-nochangelog,naive-changelog,camel,camel-defaults")]
     drain_extra: String,
     /// Extra contenders in the crash scenario only: Apache Camel's Idempotent Consumer
     /// (recipe and defaults).
