@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use super::ports::child_port;
 use super::wait::keep_looking_blocking;
 
 /// `scripts/stack up kafka` may download jars on a cold machine and waits for
@@ -19,12 +20,6 @@ pub struct PrivateBroker {
     controller_port: u16,
 }
 
-/// A port of 127.0.0.1 that nothing listens on now.
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("addr").port()
-}
-
 fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts").join("stack")
 }
@@ -33,11 +28,7 @@ impl PrivateBroker {
     /// Starts a new single-node KRaft broker on two free ports of 127.0.0.1.
     pub fn start() -> PrivateBroker {
         let dir = tempfile::Builder::new().prefix("outboxd-private-kafka-").tempdir().expect("temp dir");
-        let port = free_port();
-        let mut controller_port = free_port();
-        while controller_port == port {
-            controller_port = free_port();
-        }
+        let (port, controller_port) = (child_port(), child_port());
         let b = PrivateBroker { dir, port, controller_port };
         b.stack(&["up", "kafka"]);
         assert!(b.port_open(), "the private broker does not listen on {} after `scripts/stack up kafka`", b.brokers());

@@ -58,7 +58,7 @@ impl Browser {
                 "{bin} is missing: the console tests need Debian's chromium and chromium-driver (scripts/setup installs them)"
             );
         }
-        let port = super::broker::free_port();
+        let port = super::ports::child_port();
         let driver = Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
