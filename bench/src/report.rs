@@ -168,15 +168,19 @@ pub(crate) fn write_report(b: &Bench, started: Instant, m: &Measured, done: bool
                         median(&syncs.iter().map(|s| s.2).collect::<Vec<_>>())
                     )
                 };
-                let partial = if v.iter().any(|r| r.partial) {
+                // The runs the cap stopped, each with what it had committed by then.
+                let stopped: Vec<String> = v.iter().filter(|r| r.partial).map(|r| r.committed.to_string()).collect();
+                let partial = if stopped.is_empty() {
+                    String::new()
+                } else {
                     format!(
-                        " (stopped at the {} s cap, {} of {} committed)",
+                        " ({} of {} runs stopped at the {} s cap, with {} of {} committed)",
+                        stopped.len(),
+                        v.len(),
                         s.drain_cap.as_secs(),
-                        v.iter().map(|r| r.committed).max().unwrap_or(0),
+                        stopped.join(", "),
                         s.events
                     )
-                } else {
-                    String::new()
                 };
                 let calls = if hk == Hk::Http {
                     format!("{} ({})", v.last().map(|r| r.calls).unwrap_or(0), v.last().map(|r| r.repeats).unwrap_or(0))
