@@ -27,6 +27,7 @@
 //! They run up to `store.max_in_flight` events at once without per-key ordering
 //! (outboxd orders per key; these do not, which only makes them faster).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -102,7 +103,8 @@ struct Shared {
     consumer: Arc<Kc>,
     tracker: Tracker,
     pg: Option<(deadpool_postgres::Pool, String, String)>,
-    changelog: Option<FutureProducer>,
+    /// The floor's producer and each source topic's `.floor` topic, named once.
+    changelog: Option<(FutureProducer, HashMap<String, String>)>,
     /// Places for events that only wait for their changelog record (`store.max_settling`,
     /// as outboxd gives them: their in-flight place goes to the next message).
     settling: Arc<Semaphore>,
@@ -225,15 +227,15 @@ async fn process(
                 if let Err(e) = shared.handler.handle(&event).await {
                     eprintln!("handler failed for {}: {e}", event.id);
                 }
-                if let Some(producer) = &shared.changelog {
+                if let Some((producer, floor_topics)) = &shared.changelog {
                     // A free settling place frees its in-flight place; without one it keeps it.
                     if let Ok(settling) = shared.settling.clone().try_acquire_owned() {
                         place = settling;
                     }
                     let value = [1u8; FLOOR_VALUE_BYTES];
                     let mac = [2u8; FLOOR_HEADER_BYTES];
-                    let topic = floor_topic(&raw.topic);
-                    let record = FutureRecord::to(&topic)
+                    let topic = floor_topics.get(&raw.topic).context("no .floor topic for the source")?;
+                    let record = FutureRecord::to(topic)
                         .partition(raw.partition)
                         .key(event.id.as_bytes())
                         .payload(&value[..])
@@ -277,10 +279,13 @@ fn floor_topic(source: &str) -> String {
     format!("{source}.floor")
 }
 
-/// A producer with outboxd's changelog settings (src/kafka/options.rs, the
-/// changelog's default linger), after creating each source's `.floor` topic
-/// with the source's partitions, compacted as outboxd's changelogs are.
-async fn floor_producer(config: &Config) -> anyhow::Result<FutureProducer> {
+/// A producer with outboxd's changelog settings (src/kafka/options.rs, the linger
+/// of the config's `[store.changelog]`), after creating each source's `.floor`
+/// topic with the source's partitions, compacted as outboxd's changelogs are;
+/// with the `.floor` topic of each source.
+async fn floor_producer(config: &Config) -> anyhow::Result<(FutureProducer, HashMap<String, String>)> {
+    let linger =
+        config.store.changelog.as_ref().map(|c| c.linger).context("naive --changelog needs the changelog on")?;
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", &config.kafka.brokers);
     let admin: AdminClient<DefaultClientContext> = cc.create()?;
@@ -290,11 +295,11 @@ async fn floor_producer(config: &Config) -> anyhow::Result<FutureProducer> {
         let md = probe.fetch_metadata(Some(&source), Duration::from_secs(10))?;
         let partitions = md.topics().first().map_or(0, |t| t.partitions().len());
         anyhow::ensure!(partitions > 0, "source topic {source} not found");
-        topics.push((floor_topic(&source), i32::try_from(partitions)?));
+        topics.push((source.clone(), floor_topic(&source), i32::try_from(partitions)?));
     }
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|(name, n)| NewTopic::new(name, *n, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"))
+        .map(|(_, name, n)| NewTopic::new(name, *n, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"))
         .collect();
     for result in admin.create_topics(&new, &AdminOptions::new()).await? {
         match result {
@@ -304,8 +309,8 @@ async fn floor_producer(config: &Config) -> anyhow::Result<FutureProducer> {
     }
     cc.set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "10")
+        .set("linger.ms", linger.as_millis().to_string())
         .set("compression.type", "lz4")
         .set("allow.auto.create.topics", "false");
-    Ok(cc.create()?)
+    Ok((cc.create()?, topics.into_iter().map(|(source, floor, _)| (source, floor)).collect()))
 }
