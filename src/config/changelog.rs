@@ -192,7 +192,11 @@ impl ChangelogConfig {
     /// Whether `topic` is named like a changelog topic (a handler's `topic_pattern`
     /// may match those too: they are never handled nor given changelogs of their own).
     pub fn is_changelog(&self, topic: &str) -> bool {
-        let (prefix, suffix) = self.topic_template.split_once("{topic}").unwrap_or((&self.topic_template, ""));
+        // Asked for every consumed message: a search for `{` (memchr) instead of a
+        // substring search, which took 0.13 µs of a log drain's event.
+        let t = &self.topic_template;
+        let at = t.match_indices('{').map(|(i, _)| i).find(|&i| t[i..].starts_with("{topic}"));
+        let (prefix, suffix) = at.map_or((t.as_str(), ""), |i| (&t[..i], &t[i + "{topic}".len()..]));
         topic.len() > prefix.len() + suffix.len() && topic.starts_with(prefix) && topic.ends_with(suffix)
     }
 }
