@@ -6,8 +6,9 @@
 //! commit: a crash in between leaves an unused name, never a record whose
 //! name is unknown.
 
+use arc_swap::ArcSwap;
 use foldhash::{HashMap, HashMapExt};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 
 use crate::store::error::StoreError;
 
@@ -18,9 +19,13 @@ const BY_ID: u8 = b'i';
 /// A name is held once and shared by the records that carry it ([`Names::shared`]).
 type Maps = (HashMap<Arc<str>, u32>, Vec<Option<Arc<str>>>);
 
+/// Read several times per event from every worker, written a few hundred times in
+/// a store's life: readers load the maps without a lock, a new name swaps in a copy.
 pub struct Names {
     tree: sled::Tree,
-    maps: RwLock<Maps>,
+    maps: ArcSwap<Maps>,
+    /// Held by the one who gives a name its id, so that two never give two.
+    giving: Mutex<()>,
 }
 
 impl Names {
@@ -37,12 +42,12 @@ impl Names {
             by_id[id as usize] = Some(name.clone());
             by_name.insert(name, id);
         }
-        Ok(Names { tree, maps: RwLock::new((by_name, by_id)) })
+        Ok(Names { tree, maps: ArcSwap::from_pointee((by_name, by_id)), giving: Mutex::default() })
     }
 
     /// The id of `name`, if it has one.
     pub fn find(&self, name: &str) -> Option<u32> {
-        self.maps.read().expect("names lock").0.get(name).copied()
+        self.maps.load().0.get(name).copied()
     }
 
     /// The id of `name`, given one now if it has none.
@@ -50,10 +55,11 @@ impl Names {
         if let Some(id) = self.find(name) {
             return Ok(id);
         }
-        let mut maps = self.maps.write().expect("names lock");
-        if let Some(id) = maps.0.get(name) {
-            return Ok(*id);
+        let _giving = self.giving.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(id) = self.find(name) {
+            return Ok(id);
         }
+        let mut maps = Maps::clone(&self.maps.load());
         let id = u32::try_from(maps.1.len()).expect("fewer than 2^32 names");
         let mut by_name = vec![BY_NAME];
         by_name.extend_from_slice(name.as_bytes());
@@ -64,20 +70,19 @@ impl Names {
         let shared: Arc<str> = name.into();
         maps.0.insert(shared.clone(), id);
         maps.1.push(Some(shared));
+        self.maps.store(Arc::new(maps));
         Ok(id)
     }
 
     /// The name of `id` (empty for an id this store never gave, which a sound store has not).
     pub fn name(&self, id: u32) -> Arc<str> {
-        let maps = self.maps.read().expect("names lock");
-        maps.1.get(id as usize).cloned().flatten().unwrap_or_else(|| "".into())
+        self.maps.load().1.get(id as usize).cloned().flatten().unwrap_or_else(|| "".into())
     }
 
     /// `name` as the dictionary holds it, so that a record carrying it costs no copy;
     /// a copy of its own for a name that has no id yet.
     pub fn shared(&self, name: &str) -> Arc<str> {
-        let maps = self.maps.read().expect("names lock");
-        maps.0.get_key_value(name).map_or_else(|| name.into(), |(shared, _)| shared.clone())
+        self.maps.load().0.get_key_value(name).map_or_else(|| name.into(), |(shared, _)| shared.clone())
     }
 }
 

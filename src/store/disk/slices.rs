@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
 use super::counts::{Counts, STATES};
@@ -91,7 +92,8 @@ pub struct Slice {
     tree: sled::Tree,
     /// The slice's packed records (store/disk/runs.rs), oldest run first: its last
     /// seal's, then those a restore added since. A newer run shadows an older one.
-    runs: RwLock<Arc<Vec<Arc<Run>>>>,
+    /// Loaded by every lookup without a lock (see [`super::names::Names`]); swapped whole.
+    runs: ArcSwap<Vec<Arc<Run>>>,
     /// True once a seal has begun: from then on a removal writes a tombstone (a
     /// seal may have read the record already). Held for reading by each removal,
     /// for writing by a seal as it begins.
@@ -141,7 +143,7 @@ impl Slice {
             journal: parts.journal,
             full: parts.full,
             tree,
-            runs: RwLock::new(Arc::new(runs.into_iter().map(Arc::new).collect())),
+            runs: ArcSwap::from_pointee(runs.into_iter().map(Arc::new).collect()),
             sealing: RwLock::new(sealed),
             overlay_writes: AtomicU64::new(0),
             filter,
@@ -196,13 +198,13 @@ impl Slice {
 
     /// Its runs, oldest first.
     fn runs(&self) -> Arc<Vec<Arc<Run>>> {
-        self.runs.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.runs.load_full()
     }
 
     /// The value the runs hold under `key`: the newest run's that has it (a removal
     /// there, which a run packed from memory may hold: none).
     fn find_in_runs(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
-        for run in self.runs().iter().rev() {
+        for run in self.runs.load().iter().rev() {
             if run.may_contain(key) {
                 if let Some(v) = run.get(key.key)? {
                     return Ok((!v.is_empty()).then_some(v));
@@ -1106,7 +1108,7 @@ impl Slices {
         let kept = if replace { Vec::new() } else { slice.runs().to_vec() };
         let runs = Arc::new(kept.into_iter().chain([Arc::new(run)]).collect::<Vec<_>>());
         self.meta.insert(run_key(slice.start), run_entry(&runs))?;
-        Ok(Some(std::mem::replace(&mut *slice.runs.write().unwrap_or_else(PoisonError::into_inner), runs)))
+        Ok(Some(slice.runs.swap(runs)))
     }
 
     /// After [`Slices::install`] is durable: removes from the slice's overlay each
