@@ -76,6 +76,7 @@ impl Engine {
                 tracker,
                 consumer,
                 chains: Mutex::new(HashMap::new()),
+                keys: foldhash::fast::RandomState::default(),
                 settling: Arc::new(Semaphore::new(max_settling)),
             }),
             permits: Arc::new(Semaphore::new(max_in_flight)),
