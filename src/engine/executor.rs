@@ -630,7 +630,7 @@ impl Executor {
         let durable = hc.on_uncertain != OnUncertain::Retry;
         // A key that waits behind a dead or parked event holds this one (`on_dead = "hold"`).
         let how = ClaimHow { durable, hold: hc.on_dead.holds(), message: job.msg };
-        let _release = Release { store: &self.store, id: &event.id, scope };
+        let release = Release::new(&self.store, &event.id, scope);
         // In blocks, and bound before the next await: what a scope or a match keeps
         // (the turn, the claim, again and again) stays in the event's future across
         // every later await, a few hundred bytes each.
@@ -656,7 +656,13 @@ impl Executor {
             }
             admitted => (claimed, admitted),
         };
-        Box::pin(self.run_attempts(job, claimed, admitted)).await
+        let executed = Box::pin(self.run_attempts(job, claimed, admitted)).await?;
+        // Final: its record is written (done, dead, parked or held), and the store
+        // forgot the claim with it. Abandoned: the claim is still there.
+        if executed == Executed::Final {
+            release.written();
+        }
+        Ok(executed)
     }
 
     /// Counts `job`'s event as a suppressed duplicate and ends its span there; the

@@ -11,17 +11,32 @@ use tokio::sync::Semaphore;
 
 use crate::store::Store;
 
-/// Forgets an in-memory claim however its handling ends (normally the final
-/// record did already; a store failure or an abandoned future leaves it here).
+/// Forgets an in-memory claim when its handling ends without its final record (a
+/// store failure, an abandoned future, an event left to its partition's new owner).
+/// An event recorded final had it forgotten with that record: [`Release::written`].
 pub(super) struct Release<'a> {
-    pub(super) store: &'a Store,
-    pub(super) id: &'a str,
-    pub(super) scope: &'a str,
+    store: &'a Store,
+    id: &'a str,
+    scope: &'a str,
+    armed: bool,
+}
+
+impl<'a> Release<'a> {
+    pub(super) fn new(store: &'a Store, id: &'a str, scope: &'a str) -> Release<'a> {
+        Release { store, id, scope, armed: true }
+    }
+
+    /// The event's final record is written: the store forgot its claim then.
+    pub(super) fn written(mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for Release<'_> {
     fn drop(&mut self) {
-        self.store.handling().release(self.id, self.scope);
+        if self.armed {
+            self.store.handling().release(self.id, self.scope);
+        }
     }
 }
 

@@ -264,3 +264,25 @@ async fn a_retry_after_beyond_max_elapsed_is_dead_at_once() {
     assert!(r.reason.unwrap().starts_with("gave up after 1 attempts"));
     assert_eq!(f.handler.handled(), 1);
 }
+
+/// An in-memory claim (`on_uncertain = retry`, the default) is shown while the event
+/// runs and forgotten however its handling ends: with the final record, or when the
+/// event is left to its partition's new owner between attempts (nothing stored then).
+#[tokio::test]
+async fn an_in_memory_claim_is_forgotten_when_final_and_when_left_to_a_new_owner() {
+    let f = fixture(Entry::default(), Scripted::new(vec![retryable(None), ok("sent")]));
+    // Owned when claimed, moved by the time of the retry.
+    let asked = AtomicUsize::new(0);
+    let owned = || asked.fetch_add(1, Ordering::SeqCst) == 0;
+    let executed = f.exec.execute_owned(&message("e", 0), &owned, &|| {}).await.unwrap();
+    assert_eq!(executed, super::executor::Executed::Abandoned);
+    assert_eq!(f.handler.handled(), 1);
+    assert!(f.exec.store.reads().get("e").unwrap().is_none(), "no claim left behind, nothing stored");
+    let claimed = f.exec.store.reads().counts().iter().find(|(s, _)| *s == State::Claimed).map(|(_, n)| *n);
+    assert_eq!(claimed, Some(0));
+    // Its new owner (here, this one again) runs it to its final record.
+    f.run(&message("e", 0)).await;
+    assert_eq!(f.record("e").state, State::Done);
+    let claimed = f.exec.store.reads().counts().iter().find(|(s, _)| *s == State::Claimed).map(|(_, n)| *n);
+    assert_eq!(claimed, Some(0));
+}
