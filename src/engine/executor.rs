@@ -718,7 +718,8 @@ impl Executor {
                             info!(event_id = %event.id, %topic, partition, offset, %outcome,
                                 "uncertain event verified as done; not re-executed");
                             let record = spans::record(State::Done, self.changelog());
-                            Box::pin(record.in_scope(|| self.store.handling().finish(c, State::Done, outcome)).instrument(record)).await?;
+                            // Not boxed again: this whole future is boxed already (`claim_and_run`).
+                            record.in_scope(|| self.store.handling().finish(c, State::Done, outcome)).instrument(record).await?;
                             self.counters.handled.fetch_add(1, Ordering::Relaxed);
                             job.slot.tally.handled();
                             return Ok(None);
