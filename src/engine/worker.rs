@@ -212,19 +212,17 @@ impl Drop for ChainGuard {
     fn drop(&mut self) {
         let Some(key) = self.key.take() else { return };
         // Reached only when the task unwinds: hand the queue to a new task.
-        let next = {
+        let (next, topic) = {
             let mut chains = lock(&self.shared.chains);
             let next = chains.get_mut(&key).and_then(Chain::next);
+            let topic = chains.get(&key).map(|c| c.topic.clone()).unwrap_or_default();
             if next.is_none() {
                 chains.remove(&key);
             }
-            next
+            (next, topic)
         };
-        match &next {
-            Some(job) => error!(topic = %job.msg.topic, partition = job.msg.partition,
-                "a key's chain ended unexpectedly; its queue goes on"),
-            None => error!("a key's chain ended unexpectedly; nothing was queued behind it"),
-        }
+        let partition = next.as_ref().map(|j| j.msg.partition);
+        error!(%topic, ?partition, "a key's chain ended unexpectedly; its queue goes on");
         if let (Some(job), Ok(runtime)) = (next, tokio::runtime::Handle::try_current()) {
             runtime.spawn(run_chain(self.shared.clone(), key, job));
         }
