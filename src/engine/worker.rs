@@ -214,8 +214,10 @@ impl Drop for ChainGuard {
         // Reached only when the task unwinds: hand the queue to a new task.
         let (next, topic) = {
             let mut chains = lock(&self.shared.chains);
-            let next = chains.get_mut(&key).and_then(Chain::next);
-            let topic = chains.get(&key).map(|c| c.topic.clone()).unwrap_or_default();
+            let (next, topic) = match chains.get_mut(&key) {
+                Some(chain) => (chain.next(), chain.topic.clone()),
+                None => (None, String::new()),
+            };
             if next.is_none() {
                 chains.remove(&key);
             }
