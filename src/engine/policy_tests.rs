@@ -145,6 +145,11 @@ impl Fixture {
         assert!(matches!(self.exec.store.handling().claim(&event, TOPIC).await.unwrap(), Claim::Claimed(_)));
     }
 
+    /// Events counted as claimed, in-memory claims included.
+    fn claimed(&self) -> Option<u64> {
+        self.exec.store.reads().counts().iter().find(|(s, _)| *s == State::Claimed).map(|(_, n)| *n)
+    }
+
     fn counter(&self, which: fn(&super::executor::Counters) -> &std::sync::atomic::AtomicU64) -> u64 {
         which(&self.exec.counters).load(Ordering::Relaxed)
     }
@@ -278,11 +283,9 @@ async fn an_in_memory_claim_is_forgotten_when_final_and_when_left_to_a_new_owner
     assert_eq!(executed, super::executor::Executed::Abandoned);
     assert_eq!(f.handler.handled(), 1);
     assert!(f.exec.store.reads().get("e").unwrap().is_none(), "no claim left behind, nothing stored");
-    let claimed = f.exec.store.reads().counts().iter().find(|(s, _)| *s == State::Claimed).map(|(_, n)| *n);
-    assert_eq!(claimed, Some(0));
+    assert_eq!(f.claimed(), Some(0));
     // Its new owner (here, this one again) runs it to its final record.
     f.run(&message("e", 0)).await;
     assert_eq!(f.record("e").state, State::Done);
-    let claimed = f.exec.store.reads().counts().iter().find(|(s, _)| *s == State::Claimed).map(|(_, n)| *n);
-    assert_eq!(claimed, Some(0));
+    assert_eq!(f.claimed(), Some(0));
 }
