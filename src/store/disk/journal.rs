@@ -23,9 +23,11 @@
 //! has folded it, or is gone. An open replays the chunks in order into the
 //! tables, each slice's records after its mark.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use foldhash::fast::RandomState;
 
 use smallvec::SmallVec;
 
@@ -37,41 +39,20 @@ const CHUNK: u8 = b'c';
 const MARK: u8 = b'f';
 const CHUNK_VERSION: u8 = 1;
 
-/// A slice's records in memory, key → value (empty: removed), newest write, in
-/// key order.
+/// A slice's records in memory, key → value (empty: removed), newest write.
+///
+/// A hash table (foldhash, seeded per table): an event's write and its lookups each
+/// touch a line or two of it. A B-tree of the same keys (random ids, up to
+/// `store.memory_records` of them) touched a node per level: its insert was the
+/// largest single item of a log drain's profile (2.8% of outboxd's samples). Key
+/// order, which only a pack and the reads of many records want, is made when they
+/// ask for it ([`Table::sorted_from`]): a sort of the keys' first eight bytes as
+/// numbers, which order almost every pair of random ids without reading the keys.
 #[derive(Clone, Default)]
-pub struct Table(BTreeMap<TableKey, sled::IVec>);
+pub struct Table(HashMap<sled::IVec, sled::IVec, RandomState>);
 
-/// A key of a [`Table`]: its first eight bytes as a number, compared first, then the
-/// whole key. An event's key starts with its id's random bytes, so the number alone
-/// orders almost every pair: one integer comparison per key passed on the way down
-/// the tree, not a call to `memcmp` (the table's insert was 3.9% of a log drain's
-/// samples). Zero-padded, a shorter key still sorts as its bytes do: where the
-/// numbers tie, the bytes decide.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct TableKey {
-    head: u64,
-    key: sled::IVec,
-}
-
-impl TableKey {
-    fn new(key: sled::IVec) -> TableKey {
-        TableKey { head: head(&key), key }
-    }
-}
-
-/// A key as its bytes: the table's order is theirs (see [`TableKey`]), so a range, or a
-/// lookup of a key too long for an `IVec`'s inline bytes, compares bytes instead of
-/// copying the key to the heap to make a [`TableKey`] of it.
-impl std::borrow::Borrow<[u8]> for TableKey {
-    fn borrow(&self) -> &[u8] {
-        &self.key
-    }
-}
-
-/// The longest key an `IVec` holds without an allocation of its own.
-const INLINE_KEY: usize = 22;
-
+/// A key's first eight bytes as a number, zero-padded: where two numbers differ,
+/// they order their keys as the keys' bytes do; where they tie, the bytes decide.
 fn head(key: &[u8]) -> u64 {
     let mut first = [0u8; 8];
     let n = key.len().min(8);
@@ -82,14 +63,12 @@ fn head(key: &[u8]) -> u64 {
 impl Table {
     /// Sets `key`'s newest write.
     pub fn insert(&mut self, key: &[u8], value: sled::IVec) {
-        self.0.insert(TableKey::new(key.into()), value);
+        // One probe: a key up to an `IVec`'s inline length is made without allocating.
+        self.0.insert(key.into(), value);
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&sled::IVec> {
-        match key.len() {
-            0..=INLINE_KEY => self.0.get(&TableKey::new(key.into())),
-            _ => self.0.get(key),
-        }
+        self.0.get(key)
     }
 
     pub fn len(&self) -> usize {
@@ -100,19 +79,40 @@ impl Table {
         self.0.is_empty()
     }
 
-    /// Every entry, in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&sled::IVec, &sled::IVec)> {
-        self.0.iter().map(|(k, v)| (&k.key, v))
+    /// Whether it holds a record (not only removals).
+    pub fn has_records(&self) -> bool {
+        self.0.values().any(|v| !v.is_empty())
     }
 
-    /// Every key, in order.
+    /// Every key, in no order.
     pub fn keys(&self) -> impl Iterator<Item = &sled::IVec> {
-        self.0.keys().map(|k| &k.key)
+        self.0.keys()
     }
 
-    /// The entries from `from` on, in key order.
-    pub fn range_from(&self, from: Bound<&[u8]>) -> impl Iterator<Item = (&sled::IVec, &sled::IVec)> {
-        self.0.range::<[u8], _>((from, Bound::Unbounded)).map(|(k, v)| (&k.key, v))
+    /// Every entry, in key order.
+    pub fn sorted(&self) -> Vec<(&sled::IVec, &sled::IVec)> {
+        self.sorted_refs(Bound::Unbounded, None)
+    }
+
+    /// The entries from `from` on whose keys start with `prefix` (if given), in key
+    /// order, copied out (an `IVec` is copied inline or shares its bytes).
+    pub fn sorted_from(&self, from: Bound<&[u8]>, prefix: Option<&[u8]>) -> Vec<(sled::IVec, sled::IVec)> {
+        self.sorted_refs(from, prefix).into_iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    fn sorted_refs(&self, from: Bound<&[u8]>, prefix: Option<&[u8]>) -> Vec<(&sled::IVec, &sled::IVec)> {
+        let wanted = |k: &[u8]| {
+            let after = match from {
+                Bound::Included(f) => k >= f,
+                Bound::Excluded(f) => k > f,
+                Bound::Unbounded => true,
+            };
+            after && prefix.is_none_or(|p| k.starts_with(p))
+        };
+        let mut entries: Vec<(u64, &sled::IVec, &sled::IVec)> =
+            self.0.iter().filter(|(k, _)| wanted(k)).map(|(k, v)| (head(k), k, v)).collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1[..].cmp(&b.1[..])));
+        entries.into_iter().map(|(_, k, v)| (k, v)).collect()
     }
 
     /// `newer`'s entries take the place of this table's under the same keys.
@@ -123,7 +123,7 @@ impl Table {
 
 impl Extend<(sled::IVec, sled::IVec)> for Table {
     fn extend<I: IntoIterator<Item = (sled::IVec, sled::IVec)>>(&mut self, entries: I) {
-        self.0.extend(entries.into_iter().map(|(k, v)| (TableKey::new(k), v)));
+        self.0.extend(entries);
     }
 }
 
@@ -344,7 +344,7 @@ mod tests {
             table.insert(&k, i.to_be_bytes().as_slice().into());
             model.insert(k, i.to_be_bytes().to_vec());
         }
-        let all: Vec<_> = table.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+        let all: Vec<_> = table.sorted().into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
         assert_eq!(all, model.clone().into_iter().collect::<Vec<_>>());
         assert_eq!(table.len(), model.len());
         for (k, v) in &model {
@@ -353,15 +353,20 @@ mod tests {
         for _ in 0..500 {
             let from = key(&mut rng);
             let (got, want): (Vec<_>, Vec<_>) = if rng.random_bool(0.5) {
-                let got = table.range_from(Bound::Included(&from)).map(|(k, _)| k.to_vec()).collect();
+                let got = table.sorted_from(Bound::Included(&from), None).into_iter().map(|(k, _)| k.to_vec()).collect();
                 (got, model.range::<Vec<u8>, _>(&from..).map(|(k, _)| k.clone()).collect())
             } else {
-                let got = table.range_from(Bound::Excluded(&from)).map(|(k, _)| k.to_vec()).collect();
+                let got = table.sorted_from(Bound::Excluded(&from), None).into_iter().map(|(k, _)| k.to_vec()).collect();
                 let want = model.range::<Vec<u8>, _>((Bound::Excluded(&from), Bound::Unbounded));
                 (got, want.map(|(k, _)| k.clone()).collect())
             };
             assert_eq!(got, want, "from {from:?}");
             assert_eq!(table.get(&from).map(|v| v.to_vec()), model.get(&from).cloned());
+            let prefix = &from[..from.len().min(2)];
+            let got: Vec<_> =
+                table.sorted_from(Bound::Included(prefix), Some(prefix)).into_iter().map(|(k, _)| k.to_vec()).collect();
+            let want: Vec<_> = model.keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+            assert_eq!(got, want, "prefix {prefix:?}");
         }
     }
 }

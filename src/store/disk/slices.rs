@@ -100,10 +100,14 @@ pub struct Slice {
     sealing: RwLock<bool>,
     /// Writes into `tree` since the last seal (or since the slice was opened).
     overlay_writes: AtomicU64,
-    /// Which keys memory and the overlay may hold (the runs have filters of their
-    /// own): a lookup of a new id skips both (store/disk/filter.rs). Keys stay in it
-    /// once packed.
+    /// Which keys the overlay may hold (the runs have filters of their own): a lookup
+    /// of a new id reads no page of it (store/disk/filter.rs). Memory's keys are not in
+    /// it: a lookup there costs what a probe of the filter would.
     filter: KeyFilter,
+    /// Set by the first write into memory (or a replay of the journal into it), never
+    /// cleared: until then lookups skip `mem` and `frozen` and their locks, as they do
+    /// for every slice older than the current one and the one before.
+    holds_memory: AtomicBool,
     /// Held by whoever is packing the slice, from its pack to its settle ([`Packing`]).
     packing: AtomicBool,
     /// Opened with a run and an overlay that may repeat it: the last seal may have
@@ -147,6 +151,7 @@ impl Slice {
             sealing: RwLock::new(sealed),
             overlay_writes: AtomicU64::new(0),
             filter,
+            holds_memory: AtomicBool::new(false),
             packing: AtomicBool::new(false),
             unsettled: AtomicBool::new(unsettled),
             counts: parts.counts,
@@ -215,7 +220,7 @@ impl Slice {
     }
 
     /// Writes a record: into memory and the journal while the slice takes live
-    /// writes, else into its tree (and the tree's filter first, so that no lookup
+    /// writes, else into its tree (and the overlay's filter first, so that no lookup
     /// ever finds the slice holding a key the filter calls absent).
     pub fn insert(&self, key: &[u8], value: impl Into<sled::IVec>) -> Result<(), sled::Error> {
         let value = value.into();
@@ -233,10 +238,11 @@ impl Slice {
     }
 
     /// A write (an empty `value`: a removal) into memory and, in the same order, the
-    /// journal held by the caller; the key into the filter first, so that no lookup
-    /// finds it absent.
+    /// journal held by the caller; lookups told first that memory is to be read.
     fn write_in_memory(&self, journal: &mut Guard<'_>, key: &[u8], value: sled::IVec) {
-        self.filter.add(&Hashed::of(key));
+        if !self.holds_memory.load(Ordering::Relaxed) {
+            self.holds_memory.store(true, Ordering::Release);
+        }
         journal.append(self.start, key, &value);
         let mut mem = self.mem_mut();
         mem.insert(key, value);
@@ -259,10 +265,11 @@ impl Slice {
         self.find(&Hashed::of(key))
     }
 
-    /// The value under `key`: the overlay's entry if it has one (a tombstone: none),
-    /// else the newest run's. A part whose filter knows the key to be absent reads no page.
+    /// The value under `key`: memory's entry if it has one, else the overlay's, else
+    /// the newest run's (a removal in any: none). A part whose filter knows the key to
+    /// be absent reads no page.
     pub fn find(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
-        if self.filter.may_contain(key) {
+        if self.holds_memory.load(Ordering::Acquire) {
             if let Some(v) = self.mem().get(key.key) {
                 return Ok((!v.is_empty()).then(|| v.clone()));
             }
@@ -272,6 +279,8 @@ impl Slice {
                     return Ok((!v.is_empty()).then(|| v.clone()));
                 }
             }
+        }
+        if self.filter.may_contain(key) {
             match self.tree.get(key.key)? {
                 Some(v) if v.is_empty() => return Ok(None),
                 Some(v) => return Ok(Some(v)),
@@ -310,17 +319,23 @@ impl Slice {
 
     /// The records from `from` on, in key order.
     pub fn range_from(&self, from: Bound<Vec<u8>>) -> SliceIter {
-        self.range_over([Some(self.mem.clone()), self.frozen()].into_iter().flatten().collect(), from)
+        self.range_over(self.tables(), from, None)
     }
 
-    /// [`Slice::range_from`] with `tables` (newest first) in place of its records in memory.
-    fn range_over(&self, tables: Vec<Arc<RwLock<Table>>>, from: Bound<Vec<u8>>) -> SliceIter {
+    /// Its records in memory, newest first.
+    fn tables(&self) -> Vec<Arc<RwLock<Table>>> {
+        [Some(self.mem.clone()), self.frozen()].into_iter().flatten().collect()
+    }
+
+    /// [`Slice::range_from`] with `tables` (newest first) in place of its records in
+    /// memory, of which only those with `prefix` are read.
+    fn range_over(&self, tables: Vec<Arc<RwLock<Table>>>, from: Bound<Vec<u8>>, prefix: Option<&[u8]>) -> SliceIter {
         let overlay = match &from {
             Bound::Included(k) => self.tree.range(k.clone()..),
             Bound::Excluded(k) => self.tree.range((Bound::Excluded(k.clone()), Bound::Unbounded)),
             Bound::Unbounded => self.tree.iter(),
         };
-        let mem = tables.into_iter().map(|t| Source::Mem(MemIter::new(t, &from)));
+        let mem = tables.into_iter().map(|t| Source::Mem(MemIter::new(t, &from, prefix)));
         let held = self.runs();
         let runs = held.iter().rev().map(|r| Source::Run(r.range(from.clone())));
         let sources: Vec<_> = mem.chain([Source::Overlay(overlay)]).chain(runs).map(Some).collect();
@@ -330,11 +345,16 @@ impl Slice {
 
     /// The records whose key starts with `prefix`, in key order.
     pub fn scan_prefix(&self, prefix: &[u8]) -> SliceIter {
-        SliceIter { prefix: Some(prefix.to_vec()), ..self.range_from(Bound::Included(prefix.to_vec())) }
+        let all = self.range_over(self.tables(), Bound::Included(prefix.to_vec()), Some(prefix));
+        SliceIter { prefix: Some(prefix.to_vec()), ..all }
     }
 
-    /// No record (a read that fails counts as not empty).
+    /// No record (a read that fails counts as not empty). Memory is looked at first:
+    /// an iteration puts its records in order, which a slice holding records need not.
     pub fn is_empty(&self) -> bool {
+        if self.tables().iter().any(|t| read(t).has_records()) {
+            return false;
+        }
         self.iter().next().is_none()
     }
 
@@ -445,25 +465,22 @@ fn read(table: &RwLock<Table>) -> std::sync::RwLockReadGuard<'_, Table> {
     table.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Entries a [`MemIter`] copies out of its table at a time.
-const MEM_READ: usize = 512;
-
-/// A slice's records in memory from a bound on, copied out a few hundred at a
-/// time: the table is not held locked between them.
+/// A slice's records in memory from a bound on (with a prefix, if given), copied out
+/// and put in key order at its first read: the table is a hash table, held locked
+/// for that copy only. Writes into the table after that read are not seen (those
+/// before the iterator was made always are).
 struct MemIter {
-    table: Arc<RwLock<Table>>,
-    from: Bound<sled::IVec>,
+    /// Until the first read.
+    table: Option<Arc<RwLock<Table>>>,
+    from: Bound<Vec<u8>>,
+    prefix: Option<Vec<u8>>,
     read: std::vec::IntoIter<Entry>,
 }
 
 impl MemIter {
-    fn new(table: Arc<RwLock<Table>>, from: &Bound<Vec<u8>>) -> MemIter {
-        let from = match from {
-            Bound::Included(k) => Bound::Included(k.as_slice().into()),
-            Bound::Excluded(k) => Bound::Excluded(k.as_slice().into()),
-            Bound::Unbounded => Bound::Unbounded,
-        };
-        MemIter { table, from, read: Vec::new().into_iter() }
+    fn new(table: Arc<RwLock<Table>>, from: &Bound<Vec<u8>>, prefix: Option<&[u8]>) -> MemIter {
+        let prefix = prefix.map(<[u8]>::to_vec);
+        MemIter { table: Some(table), from: from.clone(), prefix, read: Vec::new().into_iter() }
     }
 }
 
@@ -471,18 +488,10 @@ impl Iterator for MemIter {
     type Item = Entry;
 
     fn next(&mut self) -> Option<Entry> {
-        if let Some(e) = self.read.next() {
-            return Some(e);
+        if let Some(table) = self.table.take() {
+            let from = self.from.as_ref().map(|k| &k[..]);
+            self.read = read(&table).sorted_from(from, self.prefix.as_deref()).into_iter();
         }
-        let table = read(&self.table);
-        let read: Vec<Entry> = table
-            .range_from(self.from.as_ref().map(|k| &k[..]))
-            .take(MEM_READ)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        drop(table);
-        self.from = Bound::Excluded(read.last()?.0.clone());
-        self.read = read.into_iter();
         self.read.next()
     }
 }
@@ -653,16 +662,16 @@ impl Slices {
             }
             let kept = v.get(8..).and_then(Counts::decode);
             let counts = kept.map(Counts::from_values).unwrap_or_default();
-            // The overlay's, sized for the records beyond the run, and an eighth more
-            // for those still to come.
+            // The overlay's, sized for the records beyond the runs and memory, and an
+            // eighth more for those still to come.
+            let replayed = replay.remove(&start).unwrap_or_default();
             let packed: u64 = runs.iter().map(|r| r.records).sum();
-            let beyond = counts.total().saturating_sub(packed) as usize;
+            let beyond = counts.total().saturating_sub(packed).saturating_sub(replayed.len() as u64) as usize;
             let filter = KeyFilter::unfilled(beyond + beyond / 8);
             let parts = Parts { counts, journal: journal.clone(), full: full.clone() };
             let slice = Slice::new(start, width, tree, runs, filter, parts);
-            let replayed = replay.remove(&start).unwrap_or_default();
-            for (key, _) in &replayed {
-                slice.filter.add(&Hashed::of(key));
+            if !replayed.is_empty() {
+                slice.holds_memory.store(true, Ordering::Release);
             }
             slice.mem_mut().extend(replayed);
             if kept.is_none() {
@@ -1000,12 +1009,12 @@ impl Slices {
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut w = RunWriter::new(&self.db, slice.start, id)?;
         if fold.merge {
-            for item in slice.range_over(vec![fold.mem.clone()], Bound::Unbounded) {
+            for item in slice.range_over(vec![fold.mem.clone()], Bound::Unbounded, None) {
                 let (k, v) = item?;
                 w.push(&k, &v)?;
             }
         } else {
-            for (k, v) in read(&fold.mem).iter() {
+            for (k, v) in read(&fold.mem).sorted() {
                 w.push(k, v)?;
             }
         }
