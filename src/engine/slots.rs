@@ -1,10 +1,11 @@
 //! What the executor keeps per `[[handlers]]` entry (a [`Slot`]) and per topic (its
 //! metric handles, resolved at the topic's first event instead of once per event).
 
-use foldhash::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 
+use arc_swap::ArcSwap;
+use foldhash::HashMap;
 use metrics::{Counter, Histogram};
 
 use super::concurrency::Limiter;
@@ -90,15 +91,35 @@ impl TopicMetrics {
 
 /// Handles by topic, then by handler index (`usize::MAX`: no handler), each made at
 /// its first use. Topics are few (a pattern matches new ones rarely), so entries are
-/// never removed; a lookup allocates nothing.
-type ByTopic<T> = RwLock<HashMap<String, HashMap<usize, T>>>;
+/// never removed, and a new one swaps in a copy of the map: a lookup, one per event,
+/// allocates nothing and takes no lock (an `RwLock`'s read writes its count, a line
+/// both runtime workers would pass between them at every event).
+struct ByTopic<T> {
+    map: ArcSwap<HashMap<String, HashMap<usize, T>>>,
+    /// Serialises the writers, so that no entry made by one is lost to another's copy.
+    making: Mutex<()>,
+}
 
-fn cached<T: Clone>(map: &ByTopic<T>, topic: &str, index: usize, make: impl FnOnce() -> T) -> T {
-    if let Some(m) = map.read().expect("topic metrics lock").get(topic).and_then(|h| h.get(&index)) {
-        return m.clone();
+impl<T> Default for ByTopic<T> {
+    fn default() -> Self {
+        ByTopic { map: ArcSwap::default(), making: Mutex::default() }
     }
-    let mut all = map.write().expect("topic metrics lock");
-    all.entry(topic.to_owned()).or_default().entry(index).or_insert_with(make).clone()
+}
+
+fn cached<T: Clone>(by: &ByTopic<T>, topic: &str, index: usize, make: impl FnOnce() -> T) -> T {
+    let found = |map: &HashMap<String, HashMap<usize, T>>| map.get(topic).and_then(|h| h.get(&index)).cloned();
+    if let Some(m) = found(&by.map.load()) {
+        return m;
+    }
+    let _making = by.making.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(m) = found(&by.map.load()) {
+        return m;
+    }
+    let made = make();
+    let mut map = HashMap::clone(&by.map.load());
+    map.entry(topic.to_owned()).or_default().insert(index, made.clone());
+    by.map.store(Arc::new(map));
+    made
 }
 
 /// Each route's [`TopicMetrics`] by topic and handler, made at its first event; and
