@@ -226,3 +226,35 @@ fn json_is_sent_as_it_came_spacing_and_member_order_kept() {
     // Parsed JSON is sent in its compact rendering.
     assert_eq!(body("{\"b\": 1,\n \"a\": 2}"), r#"{"a":2,"b":1}"#);
 }
+
+/// `decode_now` answers what `decode` would, and declines exactly the messages that
+/// need the registry: without one, `decode` refuses each of those for its Avro.
+#[test]
+fn decoding_at_once_agrees_with_decoding_and_declines_what_needs_the_registry() {
+    let framed: &[u8] = &[0, 0, 0, 1, 7, 2, b'x'];
+    let values: [Option<&[u8]>; 4] = [Some(br#"{"a":1}"#), Some(b"plain text"), Some(framed), None];
+    let keys: [Option<&[u8]>; 3] = [Some(b"order-1"), Some(framed), None];
+    let decoder = Decoder::default();
+    let mut answered = 0;
+    for format in [Format::Auto, Format::Json, Format::Avro, Format::Raw] {
+        let layout = Layout { format, event_id: header_id(), ..Layout::default() };
+        for (value, key) in values.iter().flat_map(|v| keys.iter().map(move |k| (*v, *k))) {
+            let m = RawMessage { key: key.map(<[u8]>::to_vec), ..msg(value, &[("id", b"e-1")]) };
+            let later = futures::executor::block_on(decoder.decode(&m, &layout));
+            match decoder.decode_now(&m, &layout) {
+                Some(now) => {
+                    answered += 1;
+                    assert_eq!(format!("{now:?}"), format!("{later:?}"), "{format:?}, {value:?}, {key:?}");
+                }
+                None => assert!(
+                    matches!(later, Err(DecodeError::Avro { .. } | DecodeError::NotAvro)),
+                    "declined {format:?}, {value:?}, {key:?}, which decodes as {later:?}"
+                ),
+            }
+        }
+    }
+    // Under `auto` and `avro`: the six without a framed value or key; under `json` and `raw`: all twelve.
+    assert_eq!(answered, 36);
+    let json = msg(Some(br#"{"a":1}"#), &[("id", b"e-1")]);
+    assert!(decoder.decode_now(&json, &Layout::default()).is_some(), "the usual event: JSON, a text key, auto");
+}

@@ -305,7 +305,13 @@ impl Executor {
             return Ok(Executed::Final);
         };
         let decode = spans::decode();
-        match Box::pin(self.decode(hc, msg)).instrument(decode.clone()).await {
+        // Most messages need no schema lookup: decoded here, without the boxed
+        // future of the path that waits for the registry.
+        let decoded = match decode.in_scope(|| self.decoder.decode_now(msg, &self.slots[hc.index].layout)) {
+            Some(decoded) => decoded,
+            None => Box::pin(self.decode(hc, msg)).instrument(decode.clone()).await,
+        };
+        match decoded {
             Err(reason) => {
                 let reason = reason.to_string();
                 spans::failed(&decode, &reason);
