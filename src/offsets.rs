@@ -416,7 +416,8 @@ impl OffsetTracker {
     /// The event at `offset` is durably finished. Returns the new next offset
     /// to commit when it moved forward.
     pub fn finish(&mut self, partition: &PartitionId, generation: u64, offset: i64) -> Option<i64> {
-        self.check(Instant::now());
+        let now = Instant::now();
+        self.check(now);
         let p = self.partitions.get_mut(partition).filter(|p| p.generation == generation)?;
         p.running = p.running.saturating_sub(1);
         match p.pending.get_mut(&offset) {
@@ -433,7 +434,7 @@ impl OffsetTracker {
         }
         if let Some(next) = advanced {
             p.committable = Some(next);
-            p.moved_at = Instant::now();
+            p.moved_at = now;
         }
         advanced
     }

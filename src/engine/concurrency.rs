@@ -144,12 +144,9 @@ impl Limiter {
         Call { permit, started: Instant::now() }
     }
 
-    /// A call ended: its round trip and how it went move the limit.
-    pub fn done(&self, call: Call, signal: Signal) {
-        self.done_at(call, signal, Instant::now());
-    }
-
-    fn done_at(&self, call: Call, signal: Signal, now: Instant) {
+    /// A call ended at `now` (the caller's reading of the clock): its round trip and
+    /// how it went move the limit.
+    pub fn done(&self, call: Call, signal: Signal, now: Instant) {
         let rtt = now.saturating_duration_since(call.started).as_secs_f64();
         let mut c = self.lock();
         if c.debt > 0 {
@@ -260,7 +257,7 @@ mod tests {
         }
         *now += Duration::from_millis(10);
         for c in calls {
-            l.done_at(c, signal, *now);
+            l.done(c, signal, *now);
         }
     }
 
@@ -300,7 +297,7 @@ mod tests {
             (0..64).map(|_| Call { permit: l.permits.clone().try_acquire_owned().unwrap(), started }).collect();
         now += Duration::from_millis(100);
         for c in calls {
-            l.done_at(c, Signal::Answered, now);
+            l.done(c, Signal::Answered, now);
         }
         assert_eq!(l.limit(), 57, "ten times the usual round trip");
     }
@@ -327,7 +324,7 @@ mod tests {
         let calls: Vec<Call> = futures::future::join_all((0..10).map(|_| l.acquire())).await;
         l.restart();
         for c in calls {
-            l.done(c, Signal::Answered);
+            l.done(c, Signal::Answered, Instant::now());
         }
         assert_eq!(l.permits.available_permits(), 1, "ten out, limit 1: one permit left once they end");
     }

@@ -823,16 +823,18 @@ impl Executor {
                 Err(e) => spans::failed(&span, e),
             }
             drop(span);
-            let took = t.elapsed();
+            // One reading of the clock for the call's time and the event's budget.
+            let ended = Instant::now();
+            let took = ended.saturating_duration_since(t);
             job.slot.calls.count(result.is_ok());
             job.slot.tally.call(took);
             job.metrics.handler_seconds.record(took.as_secs_f64());
             let health = Health::of(&result);
             let last_chance = charged + 1 >= hc.retry.max_attempts
-                || started.elapsed().saturating_add(hc.retry.max_backoff) >= hc.retry.max_elapsed;
+                || ended.saturating_duration_since(started).saturating_add(hc.retry.max_backoff) >= hc.retry.max_elapsed;
             let open = circuit.record(pass, &health, last_chance);
             let signal = if matches!(health, Health::Down { .. }) { Signal::Congested } else { Signal::Answered };
-            limiter.done(call, signal);
+            limiter.done(call, signal, ended);
             let (reason, retry_after) = match result {
                 Ok(outcome) => {
                     (job.call_over)();
