@@ -222,8 +222,7 @@ impl Slice {
     /// Writes a record: into memory and the journal while the slice takes live
     /// writes, else into its tree (and the overlay's filter first, so that no lookup
     /// ever finds the slice holding a key the filter calls absent).
-    pub fn insert(&self, key: &[u8], value: impl Into<sled::IVec>) -> Result<(), sled::Error> {
-        let value = value.into();
+    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<(), sled::Error> {
         debug_assert!(!value.is_empty(), "no record value is empty: that is a tombstone");
         let mut journal = self.journal.lock();
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
@@ -239,11 +238,11 @@ impl Slice {
 
     /// A write (an empty `value`: a removal) into memory and, in the same order, the
     /// journal held by the caller; lookups told first that memory is to be read.
-    fn write_in_memory(&self, journal: &mut Guard<'_>, key: &[u8], value: sled::IVec) {
+    fn write_in_memory(&self, journal: &mut Guard<'_>, key: &[u8], value: &[u8]) {
         if !self.holds_memory.load(Ordering::Relaxed) {
             self.holds_memory.store(true, Ordering::Release);
         }
-        journal.append(self.start, key, &value);
+        journal.append(self.start, key, value);
         let mut mem = self.mem_mut();
         mem.insert(key, value);
         if mem.len() as u64 >= self.full.at {
@@ -271,12 +270,12 @@ impl Slice {
     pub fn find(&self, key: &Hashed) -> Result<Option<sled::IVec>, sled::Error> {
         if self.holds_memory.load(Ordering::Acquire) {
             if let Some(v) = self.mem().get(key.key) {
-                return Ok((!v.is_empty()).then(|| v.clone()));
+                return Ok((!v.is_empty()).then(|| v.into()));
             }
             // After `mem`: a pack takes `mem`'s records into `frozen` with `frozen` held.
             if let Some(frozen) = self.frozen() {
                 if let Some(v) = read(&frozen).get(key.key) {
-                    return Ok((!v.is_empty()).then(|| v.clone()));
+                    return Ok((!v.is_empty()).then(|| v.into()));
                 }
             }
         }
@@ -299,7 +298,7 @@ impl Slice {
         let mut journal = self.journal.lock();
         self.overlay_writes.fetch_add(1, Ordering::Relaxed);
         if self.takes_live_writes() {
-            self.write_in_memory(&mut journal, key, sled::IVec::default());
+            self.write_in_memory(&mut journal, key, &[]);
             return Ok(());
         }
         journal.cut()?;
@@ -1335,7 +1334,7 @@ mod tests {
         let key = |i: u64| [b"k".as_slice(), &i.to_be_bytes()].concat();
         let add = |from: u64, to: u64| {
             for i in from..to {
-                current.insert(&key(i), b"v".to_vec()).unwrap();
+                current.insert(&key(i), b"v").unwrap();
                 current.moved(None, Some(State::Done));
             }
         };
@@ -1436,7 +1435,7 @@ mod tests {
                 slice.remove(&k).unwrap();
                 model.remove(&k);
             } else {
-                slice.insert(&k, b"between".to_vec()).unwrap();
+                slice.insert(&k, b"between").unwrap();
                 model.insert(k, b"between".to_vec());
             }
         };
@@ -1453,7 +1452,7 @@ mod tests {
                     model.remove(&k);
                 } else {
                     let v = format!("v{round}-{}", rng.random::<u16>()).into_bytes();
-                    slice.insert(&k, v.clone()).unwrap();
+                    slice.insert(&k, &v).unwrap();
                     model.insert(k, v);
                 }
             }
