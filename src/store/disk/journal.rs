@@ -52,15 +52,23 @@ const CHUNK_VERSION: u8 = 1;
 /// The values are appended to one buffer, not each an allocation of its own: a
 /// record costs no allocation (a key up to an `IVec`'s inline length neither), and
 /// a pack lets the table go as a few large blocks, where it freed one per record
-/// (0.8% of a log drain's samples). A value written over stays in the buffer until
-/// the table goes (a record is written into memory once or twice: its claim, when
-/// durable, and its final record).
+/// (0.8% of a log drain's samples). A value written over stays in the buffer (a
+/// record is written into memory once or twice: its claim, when durable, and its
+/// final record) until the table goes, or until what was written over is more than
+/// what is current and [`COMPACT_SLACK`] besides: then the current values are copied
+/// into a new buffer. A key written again and again (an event retried for hours
+/// with a durable claim) cannot grow it beyond twice its current values.
 #[derive(Clone, Default)]
 pub struct Table {
     /// Key → where its value is in `values`.
     at: HashMap<sled::IVec, Span, RandomState>,
     values: Vec<u8>,
+    /// The bytes of `values` that are current (the rest were written over).
+    current: usize,
 }
+
+/// Bytes written over a [`Table`] holds before it compacts its values.
+const COMPACT_SLACK: usize = 1 << 20;
 
 /// Where a value is in a [`Table`]'s buffer.
 #[derive(Clone, Copy)]
@@ -83,8 +91,25 @@ impl Table {
     pub fn insert(&mut self, key: &[u8], value: &[u8]) {
         let span = Span { start: self.values.len(), len: value.len() };
         self.values.extend_from_slice(value);
+        self.current += value.len();
         // One probe: a key up to an `IVec`'s inline length is made without allocating.
-        self.at.insert(key.into(), span);
+        if let Some(over) = self.at.insert(key.into(), span) {
+            self.current -= over.len;
+            if self.values.len() - self.current > self.current + COMPACT_SLACK {
+                self.compact();
+            }
+        }
+    }
+
+    /// Copies the current values into a buffer of their own.
+    fn compact(&mut self) {
+        let mut values = Vec::with_capacity(self.current);
+        for span in self.at.values_mut() {
+            let start = values.len();
+            values.extend_from_slice(&self.values[span.start..span.start + span.len]);
+            span.start = start;
+        }
+        self.values = values;
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
@@ -361,6 +386,24 @@ mod tests {
         // Up to 40 bytes: past an IVec's inline ones too (looked up by their bytes).
         let len = rng.random_range(0..40);
         (0..len).map(|_| [0u8, 1, 0x7f, 0x80, 0xff][rng.random_range(0..5)]).collect()
+    }
+
+    /// A key written over and over keeps the buffer within twice its current values
+    /// (and the slack), and every key keeps its newest value through the compactions.
+    #[test]
+    fn a_table_written_over_and_over_stays_small() {
+        let mut table = Table::default();
+        for i in 0..10u32 {
+            table.insert(&i.to_be_bytes(), &[0xaa; 100]);
+        }
+        for round in 0..30_000u32 {
+            let value = [round.to_be_bytes().as_slice(), &[0x55; 96]].concat();
+            table.insert(b"retried", &value);
+            assert!(table.values.len() <= 2 * table.current + super::COMPACT_SLACK + 100, "{}", table.values.len());
+        }
+        assert_eq!(table.current, 10 * 100 + 100);
+        assert_eq!(&table.get(b"retried").unwrap()[..4], 29_999u32.to_be_bytes());
+        assert!((0..10u32).all(|i| table.get(&i.to_be_bytes()) == Some(&[0xaa; 100][..])));
     }
 
     #[test]
