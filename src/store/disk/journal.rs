@@ -112,6 +112,11 @@ impl Table {
         self.values = values;
     }
 
+    /// Room for `records` more keys without moving the ones it holds.
+    pub fn reserve(&mut self, records: usize) {
+        self.at.reserve(records);
+    }
+
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
         self.at.get(key).map(|s| self.value(*s))
     }

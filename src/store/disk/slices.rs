@@ -60,6 +60,10 @@ pub const MAX_RUNS: usize = 8;
 /// A sealed slice is sealed again once its overlay took this many writes, and
 /// at least an eighth of its runs' records.
 const RESEAL_WRITES: u64 = 4_096;
+/// Records a table in memory is sized for at its first write: `store.memory_records`,
+/// up to the default (131,072: about 6 MB of the table's address space, and 150 KB of
+/// it written at once). Beyond, it grows as it fills.
+const PRESIZED_RECORDS: u64 = 131_072;
 /// `store.memory_records` as the tests of this file take it (the store's default).
 #[cfg(test)]
 const LIVE_SEAL_RECORDS: u64 = 131_072;
@@ -244,6 +248,11 @@ impl Slice {
         }
         journal.append(self.start, key, value);
         let mut mem = self.mem_mut();
+        if mem.is_empty() {
+            // Sized at once for what it will hold before its pack: a hash table that
+            // grows moves every entry, holding up every write and lookup of the slice.
+            mem.reserve(self.full.at.min(PRESIZED_RECORDS) as usize);
+        }
         mem.insert(key, value);
         if mem.len() as u64 >= self.full.at {
             // Coalesced: one wake-up however many writes tell it.
