@@ -223,8 +223,11 @@ impl Drop for ChainGuard {
             }
             (next, topic)
         };
-        let partition = next.as_ref().map(|j| j.msg.partition);
-        error!(%topic, ?partition, "a key's chain ended unexpectedly; its queue goes on");
+        match &next {
+            Some(job) => error!(%topic, partition = job.msg.partition,
+                "a key's chain ended unexpectedly; its queue goes on"),
+            None => error!(%topic, "a key's chain ended unexpectedly; nothing was queued behind it"),
+        }
         if let (Some(job), Ok(runtime)) = (next, tokio::runtime::Handle::try_current()) {
             runtime.spawn(run_chain(self.shared.clone(), key, job));
         }
