@@ -335,8 +335,9 @@ impl Slice {
         [Some(self.mem.clone()), self.frozen()].into_iter().flatten().collect()
     }
 
-    /// [`Slice::range_from`] with `tables` (newest first) in place of its records in
-    /// memory, of which only those with `prefix` are read.
+    /// [`Slice::range_from`] with `tables` (newest first, none for its overlay and
+    /// runs alone) in place of its records in memory, of which only those with
+    /// `prefix` are read.
     fn range_over(&self, tables: Vec<Arc<RwLock<Table>>>, from: Bound<Vec<u8>>, prefix: Option<&[u8]>) -> SliceIter {
         let overlay = match &from {
             Bound::Included(k) => self.tree.range(k.clone()..),
@@ -1017,9 +1018,25 @@ impl Slices {
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut w = RunWriter::new(&self.db, slice.start, id)?;
         if fold.merge {
-            for item in slice.range_over(vec![fold.mem.clone()], Bound::Unbounded, None) {
+            // The fold's table read in place (nothing writes it), merged with the
+            // overlay and runs: memory's entry wins, a removal is left out.
+            let table = read(&fold.mem);
+            let mut memory = table.sorted().into_iter().peekable();
+            for item in slice.range_over(Vec::new(), Bound::Unbounded, None) {
                 let (k, v) = item?;
-                w.push(&k, &v)?;
+                let mut shadowed = false;
+                while let Some((mk, mv)) = memory.next_if(|(mk, _)| *mk <= &k[..]) {
+                    shadowed = mk == &k[..];
+                    if !mv.is_empty() {
+                        w.push(mk, mv)?;
+                    }
+                }
+                if !shadowed {
+                    w.push(&k, &v)?;
+                }
+            }
+            for (k, v) in memory.filter(|(_, v)| !v.is_empty()) {
+                w.push(k, v)?;
             }
         } else {
             for (k, v) in read(&fold.mem).sorted() {
