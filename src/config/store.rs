@@ -26,7 +26,7 @@ const DEFAULT_BACKLOG_COMMIT_INTERVAL: Duration = Duration::from_millis(8);
 /// more (bench/findings.md).
 const DEFAULT_STORE_CACHE_BYTES: u64 = 32 * 1024 * 1024;
 /// Records of the current slice kept in memory before they are packed into a run
-/// (store/disk/journal.rs): about 23 MB of them (~180 B each). Fewer packs more often, each
+/// (store/disk/journal.rs): about 13 MB of them (~100 B each). Fewer packs more often, each
 /// adding a run, and runs are merged each time there are more than 8; more hold
 /// more memory, and the journal replays more of them at a start.
 pub(crate) const DEFAULT_MEMORY_RECORDS: u64 = 131_072;

@@ -129,6 +129,12 @@ impl Table {
         self.at.len()
     }
 
+    /// Keys it holds room for without growing.
+    #[cfg(test)]
+    pub fn capacity(&self) -> usize {
+        self.at.capacity()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.at.is_empty()
     }
