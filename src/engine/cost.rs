@@ -16,13 +16,15 @@ use crate::store::{Store, StoreOptions};
 /// The topic the events come on.
 const TOPIC: &str = "orders";
 
-/// Answers every event at once, allocating nothing of its own but the outcome's text.
+/// Answers every event at once, allocating nothing of its own but the outcome's text
+/// (a text of its own, as every shipped handler's: an empty one would allocate nothing,
+/// and neither would any copy of it that outboxd made).
 struct Answers;
 
 #[async_trait::async_trait]
 impl Handler for Answers {
     async fn handle(&self, _event: &OutboxEvent) -> Result<Outcome, HandlerError> {
-        Ok(Outcome(String::new()))
+        Ok(Outcome("answered".to_owned()))
     }
 }
 

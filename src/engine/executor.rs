@@ -839,10 +839,13 @@ impl Executor {
                 Ok(outcome) => {
                     (job.call_over)();
                     let record = spans::record(State::Done, self.changelog());
+                    // The record takes the outcome's text; a copy is kept only for a line
+                    // that will be written (the first event's, or each one's at `debug`).
+                    let line = self.handled_line().then(|| outcome.0.clone());
                     // The record is written at the call (`finish`), inside its span too.
-                    let settled = record.in_scope(|| self.store.handling().finish(claimed, State::Done, outcome.0.clone()));
+                    let settled = record.in_scope(|| self.store.handling().finish(claimed, State::Done, outcome.0));
                     settled.instrument(record).await?;
-                    self.handled(job, attempt, &outcome.0);
+                    self.handled(job, attempt, line.as_deref());
                     return Ok(Executed::Final);
                 }
                 Err(HandlerError::Permanent(reason)) => {
@@ -877,9 +880,16 @@ impl Executor {
         }
     }
 
-    /// Counts an event recorded done by its handler's call. Its line is at `debug`
-    /// (the summary counts it at `info`), but for the first since start.
-    fn handled(&self, job: &Job<'_>, attempt: u32, outcome: &str) {
+    /// Whether an event handled now gets a line of its own: the first since start
+    /// does, at `info`; the others only at `debug`.
+    fn handled_line(&self) -> bool {
+        !self.handled_once.load(Ordering::Relaxed) || tracing::enabled!(tracing::Level::DEBUG)
+    }
+
+    /// Counts an event recorded done by its handler's call. Its line (with `outcome`,
+    /// when [`Executor::handled_line`] asked for one) is at `debug` (the summary counts
+    /// it at `info`), but for the first since start.
+    fn handled(&self, job: &Job<'_>, attempt: u32, outcome: Option<&str>) {
         self.counters.handled.fetch_add(1, Ordering::Relaxed);
         job.slot.tally.handled();
         job.metrics.handled.increment(1);
@@ -889,6 +899,8 @@ impl Executor {
             job.metrics.age_seconds.record(age);
         }
         let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
+        // Without a copy only when no line was to be written (a filter changed since: empty).
+        let outcome = outcome.unwrap_or_default();
         // Read first: a swap on every event would write the shared flag every time.
         if self.handled_once.load(Ordering::Relaxed) || self.handled_once.swap(true, Ordering::Relaxed) {
             debug!(event_id = %event.id, %topic, partition, offset, attempt, %outcome, "event handled");

@@ -121,6 +121,8 @@ async fn handled_events_are_summed_up_not_logged_one_by_one() {
     let named = harness::logs::log_lines(&od, "event handled");
     assert_eq!(named.len(), 1, "only the first event handled has its line at info: {named:#?}");
     assert!(named[0].contains("first event handled"), "{named:#?}");
+    // Its receiver's answer is on it (the record took the outcome's text; the line kept a copy).
+    assert!(named[0].contains("outcome=http 200") || named[0].contains("outcome=\"http 200\""), "{named:#?}");
     assert!(!logged(&od, "duplicate suppressed"), "duplicates are counted, not named:\n{}", od.log());
     for id in &events {
         assert_eq!(receiver.handler_call_count(id), 1, "event {id}");
