@@ -1,22 +1,54 @@
 //! LEB128 varints, zigzag for signed values, and length-prefixed bytes: the
 //! pieces of the compact record format (`format`) and of record keys (`keys`).
 
-/// Appends `v` to `out`: a `Vec`, or an inline buffer (`keys::KeyBuf`, `format::Value`).
-pub fn put_u64(out: &mut impl Extend<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.extend([(v as u8) | 0x80]);
-        v >>= 7;
-    }
-    out.extend([v as u8]);
+/// Where encoded bytes go: a `Vec`, or an inline buffer (`keys::KeyBuf`,
+/// `format::Value`). A few bytes at a time, the usual piece (a varint, a tag), are
+/// pushed one by one, which inlines to a store each; a longer piece is copied.
+pub trait Out {
+    fn put(&mut self, bytes: &[u8]);
 }
 
-pub fn put_i64(out: &mut impl Extend<u8>, v: i64) {
+/// Pieces up to this long are pushed byte by byte (a copy calls into `memcpy`).
+const SHORT: usize = 16;
+
+impl Out for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        match bytes.len() {
+            n if n <= SHORT => bytes.iter().for_each(|&b| self.push(b)),
+            _ => self.extend_from_slice(bytes),
+        }
+    }
+}
+
+impl<A: smallvec::Array<Item = u8>> Out for smallvec::SmallVec<A> {
+    fn put(&mut self, bytes: &[u8]) {
+        match bytes.len() {
+            n if n <= SHORT => bytes.iter().for_each(|&b| self.push(b)),
+            _ => self.extend_from_slice(bytes),
+        }
+    }
+}
+
+/// Appends `v` to `out`.
+pub fn put_u64(out: &mut impl Out, mut v: u64) {
+    let mut buf = [0u8; 10];
+    let mut n = 0;
+    while v >= 0x80 {
+        buf[n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    buf[n] = v as u8;
+    out.put(&buf[..=n]);
+}
+
+pub fn put_i64(out: &mut impl Out, v: i64) {
     put_u64(out, ((v << 1) ^ (v >> 63)) as u64);
 }
 
-pub fn put_bytes(out: &mut impl Extend<u8>, bytes: &[u8]) {
+pub fn put_bytes(out: &mut impl Out, bytes: &[u8]) {
     put_u64(out, bytes.len() as u64);
-    out.extend(bytes.iter().copied());
+    out.put(bytes);
 }
 
 /// Reads values from the front of a byte slice; `None` once the bytes run out
