@@ -15,18 +15,24 @@ use super::claim::Claim;
 use super::claim::{ClaimHow, Claimed, Turn};
 use super::disk::keys::{self, UNDECODABLE_SCOPE};
 use super::disk::format;
+use super::disk::names::Loaded;
 use super::disk::record::{now_us, Record, State};
 use super::error::StoreError;
 use crate::event::{OutboxEvent, RawMessage};
 
+/// The record key of `r`: its event's key in its scope, whose id `names` holds.
+fn key_in(r: &Record, names: &Loaded<'_>) -> Result<keys::KeyBuf, StoreError> {
+    let scope = match &r.scope {
+        Some(s) => names.id(s)?,
+        None => keys::LEGACY_SCOPE,
+    };
+    Ok(keys::record_key(&keys::event_key(&r.event_id), scope))
+}
+
 impl Store {
     /// The key of `r` (its scope gets an id if it has none yet).
     pub(super) fn key_of(&self, r: &Record) -> Result<keys::KeyBuf, StoreError> {
-        let scope = match &r.scope {
-            Some(s) => self.names.id(s)?,
-            None => keys::LEGACY_SCOPE,
-        };
-        Ok(keys::record_key(&keys::event_key(&r.event_id), scope))
+        key_in(r, &self.names.loaded())
     }
 
     /// Writes `r` into the slice `to` (by default the current one). `from`: the slice
@@ -39,12 +45,15 @@ impl Store {
         from: Option<(&Arc<Slice>, State)>,
         to: Option<Arc<Slice>>,
     ) -> Result<Arc<Slice>, StoreError> {
-        let key = self.key_of(r)?;
+        // The dictionary loaded once for the key's scope and the value's names.
+        let names = self.names.loaded();
+        let key = key_in(r, &names)?;
         let to = match to {
             Some(to) => to,
             None => self.slices.current(now_us())?,
         };
-        let value = format::encode(r, &self.names, to.start)?;
+        let value = format::encode(r, &names, to.start)?;
+        drop(names);
         self.chained(&key, Some(r), || {
             match from {
                 Some((old, was)) if Arc::ptr_eq(old, &to) => {
@@ -168,7 +177,7 @@ impl Store {
                 let r = Record {
                     state,
                     attempts: f.record.attempts + 1,
-                    topic: self.names.shared(&event.position.topic),
+                    topic: self.names.loaded().shared(&event.position.topic),
                     partition: event.position.partition,
                     offset: event.position.offset,
                     claimed_at_us: Some(now),
@@ -178,13 +187,15 @@ impl Store {
                 (r, Some((f.slice, stored)))
             }
             None => {
+                // The dictionary loaded once for the record's scope, type and topic.
+                let names = self.names.loaded();
                 let r = Record {
-                    scope: Some(self.names.shared(scope)),
+                    scope: Some(names.shared(scope)),
                     key: event.aggregate_id.as_deref().map(Arc::from),
-                    event_type: event.event_type.as_deref().map(|t| self.names.shared(t)),
+                    event_type: event.event_type.as_deref().map(|t| names.shared(t)),
                     claimed_at_us: Some(now),
                     ..Record::first_seen_in(
-                        self.names.shared(&event.position.topic),
+                        names.shared(&event.position.topic),
                         &event.id,
                         State::Claimed,
                         1,

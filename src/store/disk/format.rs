@@ -70,6 +70,15 @@ impl NameIds for Remembered<'_> {
     }
 }
 
+impl NameIds for super::names::Loaded<'_> {
+    fn id(&self, name: &str) -> Result<u32, StoreError> {
+        super::names::Loaded::id(self, name)
+    }
+    fn name(&self, id: u32) -> Arc<str> {
+        super::names::Loaded::name(self, id)
+    }
+}
+
 impl NameIds for Names {
     fn id(&self, name: &str) -> Result<u32, StoreError> {
         Names::id(self, name)

@@ -79,10 +79,41 @@ impl Names {
         self.maps.load().1.get(id as usize).cloned().flatten().unwrap_or_else(|| "".into())
     }
 
+    /// The dictionary as it is now, for several lookups in a row (a record's key and
+    /// value): one load of the maps instead of one per name.
+    pub fn loaded(&self) -> Loaded<'_> {
+        Loaded { names: self, maps: self.maps.load() }
+    }
+}
+
+/// [`Names::loaded`]: the maps loaded once. A name it does not hold yet is given
+/// its id by the dictionary itself (and found there from then on).
+pub struct Loaded<'a> {
+    names: &'a Names,
+    maps: arc_swap::Guard<Arc<Maps>>,
+}
+
+impl Loaded<'_> {
+    /// The id of `name`, given one now if it has none.
+    pub fn id(&self, name: &str) -> Result<u32, StoreError> {
+        match self.maps.0.get(name) {
+            Some(&id) => Ok(id),
+            None => self.names.id(name),
+        }
+    }
+
     /// `name` as the dictionary holds it, so that a record carrying it costs no copy;
     /// a copy of its own for a name that has no id yet.
     pub fn shared(&self, name: &str) -> Arc<str> {
-        self.maps.load().0.get_key_value(name).map_or_else(|| name.into(), |(shared, _)| shared.clone())
+        self.maps.0.get_key_value(name).map_or_else(|| name.into(), |(shared, _)| shared.clone())
+    }
+
+    /// The name of `id`.
+    pub fn name(&self, id: u32) -> Arc<str> {
+        match self.maps.1.get(id as usize).cloned().flatten() {
+            Some(name) => name,
+            None => self.names.name(id),
+        }
     }
 }
 
@@ -100,6 +131,21 @@ mod tests {
         let again = Names::open(db.open_tree("names").unwrap()).unwrap();
         assert_eq!((again.find("orders"), again.find(""), again.find("x")), (Some(1), Some(2), None));
         assert_eq!((again.name(1), again.id("x").unwrap()), ("orders".into(), 3));
-        assert!(Arc::ptr_eq(&again.shared("orders"), &again.name(1)), "a known name is shared, not copied");
+        assert!(Arc::ptr_eq(&again.loaded().shared("orders"), &again.name(1)), "a known name is shared, not copied");
+    }
+
+    #[test]
+    fn a_loaded_dictionary_gives_a_new_name_its_id_and_knows_the_old_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
+        let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+        let orders = names.id("orders").unwrap();
+        let loaded = names.loaded();
+        assert_eq!(loaded.id("orders").unwrap(), orders);
+        let new = loaded.id("payments").unwrap();
+        assert_ne!(new, orders, "a name loaded after the maps were gets an id of its own");
+        assert_eq!((names.find("payments"), loaded.id("payments").unwrap()), (Some(new), new), "given once, kept");
+        assert_eq!((&*loaded.name(orders), &*loaded.name(new)), ("orders", "payments"));
+        assert!(Arc::ptr_eq(&loaded.shared("orders"), &names.name(orders)), "a known name is shared, not copied");
     }
 }
