@@ -5,27 +5,35 @@
 /// `format::Value`). A few bytes at a time, the usual piece (a varint, a tag), are
 /// pushed one by one, which inlines to a store each; a longer piece is copied.
 pub trait Out {
-    fn put(&mut self, bytes: &[u8]);
+    fn push_byte(&mut self, b: u8);
+    fn copy(&mut self, bytes: &[u8]);
+
+    fn put(&mut self, bytes: &[u8]) {
+        match bytes.len() {
+            n if n <= SHORT => bytes.iter().for_each(|&b| self.push_byte(b)),
+            _ => self.copy(bytes),
+        }
+    }
 }
 
 /// Pieces up to this long are pushed byte by byte (a copy calls into `memcpy`).
 const SHORT: usize = 16;
 
 impl Out for Vec<u8> {
-    fn put(&mut self, bytes: &[u8]) {
-        match bytes.len() {
-            n if n <= SHORT => bytes.iter().for_each(|&b| self.push(b)),
-            _ => self.extend_from_slice(bytes),
-        }
+    fn push_byte(&mut self, b: u8) {
+        self.push(b);
+    }
+    fn copy(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
     }
 }
 
 impl<A: smallvec::Array<Item = u8>> Out for smallvec::SmallVec<A> {
-    fn put(&mut self, bytes: &[u8]) {
-        match bytes.len() {
-            n if n <= SHORT => bytes.iter().for_each(|&b| self.push(b)),
-            _ => self.extend_from_slice(bytes),
-        }
+    fn push_byte(&mut self, b: u8) {
+        self.push(b);
+    }
+    fn copy(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
     }
 }
 
