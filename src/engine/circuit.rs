@@ -394,9 +394,16 @@ impl Circuit {
     /// event may probe or another's probe closed it. `owned` is asked every
     /// [`OWNERSHIP_TICK`] while waiting.
     pub async fn admit(&self, owned: &(dyn Fn() -> bool + Send + Sync + '_), may_hold: bool) -> Admit<'_> {
-        if !self.config.enabled {
+        // Closed, as nearly always: no wake-up to register, no clock to read, and the
+        // waiting loop's state (a few hundred bytes) boxed, off every event's future.
+        if !self.config.enabled || matches!(self.lock().phase, Phase::Closed) {
             return Admit::Go(Pass { circuit: self, probe: false, waited: false });
         }
+        Box::pin(self.admit_waiting(owned, may_hold)).await
+    }
+
+    /// [`Circuit::admit`] of a circuit not closed when asked.
+    async fn admit_waiting(&self, owned: &(dyn Fn() -> bool + Send + Sync + '_), may_hold: bool) -> Admit<'_> {
         let mut waited = false;
         loop {
             let woken = self.wake.notified();
