@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -642,7 +643,9 @@ impl Executor {
         // every later await, a few hundred bytes each.
         let claimed = {
             let claim = spans::claim(durable, self.changelog());
-            let turn = self.store.handling().claim_to_run(event, scope, how).instrument(claim).await?;
+            // The claim is made at the call (`claim_to_run`), inside its span too.
+            let claiming = claim.in_scope(|| self.store.handling().claim_to_run(event, scope, how));
+            let turn = claiming.instrument(claim).await?;
             match turn {
                 // An event run for the first time, most of them: no wait, and the other
                 // cases' future boxed, off every event's.
@@ -654,12 +657,10 @@ impl Executor {
             }
         };
         let (claimed, admitted) = match admitted {
-            Admit::Hold(reason) => {
-                let back = Box::pin(self.hold_for_receiver(job, claimed, &reason, false)).await?;
-                let Some(claimed) = back else { return Ok(Executed::Final) };
-                // Its copy does not fit: it waits in memory after all.
-                (claimed, self.circuits.get(hc.index).admit(job.owned, false).await)
-            }
+            Admit::Hold(reason) => match Box::pin(self.hold_or_admit(job, claimed, reason)).await? {
+                Some(back) => back,
+                None => return Ok(Executed::Final),
+            },
             admitted => (claimed, admitted),
         };
         let executed = Box::pin(self.run_attempts(job, claimed, admitted)).await?;
@@ -669,6 +670,22 @@ impl Executor {
             release.written();
         }
         Ok(executed)
+    }
+
+    /// An event whose receiver's circuit holds it before its first call: recorded
+    /// held (`None`: it is final), or, when its message copy does not fit, back to
+    /// wait for the circuit in memory after all. Boxed by the caller: two claims'
+    /// room in every event's future otherwise.
+    async fn hold_or_admit(
+        &self,
+        job: &Job<'_>,
+        claimed: Claimed,
+        reason: String,
+    ) -> Result<Option<(Claimed, Admit<'_>)>, StoreError> {
+        let Some(claimed) = self.hold_for_receiver(job, claimed, &reason, false).await? else {
+            return Ok(None);
+        };
+        Ok(Some((claimed, self.circuits.get(job.hc.index).admit(job.owned, false).await)))
     }
 
     /// Counts `job`'s event as a suppressed duplicate and ends its span there; the
@@ -755,127 +772,133 @@ impl Executor {
     /// circuit is open (or that opens it) is not charged to the event's budget, and
     /// an event that waited for the circuit starts its budget afresh: `max_attempts`
     /// and `max_elapsed` measure failures of the event, not an outage.
-    async fn run_attempts(
-        &self,
-        job: &Job<'_>,
+    ///
+    /// Not an `async fn`: its future would hold the claim twice (as its argument and
+    /// as the local the body moves it to), a few hundred bytes more in every event's.
+    #[expect(clippy::manual_async_fn, reason = "an async fn's future holds its arguments twice (above)")]
+    fn run_attempts<'a>(
+        &'a self,
+        job: &'a Job<'a>,
         mut claimed: Claimed,
-        admitted: Admit<'_>,
-    ) -> Result<Executed, StoreError> {
-        let (hc, event) = (job.hc, job.event);
-        let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
-        let circuit = self.circuits.get(hc.index);
-        let limiter = &job.slot.limiter;
-        let mut attempt = claimed.attempt();
-        let mut started = Instant::now();
-        let mut delays = backoff(&hc.retry);
-        // Failures charged to the event since its budget (re)started.
-        let mut charged = 0u32;
-        let mut admitted = Some(admitted);
-        let mut called = false;
-        loop {
-            let pass = match admitted.take() {
-                Some(a) => a,
-                None => circuit.admit(job.owned, job.may_hold).await,
-            };
-            let pass = match pass {
-                Admit::Go(pass) => pass,
-                Admit::Moved => {
+        admitted: Admit<'a>,
+    ) -> impl Future<Output = Result<Executed, StoreError>> + 'a {
+        async move {
+            let (hc, event) = (job.hc, job.event);
+            let (topic, partition, offset) = (job.topic(), event.position.partition, event.position.offset);
+            let circuit = self.circuits.get(hc.index);
+            let limiter = &job.slot.limiter;
+            let mut attempt = claimed.attempt();
+            let mut started = Instant::now();
+            let mut delays = backoff(&hc.retry);
+            // Failures charged to the event since its budget (re)started.
+            let mut charged = 0u32;
+            let mut admitted = Some(admitted);
+            let mut called = false;
+            loop {
+                let pass = match admitted.take() {
+                    Some(a) => a,
+                    None => circuit.admit(job.owned, job.may_hold).await,
+                };
+                let pass = match pass {
+                    Admit::Go(pass) => pass,
+                    Admit::Moved => {
+                        warn!(event_id = %event.id, %topic, partition, offset, attempt, idempotency_key = %event.id,
+                            "partition moved while the event waited for its receiver; not retrying here (its new owner runs it with the same idempotency key)");
+                        return Ok(Executed::Abandoned);
+                    }
+                    Admit::GaveUp(reason) => {
+                        Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
+                        return Ok(Executed::Final);
+                    }
+                    Admit::Hold(reason) => {
+                        // Bound before the next await (see `claim_and_run`).
+                        let back = Box::pin(self.hold_for_receiver(job, claimed, &reason, called)).await?;
+                        let Some(c) = back else { return Ok(Executed::Final) };
+                        claimed = c;
+                        admitted = Some(circuit.admit(job.owned, false).await);
+                        continue;
+                    }
+                };
+                if pass.waited() {
+                    // What failed before the wait was the outage's.
+                    started = Instant::now();
+                    delays = backoff(&hc.retry);
+                    charged = 0;
+                }
+                limiter.follow(circuit.closes());
+                let call = limiter.acquire().await;
+                if pass.stale() {
+                    // The circuit opened while this call waited for room: it waits for the circuit instead.
+                    continue;
+                }
+                if called {
+                    attempt = Box::pin(self.store.handling().record_attempt(&mut claimed)).await?;
+                }
+                called = true;
+                #[cfg(debug_assertions)]
+                inject_panic(&event.id);
+                let t = Instant::now();
+                let span = spans::call(&hc.name, attempt);
+                let result = job.handler.handle(event).instrument(span.clone()).await;
+                match &result {
+                    Ok(outcome) => spans::answered(&span, &outcome.0),
+                    Err(e) => spans::failed(&span, e),
+                }
+                drop(span);
+                // One reading of the clock for the call's time and the event's budget.
+                let ended = Instant::now();
+                let took = ended.saturating_duration_since(t);
+                job.slot.calls.count(result.is_ok());
+                job.slot.tally.call(took);
+                job.metrics.handler_seconds.record(took.as_secs_f64());
+                let health = Health::of(&result);
+                let last_chance = charged + 1 >= hc.retry.max_attempts
+                    || ended.saturating_duration_since(started).saturating_add(hc.retry.max_backoff) >= hc.retry.max_elapsed;
+                let open = circuit.record(pass, &health, last_chance);
+                let signal = if matches!(health, Health::Down { .. }) { Signal::Congested } else { Signal::Answered };
+                limiter.done(call, signal, ended);
+                let (reason, retry_after) = match result {
+                    Ok(outcome) => {
+                        (job.call_over)();
+                        let record = spans::record(State::Done, self.changelog());
+                        // The record takes the outcome's text; a copy is kept only for a line
+                        // that will be written (the first event's, or each one's at `debug`).
+                        let line = self.handled_line().then(|| outcome.0.clone());
+                        // The record is written at the call (`finish`), inside its span too.
+                        let settled = record.in_scope(|| self.store.handling().finish(claimed, State::Done, outcome.0));
+                        settled.instrument(record).await?;
+                        self.handled(job, attempt, line.as_deref());
+                        return Ok(Executed::Final);
+                    }
+                    Err(HandlerError::Permanent(reason)) => {
+                        Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
+                        return Ok(Executed::Final);
+                    }
+                    Err(HandlerError::Unavailable { reason, .. }) if open => {
+                        // The circuit decides when this event is tried again.
+                        warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason,
+                            "handler failed; the receiver is unavailable, waiting for its circuit (not charged to the event's retries)");
+                        metrics::counter!(names::NOT_CHARGED, "handler" => hc.name.clone()).increment(1);
+                        continue;
+                    }
+                    Err(
+                        HandlerError::Unavailable { reason, retry_after } | HandlerError::Retryable { reason, retry_after },
+                    ) => (reason, retry_after),
+                };
+                charged += 1;
+                let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
+                    let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
+                    Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
+                    return Ok(Executed::Final);
+                };
+                warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
+                job.metrics.retried.increment(1);
+                tokio::time::sleep(delay).await;
+                if !(job.owned)() {
                     warn!(event_id = %event.id, %topic, partition, offset, attempt, idempotency_key = %event.id,
-                        "partition moved while the event waited for its receiver; not retrying here (its new owner runs it with the same idempotency key)");
+                        "partition moved between attempts; not retrying here (its new owner runs it with the same idempotency key)");
                     return Ok(Executed::Abandoned);
                 }
-                Admit::GaveUp(reason) => {
-                    Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
-                    return Ok(Executed::Final);
-                }
-                Admit::Hold(reason) => {
-                    // Bound before the next await (see `claim_and_run`).
-                    let back = Box::pin(self.hold_for_receiver(job, claimed, &reason, called)).await?;
-                    let Some(c) = back else { return Ok(Executed::Final) };
-                    claimed = c;
-                    admitted = Some(circuit.admit(job.owned, false).await);
-                    continue;
-                }
-            };
-            if pass.waited() {
-                // What failed before the wait was the outage's.
-                started = Instant::now();
-                delays = backoff(&hc.retry);
-                charged = 0;
-            }
-            limiter.follow(circuit.closes());
-            let call = limiter.acquire().await;
-            if pass.stale() {
-                // The circuit opened while this call waited for room: it waits for the circuit instead.
-                continue;
-            }
-            if called {
-                attempt = Box::pin(self.store.handling().record_attempt(&mut claimed)).await?;
-            }
-            called = true;
-            #[cfg(debug_assertions)]
-            inject_panic(&event.id);
-            let t = Instant::now();
-            let span = spans::call(&hc.name, attempt);
-            let result = job.handler.handle(event).instrument(span.clone()).await;
-            match &result {
-                Ok(outcome) => spans::answered(&span, &outcome.0),
-                Err(e) => spans::failed(&span, e),
-            }
-            drop(span);
-            // One reading of the clock for the call's time and the event's budget.
-            let ended = Instant::now();
-            let took = ended.saturating_duration_since(t);
-            job.slot.calls.count(result.is_ok());
-            job.slot.tally.call(took);
-            job.metrics.handler_seconds.record(took.as_secs_f64());
-            let health = Health::of(&result);
-            let last_chance = charged + 1 >= hc.retry.max_attempts
-                || ended.saturating_duration_since(started).saturating_add(hc.retry.max_backoff) >= hc.retry.max_elapsed;
-            let open = circuit.record(pass, &health, last_chance);
-            let signal = if matches!(health, Health::Down { .. }) { Signal::Congested } else { Signal::Answered };
-            limiter.done(call, signal, ended);
-            let (reason, retry_after) = match result {
-                Ok(outcome) => {
-                    (job.call_over)();
-                    let record = spans::record(State::Done, self.changelog());
-                    // The record takes the outcome's text; a copy is kept only for a line
-                    // that will be written (the first event's, or each one's at `debug`).
-                    let line = self.handled_line().then(|| outcome.0.clone());
-                    // The record is written at the call (`finish`), inside its span too.
-                    let settled = record.in_scope(|| self.store.handling().finish(claimed, State::Done, outcome.0));
-                    settled.instrument(record).await?;
-                    self.handled(job, attempt, line.as_deref());
-                    return Ok(Executed::Final);
-                }
-                Err(HandlerError::Permanent(reason)) => {
-                    Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
-                    return Ok(Executed::Final);
-                }
-                Err(HandlerError::Unavailable { reason, .. }) if open => {
-                    // The circuit decides when this event is tried again.
-                    warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason,
-                        "handler failed; the receiver is unavailable, waiting for its circuit (not charged to the event's retries)");
-                    metrics::counter!(names::NOT_CHARGED, "handler" => hc.name.clone()).increment(1);
-                    continue;
-                }
-                Err(
-                    HandlerError::Unavailable { reason, retry_after } | HandlerError::Retryable { reason, retry_after },
-                ) => (reason, retry_after),
-            };
-            charged += 1;
-            let Some(delay) = next_delay(&mut delays, retry_after, started, &hc.retry) else {
-                let reason = format!("gave up after {attempt} attempts in {:?}: {reason}", started.elapsed());
-                Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
-                return Ok(Executed::Final);
-            };
-            warn!(event_id = %event.id, %topic, partition, offset, attempt, %reason, ?delay, "handler failed; retrying");
-            job.metrics.retried.increment(1);
-            tokio::time::sleep(delay).await;
-            if !(job.owned)() {
-                warn!(event_id = %event.id, %topic, partition, offset, attempt, idempotency_key = %event.id,
-                    "partition moved between attempts; not retrying here (its new owner runs it with the same idempotency key)");
-                return Ok(Executed::Abandoned);
             }
         }
     }

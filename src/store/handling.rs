@@ -94,7 +94,7 @@ impl Store {
         match written {
             Written::Finished { state, same_offset, unsettled } => {
                 if let Some(r) = unsettled {
-                    Box::pin(self.settle_found(r)).await?;
+                    Box::pin(self.settle(&r)).await?;
                 }
                 Ok(Claim::Finished { state, same_offset })
             }
@@ -113,41 +113,52 @@ impl Store {
     /// changelog, acknowledged there, in one wait, so that a new owner of the
     /// partition finds the outcome uncertain, not absent, should this one die
     /// during the call.
-    pub(in crate::store) async fn claim_to_run(
-        &self,
+    ///
+    /// The claim is made when this is called, not when the future is first polled:
+    /// an event claimed in memory (`on_uncertain = "retry"`, most events) waits for
+    /// nothing, and its future is the answer itself; the waits (a durable claim, a
+    /// hold, a found record to settle) are a boxed future of their own. Every
+    /// event's future would otherwise carry room for all of them (about 1 KB,
+    /// moved at each level above).
+    pub(in crate::store) fn claim_to_run<'a>(
+        &'a self,
         event: &OutboxEvent,
         scope: &str,
-        how: ClaimHow<'_>,
-    ) -> Result<Turn, StoreError> {
-        // Bound first, and a duplicate's settle boxed: the scrutinee's temporaries
-        // and the found record would otherwise live across the awaits below, in
-        // every event's future (a few hundred bytes each, moved at each level).
-        let written = self.claim_written(event, scope, how.durable)?;
-        let c = match written {
-            Written::Finished { state, same_offset, unsettled } => {
-                if let Some(r) = unsettled {
-                    Box::pin(self.settle_found(r)).await?;
-                }
-                return Ok(Turn::Finished { state, same_offset });
+        how: ClaimHow<'a>,
+    ) -> impl Future<Output = Result<Turn, StoreError>> + 'a {
+        type Waits<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Turn, StoreError>> + Send + 'a>>;
+        let c = match self.claim_written(event, scope, how.durable) {
+            Err(e) => return Either::Left(std::future::ready(Err(e))),
+            Ok(Written::Finished { state, same_offset, unsettled: None }) => {
+                return Either::Left(std::future::ready(Ok(Turn::Finished { state, same_offset })));
             }
-            Written::Claimed(c) => c,
+            // A final record it found, sent to the changelog again: it may be here only,
+            // written by a run that died before the changelog acknowledged it.
+            Ok(Written::Finished { state, same_offset, unsettled: Some(r) }) => {
+                let waits: Waits<'a> = Box::pin(async move {
+                    self.settle(&r).await?;
+                    Ok(Turn::Finished { state, same_offset })
+                });
+                return Either::Right(waits);
+            }
+            Ok(Written::Claimed(c)) => c,
         };
         if let Some((chain, behind_head)) = self.holds_behind(&c, how.hold, how.message) {
             // Its held record replaces the claim, in the same group commit or a later one.
-            Box::pin(self.hold_in(c, chain, behind_head, how.message)).await?;
-            return Ok(Turn::Held);
+            let waits: Waits<'a> = Box::pin(async move {
+                self.hold_in(c, chain, behind_head, how.message).await?;
+                Ok(Turn::Held)
+            });
+            return Either::Right(waits);
         }
-        if c.durable {
-            // Boxed: a claim in memory (`on_uncertain = "retry"`) does not wait at all.
-            Box::pin(self.settle(&c.record)).await?;
+        if !c.durable {
+            return Either::Left(std::future::ready(Ok(Turn::Run(c))));
         }
-        Ok(Turn::Run(c))
-    }
-
-    /// A final record a claim found, sent to the changelog again: it may be here
-    /// only, written by a run that died before the changelog acknowledged it.
-    async fn settle_found(&self, r: Record) -> Result<(), StoreError> {
-        self.settle(&r).await
+        let waits: Waits<'a> = Box::pin(async move {
+            self.settle(&c.record).await?;
+            Ok(Turn::Run(c))
+        });
+        Either::Right(waits)
     }
 
     /// A claim's lookup and write, before any wait: the record is written (a

@@ -106,12 +106,14 @@ impl<'a> Handling<'a> {
     /// dead or parked event of its key, and a durable claim's wait for the group
     /// commit and the changelog, in that order and in one call.
     ///
-    /// The store's future itself, not one that awaits it (so for `finish`): a wrapper
-    /// would hold the arguments a second time, and each event's future moves whole.
+    /// The claim is made at the call; the future is what it still waits for (nothing,
+    /// for a claim in memory). The store's future itself, not one that awaits it (so
+    /// for `finish`): a wrapper would hold the arguments a second time, and each
+    /// event's future moves whole.
     pub fn claim_to_run<'e>(
         &self,
-        event: &'e OutboxEvent,
-        scope: &'e str,
+        event: &OutboxEvent,
+        scope: &str,
         how: ClaimHow<'e>,
     ) -> impl Future<Output = Result<Turn, StoreError>> + 'e
     where
