@@ -97,6 +97,13 @@ pub struct Call {
     started: Instant,
 }
 
+impl Call {
+    /// When the call was let through (its round trip counts from here).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+}
+
 impl Limiter {
     /// `max` calls at most; adaptive ones start at [`INITIAL`] and ramp up.
     pub fn new(name: &str, max: usize, adaptive: bool) -> Limiter {

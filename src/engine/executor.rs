@@ -831,13 +831,17 @@ impl Executor {
                     // The circuit opened while this call waited for room: it waits for the circuit instead.
                     continue;
                 }
-                if called {
+                // The call starts now: at its permit's time for a first attempt (one reading
+                // of the clock for both), after its attempt is recorded for a later one.
+                let t = if called {
                     attempt = Box::pin(self.store.handling().record_attempt(&mut claimed)).await?;
-                }
+                    Instant::now()
+                } else {
+                    call.started()
+                };
                 called = true;
                 #[cfg(debug_assertions)]
                 inject_panic(&event.id);
-                let t = Instant::now();
                 let span = spans::call(&hc.name, attempt);
                 let result = job.handler.handle(event).instrument(span.clone()).await;
                 match &result {
