@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use super::keys;
 use super::names::Names;
-use super::varint::{self, Reader};
+use super::varint::{self, Out as _, Reader};
 use super::record::{Record, State};
 use crate::store::error::StoreError;
 
@@ -143,6 +143,50 @@ pub fn state(value: &[u8]) -> Option<State> {
 /// record with a UUID key is about 40 bytes): writing it to sled copies it anyway.
 pub type Value = smallvec::SmallVec<[u8; 64]>;
 
+/// A value's bytes gathered on the stack first: a record is mostly a run of small
+/// varints, pushed a byte at a time, and a byte pushed here is a store and an add
+/// (an inline buffer's push asks each time where its bytes are and whether they
+/// fit). What does not fit here follows in `rest`, in order.
+struct Staged {
+    head: [u8; STAGED],
+    len: usize,
+    rest: Value,
+}
+
+/// As much as a [`Value`] holds inline: a record that fits is one copy into it.
+const STAGED: usize = 64;
+
+impl Staged {
+    fn new() -> Staged {
+        Staged { head: [0; STAGED], len: 0, rest: Value::new() }
+    }
+
+    fn into_value(self) -> Value {
+        let mut v = Value::from_slice(&self.head[..self.len]);
+        v.extend_from_slice(&self.rest);
+        v
+    }
+}
+
+impl varint::Out for Staged {
+    fn push_byte(&mut self, b: u8) {
+        match self.head.get_mut(self.len) {
+            Some(at) => {
+                *at = b;
+                self.len += 1;
+            }
+            None => self.rest.push(b),
+        }
+    }
+
+    fn copy(&mut self, bytes: &[u8]) {
+        let here = bytes.len().min(STAGED - self.len);
+        self.head[self.len..self.len + here].copy_from_slice(&bytes[..here]);
+        self.len += here;
+        self.rest.extend_from_slice(&bytes[here..]);
+    }
+}
+
 /// `r` as stored in a slice that starts at `slice_start_us`.
 pub fn encode(r: &Record, names: &impl NameIds, slice_start_us: i64) -> Result<Value, StoreError> {
     encode_counting(r, names, slice_start_us, r.duplicates)
@@ -184,7 +228,7 @@ pub fn encode_counting(
             flags |= bit;
         }
     }
-    let mut out = Value::new();
+    let mut out = Staged::new();
     varint::put_u64(&mut out, flags);
     varint::put_u64(&mut out, u64::from(r.attempts));
     varint::put_u64(&mut out, u64::from(names.id(&r.topic)?));
@@ -204,8 +248,8 @@ pub fn encode_counting(
     }
     match (key_uuid, r.key.as_deref()) {
         (Some((bytes, upper)), _) => {
-            out.push(u8::from(upper));
-            out.extend_from_slice(&bytes);
+            out.push_byte(u8::from(upper));
+            out.copy(&bytes);
         }
         (None, Some(key)) => varint::put_bytes(&mut out, key.as_bytes()),
         (None, None) => {}
@@ -219,7 +263,7 @@ pub fn encode_counting(
     if let Some(key) = &r.chain {
         varint::put_bytes(&mut out, key);
     }
-    Ok(out)
+    Ok(out.into_value())
 }
 
 /// The record under `key` in a slice that starts at `slice_start_us`;
@@ -484,6 +528,23 @@ mod tests {
         let bytes = encode(&bare, &names, start).unwrap();
         assert_eq!(decode(&key, &bytes, &names, start, None).unwrap(), bare);
         assert!(decode(&key, &bytes[..bytes.len() - 1], &names, start, None).is_err());
+    }
+
+    #[test]
+    fn a_value_longer_than_its_stack_part_keeps_its_bytes_in_order() {
+        use varint::Out;
+        let (mut staged, mut plain) = (Staged::new(), Vec::new());
+        for b in 0..60 {
+            staged.push_byte(b);
+            plain.push_byte(b);
+        }
+        // A piece that crosses the end of the stack part, then one after it.
+        let long: Vec<u8> = (100..120).collect();
+        staged.copy(&long);
+        plain.copy(&long);
+        staged.push_byte(7);
+        plain.push_byte(7);
+        assert_eq!(staged.into_value().as_slice(), plain.as_slice());
     }
 
     /// Earlier releases read the flags by their bits and ignore the rest: a
