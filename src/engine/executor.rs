@@ -657,7 +657,7 @@ impl Executor {
             }
         };
         let (claimed, admitted) = match admitted {
-            Admit::Hold(reason) => match Box::pin(self.hold_or_admit(job, claimed, reason)).await? {
+            Admit::Hold(reason) => match Box::pin(self.hold_for_receiver(job, claimed, &reason, false)).await? {
                 Some(back) => back,
                 None => return Ok(Executed::Final),
             },
@@ -670,22 +670,6 @@ impl Executor {
             release.written();
         }
         Ok(executed)
-    }
-
-    /// An event whose receiver's circuit holds it before its first call: recorded
-    /// held (`None`: it is final), or, when its message copy does not fit, back to
-    /// wait for the circuit in memory after all. Boxed by the caller: two claims'
-    /// room in every event's future otherwise.
-    async fn hold_or_admit(
-        &self,
-        job: &Job<'_>,
-        claimed: Claimed,
-        reason: String,
-    ) -> Result<Option<(Claimed, Admit<'_>)>, StoreError> {
-        let Some(claimed) = self.hold_for_receiver(job, claimed, &reason, false).await? else {
-            return Ok(None);
-        };
-        Ok(Some((claimed, self.circuits.get(job.hc.index).admit(job.owned, false).await)))
     }
 
     /// Counts `job`'s event as a suppressed duplicate and ends its span there; the
@@ -810,14 +794,13 @@ impl Executor {
                         Box::pin(self.failed(job, claimed, State::Dead, reason)).await?;
                         return Ok(Executed::Final);
                     }
-                    Admit::Hold(reason) => {
-                        // Bound before the next await (see `claim_and_run`).
-                        let back = Box::pin(self.hold_for_receiver(job, claimed, &reason, called)).await?;
-                        let Some(c) = back else { return Ok(Executed::Final) };
-                        claimed = c;
-                        admitted = Some(circuit.admit(job.owned, false).await);
-                        continue;
-                    }
+                    Admit::Hold(reason) => match Box::pin(self.hold_for_receiver(job, claimed, &reason, called)).await? {
+                        Some((back, again)) => {
+                            (claimed, admitted) = (back, Some(again));
+                            continue;
+                        }
+                        None => return Ok(Executed::Final),
+                    },
                 };
                 if pass.waited() {
                     // What failed before the wait was the outage's.
@@ -938,20 +921,24 @@ impl Executor {
     }
 
     /// Records the event held while its route's receiver is away (`None`: it is final),
-    /// or hands the claim back when its message copy does not fit.
+    /// or, when its message copy does not fit, hands the claim back with the circuit's
+    /// next leave: it waits for the circuit in memory after all. `called`: a call was
+    /// made under this claim. Boxed by its callers: room for two claims and the
+    /// circuit's wait in every event's future otherwise.
     async fn hold_for_receiver(
         &self,
         job: &Job<'_>,
         claimed: Claimed,
         reason: &str,
         called: bool,
-    ) -> Result<Option<Claimed>, StoreError> {
+    ) -> Result<Option<(Claimed, Admit<'_>)>, StoreError> {
         let record = spans::record(State::Held, self.changelog());
         let back = self.store.handling().hold_for_receiver(claimed, job.msg, reason, called).instrument(record).await?;
-        if back.is_none() {
+        let Some(back) = back else {
             job.slot.tally.held();
-        }
-        Ok(back)
+            return Ok(None);
+        };
+        Ok(Some((back, self.circuits.get(job.hc.index).admit(job.owned, false).await)))
     }
 
     /// Asks the receiver about an uncertain event, retrying the lookup like the handler.
