@@ -483,9 +483,7 @@ mod tests {
 
     #[test]
     fn a_done_record_takes_a_few_dozen_bytes_and_every_record_round_trips() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
-        let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+        let (_dir, _db, names) = crate::store::disk::names::fresh();
         let scope = names.id("orders").unwrap();
         let id = "0190a3c4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
         let key = keys::record_key(&keys::event_key(id), scope);
@@ -552,9 +550,7 @@ mod tests {
     /// byte. What they write reads as version 0.
     #[test]
     fn a_versioned_record_is_an_unversioned_one_with_high_flag_bits_that_earlier_releases_ignore() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
-        let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+        let (_dir, _db, names) = crate::store::disk::names::fresh();
         let position = Position { topic: "orders".into(), partition: 1, offset: 7 };
         let key = keys::record_key(&keys::event_key("e7"), names.id("orders").unwrap());
         let mut held = Record::first_seen("e7", State::Held, 0, &position, 1_700_000_000_000_000);

@@ -117,15 +117,23 @@ impl Loaded<'_> {
     }
 }
 
+/// A dictionary in a new store of its own (tests): the directory, the store to open
+/// it again from, the dictionary.
+#[cfg(test)]
+pub(in crate::store) fn fresh() -> (tempfile::TempDir, sled::Db, Names) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
+    let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+    (dir, db, names)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn names_keep_their_ids_across_a_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
-        let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+        let (_dir, db, names) = fresh();
         let (a, b) = (names.id("orders").unwrap(), names.id("").unwrap());
         assert_eq!((a, b, names.id("orders").unwrap()), (1, 2, 1));
         let again = Names::open(db.open_tree("names").unwrap()).unwrap();
@@ -136,9 +144,7 @@ mod tests {
 
     #[test]
     fn a_loaded_dictionary_gives_a_new_name_its_id_and_knows_the_old_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = crate::store::disk::db::open_db(dir.path(), crate::store::options::SMALL_CACHE_BYTES).unwrap();
-        let names = Names::open(db.open_tree("names").unwrap()).unwrap();
+        let (_dir, _db, names) = fresh();
         let orders = names.id("orders").unwrap();
         let loaded = names.loaded();
         assert_eq!(loaded.id("orders").unwrap(), orders);
