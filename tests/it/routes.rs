@@ -318,6 +318,60 @@ async fn wait_held(od: &mut crate::harness::Outboxd, n: u64) {
     }
 }
 
+/// `outboxd_message_copies_not_kept_total` of the running service.
+async fn copies_not_kept(od: &crate::harness::Outboxd) -> f64 {
+    let m = harness::metrics::try_scrape(od).await.unwrap_or_default();
+    harness::metrics::sample(&m, outboxd::metrics::names::COPIES_NOT_KEPT, &[])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_copy_does_not_fit_waits_for_its_away_receiver_in_memory_and_runs_once_when_it_is_back() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const KEYS: usize = 5;
+    let mut s = Scenario::new("routes-away-no-copy", 2).await;
+    with_route_b(&mut s);
+    // No message copy fits: an event b would hold is handed back to wait for b's circuit.
+    s.od.config.store_extra = "max_message_copy_bytes = \"1B\"\n".to_owned();
+    s.run().await;
+    let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
+
+    let away = Arc::new(AtomicBool::new(true));
+    let flag = away.clone();
+    receiver.set_script(move |req| match req.event_id.as_deref() {
+        Some(k) if k.ends_with("#b") && flag.load(Ordering::SeqCst) => Reply::status(503),
+        _ => Reply::ok(),
+    });
+    let mut sent: Vec<(String, String)> = Vec::new();
+    for i in 0..4 * KEYS {
+        let (id, key) = (harness::new_event_id(), format!("order-{}", i % KEYS));
+        producer.send_event(&topic, &key, &id, Some("OrderPaid"), &json!({"id": id})).await;
+        sent.push((id, key));
+    }
+
+    // Past `hold_after` b's events are to be held; none has room for its copy.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while copies_not_kept(&od).await < 1.0 {
+        od.assert_alive();
+        assert!(std::time::Instant::now() < deadline, "no event was to be held in {TIMEOUT:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(held(&od), 0, "held without a message copy");
+    assert_eq!(effective_calls(&receiver, "b").len(), 0, "b was away");
+
+    // b is back: the events that waited in memory run, once each, in per-key order.
+    away.store(false, Ordering::SeqCst);
+    let keys: Vec<String> = sent.iter().map(|(id, _)| key_on("b", id)).collect();
+    od.wait_until("b's events after it came back", TIMEOUT, || keys.iter().all(|k| receiver.answered_ok(k))).await;
+    od.wait_until("the first route's events", TIMEOUT, || sent.iter().all(|(id, _)| receiver.answered_ok(id))).await;
+    od.wait_until("committed offsets at the end", TIMEOUT, || offsets.reached_end()).await;
+    once_each_in_key_order(&receiver, "b", &sent);
+    once_each_in_key_order(&receiver, "all", &sent);
+    assert_eq!(held(&od), 0, "nothing held");
+    od.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_held_for_an_away_receiver_survive_a_sigkill_and_a_move_to_an_empty_instance() {
     use std::sync::atomic::{AtomicBool, Ordering};
