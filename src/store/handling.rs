@@ -165,7 +165,7 @@ impl Store {
     /// durable claim) or kept in memory, unless the event is final already.
     fn claim_written(&self, event: &OutboxEvent, scope: &str, durable: bool) -> Result<Written, StoreError> {
         let now = now_us();
-        let (mut record, from) = match self.find_in(scope, &event.id)? {
+        let (mut record, from) = match self.find_in_at(scope, &event.id, now)? {
             // A held event is final, except to the releaser of its chain (`chains`), which runs it now.
             Some(f)
                 if f.record.state.is_final() && !(f.record.state == State::Held && self.chains.is_running(&f.key)) =>
@@ -227,7 +227,9 @@ impl Store {
             self.written_without_changelog()?;
         }
         record.next_version();
-        let slice = self.write(&record, from.as_ref().map(|(s, was)| (s, *was)), None)?;
+        // The current slice at the claim's own reading of the clock (its record's times).
+        let to = self.slices.current(now)?;
+        let slice = self.write(&record, from.as_ref().map(|(s, was)| (s, *was)), Some(to))?;
         let stored = record.state;
         Ok(Written::Claimed(Claimed { record, slice: Some(slice.start), durable, stored }))
     }
@@ -316,7 +318,12 @@ impl Store {
             State::Done => r.outcome = Some(text),
             _ => r.reason = Some(text),
         }
-        self.write(r, from, to)?;
+        // By default the current slice at the record's own time: one reading of the clock.
+        let to = match to {
+            Some(to) => to,
+            None => self.slices.current(now)?,
+        };
+        self.write(r, from, Some(to))?;
         Ok(())
     }
 

@@ -134,7 +134,12 @@ impl Store {
     /// The record of `id` in `scope`, or a legacy record of `id` (from a store
     /// written before scopes), in the slices still retained, newest first.
     pub(super) fn find_in(&self, scope: &str, id: &str) -> Result<Option<Found>, StoreError> {
-        let now = now_us();
+        self.find_in_at(scope, id, now_us())
+    }
+
+    /// [`Store::find_in`] at `now` (µs), the caller's reading of the clock: a claim
+    /// reads it once for its lookup and its record.
+    pub(super) fn find_in_at(&self, scope: &str, id: &str, now: i64) -> Result<Option<Found>, StoreError> {
         let event = keys::event_key(id);
         let scoped = self.names.find(scope).map(|s| keys::record_key(&event, s));
         let legacy = (now < self.legacy_until).then(|| keys::record_key(&event, keys::LEGACY_SCOPE));
