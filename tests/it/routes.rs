@@ -207,6 +207,19 @@ fn with_route_b(s: &mut Scenario) {
     );
 }
 
+/// Route b's receiver away: its calls answered 503 while the flag returned is set
+/// (every other call 200).
+fn route_b_away(receiver: &crate::harness::receiver::Receiver) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let away = std::sync::Arc::new(AtomicBool::new(true));
+    let flag = away.clone();
+    receiver.set_script(move |req| match req.event_id.as_deref() {
+        Some(k) if k.ends_with("#b") && flag.load(Ordering::SeqCst) => Reply::status(503),
+        _ => Reply::ok(),
+    });
+    away
+}
+
 /// The calls of `route` ("all" or "b") that did their side effect, in the order they came.
 fn effective_calls(receiver: &crate::harness::receiver::Receiver, route: &str) -> Vec<crate::harness::receiver::Call> {
     let mut calls: Vec<_> =
@@ -254,8 +267,7 @@ fn held(od: &crate::harness::Outboxd) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_runs_them_in_order_when_it_is_back() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     const KEYS: usize = 10;
     let mut s = Scenario::new("routes-away", 2).await;
@@ -263,12 +275,7 @@ async fn a_route_whose_receiver_is_away_holds_its_events_so_the_others_flow_and_
     s.run().await;
     let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
 
-    let away = Arc::new(AtomicBool::new(true));
-    let flag = away.clone();
-    receiver.set_script(move |req| match req.event_id.as_deref() {
-        Some(k) if k.ends_with("#b") && flag.load(Ordering::SeqCst) => Reply::status(503),
-        _ => Reply::ok(),
-    });
+    let away = route_b_away(&receiver);
     // Under load for the whole outage (`OUTBOXD_OUTAGE_SECS`, 20 s; 60 is the full
     // size): about 100 events a second, far more than read-ahead (8).
     let outage = Duration::from_secs(harness::env_usize("OUTBOXD_OUTAGE_SECS", 20) as u64);
@@ -326,8 +333,7 @@ async fn copies_not_kept(od: &crate::harness::Outboxd) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_whose_copy_does_not_fit_waits_for_its_away_receiver_in_memory_and_runs_once_when_it_is_back() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     const KEYS: usize = 5;
     let mut s = Scenario::new("routes-away-no-copy", 2).await;
@@ -337,12 +343,7 @@ async fn an_event_whose_copy_does_not_fit_waits_for_its_away_receiver_in_memory_
     s.run().await;
     let Scenario { topic, receiver, mut od, offsets, producer, .. } = s;
 
-    let away = Arc::new(AtomicBool::new(true));
-    let flag = away.clone();
-    receiver.set_script(move |req| match req.event_id.as_deref() {
-        Some(k) if k.ends_with("#b") && flag.load(Ordering::SeqCst) => Reply::status(503),
-        _ => Reply::ok(),
-    });
+    let away = route_b_away(&receiver);
     let mut sent: Vec<(String, String)> = Vec::new();
     for i in 0..4 * KEYS {
         let (id, key) = (harness::new_event_id(), format!("order-{}", i % KEYS));
@@ -374,19 +375,13 @@ async fn an_event_whose_copy_does_not_fit_waits_for_its_away_receiver_in_memory_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_held_for_an_away_receiver_survive_a_sigkill_and_a_move_to_an_empty_instance() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     let mut s = Scenario::new("routes-away-kill", 2).await;
     with_route_b(&mut s);
     s.run().await;
     let Scenario { kafka, topic, receiver, mut od, offsets, producer } = s;
-    let away = Arc::new(AtomicBool::new(true));
-    let flag = away.clone();
-    receiver.set_script(move |req| match req.event_id.as_deref() {
-        Some(k) if k.ends_with("#b") && flag.load(Ordering::SeqCst) => Reply::status(503),
-        _ => Reply::ok(),
-    });
+    let away = route_b_away(&receiver);
     let sent: Vec<(String, String)> = (0..120).map(|i| (harness::new_event_id(), format!("order-{}", i % 7))).collect();
     for (id, key) in &sent {
         producer.send_event(&topic, key, id, Some("OrderPaid"), &json!({"id": id})).await;
