@@ -3,7 +3,9 @@
 //! nothing is pending. Offsets never move past an unfinished event
 //! (invariant 3), whatever order events finish in.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -12,7 +14,7 @@ use rustc_hash::FxHashMap;
 use tracing::warn;
 
 /// A partition's identity. Shown as `topic/partition`, as logs and `/readyz` name it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PartitionId {
     /// The topic.
     pub topic: String,
@@ -24,6 +26,74 @@ impl PartitionId {
     /// Partition `partition` of `topic`.
     pub fn new(topic: impl Into<String>, partition: i32) -> PartitionId {
         PartitionId { topic: topic.into(), partition }
+    }
+}
+
+/// A partition, however its name is held: a [`PartitionId`], or the fields of a
+/// message ([`PartitionRef`]). The tracker is looked up by either, so that an
+/// event's lookups copy no topic (two `String`s per event before).
+pub trait PartitionName {
+    /// The partition's topic.
+    fn topic(&self) -> &str;
+    /// The partition's number in its topic.
+    fn number(&self) -> i32;
+}
+
+impl PartitionName for PartitionId {
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    fn number(&self) -> i32 {
+        self.partition
+    }
+}
+
+/// A partition named by borrowed fields (a message's topic and partition).
+#[derive(Debug, Clone, Copy)]
+pub struct PartitionRef<'a> {
+    /// The topic.
+    pub topic: &'a str,
+    /// The partition's number.
+    pub partition: i32,
+}
+
+impl PartitionName for PartitionRef<'_> {
+    fn topic(&self) -> &str {
+        self.topic
+    }
+
+    fn number(&self) -> i32 {
+        self.partition
+    }
+}
+
+// A map keyed by `PartitionId` is looked up by any `PartitionName`: equal names hash
+// alike (the topic, then the number, as `PartitionId` hashes itself below).
+impl Hash for dyn PartitionName + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.topic().hash(state);
+        self.number().hash(state);
+    }
+}
+
+impl PartialEq for dyn PartitionName + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.number() == other.number() && self.topic() == other.topic()
+    }
+}
+
+impl Eq for dyn PartitionName + '_ {}
+
+impl Hash for PartitionId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self as &dyn PartitionName).hash(state);
+    }
+}
+
+impl<'a> Borrow<dyn PartitionName + 'a> for PartitionId {
+    fn borrow(&self) -> &(dyn PartitionName + 'a) {
+        self
     }
 }
 
@@ -317,7 +387,7 @@ impl OffsetTracker {
     }
 
     /// Whether the partition, assigned in `generation`, still waits for its restore.
-    pub fn is_restoring(&self, partition: &PartitionId, generation: u64) -> bool {
+    pub fn is_restoring(&self, partition: &dyn PartitionName, generation: u64) -> bool {
         self.partitions.get(partition).is_some_and(|p| p.generation == generation && p.restoring)
     }
 
@@ -340,12 +410,12 @@ impl OffsetTracker {
     }
 
     /// The generation of an assigned partition; `None` when it is not assigned.
-    pub fn generation(&self, partition: &PartitionId) -> Option<u64> {
+    pub fn generation(&self, partition: &dyn PartitionName) -> Option<u64> {
         self.partitions.get(partition).map(|p| p.generation)
     }
 
     /// A message was consumed and is now being worked on.
-    pub fn consumed(&mut self, partition: &PartitionId, generation: u64, offset: i64) {
+    pub fn consumed(&mut self, partition: &dyn PartitionName, generation: u64, offset: i64) {
         if let Some(p) = self.partitions.get_mut(partition).filter(|p| p.generation == generation) {
             if p.pending.is_empty() {
                 p.moved_at = Instant::now();
@@ -356,7 +426,7 @@ impl OffsetTracker {
 
     /// The event starts running: false when the partition is
     /// being revoked or was reassigned since (the next owner handles it).
-    pub fn start_running(&mut self, partition: &PartitionId, generation: u64) -> bool {
+    pub fn start_running(&mut self, partition: &dyn PartitionName, generation: u64) -> bool {
         self.check(Instant::now());
         match self.partitions.get_mut(partition).filter(|p| p.generation == generation && !p.revoking) {
             Some(p) => {
@@ -369,14 +439,14 @@ impl OffsetTracker {
 
     /// Whether work of `generation` may still start in the partition (assigned to
     /// us in that generation, not being revoked, not fenced: see [`OffsetTracker::fence`]).
-    pub fn owns(&mut self, partition: &PartitionId, generation: u64) -> bool {
+    pub fn owns(&mut self, partition: &dyn PartitionName, generation: u64) -> bool {
         self.check(Instant::now());
         self.partitions.get(partition).is_some_and(|p| p.generation == generation && !p.revoking)
     }
 
     /// An execution that began ended without finishing its event (its partition
     /// moved before the claim): it no longer counts as running, its offset stays open.
-    pub fn abandon(&mut self, partition: &PartitionId, generation: u64) {
+    pub fn abandon(&mut self, partition: &dyn PartitionName, generation: u64) {
         if let Some(p) = self.partitions.get_mut(partition).filter(|p| p.generation == generation) {
             p.running = p.running.saturating_sub(1);
         }
@@ -415,7 +485,7 @@ impl OffsetTracker {
 
     /// The event at `offset` is durably finished. Returns the new next offset
     /// to commit when it moved forward.
-    pub fn finish(&mut self, partition: &PartitionId, generation: u64, offset: i64) -> Option<i64> {
+    pub fn finish(&mut self, partition: &dyn PartitionName, generation: u64, offset: i64) -> Option<i64> {
         let now = Instant::now();
         self.check(now);
         let p = self.partitions.get_mut(partition).filter(|p| p.generation == generation)?;
@@ -532,6 +602,24 @@ mod tests {
 
     fn tp() -> PartitionId {
         PartitionId::new("t", 0)
+    }
+
+    /// An event's lookups name its partition by the message's fields: they find the
+    /// partition tracked under its `PartitionId`, and only that one.
+    #[test]
+    fn a_partition_is_found_by_its_borrowed_name() {
+        let mut t = OffsetTracker::default();
+        let g = t.assign(PartitionId::new("orders", 3));
+        let other = t.assign(PartitionId::new("orders", 4));
+        let named = PartitionRef { topic: "orders", partition: 3 };
+        assert_eq!(t.generation(&named), Some(g));
+        assert_eq!(t.generation(&PartitionRef { topic: "orders", partition: 4 }), Some(other));
+        assert_eq!(t.generation(&PartitionRef { topic: "orders", partition: 5 }), None);
+        assert_eq!(t.generation(&PartitionRef { topic: "order", partition: 3 }), None);
+        t.consumed(&named, g, 10);
+        assert!(t.start_running(&named, g));
+        assert_eq!(t.finish(&named, g, 10), Some(11));
+        assert_eq!(t.committable(), vec![(PartitionId::new("orders", 3), 11)]);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 
 use crate::event::RawMessage;
 use crate::kafka::{self, RecvError, Source, Tracker};
-use crate::offsets::PartitionId;
+use crate::offsets::{PartitionId, PartitionName};
 
 /// What the poll loop asked of the source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,8 +177,8 @@ impl Source for MemorySource {
         self.log().acts.push(Act::Rejoin);
     }
 
-    fn store_offset(&self, partition: &PartitionId, next: i64) {
-        self.log().acts.push(Act::Stored(partition.clone(), next));
+    fn store_offset(&self, partition: &dyn PartitionName, next: i64) {
+        self.log().acts.push(Act::Stored(PartitionId::new(partition.topic(), partition.number()), next));
     }
 
     fn commit_now(&self, offsets: &[(PartitionId, i64)]) {

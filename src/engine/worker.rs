@@ -18,7 +18,7 @@ use super::executor::{Executed, Executor};
 const RESTORE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 use crate::event::RawMessage;
 use crate::kafka::{Source, Tracker};
-use crate::offsets::PartitionId;
+use crate::offsets::{PartitionId, PartitionRef};
 
 /// Events of one Kafka key in one partition run one at a time, in offset order. A
 /// key's chain is known by a hash of its topic, partition and key (foldhash's,
@@ -127,9 +127,9 @@ pub struct Shared {
 /// A message was consumed: its offset is tracked from now on, in the
 /// partition's current generation (returned: the message runs in it or not at all).
 pub fn consumed(shared: &Shared, msg: &RawMessage) -> u64 {
-    let partition = PartitionId::new(&msg.topic, msg.partition);
+    let partition = PartitionRef { topic: &msg.topic, partition: msg.partition };
     let mut tracker = shared.tracker.lock();
-    let g = tracker.generation(&partition).unwrap_or_else(|| tracker.assign(partition.clone()));
+    let g = tracker.generation(&partition).unwrap_or_else(|| tracker.assign(PartitionId::new(&msg.topic, msg.partition)));
     tracker.consumed(&partition, g, msg.offset);
     g
 }
@@ -267,7 +267,7 @@ async fn process(shared: &Shared, key: KeyId, job: &Job) {
     if shared.exec.stopped() {
         return;
     }
-    let partition = PartitionId::new(&msg.topic, msg.partition);
+    let partition = PartitionRef { topic: &msg.topic, partition: msg.partition };
     // No event of a partition begins before its changelog is restored (the
     // consumer pauses it; this holds what was fetched before the pause). A partition
     // being revoked (or already reassigned) starts nothing new: its next owner reads

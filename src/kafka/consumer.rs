@@ -19,7 +19,7 @@ use crate::config::KafkaConfig;
 use crate::event::RawMessage;
 use crate::metrics::names;
 pub use crate::offsets::Tracker;
-use crate::offsets::{describe, PartitionId};
+use crate::offsets::{describe, PartitionId, PartitionName};
 
 /// Keeps the offset tracker in step with assignments.
 struct Ctx {
@@ -297,10 +297,14 @@ impl Source for Consumer {
     }
 
     /// librdkafka commits stored offsets every `kafka.commit_interval`.
-    fn store_offset(&self, partition: &PartitionId, next: i64) {
-        if let Err(error) = self.inner.store_offsets(&to_tpl(&[(partition.clone(), next)])) {
+    fn store_offset(&self, partition: &dyn PartitionName, next: i64) {
+        let (topic, number) = (partition.topic(), partition.number());
+        let mut tpl = TopicPartitionList::with_capacity(1);
+        // An offset from our own tracker is always valid for the list.
+        let _ = tpl.add_partition_offset(topic, number, Offset::Offset(next));
+        if let Err(error) = self.inner.store_offsets(&tpl) {
             // Happens when the partition was revoked meanwhile; its next owner re-reads.
-            warn!(%error, topic = %partition.topic, partition = partition.partition, next, "could not store offset");
+            warn!(%error, %topic, partition = number, next, "could not store offset");
         }
     }
 

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use crate::event::RawMessage;
-use crate::offsets::{describe, FenceCause, PartitionId, Tracker};
+use crate::offsets::{describe, FenceCause, PartitionId, PartitionName, Tracker};
 
 /// Why the source gave no message.
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +47,7 @@ pub trait Source: Send + Sync {
     /// Leaves the group and joins it again (after a fence).
     fn rejoin(&self);
     /// `next` is the next offset to commit of `partition` (committed on an interval).
-    fn store_offset(&self, partition: &PartitionId, next: i64);
+    fn store_offset(&self, partition: &dyn PartitionName, next: i64);
     /// Commits these offsets now (the end of the drain).
     fn commit_now(&self, offsets: &[(PartitionId, i64)]);
     /// Notified when partitions were assigned that must be restored first.
