@@ -164,11 +164,16 @@ fn to_list(partitions: &[PartitionId]) -> TopicPartitionList {
 
 fn to_tpl(offsets: &[(PartitionId, i64)]) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
-    for (PartitionId { topic, partition }, offset) in offsets {
-        // An offset from our own tracker is always valid for the list.
-        let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+    for (partition, offset) in offsets {
+        add_offset(&mut tpl, partition, *offset);
     }
     tpl
+}
+
+/// Adds `partition`'s next offset to commit to `tpl`.
+fn add_offset(tpl: &mut TopicPartitionList, partition: &dyn PartitionName, next: i64) {
+    // An offset from our own tracker is always valid for the list.
+    let _ = tpl.add_partition_offset(partition.topic(), partition.number(), Offset::Offset(next));
 }
 
 /// How long one poll of [`Source::leave`] waits for the revoke.
@@ -298,13 +303,11 @@ impl Source for Consumer {
 
     /// librdkafka commits stored offsets every `kafka.commit_interval`.
     fn store_offset(&self, partition: &dyn PartitionName, next: i64) {
-        let (topic, number) = (partition.topic(), partition.number());
         let mut tpl = TopicPartitionList::with_capacity(1);
-        // An offset from our own tracker is always valid for the list.
-        let _ = tpl.add_partition_offset(topic, number, Offset::Offset(next));
+        add_offset(&mut tpl, partition, next);
         if let Err(error) = self.inner.store_offsets(&tpl) {
             // Happens when the partition was revoked meanwhile; its next owner re-reads.
-            warn!(%error, %topic, partition = number, next, "could not store offset");
+            warn!(%error, topic = partition.topic(), partition = partition.number(), next, "could not store offset");
         }
     }
 
