@@ -814,6 +814,13 @@ impl Executor {
                     // The circuit opened while this call waited for room: it waits for the circuit instead.
                     continue;
                 }
+                if self.stopped() {
+                    // The service stops (a store write failed): no call starts that could
+                    // not be recorded. Whatever this event waited for (its retry, room,
+                    // the circuit), it is left unfinished for the restart, which reads
+                    // from the last committed offset (with the same idempotency key).
+                    return Ok(Executed::Abandoned);
+                }
                 // The call starts now: at its permit's time for a first attempt (one reading
                 // of the clock for both), after its attempt is recorded for a later one.
                 let t = if called {

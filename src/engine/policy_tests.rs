@@ -289,3 +289,24 @@ async fn an_in_memory_claim_is_forgotten_when_final_and_when_left_to_a_new_owner
     assert_eq!(f.record("e").state, State::Done);
     assert_eq!(f.claimed(), Some(0));
 }
+
+/// After a failure that stops the service (a store write that failed, most often)
+/// nothing more is called: an event that waited meanwhile (here, for its retry) is
+/// left unfinished for the restart, which reads from the last committed offset,
+/// instead of calling its receiver again with no way to record the answer.
+#[tokio::test]
+async fn no_call_starts_once_the_executor_failed() {
+    let f = fixture(Entry::default(), Scripted::new(vec![retryable(None), ok("sent")]));
+    // The executor fails while the event waits for its retry (the ownership check after the backoff).
+    let asked = AtomicUsize::new(0);
+    let owned = || {
+        if asked.fetch_add(1, Ordering::SeqCst) == 1 {
+            f.exec.fail(super::Fatal::Consumer("failed meanwhile".to_owned()));
+        }
+        true
+    };
+    let executed = f.exec.execute_owned(&message("e", 0), &owned, &|| {}).await.unwrap();
+    assert_eq!(executed, super::executor::Executed::Abandoned);
+    assert_eq!(f.handler.handled(), 1, "no call after the failure");
+    assert!(f.exec.store.reads().get("e").unwrap().is_none(), "nothing recorded for it");
+}
